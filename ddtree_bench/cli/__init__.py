@@ -1,0 +1,70 @@
+"""`ddtree-bench` command line: one typer app, one module per command in this package.
+
+`main()` turns every failure into the exit-code contract: 0 success, 1 the command ran and found a
+failure (`RunFailed`), 2 bad input (`UsageError`, bad flags). Errors print one `error: ...` line on
+stderr, optionally followed by a `hint: ...` line; `--debug` shows the traceback instead.
+Every module in this package is imported so that it can register its commands on `app`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import sys
+import traceback
+
+from ddtree_bench.cli.app import app, state
+from ddtree_bench.errors import RunFailed, UsageError
+
+for _m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if _m.name not in ("app",):
+        importlib.import_module(f"{__name__}.{_m.name}")
+
+
+def _fail(code: int, message: str, hint: str | None = None) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    if hint:
+        print(f"hint: {hint}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _click_kind(e: BaseException) -> str | None:
+    """Classify click's exceptions by class name: typer >= 0.2x vendors its own copy of click,
+    so isinstance checks against the `click` package miss them."""
+    for cls in type(e).__mro__:
+        if cls.__name__ in ("NoArgsIsHelpError", "Exit", "Abort", "UsageError", "ClickException"):
+            return cls.__name__
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("DDTREE_BENCH_DEBUG") == "1"
+    try:
+        app(args=args, prog_name="ddtree-bench", standalone_mode=False)
+    except (UsageError, RunFailed) as e:
+        if debug or state.get("debug"):
+            traceback.print_exc()
+        _fail(e.exit_code, str(e), e.hint)
+    except KeyboardInterrupt:
+        _fail(130, "interrupted")
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as e:
+        kind = _click_kind(e)
+        if kind == "NoArgsIsHelpError":  # `ddtree-bench baseline` with nothing after it: show help
+            print(e.ctx.get_help())
+            sys.exit(0)
+        if kind == "Exit":
+            sys.exit(e.exit_code)
+        if kind == "Abort":
+            _fail(130, "interrupted")
+        if kind in ("UsageError", "ClickException"):
+            ctx = getattr(e, "ctx", None)
+            cmd = ctx.command_path if ctx is not None else "ddtree-bench"
+            _fail(2, e.format_message(), f"see '{cmd} --help'" if kind == "UsageError" else None)
+        if debug or state.get("debug"):  # an unexpected bug: one line unless --debug
+            traceback.print_exc()
+            sys.exit(1)
+        _fail(1, f"internal error: {type(e).__name__}: {e}", "rerun with --debug for the traceback, and please report it")

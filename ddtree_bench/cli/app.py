@@ -1,0 +1,32 @@
+"""The typer application object and the sub-command groups, shared by every command module.
+
+Keep imports here to a minimum: `ddtree-bench --help` must not import torch, aiohttp or pandas.
+Command modules in this package decorate `app` (or a group) and import heavy code inside the
+command body.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="ddtree-bench",
+    help="Is your DDTree speculative-decoding deployment correct, and how fast is it?",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+baseline_app = typer.Typer(help="Record or import greedy baselines.", no_args_is_help=True)
+toy_app = typer.Typer(help="The bundled toy target + DFlash drafter pair.", no_args_is_help=True)
+app.add_typer(baseline_app, name="baseline")
+app.add_typer(toy_app, name="toy")
+
+state = {"debug": False}
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors."),
+) -> None:
+    state["debug"] = debug

@@ -1,0 +1,31 @@
+"""Command-line options shared by several commands, declared once (flag name, help, default).
+
+Defaults come from `ddtree_bench.defaults`; nothing here repeats a number.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ddtree_bench import defaults as D
+
+Backend = Annotated[str, typer.Option("--backend", help="inprocess | standalone | sglang | vllm.")]
+Url = Annotated[Optional[str], typer.Option("--url", help="Base URL of a running server (backends other than inprocess).")]
+ApiKey = Annotated[Optional[str], typer.Option("--api-key", help="Bearer token for the server.", envvar="DDTREE_BENCH_API_KEY")]
+Model = Annotated[str, typer.Option("--model", help="'toy' (bundled pair) or a Hugging Face model directory.")]
+Draft = Annotated[Optional[str], typer.Option("--draft", help="DFlash drafter directory (default: the model's bundled drafter for 'toy').")]
+Method = Annotated[str, typer.Option("--method", help="ar | dflash | ddtree.")]
+Budget = Annotated[int, typer.Option("--budget", help="DDTree tree budget: number of tree nodes, root excluded.")]
+Suite = Annotated[str, typer.Option("--suite", help="Suite name (see `ddtree-bench suites`) or a JSONL file of {\"id\", \"turns\"}.")]
+Limit = Annotated[Optional[int], typer.Option("--limit", help="Number of prompts (default: the suite's sample count).")]
+MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="Maximum generated tokens per turn.")]
+Temperature = Annotated[float, typer.Option("--temperature", help="0 = greedy.")]
+Seed = Annotated[int, typer.Option("--seed", help="Sampling seed (per request: seed + request index).")]
+Dtype = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16.")]
+Device = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N.")]
+Concurrency = Annotated[int, typer.Option("--concurrency", help="Closed-loop: requests in flight at once.")]
+RequestRate = Annotated[Optional[float], typer.Option("--request-rate", help="Open-loop Poisson arrivals per second (overrides --concurrency as the load shape).")]
+Out = Annotated[Optional[Path], typer.Option("--out", help="Results directory (default: results/<run-id>).")]

@@ -1,0 +1,50 @@
+"""`ddtree-bench run`: one configuration over one suite -> a results directory."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ddtree_bench import defaults as D
+from ddtree_bench.cli import options as O
+from ddtree_bench.cli.app import app
+
+
+@app.command("run")
+def run_cmd(
+    backend: O.Backend = D.BACKEND,
+    url: O.Url = None,
+    api_key: O.ApiKey = None,
+    model: O.Model = D.MODEL,
+    draft: O.Draft = None,
+    method: O.Method = D.METHOD,
+    budget: O.Budget = D.BUDGET,
+    suite: O.Suite = D.SUITE,
+    limit: O.Limit = None,
+    max_new_tokens: O.MaxNewTokens = D.MAX_NEW_TOKENS,
+    temperature: O.Temperature = D.TEMPERATURE,
+    seed: O.Seed = D.SEED,
+    dtype: O.Dtype = D.DTYPE,
+    device: O.Device = D.DEVICE,
+    concurrency: O.Concurrency = D.CONCURRENCY,
+    request_rate: O.RequestRate = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Warmup requests before measuring (not recorded).")] = D.WARMUP_REQUESTS,
+    endpoint: Annotated[str, typer.Option("--endpoint", help="chat | completions (HTTP backends).")] = "chat",
+    out: O.Out = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table.")] = False,
+) -> None:
+    """Run one configuration over one suite and write run.json, records.jsonl and summary.json."""
+    from ddtree_bench.config import RunSpec
+    from ddtree_bench.display import run_summary
+    from ddtree_bench.runner import execute
+
+    spec = RunSpec(
+        backend=backend, url=url, api_key=api_key, model=model, draft=draft, method=method, budget=budget,
+        suite=suite, limit=limit, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
+        device=device, concurrency=concurrency, request_rate=request_rate, warmup=warmup, endpoint=endpoint,
+    ).validate()
+    result = execute(spec, out, progress=not quiet)
+    if not quiet and result.summary is not None:
+        typer.echo(run_summary(result.summary))
+    typer.echo(f"results: {result.out}")

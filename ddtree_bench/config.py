@@ -1,0 +1,133 @@
+"""Run specifications: one dataclass per thing a user configures, validated in one place.
+
+`RunSpec` is what `ddtree-bench run` (and every sweep point) executes. Defaults come from
+`defaults.py`; `validate()` raises `UsageError` with a message that names the flag. YAML loading
+for sweeps (unknown keys are errors) and budget-range parsing live here too.
+This module knows nothing of models, HTTP or files of results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddtree_bench import defaults as D
+from ddtree_bench.errors import UsageError
+
+BACKENDS = ("inprocess", "standalone", "sglang", "vllm")
+DTYPES = ("float32", "bfloat16", "float16")
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+@dataclass
+class RunSpec:
+    """Everything that defines one run of one configuration over one suite."""
+
+    backend: str = D.BACKEND
+    url: str | None = None
+    model: str = D.MODEL
+    draft: str | None = None
+    method: str = D.METHOD
+    budget: int = D.BUDGET
+    suite: str = D.SUITE
+    limit: int | None = None
+    max_new_tokens: int = D.MAX_NEW_TOKENS
+    temperature: float = D.TEMPERATURE
+    top_p: float = 1.0
+    seed: int = D.SEED
+    dtype: str = D.DTYPE
+    device: str = D.DEVICE
+    concurrency: int = D.CONCURRENCY
+    request_rate: float | None = None
+    warmup: int = D.WARMUP_REQUESTS
+    endpoint: str = "chat"                  # chat | completions (HTTP backends)
+    timeout_s: float = D.REQUEST_TIMEOUT_S
+    stop_ids: list[int] | None = None       # None = the model's generation_config eos ids
+    api_key: str | None = field(default=None, repr=False)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> "RunSpec":
+        if self.backend not in BACKENDS:
+            raise UsageError(f"unknown --backend {self.backend!r}; expected one of {', '.join(BACKENDS)}")
+        if self.method not in D.METHODS:
+            raise UsageError(f"unknown --method {self.method!r}; expected one of {', '.join(D.METHODS)}")
+        if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 0:
+            raise UsageError(f"--budget must be an integer >= 0, got {self.budget!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise UsageError(f"--max-new-tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.limit is not None and self.limit <= 0:
+            raise UsageError(f"--limit must be a positive integer, got {self.limit!r}")
+        if not (self.temperature >= 0.0):
+            raise UsageError(f"--temperature must be >= 0, got {self.temperature!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise UsageError(f"--top-p must be in (0, 1], got {self.top_p!r}")
+        if self.dtype not in DTYPES:
+            raise UsageError(f"unknown --dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        if not _DEVICE_RE.match(self.device):
+            raise UsageError(f"unknown --device {self.device!r}; expected cpu, cuda or cuda:N")
+        if self.concurrency < 1:
+            raise UsageError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.request_rate is not None and not (self.request_rate > 0):
+            raise UsageError(f"--request-rate must be > 0, got {self.request_rate}")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.endpoint not in ("chat", "completions"):
+            raise UsageError(f"unknown --endpoint {self.endpoint!r}; expected chat or completions")
+        if self.backend != "inprocess" and not self.url:
+            raise UsageError(f"--backend {self.backend} needs --url (the server's base URL)")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < D.GREEDY_EPS
+
+    def public_dict(self) -> dict[str, Any]:
+        """The spec as saved in run.json: every field after defaults, secrets removed."""
+        d = dataclasses.asdict(self)
+        d["api_key"] = "***" if self.api_key else None
+        return d
+
+
+def parse_budgets(text: str) -> list[int]:
+    """'16..1024' = powers of two from 16 to 1024 inclusive; '16,48,100' = that list; '64' = [64].
+
+    Both ends of a range must be powers of two with lo <= hi. Raises UsageError otherwise.
+    """
+    text = str(text).strip()
+    if ".." in text:
+        lo_s, _, hi_s = text.partition("..")
+        try:
+            lo, hi = int(lo_s), int(hi_s)
+        except ValueError:
+            raise UsageError(f"bad budget range {text!r}: expected LO..HI with integers, e.g. 16..1024") from None
+        if lo <= 0 or hi <= 0 or lo & (lo - 1) or hi & (hi - 1):
+            raise UsageError(f"bad budget range {text!r}: both ends must be powers of two (e.g. 16..1024)")
+        if lo > hi:
+            raise UsageError(f"bad budget range {text!r}: {lo} > {hi}")
+        out, b = [], lo
+        while b <= hi:
+            out.append(b)
+            b *= 2
+        return out
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            b = int(part)
+        except ValueError:
+            raise UsageError(f"bad budget {part!r} in {text!r}: expected integers >= 0") from None
+        if b < 0:
+            raise UsageError(f"bad budget {b} in {text!r}: must be >= 0")
+        out.append(b)
+    if not out:
+        raise UsageError(f"no budgets in {text!r}")
+    return out
+
+
+def resolve_path(p: str | Path) -> Path:
+    return Path(p).expanduser()

@@ -1,0 +1,27 @@
+"""Every default that more than one place needs, written once.
+
+CLI flags, YAML grid specs, the server and the engine read their defaults from here; nothing
+else repeats these numbers.
+"""
+
+from __future__ import annotations
+
+MODEL = "toy"                 # the bundled trained pair (ddtree_bench/models/toy)
+METHOD = "ddtree"             # ar | dflash | ddtree
+METHODS = ("ar", "dflash", "ddtree")
+BUDGET = 64                   # DDTree tree budget: nodes, not counting the root
+SWEEP_BUDGETS = "16..1024"    # powers of two, inclusive
+SUITE = "gsm8k"
+MAX_NEW_TOKENS = 256          # the papers use 2048; 256 keeps the CPU toy runs quick
+TEMPERATURE = 0.0
+SEED = 0
+DTYPE = "float32"             # the reference is fp32-exact; pass bfloat16 for speed on GPU
+DEVICE = "cpu"
+BACKEND = "inprocess"         # inprocess | standalone | sglang | vllm
+CONCURRENCY = 1
+WARMUP_REQUESTS = 1
+REQUEST_TIMEOUT_S = 600.0
+HOST = "127.0.0.1"
+PORT = 8000
+GREEDY_EPS = 1e-5             # temperature below this is greedy (both engines and the papers)
+NEAR_TIE_GAP = 0.5            # logit gap below which a greedy divergence counts as a near-tie

@@ -1,0 +1,240 @@
+"""AR, DFlash and DDTree generation loops over one target (+ one DFlash drafter), batch size 1.
+
+A round (DFlash and DDTree, as the authors' code runs it):
+  1. draft  - the drafter sees the new context features and the block [bonus, mask x 15] and
+              gives per-depth logits [L, V] through the target's lm_head;
+  2. tree   - DFlash: the argmax chain (a tree with one path); DDTree: the best-first tree of
+              `budget` nodes (tree.py);
+  3. verify - one target forward over [bonus, nodes...] at positions start + depth, with the
+              ancestor-only mask over prefix + tree; the KV of all 1+N tokens lands in slots
+              start.. of the preallocated cache;
+  4. commit - walk the tree with the target's picks (verify.py), copy the accepted path's K/V down
+              to slots start.. (cache.compact), hand its hidden states to the drafter as new
+              context, and emit the accepted tokens plus the new bonus.
+a_r = accepted nodes counting the root (the paper's acceptance length, bonus-counting convention).
+Rounds run while fewer than max_new_tokens tokens are committed to the cache, exactly like the
+authors' loop (the last round is not shrunk), so per-round acceptance lengths match theirs; the
+output is then cut at max_new_tokens and after the first stop token (inclusive). A generated token
+equal to the mask id is kept (z-lab fixed that bug; the DDTree reference still drops it).
+
+AR decodes one token per forward and stops as soon as max_new_tokens are emitted.
+`fast=False` runs the slow twins (heap tree build, row-copy ancestor mask, dict walk); both paths
+emit the same tokens (tests/test_engine_lossless.py). Knows nothing of HTTP, text or files.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ddtree_bench.engine.draft import DFlashDrafter
+from ddtree_bench.engine.model import Target
+from ddtree_bench.engine.tree import Tree, build_tree, build_tree_fast, chain_tree, compile_tree, verify_mask
+from ddtree_bench.engine.verify import pick, walk, walk_fast
+
+METHODS = ("ar", "dflash", "ddtree")
+STAGES = ("prefill", "draft", "tree_build", "verify", "commit")
+
+
+@dataclass
+class RoundTrace:
+    """One DDTree/DFlash round, for debugging and plots: the tree and which nodes were accepted."""
+
+    token_ids: list[int]
+    parents: list[int]
+    depths: list[int]
+    accepted: list[int]
+
+
+@dataclass
+class Generation:
+    output_ids: list[int]                 # generated tokens only, cut at stop / max_new_tokens
+    accept_lengths: list[int]             # a_r per verify round (root counted); all 1 for AR
+    finish_reason: str                    # "stop" | "length"
+    num_prompt_tokens: int
+    stage_ns: dict[str, int]              # totals per stage
+    t_start_ns: int
+    t_first_token_ns: int
+    t_done_ns: int
+    chunk_times_ns: list[int] = field(default_factory=list)   # when each chunk of tokens was emitted
+    chunk_tokens: list[int] = field(default_factory=list)     # how many tokens each chunk carried
+    trees: list[RoundTrace] | None = None
+
+
+class _Clock:
+    """Stage stopwatch; synchronises CUDA so a stage's time is its own (the authors do the same)."""
+
+    def __init__(self, device: torch.device, sync: bool):
+        self.sync = sync and device.type == "cuda"
+        self.totals = {s: 0 for s in STAGES}
+        self.t = time.perf_counter_ns()
+
+    def lap(self, stage: str) -> int:
+        if self.sync:
+            torch.cuda.synchronize()
+        now = time.perf_counter_ns()
+        self.totals[stage] += now - self.t
+        self.t = now
+        return now
+
+
+class Engine:
+    """One target, an optional DFlash drafter, and caches sized to the longest request seen."""
+
+    def __init__(self, target: Target, drafter: DFlashDrafter | None = None, fast: bool | None = None, sync_stages: bool = True):
+        self.target = target.eval()
+        self.drafter = drafter.eval() if drafter is not None else None
+        self.device = target.lm_head.weight.device
+        # The vectorised tree build pays off on GPUs; on CPUs the heap is faster (README, bench-engine).
+        self.fast_walk = True if fast is None else fast
+        self.fast_build = (self.device.type == "cuda") if fast is None else fast
+        self.sync_stages = sync_stages
+        self._tcache = self._dcache = None
+
+    @property
+    def block_size(self) -> int:
+        return self.drafter.block_size if self.drafter is not None else 1
+
+    def _caches(self, capacity: int):
+        if self._tcache is None or self._tcache.capacity < capacity:
+            self._tcache = self.target.new_cache(capacity)
+            if self.drafter is not None:
+                self._dcache = self.drafter.new_cache(capacity)
+        return self._tcache, self._dcache
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt_ids: list[int],
+        method: str = "ddtree",
+        budget: int = 64,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_ids: list[int] | tuple[int, ...] = (),
+        on_chunk: Callable[[list[int]], None] | None = None,
+        record_trees: bool = False,
+    ) -> Generation:
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}")
+        if method != "ar" and self.drafter is None:
+            raise ValueError(f"method {method!r} needs a drafter")
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if max_new_tokens <= 0:
+            raise ValueError("max_new_tokens must be positive")
+        dev = self.device
+        P = len(prompt_ids)
+        gen = None
+        if temperature > 0:
+            gen = torch.Generator(device=dev)
+            gen.manual_seed(0 if seed is None else seed)
+        spec = method != "ar"
+        width = 1 + (budget if method == "ddtree" else self.block_size - 1) if spec else 1
+        tcache, dcache = self._caches(P + max_new_tokens + max(width, self.block_size) + 1)
+        stops = set(int(s) for s in stop_ids)
+        layers = self.drafter.target_layer_ids if spec else ()
+
+        clock = _Clock(dev, self.sync_stages)
+        t_start = clock.t
+        out: list[int] = []
+        chunk_times: list[int] = []
+        chunk_tokens: list[int] = []
+        stopped = False  # a stop token was generated (anywhere in the round's tokens, as the authors check)
+
+        def emit(tokens: list[int], now: int) -> None:
+            nonlocal stopped
+            take = tokens[: max(0, max_new_tokens - len(out))]
+            for i, t in enumerate(take):
+                if t in stops:
+                    take = take[: i + 1]
+                    break
+            stopped = stopped or any(t in stops for t in tokens)
+            if take:
+                out.extend(take)
+                chunk_times.append(now)
+                chunk_tokens.append(len(take))
+                if on_chunk is not None:
+                    on_chunk(take)
+
+        # prefill: the first token is the target's own pick
+        ids = torch.tensor(prompt_ids, dtype=torch.long, device=dev)
+        logits, ctx = self.target(ids, torch.arange(P, device=dev), tcache, 0, hidden_layers=layers, last_logits_only=True)
+        bonus = int(pick(logits, temperature, top_p, gen)[0])
+        t_first = clock.lap("prefill")
+        emit([bonus], t_first)
+
+        accept_lengths: list[int] = []
+        trees: list[RoundTrace] | None = [] if record_trees else None
+        start, draft_len = P, 0  # target cache frontier (the bonus sits at `start`), drafter frontier
+        while not stopped and (start - P < max_new_tokens if spec else len(out) < max_new_tokens):
+            if not spec:
+                logits, _ = self.target(torch.tensor([bonus], device=dev), torch.tensor([start], device=dev), tcache, start, mask=None)
+                clock.lap("verify")
+                bonus = int(pick(logits, temperature, top_p, gen)[0])
+                start += 1
+                accept_lengths.append(1)
+                emit([bonus], clock.lap("commit"))
+                continue
+
+            # 1. draft: [bonus, mask, ..., mask] at positions start..start+bs-1
+            bs = self.block_size
+            block = torch.full((bs,), self.drafter.mask_token_id, dtype=torch.long, device=dev)
+            block[0] = bonus
+            h = self.drafter(ctx, self.target.embed(block), dcache, draft_len, start)
+            draft_logits = self.target.lm_head(h[1:])  # [L, V]
+            draft_len = start
+            clock.lap("draft")
+
+            # 2. tree
+            if method == "dflash":
+                tree = chain_tree(draft_logits.argmax(dim=-1))
+            elif self.fast_build:
+                tree = build_tree_fast(draft_logits, budget)
+            else:
+                tree = build_tree(draft_logits, budget).to(dev)
+            vids, vpos, anc = compile_tree(tree, bonus, start, fast=self.fast_walk)
+            mask = verify_mask(anc, start)
+            clock.lap("tree_build")
+
+            # 3. verify
+            logits, hidden = self.target(vids, vpos, tcache, start, mask=mask, hidden_layers=layers)
+            post = pick(logits, temperature, top_p, gen)
+            clock.lap("verify")
+
+            # 4. walk + commit
+            if self.fast_walk:
+                accepted, new_bonus = walk_fast(tree, anc, post)
+            else:
+                accepted, new_bonus = walk(tree, bonus, post.tolist())
+            a = len(accepted)
+            if accepted != list(range(a)):
+                tcache.compact(start, torch.tensor(accepted, device=dev))
+            keep = torch.tensor(accepted, device=dev)
+            ctx = hidden[keep]
+            new_tokens = vids[keep[1:]].tolist() + [new_bonus]
+            accept_lengths.append(a)
+            if trees is not None:
+                trees.append(RoundTrace(tree.token_ids.tolist(), tree.parents.tolist(), tree.depths.tolist(), accepted))
+            start += a
+            bonus = new_bonus
+            emit(new_tokens, clock.lap("commit"))
+
+        finish = "stop" if out and out[-1] in stops else "length"
+        return Generation(
+            output_ids=out,
+            accept_lengths=accept_lengths,
+            finish_reason=finish,
+            num_prompt_tokens=P,
+            stage_ns=dict(clock.totals),
+            t_start_ns=t_start,
+            t_first_token_ns=t_first,
+            t_done_ns=time.perf_counter_ns(),
+            chunk_times_ns=chunk_times,
+            chunk_tokens=chunk_tokens,
+            trees=trees,
+        )

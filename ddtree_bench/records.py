@@ -1,0 +1,105 @@
+"""Typed records that flow one way: suite -> Prompt -> backend -> RequestRecord -> metrics -> results.
+
+Every backend (in-process engine, our standalone server, SGLang, vLLM) turns a `GenerationRequest`
+into exactly one `RequestRecord`, so every metric is computed once, in `metrics.py`. Records are
+plain dataclasses that round-trip through JSON (`to_json` / `from_json`); units are in the names
+(`t_send_ns` is a `time.perf_counter_ns()` reading, `stage_ms` is milliseconds).
+
+This module knows nothing of models, HTTP or files on disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Prompt:
+    """One benchmark item: a conversation of user turns (z-lab's cache format `{"id", "turns"}`).
+
+    Multi-turn items (MT-Bench) are run turn by turn; turn t's request carries the model's own
+    answers to turns < t.
+    """
+
+    prompt_id: str
+    turns: list[str]
+    max_new_tokens: int | None = None      # per-item override; None = the run's setting
+    meta: dict[str, Any] = field(default_factory=dict)  # e.g. category, source index
+
+
+@dataclass
+class GenerationRequest:
+    """What a backend is asked to do for one turn of one prompt."""
+
+    prompt_id: str
+    turn: int                               # 0-based
+    messages: list[dict[str, str]]          # [{"role": "user"|"assistant", "content": str}, ...]
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    prompt_ids: list[int] | None = None     # pre-rendered token ids, when the caller has them
+
+
+@dataclass
+class RequestRecord:
+    """The outcome of one request, identical in shape for every backend.
+
+    `accept_lengths[r]` is a_r: tokens committed by verify round r *counting the root* (the previous
+    round's bonus token), before any truncation for EOS or max_new_tokens; all 1 for AR; None when
+    the backend reports none. `accept_lengths_source` says how they were obtained: "rounds" (exact
+    per-round list), "histogram" (rebuilt from an engine histogram, order lost) or None.
+    Timestamps are `perf_counter_ns()` readings on the client; `chunk_times_ns[i]` is when chunk i
+    arrived and `chunk_tokens[i]` how many tokens it carried.
+    """
+
+    prompt_id: str
+    turn: int = 0
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] | None = None     # generated tokens only (prompt excluded)
+    output_text: str = ""
+    accept_lengths: list[int] | None = None
+    accept_lengths_source: str | None = None
+    num_prompt_tokens: int | None = None
+    num_output_tokens: int | None = None
+    finish_reason: str | None = None        # "stop" | "length" | None on error
+    t_send_ns: int | None = None
+    t_first_token_ns: int | None = None
+    t_done_ns: int | None = None
+    chunk_times_ns: list[int] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    stage_ms: dict[str, float] | None = None  # engine stage totals where known
+    server_stats: dict[str, Any] | None = None  # raw engine-reported spec stats (parsed shapes)
+    error: str | None = None                # None when ok
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> str:
+        return json.dumps(_clean(dataclasses.asdict(self)), ensure_ascii=False, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RequestRecord":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe copy: NaN and +-inf become None, so every line stays valid JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def json_safe(obj: Any) -> Any:
+    """Public name for `_clean`: use before `json.dump(..., allow_nan=False)`."""
+    return _clean(obj)
