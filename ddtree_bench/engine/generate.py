@@ -62,6 +62,15 @@ class Generation:
     chunk_times_ns: list[int] = field(default_factory=list)   # when each chunk of tokens was emitted
     chunk_tokens: list[int] = field(default_factory=list)     # how many tokens each chunk carried
     trees: list[RoundTrace] | None = None
+    logit_gaps: list[float] | None = None  # per output token: target top-1 minus top-2 logit where it was picked
+
+
+def _gaps(logits: torch.Tensor) -> list[float]:
+    """Top-1 minus top-2 logit per row (inf when the vocabulary has one entry)."""
+    if logits.shape[-1] < 2:
+        return [float("inf")] * logits.shape[0]
+    top2 = torch.topk(logits.float(), 2, dim=-1).values
+    return (top2[:, 0] - top2[:, 1]).tolist()
 
 
 class _Clock:
@@ -118,6 +127,7 @@ class Engine:
         stop_ids: list[int] | tuple[int, ...] = (),
         on_chunk: Callable[[list[int]], None] | None = None,
         record_trees: bool = False,
+        return_logit_gaps: bool = False,
     ) -> Generation:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}")
@@ -142,6 +152,7 @@ class Engine:
         clock = _Clock(dev, self.sync_stages)
         t_start = clock.t
         out: list[int] = []
+        gaps: list[float] = []  # one per token produced (before truncation), aligned with the emitted stream
         chunk_times: list[int] = []
         chunk_tokens: list[int] = []
         stopped = False  # a stop token was generated (anywhere in the round's tokens, as the authors check)
@@ -165,6 +176,8 @@ class Engine:
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=dev)
         logits, ctx = self.target(ids, torch.arange(P, device=dev), tcache, 0, hidden_layers=layers, last_logits_only=True)
         bonus = int(pick(logits, temperature, top_p, gen)[0])
+        if return_logit_gaps:
+            gaps.extend(_gaps(logits))
         t_first = clock.lap("prefill")
         emit([bonus], t_first)
 
@@ -176,6 +189,8 @@ class Engine:
                 logits, _ = self.target(torch.tensor([bonus], device=dev), torch.tensor([start], device=dev), tcache, start, mask=None)
                 clock.lap("verify")
                 bonus = int(pick(logits, temperature, top_p, gen)[0])
+                if return_logit_gaps:
+                    gaps.extend(_gaps(logits))
                 start += 1
                 accept_lengths.append(1)
                 emit([bonus], clock.lap("commit"))
@@ -216,6 +231,8 @@ class Engine:
                 tcache.compact(start, torch.tensor(accepted, device=dev))
             keep = torch.tensor(accepted, device=dev)
             ctx = hidden[keep]
+            if return_logit_gaps:  # each emitted token was picked from its parent's row
+                gaps.extend(_gaps(logits[keep]))
             new_tokens = vids[keep[1:]].tolist() + [new_bonus]
             accept_lengths.append(a)
             if trees is not None:
@@ -237,4 +254,5 @@ class Engine:
             chunk_times_ns=chunk_times,
             chunk_tokens=chunk_tokens,
             trees=trees,
+            logit_gaps=gaps[: len(out)] if return_logit_gaps else None,
         )
