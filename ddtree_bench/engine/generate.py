@@ -90,12 +90,44 @@ class _Clock:
         return now
 
 
-class Engine:
-    """One target, an optional DFlash drafter, and caches sized to the longest request seen."""
+class DFlashProposer:
+    """Step 1 of a round behind one method, so tests can swap in a rigged proposer.
 
-    def __init__(self, target: Target, drafter: DFlashDrafter | None = None, fast: bool | None = None, sync_stages: bool = True):
+    propose(ctx, bonus, draft_len, start) -> draft logits [L, V] for depths 1..L, where ctx are the
+    target hidden states [start - draft_len, n*H] of positions draft_len .. start-1 and the bonus
+    token sits at position `start`.
+    """
+
+    def __init__(self, drafter: DFlashDrafter, target: Target):
+        self.drafter, self.target = drafter, target
+
+    @property
+    def block_size(self) -> int:
+        return self.drafter.block_size
+
+    @property
+    def target_layer_ids(self) -> tuple[int, ...]:
+        return self.drafter.target_layer_ids
+
+    def new_cache(self, capacity: int):
+        return self.drafter.new_cache(capacity)
+
+    def propose(self, ctx: torch.Tensor, bonus: int, cache, draft_len: int, start: int) -> torch.Tensor:
+        dev = ctx.device
+        block = torch.full((self.block_size,), self.drafter.mask_token_id, dtype=torch.long, device=dev)
+        block[0] = bonus
+        h = self.drafter(ctx, self.target.embed(block), cache, draft_len, start)
+        return self.target.lm_head(h[1:])  # [L, V]
+
+
+class Engine:
+    """One target, an optional DFlash drafter (or any proposer), and caches sized to the longest request seen."""
+
+    def __init__(self, target: Target, drafter: DFlashDrafter | None = None, fast: bool | None = None, sync_stages: bool = True,
+                 proposer=None):
         self.target = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
+        self.proposer = proposer if proposer is not None else (DFlashProposer(self.drafter, self.target) if drafter is not None else None)
         self.device = target.lm_head.weight.device
         # The vectorised tree build pays off on GPUs; on CPUs the heap is faster (README, bench-engine).
         self.fast_walk = True if fast is None else fast
@@ -105,13 +137,13 @@ class Engine:
 
     @property
     def block_size(self) -> int:
-        return self.drafter.block_size if self.drafter is not None else 1
+        return self.proposer.block_size if self.proposer is not None else 1
 
     def _caches(self, capacity: int):
         if self._tcache is None or self._tcache.capacity < capacity:
             self._tcache = self.target.new_cache(capacity)
-            if self.drafter is not None:
-                self._dcache = self.drafter.new_cache(capacity)
+            if self.proposer is not None:
+                self._dcache = self.proposer.new_cache(capacity)
         return self._tcache, self._dcache
 
     @torch.inference_mode()
@@ -131,7 +163,7 @@ class Engine:
     ) -> Generation:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}")
-        if method != "ar" and self.drafter is None:
+        if method != "ar" and self.proposer is None:
             raise ValueError(f"method {method!r} needs a drafter")
         if not prompt_ids:
             raise ValueError("empty prompt")
@@ -147,7 +179,7 @@ class Engine:
         width = 1 + (budget if method == "ddtree" else self.block_size - 1) if spec else 1
         tcache, dcache = self._caches(P + max_new_tokens + max(width, self.block_size) + 1)
         stops = set(int(s) for s in stop_ids)
-        layers = self.drafter.target_layer_ids if spec else ()
+        layers = self.proposer.target_layer_ids if spec else ()
 
         clock = _Clock(dev, self.sync_stages)
         t_start = clock.t
@@ -197,11 +229,7 @@ class Engine:
                 continue
 
             # 1. draft: [bonus, mask, ..., mask] at positions start..start+bs-1
-            bs = self.block_size
-            block = torch.full((bs,), self.drafter.mask_token_id, dtype=torch.long, device=dev)
-            block[0] = bonus
-            h = self.drafter(ctx, self.target.embed(block), dcache, draft_len, start)
-            draft_logits = self.target.lm_head(h[1:])  # [L, V]
+            draft_logits = self.proposer.propose(ctx, bonus, dcache, draft_len, start)  # [L, V]
             draft_len = start
             clock.lap("draft")
 
