@@ -1,0 +1,224 @@
+"""DDTree tree construction, verify inputs and the tree walk, against brute force and each other.
+
+The oracle is the definition: the tree of budget B is the B most probable prefixes of the factorised
+draft distribution (score = sum of per-depth log-probabilities, accumulated from depth 1 in fp32),
+ordered by score, ties broken by the lexicographically smaller tuple of 0-based per-depth ranks
+(rank = position in a stable descending sort of that depth's logits). Enumerating every prefix of a
+small [L, V] gives that list directly; `build_tree` (heap) and `build_tree_fast` (vectorised) must
+both reproduce it node for node.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from ddtree_bench.engine.tree import (
+    Tree,
+    ancestor_matrix,
+    ancestor_matrix_slow,
+    build_tree,
+    build_tree_fast,
+    chain_tree,
+    compile_tree,
+    verify_mask,
+)
+from ddtree_bench.engine.verify import walk, walk_fast
+
+
+# ---------------------------------------------------------------------------- the oracle
+
+
+def brute_force(logits: torch.Tensor, budget: int) -> list[tuple[tuple[int, ...], float, tuple[int, ...]]]:
+    """Every prefix of depth 1..L as (token path, fp32 score, rank tuple), best first, cut at budget."""
+    L, V = logits.shape
+    lg = logits.float()
+    lp = lg - torch.logsumexp(lg, dim=-1, keepdim=True)  # log_softmax exactly as the engine computes it
+    order = torch.sort(lg, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    for d in range(L):
+        rank[d, order[d]] = torch.arange(V)
+    entries = []
+    frontier = [((), torch.tensor(0.0, dtype=torch.float32), ())]
+    for d in range(L):
+        nxt = []
+        for path, score, ranks in frontier:
+            for t in range(V):
+                s = lp[d, t].clone() if d == 0 else (score + lp[d, t])  # fp32 add, depth order
+                item = (path + (t,), s, ranks + (int(rank[d, t]),))
+                nxt.append(item)
+                entries.append(item)
+        frontier = nxt
+    entries.sort(key=lambda e: (-float(e[1]), e[2]))
+    return [(p, float(s), r) for p, s, r in entries[: max(budget, 0)]]
+
+
+def tree_tuple(tree: Tree) -> tuple[list[int], list[int], list[int]]:
+    return tree.token_ids.tolist(), tree.parents.tolist(), tree.depths.tolist()
+
+
+def check_invariants(tree: Tree, logits: torch.Tensor) -> None:
+    toks, pars, deps = tree_tuple(tree)
+    n = len(toks)
+    L = logits.shape[0]
+    assert len(pars) == len(deps) == n
+    for i in range(n):  # node i is 1-based index i+1
+        assert 0 <= pars[i] < i + 1, "parents precede children"
+        parent_depth = 0 if pars[i] == 0 else deps[pars[i] - 1]
+        assert deps[i] == parent_depth + 1, "depth = parent depth + 1"
+        assert 1 <= deps[i] <= L
+    paths = tree.paths()
+    assert len(set(paths)) == n, "no duplicate paths"
+    # non-increasing score, ties in lexicographic rank-tuple order: compare with the oracle's keys
+    oracle = {p: (s, r) for p, s, r in brute_force(logits, 10**9)} if logits.shape[1] ** L <= 5000 else None
+    if oracle is not None:
+        keys = [(-oracle[p][0], oracle[p][1]) for p in paths]
+        assert keys == sorted(keys), "nodes are in pop order (score desc, rank tuple asc)"
+
+
+def random_logits(kind: str, L: int, V: int, g: torch.Generator) -> torch.Tensor:
+    if kind == "normal":
+        return torch.randn(L, V, generator=g) * 2.0
+    if kind == "integer":  # many exact ties inside a depth and equal path sums across depths
+        return torch.randint(0, 3, (L, V), generator=g).float()
+    if kind == "onehot":  # every depth: one token at 5, the rest tied at 0
+        x = torch.zeros(L, V)
+        x[torch.arange(L), torch.randint(0, V, (L,), generator=g)] = 5.0
+        return x
+    if kind == "flat":  # everything tied: the order is pure rank-tuple order
+        return torch.zeros(L, V)
+    raise ValueError(kind)
+
+
+# ---------------------------------------------------------------------------- build_tree vs brute force
+
+
+@pytest.mark.parametrize("kind", ["normal", "integer", "onehot", "flat"])
+def test_build_tree_equals_brute_force_top_b_prefixes(kind):
+    g = torch.Generator().manual_seed(1234)
+    cases = 0
+    for L, V in [(1, 5), (2, 4), (3, 5), (4, 3), (3, 7)]:
+        total = sum(V**d for d in range(1, L + 1))
+        for budget in sorted({0, 1, 2, 3, V - 1, V, V + 1, 7, 16, total - 1, total, total + 5, 1000}):
+            if budget < 0:
+                continue
+            logits = random_logits(kind, L, V, g)
+            want = brute_force(logits, budget)
+            for builder in (build_tree, build_tree_fast):
+                tree = builder(logits, budget)
+                assert tree.num_nodes == min(budget, total)
+                assert tree.paths() == [p for p, _, _ in want], (builder.__name__, L, V, budget)
+                check_invariants(tree, logits)
+            cases += 1
+    assert cases > 50
+
+
+@pytest.mark.parametrize("kind", ["normal", "integer", "onehot", "flat"])
+def test_fast_equals_heap_exactly_on_larger_inputs(kind):
+    """Token ids, parents and depths identical, at the engine's real shape (L = 15) and beyond V."""
+    g = torch.Generator().manual_seed(99)
+    for L, V, budgets in [(15, 64, (1, 3, 15, 16, 64, 300)), (15, 8, (7, 8, 9, 100)), (6, 2, (1, 5, 62, 126, 200))]:
+        for budget in budgets:
+            logits = random_logits(kind, L, V, g)
+            slow, fast = build_tree(logits, budget), build_tree_fast(logits, budget)
+            assert tree_tuple(slow) == tree_tuple(fast), (kind, L, V, budget)
+            check_invariants(slow, logits)
+
+
+def test_budget_edge_cases():
+    logits = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+    for builder in (build_tree, build_tree_fast):
+        assert builder(logits, 0).num_nodes == 0
+        one = builder(logits, 1)
+        assert tree_tuple(one) == ([int(logits[0].argmax())], [0], [1])
+        # more than all prefixes: every prefix appears once
+        tiny = torch.randn(2, 3, generator=torch.Generator().manual_seed(1))
+        full = builder(tiny, 50)
+        assert sorted(full.paths()) == sorted(itertools.chain(((a,) for a in range(3)), itertools.product(range(3), repeat=2)))
+        # V < budget: depth 1 holds all V tokens
+        wide = builder(tiny, 5)
+        assert sum(1 for d in wide.depths.tolist() if d == 1) == 3
+        # L = 0: nothing to draft
+        assert builder(torch.zeros(0, 6), 10).num_nodes == 0
+
+
+def test_heavy_ties_follow_rank_tuple_order():
+    """All logits equal: pop order is exactly the lexicographic order of rank tuples among the
+    best-scoring prefixes, i.e. all depth-1 tokens by id (score -log V), then depth 2, ..."""
+    logits = torch.zeros(3, 3)
+    for builder in (build_tree, build_tree_fast):
+        t = builder(logits, 5)
+        assert t.paths() == [(0,), (1,), (2,), (0, 0), (0, 1)]
+
+
+# ---------------------------------------------------------------------------- verify inputs
+
+
+def random_tree(seed: int, L: int = 6, V: int = 5, budget: int = 40) -> Tree:
+    g = torch.Generator().manual_seed(seed)
+    return build_tree(random_logits(["normal", "integer", "onehot"][seed % 3], L, V, g), budget)
+
+
+def test_ancestor_matrix_equals_slow_twin():
+    for seed in range(30):
+        tree = random_tree(seed, budget=1 + seed * 3)
+        slow = ancestor_matrix_slow(tree.parents)
+        assert torch.equal(ancestor_matrix(tree.parents), slow)
+        assert torch.equal(ancestor_matrix(tree.parents, int(tree.depths.max())), slow)
+        # row i is true exactly on root, ancestors and itself
+        pars = [0] + tree.parents.tolist()
+        for i in range(1, tree.num_nodes + 1):
+            anc, j = {0, i}, i
+            while j:
+                j = pars[j]
+                anc.add(j)
+            assert set(torch.nonzero(slow[i]).flatten().tolist()) == anc
+    empty = Tree(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    assert torch.equal(ancestor_matrix(empty.parents), torch.ones(1, 1, dtype=torch.bool))
+
+
+def test_compile_tree_and_verify_mask():
+    tree = random_tree(4, budget=20)
+    for fast in (True, False):
+        ids, pos, anc = compile_tree(tree, 7, start=11, fast=fast)
+        assert ids.tolist() == [7] + tree.token_ids.tolist()
+        assert pos.tolist() == [11] + [11 + d for d in tree.depths.tolist()]
+        assert torch.equal(anc, ancestor_matrix_slow(tree.parents))
+        m = verify_mask(anc, 11)
+        assert m.shape == (1 + tree.num_nodes, 11 + 1 + tree.num_nodes)
+        assert m[:, :11].all() and torch.equal(m[:, 11:], anc)
+    chain = chain_tree(torch.tensor([4, 2, 9]))
+    assert tree_tuple(chain) == ([4, 2, 9], [0, 1, 2], [1, 2, 3])
+
+
+def test_walk_fast_equals_walk_on_random_trees_and_picks():
+    rng = random.Random(5)
+    deep = 0
+    for seed in range(200):
+        tree = random_tree(seed, L=5, V=4, budget=rng.choice([0, 1, 3, 10, 40, 100]))
+        n, V = tree.num_nodes, 4
+        post = [rng.randrange(V) for _ in range(n + 1)]
+        if n and rng.random() < 0.8:  # steer the picks down a random path so walks go deep
+            node = rng.randrange(1, n + 1)
+            pars, toks = [0] + tree.parents.tolist(), [None] + tree.token_ids.tolist()
+            while node:
+                post[pars[node]] = toks[node]
+                node = pars[node]
+        root = 3
+        slow = walk(tree, root, post)
+        anc = ancestor_matrix(tree.parents)
+        fast = walk_fast(tree, anc, torch.tensor(post))
+        assert slow == fast, seed
+        acc, bonus = slow
+        # the walk's own definition: a path from the root, each node's token = its parent's pick
+        pars, toks = [0] + tree.parents.tolist(), [None] + tree.token_ids.tolist()
+        assert acc[0] == 0
+        for a, b in zip(acc, acc[1:]):
+            assert pars[b] == a and toks[b] == post[a]
+        assert bonus == post[acc[-1]]
+        assert not any(pars[c] == acc[-1] and toks[c] == bonus for c in range(1, n + 1))
+        deep += len(acc) >= 4
+    assert deep > 10
