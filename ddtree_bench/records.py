@@ -75,6 +75,9 @@ class RequestRecord:
     stage_ms: dict[str, float] | None = None  # engine stage totals where known
     server_stats: dict[str, Any] | None = None  # raw engine-reported spec stats (parsed shapes)
     error: str | None = None                # None when ok
+    # When the request actually left the client. Equal to t_send_ns except in open-loop runs, where
+    # t_send_ns is the scheduled Poisson arrival and the difference is the client's own lag.
+    t_dispatch_ns: int | None = None
 
     @property
     def ok(self) -> bool:
