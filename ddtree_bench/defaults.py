@@ -25,3 +25,16 @@ HOST = "127.0.0.1"
 PORT = 8000
 GREEDY_EPS = 1e-5             # temperature below this is greedy (both engines and the papers)
 NEAR_TIE_GAP = 0.5            # logit gap below which a greedy divergence counts as a near-tie
+
+# `ddtree-bench sweep` with no arguments (the embedded default sweep; must finish < 10 min on 2 CPU cores)
+SWEEP_METHODS = ("ar", "dflash", "ddtree")
+SWEEP_SUITE = "gsm8k"
+SWEEP_LIMIT = 8               # prompts per point (measured: see docs/serving-ddtree.md)
+SWEEP_MAX_NEW_TOKENS = 64     # per prompt, per point
+SWEEP_REPEATS = 1
+# Server lifecycle during sweeps (sweep/server.py); the profiles may override the startup timeout
+SERVER_STARTUP_TIMEOUT_S = 600.0   # large models on SGLang/vLLM take minutes to load and capture graphs
+SERVER_POLL_INTERVAL_S = 0.5
+SERVER_HEALTH_TIMEOUT_S = 5.0      # per readiness request (vLLM binds its port before it can answer)
+SERVER_STOP_GRACE_S = 10.0         # SIGTERM, then SIGKILL to the whole process group
+CROSSCHECK_REL_TOL = 0.05          # client-side vs server-counter acceptance length: flag beyond 5%
