@@ -38,3 +38,10 @@ SERVER_POLL_INTERVAL_S = 0.5
 SERVER_HEALTH_TIMEOUT_S = 5.0      # per readiness request (vLLM binds its port before it can answer)
 SERVER_STOP_GRACE_S = 10.0         # SIGTERM, then SIGKILL to the whole process group
 CROSSCHECK_REL_TOL = 0.05          # client-side vs server-counter acceptance length: flag beyond 5%
+# `ddtree-bench serve` and the OpenAI-compatible HTTP client (backends/standalone.py, backends/client.py)
+SERVE_MAX_QUEUE = 128              # requests waiting for the batch-1 engine before new ones get 503
+SERVE_MAX_BODY_BYTES = 8 * 1024 * 1024  # larger request bodies get 413
+SERVE_SHUTDOWN_GRACE_S = 10.0      # on SIGTERM in-flight requests get this long to finish, then are cut
+SERVE_COMPLETIONS_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's, SGLang's and vLLM's default)
+NULL_CHUNK_TOKENS = 4              # the null engine's tokens per streamed chunk (a "round")
+HTTP_PROBE_TIMEOUT_S = 10.0        # client: reaching the server before the first request
