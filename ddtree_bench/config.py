@@ -76,6 +76,8 @@ class RunSpec:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
         if self.endpoint not in ("chat", "completions"):
             raise UsageError(f"unknown --endpoint {self.endpoint!r}; expected chat or completions")
+        if not (self.timeout_s > 0):
+            raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout_s!r}")
         if self.backend != "inprocess" and not self.url:
             raise UsageError(f"--backend {self.backend} needs --url (the server's base URL)")
         return self

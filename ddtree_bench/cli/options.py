@@ -15,6 +15,7 @@ from ddtree_bench import defaults as D
 Backend = Annotated[str, typer.Option("--backend", help="inprocess | standalone | sglang | vllm.")]
 Url = Annotated[Optional[str], typer.Option("--url", help="Base URL of a running server (backends other than inprocess).")]
 ApiKey = Annotated[Optional[str], typer.Option("--api-key", help="Bearer token for the server.", envvar="DDTREE_BENCH_API_KEY")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds one HTTP request may take, stream included, before it is recorded as an error.")]
 Model = Annotated[str, typer.Option("--model", help="'toy' (bundled pair) or a Hugging Face model directory.")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="DFlash drafter directory (default: the model's bundled drafter for 'toy').")]
 Method = Annotated[str, typer.Option("--method", help="ar | dflash | ddtree.")]

@@ -16,6 +16,7 @@ def run_cmd(
     backend: O.Backend = D.BACKEND,
     url: O.Url = None,
     api_key: O.ApiKey = None,
+    timeout: O.Timeout = D.REQUEST_TIMEOUT_S,
     model: O.Model = D.MODEL,
     draft: O.Draft = None,
     method: O.Method = D.METHOD,
@@ -43,6 +44,7 @@ def run_cmd(
         backend=backend, url=url, api_key=api_key, model=model, draft=draft, method=method, budget=budget,
         suite=suite, limit=limit, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
         device=device, concurrency=concurrency, request_rate=request_rate, warmup=warmup, endpoint=endpoint,
+        timeout_s=timeout,
     ).validate()
     result = execute(spec, out, progress=not quiet)
     if not quiet and result.summary is not None:
