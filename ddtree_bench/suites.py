@@ -34,7 +34,8 @@ SMOKE = [
 ENV_DIRS = "DDTREE_BENCH_SUITES"
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUILTIN_DIRS = (PACKAGE_DIR / "suite_specs", PACKAGE_DIR.parent / "suites")
-_SPEC_CACHE: dict[Path, tuple[float, SuiteSpec]] = {}
+_SPEC_CACHE: dict[Path, tuple[int, SuiteSpec]] = {}
+_FILES_CACHE: dict[str, Any] = {}
 
 
 @dataclass
@@ -106,16 +107,22 @@ def suite_dirs() -> list[Path]:
 
 
 def _spec_files() -> dict[str, Path]:
+    """name -> YAML path, first directory wins. Cached until a directory's mtime changes."""
+    dirs = suite_dirs()
+    key = tuple((str(d), d.stat().st_mtime_ns) for d in dirs)
+    if _FILES_CACHE.get("key") == key:
+        return _FILES_CACHE["files"]
     found: dict[str, Path] = {}
-    for d in suite_dirs():
+    for d in dirs:
         for p in sorted([*d.glob("*.yaml"), *d.glob("*.yml")]):
             found.setdefault(p.stem, p)
+    _FILES_CACHE.update(key=key, files=found)
     return found
 
 
 def _load_spec(path: Path) -> SuiteSpec:
     path = path.resolve()
-    mtime = path.stat().st_mtime
+    mtime = path.stat().st_mtime_ns
     hit = _SPEC_CACHE.get(path)
     if hit is not None and hit[0] == mtime:
         return hit[1]
