@@ -1,0 +1,40 @@
+"""`ddtree-bench compare RESULTS --baseline FILE [--json]`: per-prompt greedy diff with near-tie triage.
+
+compare reports and gate judges: exit 0 whatever the diff finds, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ddtree_bench.cli.app import app
+
+BaselineOpt = Annotated[Path, typer.Option("--baseline", help="Baseline file (baseline record / baseline import).")]
+NearTieGap = Annotated[Optional[float], typer.Option("--near-tie-gap", help="Logit gap below which a divergence is a near tie (default 0.5; see docs/ci-gate.md).")]
+
+
+@app.command("compare")
+def compare_cmd(
+    results: Annotated[Path, typer.Argument(help="A run directory (run.json + records.jsonl).", show_default=False)],
+    baseline: BaselineOpt,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document instead of the table.")] = False,
+    near_tie_gap: NearTieGap = None,
+) -> None:
+    """Diff a run's greedy outputs against a baseline, prompt by prompt."""
+    import json
+
+    from ddtree_bench import defaults as D
+    from ddtree_bench.baseline import read_baseline
+    from ddtree_bench.compare import compare_run
+    from ddtree_bench.records import json_safe
+
+    c = compare_run(results, read_baseline(baseline), D.NEAR_TIE_GAP if near_tie_gap is None else near_tie_gap)
+    if json_out:
+        typer.echo(json.dumps(json_safe(c.to_json()), ensure_ascii=False, allow_nan=False))
+    else:
+        from ddtree_bench.compare_text import render
+
+        typer.echo(render(c))
