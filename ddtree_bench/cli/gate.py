@@ -1,0 +1,50 @@
+"""`ddtree-bench gate RESULTS --baseline FILE [--rules YAML] [--reference-run DIR ...] [--junit F] [--markdown F]`.
+
+Exit 0 when every rule passes, 1 on a regression (RunFailed), 2 on bad input. The JUnit and
+markdown files are written in every case where the gate ran, pass or fail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+from ddtree_bench.cli.app import app
+from ddtree_bench.cli.compare import BaselineOpt, NearTieGap
+
+
+def _check_report_path(path: Optional[Path], flag: str) -> None:
+    from ddtree_bench.errors import UsageError
+
+    if path is not None and path.exists() and path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; expected a file path")
+
+
+@app.command("gate")
+def gate_cmd(
+    results: Annotated[Path, typer.Argument(help="A run directory (run.json + records.jsonl).", show_default=False)],
+    baseline: BaselineOpt,
+    rules: Annotated[Optional[Path], typer.Option("--rules", help="Rules YAML merged over the defaults (ddtree_bench/gate_rules.yaml).")] = None,
+    reference_run: Annotated[Optional[List[Path]], typer.Option("--reference-run", help="A finished run to compare tok/s and latency with; repeat for noise-aware tolerances.")] = None,
+    junit: Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML here (one testcase per rule and per prompt).")] = None,
+    markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Write a markdown summary here (for a PR comment).")] = None,
+    near_tie_gap: NearTieGap = None,
+) -> None:
+    """Judge a run: hard fail on confident greedy divergences and errors, soft noise-aware fail on tau and tok/s."""
+    from ddtree_bench import gate_report
+    from ddtree_bench.errors import RunFailed
+    from ddtree_bench.gate import run_gate
+
+    _check_report_path(junit, "--junit")
+    _check_report_path(markdown, "--markdown")
+    g = run_gate(results, baseline, rules, reference_run or [], near_tie_gap)
+    if junit is not None:
+        gate_report.write_text(junit, gate_report.junit_xml(g))
+    if markdown is not None:
+        gate_report.write_text(markdown, gate_report.markdown(g))
+    typer.echo(gate_report.text(g))
+    if not g.passed:
+        raise RunFailed(f"gate failed: {', '.join(c.name for c in g.failed)}",
+                        hint=f"see `ddtree-bench compare {results} --baseline {baseline}` for the per-prompt diff")

@@ -1,0 +1,361 @@
+"""The CI verdict: rules (a YAML file) applied to a run, its baseline comparison and reference runs.
+
+Correctness rules are hard: confident greedy divergences (T = 0), request errors, prompt
+mismatches, unexplained length-only differences and divergences of unknown gap each have a
+maximum count (0 by default). Metric rules are soft and noise-aware: a metric (tau, tok/s,
+latency percentiles) must stay within a relative tolerance of its reference, in the direction
+that is worse (`higher` is better: fail below ref x (1 - tol); `lower` is better: fail above
+ref x (1 + tol)). The reference is the baseline's tau over the same prompts (`against: baseline`)
+or the median of `--reference-run` summaries (`against: reference`); with 2+ reference runs the
+tolerance widens to max(tol, noise_k x coefficient of variation of the reference values).
+
+Defaults live in `gate_rules.yaml` (shipped with the package); a user's rules file is merged over
+it (a missing key keeps the default; a `metrics` list replaces the default list). Unknown keys are
+errors. Knows compare, metrics and results; nothing of engines or HTTP.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddtree_bench import defaults as D
+from ddtree_bench.compare import BENIGN_LENGTH_REASONS, Comparison
+from ddtree_bench.errors import UsageError
+
+DEFAULT_RULES = Path(__file__).resolve().parent / "gate_rules.yaml"
+COUNT_RULES = ("max_confident_divergences", "max_errors", "max_prompt_mismatches", "max_length_only",
+               "max_unknown_gap", "max_near_ties")
+CORRECTNESS_KEYS = ("near_tie_gap", *COUNT_RULES, "min_exact_match_rate")
+METRIC_KEYS = ("metric", "against", "direction", "tolerance", "noise_k", "severity", "name")
+BASELINE_METRICS = {"acceptance_length_mean": "tau_run", "acceptance_length_token_weighted": "tau_run_token_weighted"}
+NATURAL_DIRECTION = {"acceptance_length_mean": "higher", "acceptance_length_token_weighted": "higher",
+                     "output_throughput_tok_s": "higher", "request_throughput_req_s": "higher"}
+LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+@dataclass
+class MetricRule:
+    metric: str
+    against: str             # baseline | reference
+    direction: str           # higher | lower (is better)
+    tolerance: float         # relative
+    noise_k: float = 0.0
+    severity: str = "fail"   # fail | warn
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.metric} vs {self.against}"
+
+
+@dataclass
+class Rules:
+    near_tie_gap: float
+    max_confident_divergences: int | None
+    max_errors: int | None
+    max_prompt_mismatches: int | None
+    max_length_only: int | None
+    max_unknown_gap: int | None
+    max_near_ties: int | None
+    min_exact_match_rate: float | None
+    metrics: list[MetricRule]
+    source: str = ""
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    if not path.exists():
+        raise UsageError(f"rules file {path} does not exist")
+    try:
+        obj = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise UsageError(f"{path}: malformed YAML ({str(e).splitlines()[0]})") from None
+    if obj is None:
+        return {}
+    if not isinstance(obj, dict):
+        raise UsageError(f"{path}: expected a mapping with correctness: and metrics:")
+    unknown = set(obj) - {"version", "correctness", "metrics"}
+    if unknown:
+        raise UsageError(f"{path}: unknown key {sorted(unknown)[0]!r}; expected version, correctness, metrics")
+    if obj.get("version", 1) != 1:
+        raise UsageError(f"{path}: unsupported rules version {obj.get('version')!r} (this ddtree-bench reads 1)")
+    return obj
+
+
+def _number(v: Any, where: str, integer: bool = False, allow_null: bool = True) -> Any:
+    if v is None and allow_null:
+        return None
+    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if not ok or isinstance(v, bool) or v < 0:
+        raise UsageError(f"{where} must be {'an integer' if integer else 'a number'} >= 0{' or null' if allow_null else ''}, got {v!r}")
+    return v
+
+
+def known_metric(name: str) -> bool:
+    head, _, tail = name.partition(".")
+    if head in LATENCIES:
+        return tail in ("mean", "p50", "p90", "p99", "max")
+    return not tail and head in (*NATURAL_DIRECTION, "duration_s", "num_errors")
+
+
+def _metric_rule(obj: Any, where: str) -> MetricRule:
+    if not isinstance(obj, dict):
+        raise UsageError(f"{where}: expected a mapping with metric, against, tolerance")
+    unknown = set(obj) - set(METRIC_KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown key {sorted(unknown)[0]!r}; expected {', '.join(METRIC_KEYS)}")
+    metric = obj.get("metric")
+    if not isinstance(metric, str) or not known_metric(metric):
+        raise UsageError(f"{where}: unknown metric {metric!r}",
+                         hint=f"use {', '.join(NATURAL_DIRECTION)} or {'|'.join(LATENCIES)}.mean|p50|p90|p99|max")
+    against = obj.get("against", "reference")
+    if against not in ("baseline", "reference"):
+        raise UsageError(f"{where}: against must be baseline or reference, got {against!r}")
+    if against == "baseline" and metric not in BASELINE_METRICS:
+        raise UsageError(f"{where}: a baseline carries only acceptance lengths; against: baseline works for "
+                         f"{', '.join(BASELINE_METRICS)}, not {metric}")
+    direction = obj.get("direction", NATURAL_DIRECTION.get(metric, "lower" if metric.split(".")[0] in LATENCIES else None))
+    if direction not in ("higher", "lower"):
+        raise UsageError(f"{where}: direction must be higher or lower (which is better), got {direction!r}")
+    tol = _number(obj.get("tolerance"), f"{where}: tolerance", allow_null=False)
+    noise_k = _number(obj.get("noise_k", 0.0), f"{where}: noise_k", allow_null=False)
+    severity = obj.get("severity", "fail")
+    if severity not in ("fail", "warn"):
+        raise UsageError(f"{where}: severity must be fail or warn, got {severity!r}")
+    name = obj.get("name")
+    if name is not None and not isinstance(name, str):
+        raise UsageError(f"{where}: name must be a string")
+    return MetricRule(metric, against, direction, float(tol), float(noise_k), severity, name)
+
+
+def load_rules(path: str | Path | None = None) -> Rules:
+    """The packaged defaults, with `path`'s keys merged over them."""
+    base = _read_yaml(DEFAULT_RULES)
+    user = _read_yaml(Path(path)) if path is not None else {}
+    where = str(path) if path is not None else str(DEFAULT_RULES)
+    corr = dict(base.get("correctness") or {})
+    user_corr = user.get("correctness") or {}
+    if not isinstance(user_corr, dict):
+        raise UsageError(f"{where}: correctness must be a mapping")
+    unknown = set(user_corr) - set(CORRECTNESS_KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown key correctness.{sorted(unknown)[0]}; expected {', '.join(CORRECTNESS_KEYS)}")
+    corr.update(user_corr)
+    metrics_list = user["metrics"] if "metrics" in user else base.get("metrics")
+    if metrics_list is None:
+        metrics_list = []
+    if not isinstance(metrics_list, list):
+        raise UsageError(f"{where}: metrics must be a list")
+    kw = {k: _number(corr.get(k), f"{where}: correctness.{k}", integer=True) for k in COUNT_RULES}
+    gap = _number(corr.get("near_tie_gap"), f"{where}: correctness.near_tie_gap")
+    rate = _number(corr.get("min_exact_match_rate"), f"{where}: correctness.min_exact_match_rate")
+    if rate is not None and rate > 1:
+        raise UsageError(f"{where}: correctness.min_exact_match_rate must be in [0, 1], got {rate}")
+    return Rules(near_tie_gap=D.NEAR_TIE_GAP if gap is None else float(gap), min_exact_match_rate=rate,
+                 metrics=[_metric_rule(m, f"{where}: metrics[{i}]") for i, m in enumerate(metrics_list)],
+                 source=where, **kw)
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+
+@dataclass
+class Check:
+    name: str
+    group: str              # correctness | performance
+    status: str             # pass | fail | warn | skip
+    message: str
+    value: float | None = None
+    limit: float | None = None
+    kinds: tuple[str, ...] = ()   # prompt kinds this check judges (for per-prompt JUnit cases)
+
+
+@dataclass
+class GateResult:
+    checks: list[Check]
+    comparison: Comparison
+    rules: Rules
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "fail"]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    def prompt_failure(self, p: Any) -> str | None:
+        """The failed check that judges this prompt's kind, if any (benign length-only reasons never fail)."""
+        if p.kind == "length_only" and p.reason in BENIGN_LENGTH_REASONS:
+            return None
+        for c in self.failed:
+            if p.kind in c.kinds:
+                return c.name
+        return None
+
+
+def _count_check(name: str, count: int, limit: int | None, what: str, kinds: tuple[str, ...], examples: list[str]) -> Check:
+    if limit is None:
+        return Check(name, "correctness", "pass", f"{count} {what} (no limit)", count, None, kinds)
+    ok = count <= limit
+    msg = f"{count} {what} (allowed {limit})"
+    if not ok and examples:
+        msg += ": " + ", ".join(examples[:5]) + (" ..." if len(examples) > 5 else "")
+    return Check(name, "correctness", "pass" if ok else "fail", msg, count, limit, kinds)
+
+
+def _examples(c: Comparison, kind: str, reasons_not: tuple[str, ...] = ()) -> list[str]:
+    out = []
+    for p in c.prompts:
+        if p.kind == kind and p.reason not in reasons_not:
+            at = f" at token {p.first_divergence}" if p.first_divergence is not None else ""
+            gap = f" (gap {p.gap:.3g})" if p.gap is not None else ""
+            out.append(f"{p.prompt_id} turn {p.turn}{at}{gap}")
+    return out
+
+
+def correctness_checks(c: Comparison, rules: Rules, num_errors: int) -> list[Check]:
+    checks = [_count_check("request_errors", num_errors, rules.max_errors, "failed requests", ("error",), _examples(c, "error"))]
+    checks.append(_count_check("prompt_mismatches", c.count("prompt_mismatch"), rules.max_prompt_mismatches,
+                               "prompts whose token ids differ from the baseline's", ("prompt_mismatch",), _examples(c, "prompt_mismatch")))
+    token_rules = [
+        ("confident_divergences", "divergence", rules.max_confident_divergences, "confident divergences", ()),
+        ("unknown_gap_divergences", "unknown", rules.max_unknown_gap, "divergences where the baseline has no logit gap", ()),
+        ("length_only", "length_only", rules.max_length_only, "length-only differences not explained by truncation or a stripped EOS",
+         BENIGN_LENGTH_REASONS),
+        ("near_ties", "near_tie", rules.max_near_ties, "near ties", ()),
+    ]
+    for name, kind, limit, what, benign in token_rules:
+        if not c.token_comparable:
+            checks.append(Check(name, "correctness", "skip", f"not applicable: {c.not_comparable_reason}", kinds=(kind,)))
+            continue
+        n = c.count(kind, reason_not_in=benign)
+        checks.append(_count_check(name, n, limit, what, (kind,), _examples(c, kind, benign)))
+    if rules.min_exact_match_rate is not None:
+        rate = c.exact_match_rate
+        if rate is None:
+            checks.append(Check("exact_match_rate", "correctness", "skip", f"not applicable: {c.not_comparable_reason}"))
+        else:
+            ok = rate >= rules.min_exact_match_rate
+            checks.append(Check("exact_match_rate", "correctness", "pass" if ok else "fail",
+                                f"{rate:.1%} of prompts match exactly (required {rules.min_exact_match_rate:.1%})",
+                                rate, rules.min_exact_match_rate))
+    if c.missing_in_run:
+        checks.append(Check("coverage", "correctness", "warn",
+                            f"{len(c.missing_in_run)} baseline prompts/turns are not in the run (not judged)"))
+    return checks
+
+
+def _get(summary: dict[str, Any], path: str) -> float | None:
+    v: Any = summary
+    for part in path.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def judge(rule: MetricRule, value: float | None, ref: float | None, spread: float | None, ref_desc: str) -> Check:
+    """One direction-aware, noise-widened comparison of `value` with `ref`."""
+    if value is None or ref is None or ref == 0:
+        return Check(rule.label, "performance", "skip", f"no value for {rule.metric} ({'run' if value is None else 'reference'})")
+    tol = rule.tolerance
+    if spread is not None and rule.noise_k > 0:
+        tol = max(tol, rule.noise_k * spread)
+    if rule.direction == "higher":
+        limit, ok, bound = ref * (1 - tol), value >= ref * (1 - tol), "at least"
+    else:
+        limit, ok, bound = ref * (1 + tol), value <= ref * (1 + tol), "at most"
+    widened = f", widened by noise {spread:.1%}" if (spread is not None and tol > rule.tolerance) else ""
+    msg = (f"{rule.metric} {value:.4g} vs {ref_desc} {ref:.4g} ({value / ref - 1:+.1%}); needs {bound} {limit:.4g} "
+           f"(tolerance {tol:.1%}{widened})")
+    status = "pass" if ok else ("fail" if rule.severity == "fail" else "warn")
+    return Check(rule.label, "performance", status, msg, value, limit)
+
+
+def _baseline_rule(rule: MetricRule, c: Comparison, run_spec: dict[str, Any], base_header: dict[str, Any]) -> Check:
+    a = c.acceptance
+    ref = a.get("tau_baseline" if rule.metric == "acceptance_length_mean" else "tau_baseline_token_weighted")
+    if ref is None:
+        return Check(rule.label, "performance", "skip",
+                     "the baseline has no acceptance lengths (record it with --accept-method, or import with --accept-from)")
+    method, budget = run_spec.get("method"), run_spec.get("budget")
+    b_method, b_budget = base_header.get("accept_method"), base_header.get("budget")
+    if method != b_method or (method == "ddtree" and b_budget is not None and budget != b_budget):
+        return Check(rule.label, "performance", "skip",
+                     f"the baseline's acceptance lengths are from {b_method} B={b_budget}, the run is {method} B={budget}")
+    run_greedy = float(run_spec.get("temperature") or 0.0) < D.GREEDY_EPS
+    if run_greedy != (float(c.baseline_info.get("temperature") or 0.0) < D.GREEDY_EPS):
+        return Check(rule.label, "performance", "skip", "the run and the baseline decode at different temperatures (tau depends on it)")
+    spread = None
+    taus = [p.tau_run for p in c.prompts if p.tau_run is not None]
+    if rule.noise_k > 0 and len(taus) >= 2:  # tau is a mean over prompts: its standard error, relative
+        spread = statistics.stdev(taus) / len(taus) ** 0.5 / ref
+    return judge(rule, a.get(BASELINE_METRICS[rule.metric]), ref, spread, f"baseline ({a.get('num_paired')} paired prompts)")
+
+
+def _reference_rule(rule: MetricRule, run_summary: dict[str, Any] | None, refs: list[dict[str, Any]]) -> Check:
+    if not refs:
+        return Check(rule.label, "performance", "skip", "no --reference-run given")
+    if run_summary is None:
+        return Check(rule.label, "performance", "skip", "the run has no summary.json (every request failed)")
+    values = [v for r in refs if (v := _get(r, rule.metric)) is not None]
+    if not values:
+        return Check(rule.label, "performance", "skip", f"the reference runs have no {rule.metric}")
+    spread = statistics.stdev(values) / statistics.mean(values) if len(values) >= 2 and statistics.mean(values) else None
+    desc = "reference" if len(values) == 1 else f"reference median of {len(values)}"
+    return judge(rule, _get(run_summary, rule.metric), statistics.median(values), spread, desc)
+
+
+SPEC_KEYS = ("backend", "model", "method", "budget", "suite", "limit", "max_new_tokens", "temperature", "dtype", "device",
+             "concurrency", "request_rate")
+
+
+def evaluate(comparison: Comparison, rules: Rules, num_errors: int, run_info: dict[str, Any],
+             run_summary: dict[str, Any] | None, references: list[tuple[str, dict[str, Any], dict[str, Any]]],
+             base_header: dict[str, Any]) -> GateResult:
+    """All checks. `references` = [(path, run.json, summary.json)] of the reference runs."""
+    spec = run_info.get("spec", {})
+    checks = correctness_checks(comparison, rules, num_errors)
+    for rule in rules.metrics:
+        if rule.against == "baseline":
+            checks.append(_baseline_rule(rule, comparison, spec, base_header))
+        else:
+            checks.append(_reference_rule(rule, run_summary, [s for _, _, s in references]))
+    warnings = list(comparison.warnings)
+    for path, info, _ in references:
+        rspec = info.get("spec", {})
+        diff = [f"{k} {rspec.get(k)!r} vs {spec.get(k)!r}" for k in SPEC_KEYS if rspec.get(k) != spec.get(k)]
+        if diff:
+            warnings.append(f"reference run {path} differs from the run: {', '.join(diff)}")
+    return GateResult(checks, comparison, rules, warnings)
+
+
+def run_gate(results: str | Path, baseline_path: str | Path, rules_path: str | Path | None = None,
+             reference_runs: list[str | Path] | None = None, near_tie_gap: float | None = None) -> GateResult:
+    """Read everything (exit-2 errors first), compare, and apply the rules."""
+    from ddtree_bench.baseline import read_baseline
+    from ddtree_bench.compare import compare_records
+    from ddtree_bench.results import is_run_dir, read_json, read_records
+
+    rules = load_rules(rules_path)
+    if near_tie_gap is not None:
+        rules.near_tie_gap = float(_number(near_tie_gap, "--near-tie-gap", allow_null=False))
+    baseline = read_baseline(baseline_path)
+    results = Path(results)
+    if not is_run_dir(results):
+        raise UsageError(f"{results} is not a run directory (run.json + records.jsonl)")
+    refs = []
+    for ref in reference_runs or []:
+        ref = Path(ref)
+        if not is_run_dir(ref) or not (ref / "summary.json").exists():
+            raise UsageError(f"--reference-run {ref} is not a finished run directory (run.json + records.jsonl + summary.json)")
+        refs.append((str(ref), read_json(ref / "run.json"), read_json(ref / "summary.json")))
+    info = read_json(results / "run.json")
+    records = read_records(results)
+    summary = read_json(results / "summary.json") if (results / "summary.json").exists() else None
+    c = compare_records(records, baseline, rules.near_tie_gap, info, str(results))
+    return evaluate(c, rules, sum(1 for r in records if not r.ok), info, summary, refs, baseline.header)
