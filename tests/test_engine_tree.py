@@ -27,6 +27,7 @@ from ddtree_bench.engine.tree import (
     verify_mask,
 )
 from ddtree_bench.engine.verify import walk, walk_fast
+from engine_support import one_torch_thread  # noqa: F401 (fixture)
 
 
 # ---------------------------------------------------------------------------- the oracle

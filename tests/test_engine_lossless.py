@@ -1,0 +1,146 @@
+"""Lossless at temperature 0: DFlash and DDTree emit exactly AR greedy's tokens (fp32, CPU).
+
+The oracle is greedy decoding that recomputes the whole sequence at every step (no cache), so the
+engine's AR loop is tested too. Two proposers: the seeded random DFlash drafter (accepts almost
+nothing, so almost every round ends on a mismatch) and a proposer rigged to draft the greedy
+continuation with controlled errors (tests/engine_support.py), which makes deep accepted paths,
+non-prefix accepted paths (KV compaction), a stop token inside an accepted path and
+max_new_tokens inside a round all happen; the test asserts that they did and prints tau.
+Both the fast (vectorised) and slow (heap / row-copy / dict walk) engine paths run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree_bench.engine.config import parse_draft_config, parse_target_config
+from ddtree_bench.engine.draft import DFlashDrafter
+from ddtree_bench.engine.generate import Engine
+from ddtree_bench.engine.loading import random_configs, random_pair
+from engine_support import RiggedProposer, greedy_reference, hidden_reference, one_torch_thread  # noqa: F401 (fixture)
+
+BUDGETS = (1, 3, 15, 16, 64, 300)
+CONFIGS = [("dflash", 0)] + [("ddtree", b) for b in BUDGETS]
+MAX_NEW = 57          # the length scenario: cut inside a round
+LONG = 100            # the stop scenario: ends at the stop token
+
+
+@pytest.fixture(scope="module")
+def world():
+    target, drafter = random_pair(seed=0)
+    prompt = torch.randint(0, 63, (9,), generator=torch.Generator().manual_seed(0)).tolist()
+    cont = greedy_reference(target, prompt, LONG + 20)
+    # stop token: one whose first appearance is well inside the output, so rounds run before it
+    k = next(i for i in range(30, 70) if cont[i] not in cont[:i])
+    return {
+        "target": target,
+        "drafter": drafter,
+        "prompt": prompt,
+        "cont": cont,
+        "truth": prompt + cont,
+        "eos": cont[k],
+        "eos_index": k,
+        "ref_hidden": hidden_reference(target, prompt + cont, drafter.target_layer_ids),
+    }
+
+
+def expected(world, scenario: str) -> list[int]:
+    cont = world["cont"]
+    return cont[: world["eos_index"] + 1] if scenario == "stop" else cont[:MAX_NEW]
+
+
+def run(engine, world, method, budget, scenario):
+    stop = [world["eos"]] if scenario == "stop" else []
+    n = LONG if scenario == "stop" else MAX_NEW
+    return engine.generate(world["prompt"], method, budget, max_new_tokens=n, stop_ids=stop, record_trees=True)
+
+
+def test_ar_equals_uncached_greedy(world):
+    engine = Engine(world["target"])
+    for scenario in ("stop", "length"):
+        g = run(engine, world, "ar", 0, scenario)
+        assert g.output_ids == expected(world, scenario)
+        assert g.finish_reason == ("stop" if scenario == "stop" else "length")
+        assert g.accept_lengths == [1] * (len(g.output_ids) - 1)
+    for n in (1, 2, 3):
+        assert engine.generate(world["prompt"], "ar", max_new_tokens=n).output_ids == world["cont"][:n]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
+def test_random_drafter_lossless(world, fast):
+    engine = Engine(world["target"], world["drafter"], fast=fast)
+    for method, budget in CONFIGS:
+        for scenario in ("stop", "length"):
+            g = run(engine, world, method, budget, scenario)
+            assert g.output_ids == expected(world, scenario), (method, budget, scenario)
+            assert g.finish_reason == ("stop" if scenario == "stop" else "length")
+            assert all(1 <= a <= 16 for a in g.accept_lengths)
+            if method == "ddtree":
+                assert all(len(t.token_ids) == min(budget, 15 * 64) for t in g.trees)
+        for n in (1, 2, 17):
+            assert engine.generate(world["prompt"], method, budget, max_new_tokens=n).output_ids == world["cont"][:n]
+
+
+def rounds(g, P):
+    """(start, a, accepted) per round; start = absolute position of the round's root (bonus)."""
+    start = P
+    for a, tr in zip(g.accept_lengths, g.trees):
+        yield start, a, tr.accepted
+        start += a
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
+def test_rigged_proposer_lossless_deep_paths_compaction_stop_and_length(world, fast):
+    P = len(world["prompt"])
+    e = P + world["eos_index"]  # absolute position of the stop token
+    rounds_a: dict[tuple[str, int], list[int]] = {}
+    seen = {"compaction": 0, "eos_inside": 0, "length_inside": 0, "deep": 0}
+    for method, budget in CONFIGS:
+        for scenario in ("stop", "length"):
+            rig = RiggedProposer(world["truth"], 64, world["drafter"].target_layer_ids, seed=3,
+                                 exact_positions=range(e - 2, e + 3), ref_hidden=world["ref_hidden"])
+            engine = Engine(world["target"], fast=fast, proposer=rig)
+            g = run(engine, world, method, budget, scenario)
+            assert g.output_ids == expected(world, scenario), (method, budget, scenario)
+            assert rig.calls == len(g.accept_lengths) and rig.errors["second"] > 0 and rig.errors["miss"] > 0
+            non_prefix = sum(acc != list(range(a)) for _, a, acc in rounds(g, P))
+            if method == "dflash" or budget == 1:
+                assert non_prefix == 0  # a chain's accepted nodes are always 0..a-1
+            seen["compaction"] += non_prefix
+            seen["deep"] += max(g.accept_lengths) >= 12
+            rounds_a.setdefault((method, budget), []).extend(g.accept_lengths)
+            if scenario == "stop":
+                last_start, last_a, _ = list(rounds(g, P))[-1]
+                # the stop token was accepted as a drafted node with more accepted nodes after it
+                inside = last_start < e < last_start + last_a - 1
+                seen["eos_inside"] += inside
+            else:
+                produced = 1 + sum(g.accept_lengths)  # prefill token + a_r tokens per round
+                before_last = produced - g.accept_lengths[-1]
+                seen["length_inside"] += before_last < MAX_NEW < produced
+    taus = {k: sum(v) / len(v) for k, v in rounds_a.items()}  # mean a_r over both scenarios' rounds
+    print(f"\nrigged proposer tau ({'fast' if fast else 'slow'}): "
+          + ", ".join(f"{m}{'' if m == 'dflash' else f'-B{b}'}={t:.2f}" for (m, b), t in taus.items()))
+    for b in (64, 300):
+        assert taus[("ddtree", b)] > 5.0, taus
+    for b in (15, 16):  # small trees trade spine depth for siblings: deeper than a chain of errors, not always > 5
+        assert taus[("ddtree", b)] > 4.0, taus
+    assert taus[("ddtree", 64)] > taus[("dflash", 0)]
+    assert seen["compaction"] >= 10, seen
+    assert seen["deep"] >= 4, seen
+    assert seen["eos_inside"] >= 4, seen
+    assert seen["length_inside"] >= 4, seen
+
+
+def test_generated_mask_token_is_kept(world):
+    """A generated token equal to the drafter's mask id stays in the output (z-lab's fix)."""
+    tcfg_d, dcfg_d = random_configs()
+    mask = world["cont"][5]
+    dcfg_d["dflash_config"]["mask_token_id"] = mask
+    drafter = DFlashDrafter(parse_draft_config(dcfg_d, parse_target_config(tcfg_d)))
+    drafter.load_state_dict(world["drafter"].state_dict())
+    engine = Engine(world["target"], drafter.eval())
+    for method, budget in (("dflash", 0), ("ddtree", 16)):
+        out = engine.generate(world["prompt"], method, budget, max_new_tokens=30).output_ids
+        assert out == world["cont"][:30] and mask in out
