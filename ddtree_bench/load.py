@@ -1,12 +1,24 @@
 """The request driver: schedules prompts onto a backend and collects one record per turn.
 
-Load shapes: closed loop (`concurrency` conversations in flight) or open loop (Poisson arrivals
-at `request_rate`/s on an absolute schedule computed up front, so a slow server delays nothing but
-its own requests - no coordinated omission; `t_send_ns` is then the *scheduled* arrival time, so
-queueing in the client counts as latency). Multi-turn prompts run turn by turn, each turn's
-messages carrying the model's own earlier answers. Warmup requests run first and are not recorded.
+Load shapes:
+* closed loop (`concurrency` = C): C workers, each takes the next conversation as soon as its
+  previous one finished. Nothing waits in the client, so `t_send_ns` is when the request left.
+* open loop (`request_rate` = R/s): conversation i arrives at `t0 + offsets[i]`, a Poisson schedule
+  (seeded exponential gaps) computed up front and slept towards on the absolute clock, so a slow
+  response delays nothing but itself - no coordinated omission. The record's `t_send_ns` is the
+  *scheduled* arrival, so any lag in the client (event loop, connection setup) counts as latency;
+  `t_dispatch_ns` is when the request actually left (their difference is the client's lag).
+Multi-turn prompts run turn by turn, each turn's messages carrying the model's own earlier answers;
+later turns of a conversation are sent as soon as the previous turn finished. Warmup requests
+(short, on the first prompt) run before the clock starts and are not recorded; if every warmup
+request fails the run stops with `UsageError` (bad URL, model name, key: exit 2) before anything is
+measured. A backend exception inside one request becomes that request's `error`, never a crash.
 
-Knows backends' protocol and records; nothing of models or trees.
+`drive` owns the backend's connection for one call: `start()` before the first request (where an
+unreachable server raises `UsageError`), `aclose()` after the last, so a backend object can be
+driven again from a new event loop (sweeps).
+
+Knows backends' protocol and records; nothing of models, trees or HTTP.
 """
 
 from __future__ import annotations
@@ -16,17 +28,38 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
+from ddtree_bench.errors import UsageError
 from ddtree_bench.records import GenerationRequest, Prompt, RequestRecord
+
+WARMUP_MAX_NEW_TOKENS = 16
 
 
 def poisson_schedule(n: int, rate: float, seed: int) -> list[float]:
-    """Arrival offsets in seconds for n requests at `rate` per second (exponential gaps, seeded)."""
+    """Arrival offsets in seconds for n requests at `rate` per second: 0, then cumulative
+    exponential gaps of mean 1/rate (seeded, so a run's schedule is reproducible)."""
+    if rate <= 0:
+        raise ValueError("rate must be > 0")
     rng = random.Random(seed)
     t, out = 0.0, []
     for _ in range(n):
         out.append(t)
         t += rng.expovariate(rate)
     return out
+
+
+async def _generate(backend, req: GenerationRequest) -> RequestRecord:
+    """backend.generate, with any exception turned into an error record (one bad request never ends a run)."""
+    try:
+        rec = await backend.generate(req)
+    except (asyncio.CancelledError, KeyboardInterrupt, UsageError):
+        raise
+    except Exception as e:  # a backend bug: record it and keep going
+        now = time.perf_counter_ns()
+        rec = RequestRecord(prompt_id=req.prompt_id, turn=req.turn, t_send_ns=now, t_done_ns=now,
+                            error=f"client: {type(e).__name__}: {e}")
+    if rec.t_dispatch_ns is None:
+        rec.t_dispatch_ns = rec.t_send_ns
+    return rec
 
 
 async def _run_conversation(backend, prompt: Prompt, index: int, *, max_new_tokens: int, temperature: float,
@@ -41,7 +74,7 @@ async def _run_conversation(backend, prompt: Prompt, index: int, *, max_new_toke
             max_new_tokens=prompt.max_new_tokens or max_new_tokens,
             temperature=temperature, top_p=top_p, seed=seed + index * 16 + turn,
         )
-        rec = await backend.generate(req)
+        rec = await _generate(backend, req)
         if turn == 0 and t_send_ns is not None and rec.t_send_ns is not None and rec.t_send_ns > t_send_ns:
             rec.t_send_ns = t_send_ns  # open loop: latency counts from the scheduled arrival
         records.append(rec)
@@ -53,6 +86,24 @@ async def _run_conversation(backend, prompt: Prompt, index: int, *, max_new_toke
     return records
 
 
+async def _warmup(backend, prompt: Prompt, n: int, parallel: int, *, max_new_tokens: int, temperature: float,
+                  top_p: float, seed: int) -> None:
+    """n short single-turn requests on `prompt`, up to `parallel` at once (opens the connections the
+    measured requests will reuse). Raises UsageError if every one of them failed."""
+    sem = asyncio.Semaphore(max(1, parallel))
+    warm = Prompt(prompt.prompt_id, prompt.turns[:1])
+
+    async def one(w: int) -> list[RequestRecord]:
+        async with sem:
+            return await _run_conversation(backend, warm, 10_000 + w, max_new_tokens=min(WARMUP_MAX_NEW_TOKENS, max_new_tokens),
+                                           temperature=temperature, top_p=top_p, seed=seed)
+
+    recs = [r for rs in await asyncio.gather(*(one(w) for w in range(n))) for r in rs]
+    if recs and not any(r.ok for r in recs):
+        raise UsageError(f"every warmup request failed (first: {recs[0].error})",
+                         hint="check --url, --model, --api-key and the server's log")
+
+
 async def drive(backend, prompts: Sequence[Prompt], *, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
                 seed: int = 0, concurrency: int = 1, request_rate: float | None = None, warmup: int = 0,
                 on_record: Callable[[RequestRecord], None] | None = None, progress: bool = True,
@@ -61,50 +112,53 @@ async def drive(backend, prompts: Sequence[Prompt], *, max_new_tokens: int, temp
     from tqdm.auto import tqdm
 
     await backend.start()
-    for w in range(warmup if prompts else 0):  # short requests on the first prompt, not recorded
-        warm = Prompt(prompts[0].prompt_id, prompts[0].turns[:1])
-        await _run_conversation(backend, warm, 10_000 + w, max_new_tokens=min(16, max_new_tokens),
-                                temperature=temperature, top_p=top_p, seed=seed)
-
-    total = sum(len(p.turns) for p in prompts)
-    bar = tqdm(total=total, desc=desc, unit="req", disable=not progress, leave=False)
-    results: list[RequestRecord] = []
-
-    def done(recs: list[RequestRecord]) -> None:
-        for r in recs:
-            results.append(r)
-            if on_record is not None:
-                on_record(r)
-        bar.update(len(recs))
-        errs = sum(1 for r in results if not r.ok)
-        if errs:
-            bar.set_postfix(errors=errs)
-
-    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
     try:
-        if request_rate is None:
-            queue: asyncio.Queue = asyncio.Queue()
-            for i, p in enumerate(prompts):
-                queue.put_nowait((i, p))
+        kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        if warmup and prompts:
+            await _warmup(backend, prompts[0], warmup, min(warmup, concurrency if request_rate is None else warmup), **kw)
 
-            async def worker() -> None:
-                while not queue.empty():
-                    i, p = queue.get_nowait()
-                    done(await _run_conversation(backend, p, i, **kw))
+        total = sum(len(p.turns) for p in prompts)
+        bar = tqdm(total=total, desc=desc, unit="req", disable=not progress, leave=False)
+        results: list[RequestRecord] = []
+        errors = 0
 
-            await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(prompts))))))
-        else:
-            offsets = poisson_schedule(len(prompts), request_rate, seed)
-            t0 = time.perf_counter_ns()
+        def done(recs: list[RequestRecord]) -> None:
+            nonlocal errors
+            for r in recs:
+                results.append(r)
+                errors += 0 if r.ok else 1
+                if on_record is not None:
+                    on_record(r)
+            bar.update(len(recs))
+            if errors:
+                bar.set_postfix(errors=errors, refresh=False)
 
-            async def arrive(i: int, p: Prompt) -> None:
-                at = t0 + int(offsets[i] * 1e9)
-                delay = (at - time.perf_counter_ns()) / 1e9
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                done(await _run_conversation(backend, p, i, t_send_ns=at, **kw))
+        try:
+            if request_rate is None:
+                queue: asyncio.Queue = asyncio.Queue()
+                for i, p in enumerate(prompts):
+                    queue.put_nowait((i, p))
 
-            await asyncio.gather(*(arrive(i, p) for i, p in enumerate(prompts)))
+                async def worker() -> None:
+                    while not queue.empty():
+                        i, p = queue.get_nowait()
+                        done(await _run_conversation(backend, p, i, **kw))
+
+                await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(prompts))))))
+            else:
+                offsets = poisson_schedule(len(prompts), request_rate, seed)
+                t0 = time.perf_counter_ns()
+
+                async def arrive(i: int, p: Prompt) -> None:
+                    at = t0 + int(offsets[i] * 1e9)
+                    delay = (at - time.perf_counter_ns()) / 1e9
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    done(await _run_conversation(backend, p, i, t_send_ns=at, **kw))
+
+                await asyncio.gather(*(arrive(i, p) for i, p in enumerate(prompts)))
+        finally:
+            bar.close()
+        return results
     finally:
-        bar.close()
-    return results
+        await backend.aclose()

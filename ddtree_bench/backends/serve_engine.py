@@ -1,0 +1,161 @@
+"""What produces tokens behind `ddtree-bench serve`: the reference engine, or the null engine.
+
+Both expose the same async stream of `Event`s for one `Job`: "tokens" events (a verify round's
+committed tokens, as the engine's `on_chunk` hands them over), then one "done" (acceptance lengths,
+finish reason, stage times), "error" or "cancelled".
+
+* `EngineSource` runs `engine.generate.Engine` (batch size 1) on one dedicated worker thread; the
+  server runs one job at a time (`serial = True`). Setting `job.cancelled` stops the generation at
+  its next round (the `on_chunk` callback raises), so a vanished client or a shutdown frees the
+  engine within one round.
+* `NullSource` needs no model: it answers instantly with `max_tokens` letters in chunks of
+  `chunk_tokens` (one "round" each, a_r = chunk_tokens), concurrently (`serial = False`). It
+  exists to measure the HTTP client and driver's own overhead.
+
+Knows the engine's `generate` call and the toy byte tokenizer; nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from ddtree_bench import defaults as D
+
+
+class _Cancelled(Exception):
+    pass
+
+
+@dataclass(eq=False)  # identity semantics: the server keeps the jobs in flight in a set
+class Job:
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_ids: list[int] = field(default_factory=list)
+    cancelled: bool = False  # set by the server; the source stops at its next round
+
+
+@dataclass
+class Event:
+    kind: str                                  # "tokens" | "done" | "error" | "cancelled"
+    tokens: list[int] = field(default_factory=list)
+    t_ns: int = 0
+    accept_lengths: list[int] | None = None    # done
+    finish_reason: str | None = None           # done
+    stage_ns: dict[str, int] | None = None     # done
+    error: str | None = None                   # error
+
+
+class EngineSource:
+    """The reference engine of a loaded pair (`pair.load_pair`), one job at a time on a worker thread."""
+
+    serial = True
+
+    def __init__(self, pair, method: str, budget: int, model_id: str):
+        self.pair = pair
+        self.method = method
+        self.budget = budget
+        self.model_id = model_id
+        self.tokenizer = pair.tokenizer
+        self.stop_ids = list(pair.stop_ids)
+        self.block_size = pair.engine.block_size
+        cfg = pair.engine.target.cfg
+        self.vocab_size = cfg.vocab_size
+        self.max_model_len = cfg.max_position_embeddings
+        self.info: dict[str, Any] = {"engine": "reference", **pair.info}
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ddtree-engine")
+
+    def draft_tokens_per_round(self) -> int:
+        return {"ddtree": self.budget, "dflash": self.block_size - 1}.get(self.method, 0)
+
+    async def stream(self, job: Job) -> AsyncIterator[Event]:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def on_chunk(tokens: list[int]) -> None:
+            if job.cancelled:
+                raise _Cancelled
+            loop.call_soon_threadsafe(events.put_nowait, Event("tokens", list(tokens), time.perf_counter_ns()))
+
+        def work() -> None:
+            try:
+                g = self.pair.engine.generate(
+                    job.prompt_ids, method=self.method, budget=self.budget, max_new_tokens=job.max_tokens,
+                    temperature=job.temperature, top_p=job.top_p, seed=job.seed, stop_ids=job.stop_ids, on_chunk=on_chunk)
+                ev = Event("done", t_ns=time.perf_counter_ns(), accept_lengths=g.accept_lengths,
+                           finish_reason=g.finish_reason, stage_ns=g.stage_ns)
+            except _Cancelled:
+                ev = Event("cancelled", t_ns=time.perf_counter_ns())
+            except Exception as e:  # one bad request must not take the server down
+                ev = Event("error", t_ns=time.perf_counter_ns(), error=f"{type(e).__name__}: {e}")
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        fut = loop.run_in_executor(self._executor, work)
+        try:
+            while True:
+                ev = await events.get()
+                yield ev
+                if ev.kind != "tokens":
+                    return
+        finally:
+            job.cancelled = True  # no-op once done; otherwise stops the thread at its next round
+            await asyncio.shield(fut)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+class NullSource:
+    """Instant tokens, no model: for measuring the client and driver, not the engine."""
+
+    serial = False
+    method = "null"
+    budget = 0
+
+    def __init__(self, model_id: str = "null", chunk_tokens: int = D.NULL_CHUNK_TOKENS):
+        from ddtree_bench.tokenizer import ChatTokenizer
+        from ddtree_bench.toy.tokenizer import IM_END, VOCAB_SIZE, write_tokenizer
+
+        if chunk_tokens < 1:
+            raise ValueError("chunk_tokens must be >= 1")
+        with tempfile.TemporaryDirectory(prefix="ddtree-bench-tok-") as tmp:
+            write_tokenizer(Path(tmp))
+            self.tokenizer = ChatTokenizer(tmp)
+        self.model_id = model_id
+        self.chunk_tokens = chunk_tokens
+        self.block_size = chunk_tokens
+        self.stop_ids = [IM_END]
+        self.vocab_size = VOCAB_SIZE
+        self.max_model_len = 1 << 20
+        self.info: dict[str, Any] = {"engine": "null", "chunk_tokens": chunk_tokens}
+
+    def draft_tokens_per_round(self) -> int:
+        return self.chunk_tokens - 1
+
+    @staticmethod
+    def token(i: int) -> int:
+        return ord("a") + i % 26  # the byte tokenizer's id of a letter
+
+    async def stream(self, job: Job) -> AsyncIterator[Event]:
+        yield Event("tokens", [self.token(0)], time.perf_counter_ns())  # the "prefill" token
+        n, rounds = 1, []
+        while n < job.max_tokens:
+            if job.cancelled:
+                yield Event("cancelled", t_ns=time.perf_counter_ns())
+                return
+            take = min(self.chunk_tokens, job.max_tokens - n)
+            rounds.append(self.chunk_tokens)  # a_r before truncation, as the engine counts it
+            yield Event("tokens", [self.token(n + i) for i in range(take)], time.perf_counter_ns())
+            n += take
+        yield Event("done", t_ns=time.perf_counter_ns(), accept_lengths=rounds, finish_reason="length", stage_ns={})
+
+    def close(self) -> None:
+        return None

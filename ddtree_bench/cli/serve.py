@@ -1,0 +1,73 @@
+"""`ddtree-bench serve`: the OpenAI-compatible server on the reference engine (or the null engine)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ddtree_bench import defaults as D
+from ddtree_bench.cli import options as O
+from ddtree_bench.cli.app import app
+
+
+@app.command("serve")
+def serve_cmd(
+    model: O.Model = D.MODEL,
+    draft: O.Draft = None,
+    method: Annotated[str, typer.Option("--method", help="ar | dflash | ddtree | null (the null engine: instant tokens, no model).")] = D.METHOD,
+    budget: O.Budget = D.BUDGET,
+    dtype: O.Dtype = D.DTYPE,
+    device: O.Device = D.DEVICE,
+    host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default; other addresses want --api-key).")] = D.HOST,
+    port: Annotated[int, typer.Option("--port", help="Port to bind (0 = any free port; the ready line says which).")] = D.PORT,
+    api_key: O.ApiKey = None,
+    max_queue: Annotated[int, typer.Option("--max-queue", help="Requests that may wait for the batch-1 engine; more get 503.")] = D.SERVE_MAX_QUEUE,
+    null: Annotated[bool, typer.Option("--null", help="Same as --method null.")] = False,
+    null_chunk_tokens: Annotated[int, typer.Option("--null-chunk-tokens", help="Null engine: tokens per streamed chunk.")] = D.NULL_CHUNK_TOKENS,
+    served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="Model id in /v1/models (default: the --model value, or 'null').")] = None,
+    shutdown_grace: Annotated[float, typer.Option("--shutdown-grace", help="Seconds in-flight requests get to finish after SIGTERM.")] = D.SERVE_SHUTDOWN_GRACE_S,
+) -> None:
+    """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics until SIGTERM."""
+    import asyncio
+    import sys
+
+    from ddtree_bench.errors import UsageError
+
+    if null:
+        method = "null"
+    if method not in D.METHODS + ("null",):
+        raise UsageError(f"unknown --method {method!r}; expected one of {', '.join(D.METHODS)} or null")
+    if budget < 0:
+        raise UsageError(f"--budget must be an integer >= 0, got {budget}")
+    if max_queue < 0:
+        raise UsageError(f"--max-queue must be >= 0, got {max_queue}")
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {port}")
+    if shutdown_grace < 0:
+        raise UsageError(f"--shutdown-grace must be >= 0, got {shutdown_grace}")
+    if null_chunk_tokens < 1:
+        raise UsageError(f"--null-chunk-tokens must be >= 1, got {null_chunk_tokens}")
+
+    from ddtree_bench.backends.serve_engine import EngineSource, NullSource
+    from ddtree_bench.backends.standalone import LOOPBACK, READY_PREFIX, serve
+
+    if host not in LOOPBACK and not api_key:
+        print(f"warning: serving on {host} without --api-key: anyone who can reach this port can use the model",
+              file=sys.stderr, flush=True)
+    if method == "null":
+        source = NullSource(served_model_name or "null", null_chunk_tokens)
+        what = f"null engine, {null_chunk_tokens} tokens per chunk"
+    else:
+        from ddtree_bench.pair import load_pair
+
+        print(f"ddtree-bench serve: loading {model} ({method}, {dtype}, {device})", file=sys.stderr, flush=True)
+        pair = load_pair(model, draft, method, dtype, device)
+        source = EngineSource(pair, method, budget, served_model_name or model)
+        what = f"model {source.model_id}, method {method}" + (f", budget {budget}" if method == "ddtree" else "")
+
+    def ready(url: str) -> None:
+        print(f"{READY_PREFIX}{url} ({what})", flush=True)
+
+    asyncio.run(serve(source, host=host, port=port, api_key=api_key, max_queue=max_queue, grace_s=shutdown_grace,
+                      on_ready=ready))
