@@ -32,6 +32,8 @@ SWEEP_SUITE = "gsm8k"
 SWEEP_LIMIT = 8               # prompts per point (measured: see docs/serving-ddtree.md)
 SWEEP_MAX_NEW_TOKENS = 64     # per prompt, per point
 SWEEP_REPEATS = 1
+EXTERNAL_DTYPE = "bfloat16"   # sweep default for SGLang / vLLM points (they serve on GPUs)
+EXTERNAL_DEVICE = "cuda"
 # Server lifecycle during sweeps (sweep/server.py); the profiles may override the startup timeout
 SERVER_STARTUP_TIMEOUT_S = 600.0   # large models on SGLang/vLLM take minutes to load and capture graphs
 SERVER_POLL_INTERVAL_S = 0.5

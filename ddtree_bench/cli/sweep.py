@@ -1,0 +1,140 @@
+"""`ddtree-bench sweep`: a grid of configurations -> results/<sweep-id>/ (+ an HTML report).
+
+With no arguments it runs the embedded default: the in-process toy pair on the bundled gsm8k suite,
+AR + DFlash + DDTree at budgets 16..1024 (`defaults.SWEEP_*`). Grid flags take comma lists and
+override `--config grid.yaml`; `--resume [SWEEP_DIR]` continues a sweep (the latest one under
+results/ when no directory is given) with the grid stored in its sweep.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from ddtree_bench.cli import options as O
+from ddtree_bench.cli.app import app
+
+_L = "Comma list."
+
+
+def _opt(*names: str, help: str):
+    return typer.Option(*names, help=help, show_default=False)
+
+
+@app.command("sweep")
+def sweep_cmd(
+    sweep_dir: Annotated[Optional[Path], typer.Argument(help="With --resume: the sweep directory to continue (default: the latest under results/).", show_default=False)] = None,
+    config: Annotated[Optional[Path], _opt("--config", help="Grid YAML (keys as in docs/serving-ddtree.md; unknown keys are errors). Flags override it.")] = None,
+    backends: Annotated[Optional[str], _opt("--backends", "--backend", help=f"inprocess | standalone | sglang | vllm. {_L} [default: inprocess]")] = None,
+    models: Annotated[Optional[str], _opt("--models", "--model", help=f"'toy', 'random' or model directories / ids. {_L} [default: toy]")] = None,
+    drafts: Annotated[Optional[str], _opt("--drafts", "--draft", help=f"DFlash drafters, one per model (or one for all). {_L}")] = None,
+    methods: Annotated[Optional[str], _opt("--methods", "--method", help=f"ar, dflash, ddtree (AR is always added as the baseline). {_L} [default: ar,dflash,ddtree]")] = None,
+    budgets: Annotated[Optional[str], _opt("--budgets", help="DDTree budgets: LO..HI = powers of two inclusive, or a comma list. [default: 16..1024]")] = None,
+    spec_tokens: Annotated[Optional[str], _opt("--spec-tokens", help=f"Drafted tokens per round = block size - 1 (sglang/vllm only; default: the drafter's / the profile's). {_L}")] = None,
+    concurrency: Annotated[Optional[str], _opt("--concurrency", help=f"Closed-loop concurrency levels. {_L} [default: 1]")] = None,
+    request_rates: Annotated[Optional[str], _opt("--request-rates", "--request-rate", help=f"Open-loop Poisson rates per second; 'closed' = the closed-loop points. {_L} [default: closed]")] = None,
+    temperatures: Annotated[Optional[str], _opt("--temperatures", "--temperature", help=f"{_L} [default: 0]")] = None,
+    suites: Annotated[Optional[str], _opt("--suites", "--suite", help=f"Suite names or JSONL files. {_L} [default: gsm8k]")] = None,
+    limit: Annotated[Optional[int], _opt("--limit", help="Prompts per point. [default: 8]")] = None,
+    max_new_tokens: Annotated[Optional[int], _opt("--max-new-tokens", help="Maximum generated tokens per turn. [default: 64]")] = None,
+    repeats: Annotated[Optional[int], _opt("--repeats", help="Repeat every client-side point N times (seed + repeat). [default: 1]")] = None,
+    dtype: Annotated[Optional[str], _opt("--dtype", help=f"float32 | bfloat16 | float16. {_L} [default: float32; bfloat16 for sglang/vllm]")] = None,
+    device: Annotated[Optional[str], _opt("--device", help=f"cpu | cuda | cuda:N. {_L} [default: cpu; cuda for sglang/vllm]")] = None,
+    seed: Annotated[Optional[int], _opt("--seed", help="Sampling seed. [default: 0]")] = None,
+    warmup: Annotated[Optional[int], _opt("--warmup", help="Warmup requests (per point in-process, per server start otherwise). [default: 1]")] = None,
+    endpoint: Annotated[Optional[str], _opt("--endpoint", help="chat | completions (HTTP backends). [default: chat]")] = None,
+    profiles: Annotated[Optional[Path], _opt("--profiles", help="Directory of <backend>.yaml profiles overriding the bundled ones.")] = None,
+    api_key: O.ApiKey = None,
+    out: Annotated[Optional[Path], _opt("--out", help="Sweep directory (default: results/<sweep-id>).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a sweep: finished points are kept, failed and missing ones run.")] = False,
+    report: Annotated[bool, typer.Option("--report/--no-report", help="Write reports/<sweep-id>.html.")] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+) -> None:
+    """Run a grid of configurations (servers or the in-process engine) into results/<sweep-id>/."""
+    from ddtree_bench.errors import RunFailed, UsageError
+    from ddtree_bench.sweep.grid import build_grid
+    from ddtree_bench.sweep.run import latest_sweep, new_sweep_dir, run_sweep
+
+    flags: dict[str, Any] = {
+        "backends": backends, "models": models, "drafts": drafts, "methods": methods, "budgets": budgets,
+        "spec_tokens": spec_tokens, "concurrency": concurrency, "request_rates": request_rates,
+        "temperatures": temperatures, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
+        "repeats": repeats, "dtype": dtype, "device": device, "seed": seed, "warmup": warmup, "endpoint": endpoint,
+        "profiles": str(profiles) if profiles else None,
+    }
+    if resume:
+        given = [k for k, v in flags.items() if v is not None] + (["config"] if config else [])
+        if given:
+            raise UsageError(f"--resume takes the grid from the sweep's sweep.json; drop --{given[0].replace('_', '-')}")
+        if sweep_dir and out and Path(sweep_dir) != Path(out):
+            raise UsageError("give the sweep directory once (SWEEP_DIR or --out)")
+        target = Path(sweep_dir or out) if (sweep_dir or out) else latest_sweep()
+        grid = None
+    else:
+        if sweep_dir is not None:
+            raise UsageError(f"unexpected argument {sweep_dir}", hint="to continue a sweep: ddtree-bench sweep --resume DIR")
+        grid = build_grid(config, flags)
+        target = Path(out) if out else new_sweep_dir(grid)
+    if resume:
+        typer.echo(f"resuming {target}")
+        outcome = run_sweep(_stored_grid(target), target, resume=True, api_key=api_key, progress=not quiet, echo=typer.echo)
+    else:
+        outcome = run_sweep(grid, target, api_key=api_key, progress=not quiet, echo=typer.echo)
+    if outcome.auto_ar:
+        typer.echo("note: the AR baseline was added to the grid (speedup_vs_ar needs it)")
+    typer.echo(final_table(outcome.rows))
+    typer.echo(f"results: {outcome.out}  (summary.csv, points/, sweep.json)")
+    if report and outcome.rows:
+        path = _report(outcome.out)
+        if path is not None:
+            typer.echo(f"report: {path}")
+    if outcome.failed:
+        raise RunFailed(f"{len(outcome.failed)} of {len(outcome.points)} points failed (see status.json in {outcome.out}/points/)",
+                        hint=f"rerun the failed points with: ddtree-bench sweep --resume {outcome.out}")
+
+
+def _stored_grid(target: Path):
+    from ddtree_bench.sweep.grid import GridSpec
+    from ddtree_bench.sweep.layout import SweepDir
+
+    return GridSpec.from_dict(SweepDir(target).read()["grid"])
+
+
+def _report(sweep_dir: Path) -> Path | None:
+    """reports/<sweep-id>.html via the report renderer; None (table only) while it is not installed."""
+    try:
+        from ddtree_bench.report import write_report  # INTEGRATION(report): issue of the HTML report
+    except ImportError:
+        return None
+    try:
+        return write_report([sweep_dir], Path("reports") / f"{sweep_dir.name}.html")
+    except Exception as e:  # a report problem must not hide the sweep's results
+        typer.echo(f"warning: the HTML report failed ({type(e).__name__}: {e})", err=True)
+        return None
+
+
+def final_table(rows: list[dict[str, Any]]) -> str:
+    """budget, tau, tok/s, speedup vs AR, TTFT/TPOT p50 per point (columns that vary are added)."""
+    from ddtree_bench.display import table
+
+    if not rows:
+        return "no points ran"
+    vary = [c for c in ("backend", "model", "draft", "spec_tokens", "suite", "concurrency", "request_rate", "temperature", "repeat")
+            if len({r.get(c) for r in rows}) > 1]
+    header = ["method", "budget", *vary, "tau", "tok/s", "speedup", "TTFT p50 ms", "TPOT p50 ms", "status"]
+    body = []
+    for r in rows:
+        body.append([r["method"], r.get("budget"), *[_short(r.get(c)) for c in vary], r.get("acceptance_length_mean"),
+                     _round(r.get("output_throughput_tok_s"), 1), r.get("speedup_vs_ar"), _round(r.get("ttft_ms_p50"), 1),
+                     r.get("tpot_ms_p50"), r["status"]])
+    return table(body, header)
+
+
+def _round(v: Any, n: int) -> Any:
+    return round(v, n) if isinstance(v, float) else v
+
+
+def _short(v: Any) -> Any:
+    return Path(v).name if isinstance(v, str) and "/" in v else v

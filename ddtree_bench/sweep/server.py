@@ -1,0 +1,237 @@
+"""`ServerProcess`: one inference server as a child process group, from launch to a clean kill.
+
+* start: the command runs as the leader of its own session / process group
+  (`start_new_session=True`), stdout and stderr appended to a log file, stdin closed;
+* ready: poll `health_path` with short per-request timeouts (a port can accept connections long
+  before the engine answers: vLLM binds early, SGLang answers 503 while loading) until HTTP 200;
+  an early exit of the process is detected at once and reported with the tail of its log;
+* stop: SIGTERM to the whole group, SIGKILL after a grace period, then reap; also run on errors,
+  Ctrl-C (the `with` block), SIGTERM to the sweep (see `sweep.run`) and interpreter exit (atexit),
+  so no server or grandchild outlives the sweep.
+
+`free_port()` picks a free TCP port on the host. Knows nothing of profiles, grids or results.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import weakref
+from pathlib import Path
+from typing import Any
+
+from ddtree_bench import defaults as D
+
+_LIVE: "weakref.WeakSet[ServerProcess]" = weakref.WeakSet()
+
+
+class ServerError(RuntimeError):
+    """The server could not be started or died; `log_tail` holds the end of its log."""
+
+    def __init__(self, message: str, log_tail: str = ""):
+        super().__init__(message)
+        self.log_tail = log_tail
+
+    def full(self) -> str:
+        return f"{self}\n--- server log (tail) ---\n{self.log_tail}" if self.log_tail else str(self)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read it back, release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout_s: float, api_key: str | None = None) -> tuple[int | None, bytes, str | None]:
+    """(status, body, error) of one GET; status None when no HTTP answer came back."""
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return r.status, r.read(), None
+    except urllib.error.HTTPError as e:
+        try:
+            body = e.read()
+        except Exception:
+            body = b""
+        return e.code, body, f"HTTP {e.code}"
+    except (urllib.error.URLError, OSError, TimeoutError) as e:
+        reason = getattr(e, "reason", e)
+        return None, b"", f"{type(reason).__name__}: {reason}"
+
+
+class ServerProcess:
+    """with ServerProcess(argv, port=..., log_path=...) as srv: ... srv.url ...  (killed on exit)"""
+
+    def __init__(self, argv: list[str], *, port: int, log_path: Path, host: str = D.HOST,
+                 health_path: str = "/health", env: dict[str, str] | None = None,
+                 startup_timeout_s: float = D.SERVER_STARTUP_TIMEOUT_S, poll_interval_s: float = D.SERVER_POLL_INTERVAL_S,
+                 request_timeout_s: float = D.SERVER_HEALTH_TIMEOUT_S, grace_s: float = D.SERVER_STOP_GRACE_S,
+                 api_key: str | None = None):
+        self.argv = [str(a) for a in argv]
+        self.host, self.port = host, port
+        self.log_path = Path(log_path)
+        self.health_path = health_path
+        self.env = dict(env or {})
+        self.startup_timeout_s = startup_timeout_s
+        self.poll_interval_s = poll_interval_s
+        self.request_timeout_s = request_timeout_s
+        self.grace_s = grace_s
+        self.api_key = api_key
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+        self.started_at: float | None = None
+        self.ready_after_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    # ----------------------------------------------------------------------- lifecycle
+
+    def start(self) -> "ServerProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self._log.write(f"$ {' '.join(self.argv)}\n".encode())
+        self._log.flush()
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env}, start_new_session=True, close_fds=True,
+            )
+        except OSError as e:
+            self._log.close()
+            raise ServerError(f"cannot start {self.argv[0]!r}: {e.strerror or e}") from None
+        self.started_at = time.monotonic()
+        _LIVE.add(self)
+        return self
+
+    def wait_ready(self) -> "ServerProcess":
+        """Poll the health endpoint until 200; raise ServerError on early exit or timeout (server stopped)."""
+        assert self.proc is not None, "start() first"
+        deadline = time.monotonic() + self.startup_timeout_s
+        last = "no answer yet"
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                tail = self.log_tail()
+                self.stop()
+                raise ServerError(f"server exited with code {rc} before it was ready ({self.argv[0]})", tail)
+            status, _, err = http_get(self.url + self.health_path, self.request_timeout_s, self.api_key)
+            if status == 200:
+                self.ready_after_s = time.monotonic() - (self.started_at or time.monotonic())
+                return self
+            last = err or f"HTTP {status}"
+            if time.monotonic() >= deadline:
+                tail = self.log_tail()
+                self.stop()
+                raise ServerError(f"server not ready after {self.startup_timeout_s:g} s "
+                                  f"(GET {self.health_path}: {last})", tail)
+            time.sleep(self.poll_interval_s)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def _group_alive(self, pgid: int) -> bool:
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    def stop(self) -> int | None:
+        """SIGTERM the process group, SIGKILL it after `grace_s`, reap the leader. Idempotent."""
+        proc = self.proc
+        if proc is None:
+            return None
+        pgid = proc.pid  # leader of its own session: pgid == pid
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not self._group_alive(pgid):
+                break
+            time.sleep(0.05)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
+            pass
+        # grandchildren were re-parented when the leader died; give init a moment to reap them
+        end = time.monotonic() + 2.0
+        while self._group_alive(pgid) and time.monotonic() < end:
+            time.sleep(0.05)
+        if self._log is not None and not self._log.closed:
+            self._log.close()
+        _LIVE.discard(self)
+        return proc.returncode
+
+    # ----------------------------------------------------------------------- logs
+
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def log_tail(self, lines: int = 40, max_bytes: int = 16384) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, self.log_size() - max_bytes))
+                text = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log_slice(self, start: int, end: int | None = None) -> bytes:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(start)
+                return f.read() if end is None else f.read(max(0, end - start))
+        except OSError:
+            return b""
+
+    def describe(self) -> dict[str, Any]:
+        return {"url": self.url, "pid": self.pid, "log": str(self.log_path), "health_path": self.health_path,
+                "ready_after_s": self.ready_after_s}
+
+    def __enter__(self) -> "ServerProcess":
+        self.start()
+        try:
+            return self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+@atexit.register
+def _stop_all() -> None:  # last line of defence: never leave a server behind
+    for srv in list(_LIVE):
+        try:
+            srv.stop()
+        except Exception:
+            pass
