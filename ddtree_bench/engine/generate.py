@@ -124,7 +124,7 @@ class Engine:
     """One target, an optional DFlash drafter (or any proposer), and caches sized to the longest request seen."""
 
     def __init__(self, target: Target, drafter: DFlashDrafter | None = None, fast: bool | None = None, sync_stages: bool = True,
-                 proposer=None):
+                 proposer=None, cuda_graphs: bool = False):
         self.target = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.proposer = proposer if proposer is not None else (DFlashProposer(self.drafter, self.target) if drafter is not None else None)
@@ -134,10 +134,22 @@ class Engine:
         self.fast_build = (self.device.type == "cuda") if fast is None else fast
         self.sync_stages = sync_stages
         self._tcache = self._dcache = None
+        # cuda_graphs: run fastloop.FastLoop (fixed shapes, CUDA graphs, one sync a round; on a CPU
+        # the same fixed-shape code without capture). Same tokens as this loop.
+        self.cuda_graphs = cuda_graphs
+        self._fast_loop = None
 
     @property
     def block_size(self) -> int:
         return self.proposer.block_size if self.proposer is not None else 1
+
+    def fast_loop(self):
+        """The FastLoop behind cuda_graphs=True (made on first use; holds its own caches and graphs)."""
+        if self._fast_loop is None:
+            from ddtree_bench.engine.fastloop import FastLoop
+
+            self._fast_loop = FastLoop(self.target, self.proposer)
+        return self._fast_loop
 
     def _caches(self, capacity: int):
         if self._tcache is None or self._tcache.capacity < capacity:
@@ -169,6 +181,9 @@ class Engine:
             raise ValueError("empty prompt")
         if max_new_tokens <= 0:
             raise ValueError("max_new_tokens must be positive")
+        if self.cuda_graphs and self.fast_loop().supports(method, budget):
+            return self.fast_loop().generate(prompt_ids, method, budget, max_new_tokens, temperature, top_p, seed, stop_ids,
+                                             on_chunk, record_trees, return_logit_gaps)
         dev = self.device
         P = len(prompt_ids)
         gen = None

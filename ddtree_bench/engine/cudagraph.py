@@ -1,0 +1,62 @@
+"""CUDA-graph capture and replay of one engine stage, with an eager twin on other devices.
+
+A `Stage` wraps a zero-argument function that reads persistent input buffers and returns its
+outputs. On CUDA the first `run()` warms the function up eagerly (once, and only if the stage is
+idempotent: running it twice leaves the same state), captures it into a `torch.cuda.CUDAGraph`,
+and replays the graph, so the outputs returned are the graph's static output tensors; later runs
+replay. Consumers captured after a producer therefore read the producer's static outputs. On a CPU
+(or with graphs off) `run()` just calls the function, so the same code path is testable anywhere.
+
+Stages of one bucket (one budget) share a memory pool and are captured in the order they replay,
+so a stage's intermediates can never overwrite an output that a later stage of the round still
+reads. Persistent state (caches, the frontier, the context buffer) lives outside every pool.
+Knows nothing of models or trees.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+
+class Pool:
+    """One CUDA-graph memory pool (a handle), shared by the stages of one bucket."""
+
+    def __init__(self, device: torch.device):
+        self.handle = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+
+
+class Stage:
+    def __init__(self, fn: Callable[[], Any], device: torch.device, pool: Pool | None = None, graphs: bool = True,
+                 idempotent: bool = True, name: str = ""):
+        self.fn, self.name = fn, name
+        self.graphs = graphs and device.type == "cuda"
+        self.pool = pool
+        self.idempotent = idempotent
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: Any = None
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    def run(self) -> Any:
+        if not self.graphs:
+            return self.fn()
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        return self.out
+
+    def _capture(self) -> None:
+        if self.idempotent:  # warm up (library handles, workspaces, autotuning) outside the graph
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                self.fn()
+            torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool.handle if self.pool is not None else None):
+            self.out = self.fn()
+        self.graph = g

@@ -1,0 +1,390 @@
+"""The fast generation loop: fixed shapes, preallocated buffers, CUDA graphs, one host sync a round.
+
+Same contract and same tokens as `generate.Engine.generate` (it is what `Engine(cuda_graphs=True)`
+runs), organised for a GPU:
+* persistent state lives in device buffers: the frontier `start` and the drafter's `ctx_start` (0-d
+  tensors), the bonus token, the context features of the last accepted path (`ctx`, block_size
+  rows, padded), the draft logits [L, V];
+* a round is six stages - draft, tree build, tree compile, verify, walk, commit - each a fixed-shape
+  function of those buffers (static.py, tree_static.py), captured once per (method, budget) as a
+  CUDA graph and replayed (cudagraph.py); the draft graph is shared by all budgets;
+* the only host sync is reading the walk's small result vector (accepted count, path, tokens,
+  bonus); the commit (KV compaction, context gather, frontier update) is launched right after, then
+  the next round, and only then are the tokens handed to the caller, so streaming callbacks
+  overlap the GPU;
+* stage times come from CUDA events between the stages (no syncs), or perf_counter on a CPU.
+
+Round 1 drafts eagerly (its context is the whole prompt); prefill is the plain Target.forward.
+A proposer other than the DFlash drafter (tests rig one) drafts eagerly every round.
+On a CPU the same fixed-shape code runs without capture, which is how CI checks it.
+`rounds` holds the per-round stage times (ms) of the last generate, for bench-engine.
+Knows nothing of HTTP, text or files.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ddtree_bench.engine.cudagraph import Pool, Stage
+from ddtree_bench.engine.generate import DFlashProposer, Generation, RoundTrace, _gaps
+from ddtree_bench.engine.static import (
+    StaticKV,
+    draft_forward,
+    draft_visible,
+    group_size,
+    target_forward,
+    visible_bias,
+)
+from ddtree_bench.engine.tree_static import StaticTreeBuilder, ancestors, chain, commit_sources, verify_visible, walk_static
+from ddtree_bench.engine.verify import GREEDY_EPS, pick
+
+ROUND_STAGES = ("draft", "tree_build", "tree_compile", "verify", "walk", "commit")
+CAPACITY_ALIGN = 64  # cache slots; keeps the attention bias rows aligned for fused SDPA kernels
+
+
+class Laps:
+    """Stage boundaries of a generation: CUDA events (read once at the end) or perf_counter."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, Any]] = []
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append((name, ev))
+        else:
+            self.marks.append((name, time.perf_counter_ns()))
+
+    def rounds(self) -> list[dict[str, float]]:
+        """Per round (a round ends at its 'commit' mark): stage -> ms since the previous mark."""
+        if self.cuda and self.marks:
+            self.marks[-1][1].synchronize()
+        out: list[dict[str, float]] = []
+        cur: dict[str, float] = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            ms = a.elapsed_time(b) if self.cuda else (b - a) / 1e6
+            cur[name] = cur.get(name, 0.0) + ms
+            if name == "commit":
+                out.append(cur)
+                cur = {}
+        return out
+
+
+@dataclass
+class _Bucket:
+    """The stages and buffers of one (method, budget, greedy) combination."""
+
+    method: str
+    width: int                      # verify tokens: 1 + nodes
+    stages: dict[str, Stage] = field(default_factory=dict)
+    io: dict[str, Any] = field(default_factory=dict)   # latest outputs, read by the next stage's function
+    post: torch.Tensor | None = None                   # sampled picks (temperature > 0)
+    host: torch.Tensor | None = None                   # pinned copy of the walk result
+
+
+class FastLoop:
+    def __init__(self, target, proposer=None, graphs: bool = True, capacity: int = 0):
+        self.target = target
+        self.proposer = proposer
+        self.drafter = proposer.drafter if isinstance(proposer, DFlashProposer) else None
+        self.device = target.lm_head.weight.device
+        self.dtype = target.lm_head.weight.dtype
+        self.graphs = graphs and self.device.type == "cuda"
+        self.capacity = 0
+        self.rounds: list[dict[str, float]] = []
+        self._min_capacity = capacity
+        if capacity:
+            self._ensure(capacity)
+
+    # ------------------------------------------------------------------ buffers and buckets
+
+    def supports(self, method: str, budget: int) -> bool:
+        return method in ("ar", "dflash") or budget > 0
+
+    def _ensure(self, capacity: int) -> None:
+        cap = -(-max(capacity, self._min_capacity) // CAPACITY_ALIGN) * CAPACITY_ALIGN
+        if cap <= self.capacity:
+            return
+        dev, t = self.device, self.target
+        self.buckets: dict[tuple, _Bucket] = {}
+        self.draft_stage: Stage | None = None
+        self.tcache = self.tkv = self.dcache = self.dkv = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.capacity = cap
+        self.tcache = t.new_cache(cap)
+        self.tkv = StaticKV(self.tcache)
+        self.start = torch.zeros((), dtype=torch.long, device=dev)
+        self.ctx_start = torch.zeros((), dtype=torch.long, device=dev)
+        self.bonus = torch.zeros(1, dtype=torch.long, device=dev)
+        self.tgroup = group_size(t)
+        if self.proposer is not None:
+            bs = self.proposer.block_size
+            self.L = bs - 1
+            self.dcache = self.proposer.new_cache(cap)
+            self.dlogits = torch.zeros(self.L, t.cfg.vocab_size, dtype=self.dtype, device=dev)
+            self.ctx = torch.zeros(bs, len(self.proposer.target_layer_ids) * t.cfg.hidden_size, dtype=self.dtype, device=dev)
+        if self.drafter is not None:
+            self.dkv = StaticKV(self.dcache)
+            self.dgroup = group_size(self.drafter)
+            self.mask_tail = torch.full((self.drafter.block_size - 1,), self.drafter.mask_token_id, dtype=torch.long, device=dev)
+            kinds = [(c, w) for c, w in zip(self.drafter.cfg.layer_causal, self.drafter.cfg.layer_window)]
+            self.draft_kind = [kinds.index(k) for k in kinds]   # layers with equal masks share one bias
+            self.draft_pool = Pool(dev)
+
+    def _draft(self, ctx: torch.Tensor) -> None:
+        """DFlash draft of [bonus, mask...] at `start` with context rows `ctx` from `ctx_start`: -> dlogits."""
+        d, bs = self.drafter, self.drafter.block_size
+        block = torch.cat([self.bonus, self.mask_tail])
+        emb = self.target.embed(block)
+        made: dict[int, torch.Tensor] = {}
+        biases = []
+        for i, k in enumerate(self.draft_kind):
+            if k not in made:
+                made[k] = visible_bias(draft_visible(d, i, self.start, bs, self.capacity), self.dtype, self.dgroup)
+            biases.append(made[k])
+        h = draft_forward(d, ctx, emb, self.dkv, self.ctx_start, self.start, biases)
+        self.dlogits.copy_(self.target.lm_head(h[1:]))
+
+    def _bucket(self, method: str, budget: int, greedy: bool) -> _Bucket:
+        key = (method, budget if method == "ddtree" else 0, greedy)
+        if key in self.buckets:
+            return self.buckets[key]
+        dev, g = self.device, self.graphs
+        pool = Pool(dev)
+        if method == "ar":
+            b = _Bucket("ar", 1)
+            b.stages["verify"] = Stage(lambda: self._verify_ar(), dev, pool, g, name="verify")
+            b.stages["walk"] = Stage(lambda: self._walk_ar(b, greedy), dev, pool, g, name="walk")
+            b.stages["commit"] = Stage(lambda: self._commit_ar(b), dev, pool, g, idempotent=False, name="commit")
+        else:
+            L, V = self.L, self.target.cfg.vocab_size
+            if method == "dflash":
+                width = 1 + L
+                build = lambda: chain(self.dlogits)  # noqa: E731
+            else:
+                builder = StaticTreeBuilder(L, V, budget, dev)
+                width = 1 + builder.N
+                build = lambda: builder(self.dlogits)  # noqa: E731
+            b = _Bucket(method, width)
+            b.stages["tree_build"] = Stage(build, dev, pool, g, name="tree_build")
+            b.stages["tree_compile"] = Stage(lambda: self._compile(b), dev, pool, g, name="tree_compile")
+            b.stages["verify"] = Stage(lambda: self._verify_tree(b), dev, pool, g, name="verify")
+            b.stages["walk"] = Stage(lambda: self._walk_tree(b, greedy), dev, pool, g, name="walk")
+            b.stages["commit"] = Stage(lambda: self._commit_tree(b), dev, pool, g, idempotent=False, name="commit")
+        if not greedy:
+            b.post = torch.zeros(b.width, dtype=torch.long, device=dev)
+        n = 1 if method == "ar" else 2 * self.L + 4
+        b.host = torch.zeros(n, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self.buckets[key] = b
+        return b
+
+    # ------------------------------------------------------------------ stage functions
+
+    def _compile(self, b: _Bucket):
+        tok, par, dep = b.io["tree_build"]
+        ids = torch.cat([self.bonus, tok])
+        pos = self.start + torch.cat([torch.zeros(1, dtype=torch.long, device=dep.device), dep])
+        anc = ancestors(par, self.L)
+        bias = visible_bias(verify_visible(anc, self.start, self.capacity), self.dtype, self.tgroup)
+        return ids, pos, anc, bias
+
+    def _verify_tree(self, b: _Bucket):
+        ids, pos, _, bias = b.io["tree_compile"]
+        layers = self.proposer.target_layer_ids
+        return target_forward(self.target, ids, pos, self.tkv, self.start, bias, layers)
+
+    def _walk_tree(self, b: _Bucket, greedy: bool):
+        tok, par, dep = b.io["tree_build"]
+        ids, _, anc, _ = b.io["tree_compile"]
+        logits, _ = b.io["verify"]
+        post = logits.argmax(dim=-1) if greedy else b.post
+        return walk_static(ids, par, dep, anc, post, self.L)
+
+    def _commit_tree(self, b: _Bucket) -> None:
+        walked = b.io["walk"]
+        _, hidden = b.io["verify"]
+        L = self.L
+        a, src = commit_sources(walked, L)
+        ar = torch.arange(L + 1, device=walked.device)
+        dst, srcs = self.start + ar, self.start + src
+        c = self.tcache
+        c.k.index_copy_(2, dst, c.k.index_select(2, srcs))
+        c.v.index_copy_(2, dst, c.v.index_select(2, srcs))
+        self.ctx.copy_(hidden.index_select(0, src.clamp(max=hidden.shape[0] - 1)))
+        self.ctx_start.copy_(self.start)
+        self.start.add_(a.view(()))
+        self.bonus.copy_(walked[-1:])
+
+    def _verify_ar(self):
+        cols = torch.arange(self.capacity, device=self.device)
+        bias = visible_bias((cols <= self.start)[None, :], self.dtype, self.tgroup)
+        logits, _ = target_forward(self.target, self.bonus, self.start.reshape(1), self.tkv, self.start, bias)
+        return logits
+
+    def _walk_ar(self, b: _Bucket, greedy: bool):
+        return b.io["verify"].argmax(dim=-1) if greedy else b.post
+
+    def _commit_ar(self, b: _Bucket) -> None:
+        self.bonus.copy_(b.io["walk"])
+        self.start.add_(1)
+
+    # ------------------------------------------------------------------ one round
+
+    def _run(self, b: _Bucket, name: str, laps: Laps | None) -> None:
+        b.io[name] = b.stages[name].run()
+        if laps is not None:
+            laps.mark(name)
+
+    def _launch(self, b: _Bucket, first: bool, host_state: dict, laps: Laps, temperature: float, top_p: float, gen) -> None:
+        """Queue draft .. walk and the copy of the walk result to the host (nothing waits here)."""
+        if b.method != "ar":
+            if self.drafter is None:
+                ctx = host_state["prefill_hidden"] if first else self.ctx[: host_state["a"]]
+                dl = self.proposer.propose(ctx, host_state["bonus"], self.dcache, host_state["draft_len"], host_state["start"])
+                self.dlogits.copy_(dl)
+            elif first:
+                self._draft(host_state["prefill_hidden"])
+            else:
+                if self.draft_stage is None:
+                    self.draft_stage = Stage(lambda: self._draft(self.ctx), self.device, self.draft_pool, self.graphs, name="draft")
+                self.draft_stage.run()
+            laps.mark("draft")
+            self._run(b, "tree_build", laps)
+            self._run(b, "tree_compile", laps)
+        self._run(b, "verify", None)
+        if temperature >= GREEDY_EPS:
+            logits = b.io["verify"][0] if b.method != "ar" else b.io["verify"]
+            b.post.copy_(pick(logits, temperature, top_p, gen))
+        laps.mark("verify")
+        self._run(b, "walk", None)
+        b.host.copy_(b.io["walk"].reshape(-1), non_blocking=True)
+        laps.mark("walk")
+
+    # ------------------------------------------------------------------ generate
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], method: str, budget: int, max_new_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int | None = None, stop_ids=(), on_chunk: Callable[[list[int]], None] | None = None,
+                 record_trees: bool = False, return_logit_gaps: bool = False) -> Generation:
+        dev = self.device
+        P = len(prompt_ids)
+        spec = method != "ar"
+        bs = self.proposer.block_size if spec else 1
+        width_hint = 1 + (budget if method == "ddtree" else bs - 1) if spec else 1
+        self._ensure(P + max_new_tokens + max(width_hint, bs) + 1)
+        greedy = temperature < GREEDY_EPS
+        gen = None
+        if not greedy:
+            gen = torch.Generator(device=dev)
+            gen.manual_seed(0 if seed is None else seed)
+        stops = set(int(s) for s in stop_ids)
+        layers = self.proposer.target_layer_ids if spec else ()
+        b = self._bucket(method, budget, greedy)
+        cuda = dev.type == "cuda"
+
+        t_start = time.perf_counter_ns()
+        out: list[int] = []
+        gaps: list[float] = []
+        chunk_times: list[int] = []
+        chunk_tokens: list[int] = []
+        stopped = False
+
+        def emit(tokens: list[int], now: int) -> None:
+            take = tokens[: max(0, max_new_tokens - len(out))]
+            for i, t in enumerate(take):
+                if t in stops:
+                    take = take[: i + 1]
+                    break
+            if take:
+                out.extend(take)
+                chunk_times.append(now)
+                chunk_tokens.append(len(take))
+                if on_chunk is not None:
+                    on_chunk(take)
+
+        # prefill (plain forward into the same cache storage)
+        ids = torch.tensor(prompt_ids, dtype=torch.long, device=dev)
+        logits, hidden = self.target(ids, torch.arange(P, device=dev), self.tcache, 0, hidden_layers=layers, last_logits_only=True)
+        first_pick = pick(logits, temperature, top_p, gen)
+        bonus = int(first_pick[0])
+        if return_logit_gaps:
+            gaps.extend(_gaps(logits))
+        self.bonus.copy_(first_pick[:1])
+        self.start.fill_(P)
+        self.ctx_start.fill_(0)
+        t_first = time.perf_counter_ns()
+        prefill_ns = t_first - t_start
+        stopped = bonus in stops
+        emit([bonus], t_first)
+
+        accept_lengths: list[int] = []
+        trees: list[RoundTrace] | None = [] if record_trees else None
+        host = {"prefill_hidden": hidden, "bonus": bonus, "start": P, "draft_len": 0, "a": 0}
+        L = self.L if spec else 0
+        laps = Laps(dev)
+        laps.mark("begin")
+
+        def more() -> bool:
+            return not stopped and (host["start"] - P < max_new_tokens if spec else len(out) < max_new_tokens)
+
+        pending = more()
+        if pending:
+            self._launch(b, True, host, laps, temperature, top_p, gen)
+        while pending:
+            if cuda:
+                torch.cuda.current_stream().synchronize()
+            res = b.host.tolist()
+            now = time.perf_counter_ns()
+            if spec:
+                a = res[0]
+                new_tokens = res[L + 3 : L + 2 + a] + [res[-1]]   # accepted path minus the root, then the bonus
+                if trees is not None:
+                    tok, par, dep = b.io["tree_build"]
+                    trees.append(RoundTrace(tok.tolist(), par.tolist(), dep.tolist(), res[1 : 1 + a]))
+                if return_logit_gaps:
+                    keep = torch.tensor(res[1 : 1 + a], device=dev)
+                    gaps.extend(_gaps(b.io["verify"][0].index_select(0, keep)))
+            else:
+                a = 1
+                new_tokens = [res[0]]
+                if return_logit_gaps:
+                    gaps.extend(_gaps(b.io["verify"]))
+            self._run(b, "commit", laps)
+            accept_lengths.append(a)
+            host.update(draft_len=host["start"], start=host["start"] + a, bonus=new_tokens[-1], a=a)
+            stopped = stopped or any(t in stops for t in new_tokens)
+            emitted = len(out) + len(new_tokens[: max(0, max_new_tokens - len(out))])
+            pending = not stopped and (host["start"] - P < max_new_tokens if spec else emitted < max_new_tokens)
+            if pending:  # queue the next round before handing tokens out, so callbacks overlap the GPU
+                self._launch(b, False, host, laps, temperature, top_p, gen)
+            emit(new_tokens, now)
+
+        self.rounds = laps.rounds()
+        totals = {"prefill": prefill_ns, "draft": 0, "tree_build": 0, "verify": 0, "commit": 0}
+        fold = {"draft": "draft", "tree_build": "tree_build", "tree_compile": "tree_build", "verify": "verify",
+                "walk": "commit", "commit": "commit"}
+        for r in self.rounds:
+            for k, ms in r.items():
+                totals[fold[k]] += int(ms * 1e6)
+        finish = "stop" if out and out[-1] in stops else "length"
+        return Generation(
+            output_ids=out,
+            accept_lengths=accept_lengths,
+            finish_reason=finish,
+            num_prompt_tokens=P,
+            stage_ns=totals,
+            t_start_ns=t_start,
+            t_first_token_ns=t_first,
+            t_done_ns=time.perf_counter_ns(),
+            chunk_times_ns=chunk_times,
+            chunk_tokens=chunk_tokens,
+            trees=trees,
+            logit_gaps=gaps[: len(out)] if return_logit_gaps else None,
+        )

@@ -1,0 +1,312 @@
+"""The fast engine path (fixed shapes, CUDA graphs) against the plain one: same trees, same walks,
+same logits up to rounding, and - what matters - the same tokens, acceptance lengths and trees
+through `Engine(cuda_graphs=True)`. On a CPU the fast path runs its fixed-shape code without
+capture; the GPU tests at the end capture the graphs for real (skipped without CUDA).
+
+The random drafter accepts almost nothing, so deep accepted paths, sibling acceptances (KV
+compaction of a non-prefix path) and early stops come from `OracleProposer`, which drafts the
+target's own greedy continuation with deterministic mistakes.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from ddtree_bench.engine.generate import Engine
+from ddtree_bench.engine.loading import random_pair
+from ddtree_bench.engine.model import Target
+from ddtree_bench.engine.static import StaticKV, draft_forward, draft_visible, group_size, target_forward, visible_bias
+from ddtree_bench.engine.tree import (
+    _topk_logprobs,
+    ancestor_matrix_slow,
+    build_tree,
+    build_tree_fast,
+    verify_mask,
+)
+from ddtree_bench.engine.tree_static import (
+    StaticTreeBuilder,
+    ancestors,
+    commit_sources,
+    topk_logprobs,
+    verify_visible,
+    walk_static,
+)
+from ddtree_bench.engine.verify import walk
+
+VOCAB = 272
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only fight over the shared cores
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return random_pair(seed=0, vocab_size=VOCAB)
+
+
+def greedy_truth(target: Target, prompt: list[int], n: int) -> list[int]:
+    return Engine(target).generate(prompt, "ar", max_new_tokens=n).output_ids
+
+
+class OracleProposer:
+    """Drafts the target's greedy continuation: depth j of the round whose bonus sits at `start` puts
+    the true token at position start + j first, except (seeded by start) sometimes second (a sibling
+    acceptance in DDTree, a chain break in DFlash) or nowhere near the top (a miss)."""
+
+    def __init__(self, prompt: list[int], truth: list[int], block_size: int = 16, layers=(1, 2), seed: int = 0):
+        self.seq = list(prompt) + list(truth)
+        self.block_size, self.target_layer_ids, self.seed = block_size, tuple(layers), seed
+
+    def new_cache(self, capacity: int):
+        return None
+
+    def propose(self, ctx, bonus: int, cache, draft_len: int, start: int) -> torch.Tensor:
+        assert ctx.shape[0] == start - draft_len
+        rng = random.Random(self.seed * 100003 + start)
+        L = self.block_size - 1
+        logits = torch.randn(L, VOCAB, generator=torch.Generator().manual_seed(start)) * 0.5
+        for j in range(1, L + 1):
+            pos = start + j
+            if pos >= len(self.seq):
+                break
+            true, u = self.seq[pos], rng.random()
+            decoy = (true + 1 + rng.randrange(VOCAB - 2)) % VOCAB
+            if u < 0.2:          # second choice
+                logits[j - 1, decoy] = 9.0
+                logits[j - 1, true] = 8.0
+            elif u < 0.25:       # miss
+                logits[j - 1, decoy] = 9.0
+                logits[j - 1, true] = -9.0
+            else:
+                logits[j - 1, true] = 9.0
+        return logits
+
+
+# ---------------------------------------------------------------------------- trees
+
+
+def _logits(kind: str, L: int, V: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "random":
+        return torch.randn(L, V, generator=g) * 3
+    if kind == "onehot":  # almost every logit ties
+        x = torch.zeros(L, V)
+        x[torch.arange(L), torch.randint(V, (L,), generator=g)] = 5.0
+        return x
+    return torch.round(torch.randn(L, V, generator=g) * 2) / 2  # coarse: many ties, also across depths
+
+
+@pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
+@pytest.mark.parametrize("L,V,budget", [(15, 272, 16), (15, 272, 64), (15, 272, 200), (4, 3, 50), (6, 5, 7), (1, 9, 4)])
+def test_static_builder_equals_heap_and_vectorised(kind, L, V, budget):
+    for seed in range(2):
+        logits = _logits(kind, L, V, seed)
+        heap = build_tree(logits, budget)
+        fast = build_tree_fast(logits, budget)
+        tok, par, dep = StaticTreeBuilder(L, V, budget, "cpu")(logits)
+        for ours in (tok, par, dep):
+            assert ours.dtype == torch.long
+        assert (tok.tolist(), par.tolist(), dep.tolist()) == (heap.token_ids.tolist(), heap.parents.tolist(), heap.depths.tolist())
+        assert tok.tolist() == fast.token_ids.tolist()
+
+
+@pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
+def test_topk_logprobs_equals_stable_sort(kind):
+    logits = _logits(kind, 15, 272, 3)
+    for k in (1, 16, 272):
+        lp, ids = topk_logprobs(logits, k)
+        lp2, ids2 = _topk_logprobs(logits, k)
+        assert torch.equal(ids, ids2) and torch.equal(lp, lp2)
+
+
+def test_ancestors_visibility_and_walk_match_the_slow_twins():
+    rng = random.Random(0)
+    L = 15
+    for trial in range(30):
+        logits = _logits(["random", "coarse"][trial % 2], L, 40, trial)
+        budget = rng.choice([1, 5, 16, 33, 100])
+        tree = build_tree(logits, budget)
+        anc = ancestors(tree.parents, L)
+        assert torch.equal(anc, ancestor_matrix_slow(tree.parents))
+        start, cap = rng.randrange(0, 30), 200
+        vis = verify_visible(anc, torch.tensor(start), cap)
+        plain = verify_mask(anc, start)
+        assert torch.equal(vis[:, : plain.shape[1]], plain) and not vis[:, plain.shape[1]:].any()
+        # target picks that follow a random root-to-node path, then go off-tree
+        T = 1 + tree.num_nodes
+        ids = torch.cat([torch.tensor([7]), tree.token_ids])
+        post = torch.randint(40, (T,), generator=torch.Generator().manual_seed(trial))
+        node = rng.randrange(T)
+        path = [i for i in range(T) if anc[node, i]]
+        for p, c in zip(path, path[1:]):
+            post[p] = ids[c]
+        acc, bonus = walk(tree, 7, post.tolist())
+        res = walk_static(ids, tree.parents, tree.depths, anc, post, L).tolist()
+        a = res[0]
+        assert a == len(acc) and res[1 : 1 + a] == acc and res[-1] == bonus
+        assert res[L + 2 : L + 2 + a] == ids[acc].tolist()
+        a_t, src = commit_sources(torch.tensor(res), L)
+        assert src.tolist() == acc + list(range(a, L + 1))
+
+
+# ---------------------------------------------------------------------------- forwards
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_static_target_forward_matches_plain(model_type):
+    target, _ = random_pair(seed=1, vocab_size=VOCAB, model_type=model_type)
+    P, T, cap = 23, 9, 64
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(VOCAB, (P,), generator=g)
+    tree_ids = torch.randint(VOCAB, (T,), generator=g)
+    logits = _logits("random", 15, VOCAB, 5)
+    tree = build_tree(logits, T - 1)
+    anc = ancestors(tree.parents, 15)
+    pos = P + torch.cat([torch.zeros(1, dtype=torch.long), tree.depths])
+
+    plain_cache = target.new_cache(cap)
+    target(prompt, torch.arange(P), plain_cache, 0)
+    ref_logits, ref_hidden = target(tree_ids, pos, plain_cache, P, mask=verify_mask(anc, P), hidden_layers=(1, 3))
+
+    cache = target.new_cache(cap)
+    target(prompt, torch.arange(P), cache, 0)
+    start = torch.tensor(P)
+    bias = visible_bias(verify_visible(anc, start, cap), torch.float32, group_size(target))
+    logits, hidden = target_forward(target, tree_ids, pos, StaticKV(cache), start, bias, (1, 3))
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden, ref_hidden, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.k[:, :, : P + T], plain_cache.k[:, :, : P + T])
+
+
+def test_static_draft_forward_matches_plain_with_padded_context(pair):
+    target, drafter = pair
+    cap, bs = 128, drafter.block_size
+    g = torch.Generator().manual_seed(0)
+    H = len(drafter.target_layer_ids) * target.cfg.hidden_size
+    hist = torch.randn(40, H, generator=g)
+    block = target.embed(torch.randint(VOCAB, (bs,), generator=g))
+    ref_cache, cache = drafter.new_cache(cap), drafter.new_cache(cap)
+    # round 1 over 30 context rows, round 2 over 3 new rows (padded to block_size in the static path)
+    drafter(hist[:30], block, ref_cache, 0, 30)
+    ref = drafter(hist[30:33], block, ref_cache, 30, 33)
+    kv = StaticKV(cache)
+    biases = [visible_bias(draft_visible(drafter, i, torch.tensor(30), bs, cap), torch.float32, group_size(drafter))
+              for i in range(len(drafter.layers))]
+    draft_forward(drafter, hist[:30], block, kv, torch.tensor(0), torch.tensor(30), biases)
+    biases = [visible_bias(draft_visible(drafter, i, torch.tensor(33), bs, cap), torch.float32, group_size(drafter))
+              for i in range(len(drafter.layers))]
+    out = draft_forward(drafter, hist[30:30 + bs], block, kv, torch.tensor(30), torch.tensor(33), biases)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- whole generations
+
+
+def _both(target, drafter=None, proposer=None):
+    return Engine(target, drafter, proposer=proposer), Engine(target, drafter, proposer=proposer, cuda_graphs=True)
+
+
+def _same(a, b):
+    assert a.output_ids == b.output_ids
+    assert a.accept_lengths == b.accept_lengths
+    assert a.finish_reason == b.finish_reason
+
+
+@pytest.mark.parametrize("method,budget", [("ar", 0), ("dflash", 0), ("ddtree", 1), ("ddtree", 16), ("ddtree", 100)])
+def test_fast_engine_equals_plain_random_drafter(pair, method, budget):
+    plain, fast = _both(*pair)
+    for prompt in ([3, 1, 4, 1, 5], list(range(20, 60))):
+        _same(plain.generate(prompt, method, budget, 37), fast.generate(prompt, method, budget, 37))
+    gen = fast.generate([9, 9], method, budget, 12)
+    rounds = fast.fast_loop().rounds
+    assert len(rounds) == len(gen.accept_lengths)
+    want = {"verify", "walk", "commit"} if method == "ar" else {"draft", "tree_build", "tree_compile", "verify", "walk", "commit"}
+    assert all(set(r) == want and all(v >= 0 for v in r.values()) for r in rounds)
+
+
+@pytest.mark.parametrize("method,budget", [("dflash", 0), ("ddtree", 8), ("ddtree", 48)])
+def test_fast_engine_equals_plain_deep_paths_compaction_and_stops(pair, method, budget):
+    target, _ = pair
+    prompt = [5, 17, 101, 33, 2, 250]
+    truth = greedy_truth(target, prompt, 140)
+    for seed in range(3):
+        prop = OracleProposer(prompt, truth, seed=seed)
+        plain, fast = _both(target, proposer=prop)
+        a, b = plain.generate(prompt, method, budget, 90), fast.generate(prompt, method, budget, 90)
+        _same(a, b)
+        assert a.output_ids == truth[:90]
+        assert max(a.accept_lengths) >= 8, "the oracle drafts deep accepted paths"
+        if budget >= 32:  # sibling acceptances: the accepted path is not a prefix of the node order
+            trees = fast.generate(prompt, method, budget, 90, record_trees=True).trees
+            assert any(t.accepted != list(range(len(t.accepted))) for t in trees)
+            assert [t.accepted for t in trees] == [t.accepted for t in plain.generate(prompt, method, budget, 90, record_trees=True).trees]
+        stop = truth[40]
+        _same(plain.generate(prompt, method, budget, 90, stop_ids=[stop]), fast.generate(prompt, method, budget, 90, stop_ids=[stop]))
+
+
+def test_fast_engine_sampling_gaps_chunks_and_trees_match(pair):
+    plain, fast = _both(*pair)
+    prompt = list(range(30, 50))
+    for method, budget in (("ar", 0), ("ddtree", 24)):
+        for seed in (0, 1):
+            _same(plain.generate(prompt, method, budget, 30, temperature=0.8, seed=seed),
+                  fast.generate(prompt, method, budget, 30, temperature=0.8, seed=seed))
+        a = plain.generate(prompt, method, budget, 30, return_logit_gaps=True, record_trees=True)
+        seen: list[list[int]] = []
+        b = fast.generate(prompt, method, budget, 30, return_logit_gaps=True, record_trees=True, on_chunk=seen.append)
+        _same(a, b)
+        assert a.chunk_tokens == b.chunk_tokens and [t for c in seen for t in c] == b.output_ids
+        assert a.logit_gaps == pytest.approx(b.logit_gaps, rel=1e-4, abs=1e-4)
+        if method == "ddtree":
+            assert [(t.token_ids, t.parents, t.depths, t.accepted) for t in a.trees] == \
+                   [(t.token_ids, t.parents, t.depths, t.accepted) for t in b.trees]
+
+
+def test_fast_engine_grows_its_cache_and_keeps_going(pair):
+    plain, fast = _both(*pair)
+    fast.generate([1, 2, 3], "ddtree", 16, 8)
+    small = fast.fast_loop().capacity
+    long_prompt = list(range(10, 250))
+    _same(plain.generate(long_prompt, "ddtree", 16, 20), fast.generate(long_prompt, "ddtree", 16, 20))
+    assert fast.fast_loop().capacity > small
+    _same(plain.generate([1, 2, 3], "ddtree", 16, 8), fast.generate([1, 2, 3], "ddtree", 16, 8))
+
+
+# ---------------------------------------------------------------------------- on a GPU, with graphs
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graph_captured_generation_equals_plain_on_gpu(dtype):
+    target, drafter = random_pair(seed=0, vocab_size=VOCAB, dtype=dtype, device="cuda")
+    plain, fast = Engine(target, drafter), Engine(target, drafter, cuda_graphs=True)
+    prompt = list(range(20, 60))
+    for method, budget in (("ar", 0), ("dflash", 0), ("ddtree", 16), ("ddtree", 128)):
+        for _ in range(2):  # second pass replays the captured graphs
+            _same(plain.generate(prompt, method, budget, 48), fast.generate(prompt, method, budget, 48))
+    loop = fast.fast_loop()
+    assert loop.graphs and loop.draft_stage.captured
+    assert all(s.captured for b in loop.buckets.values() for s in b.stages.values())
+
+
+@pytest.mark.gpu
+@gpu
+def test_graph_captured_deep_paths_equal_plain_on_gpu():
+    target, _ = random_pair(seed=0, vocab_size=VOCAB, device="cuda")
+    prompt = [5, 17, 101, 33, 2, 250]
+    truth = Engine(target).generate(prompt, "ar", max_new_tokens=120).output_ids
+    for method, budget in (("dflash", 0), ("ddtree", 32)):
+        prop = OracleProposer(prompt, truth, seed=1)
+        plain, fast = Engine(target, proposer=prop), Engine(target, proposer=prop, cuda_graphs=True)
+        _same(plain.generate(prompt, method, budget, 100), fast.generate(prompt, method, budget, 100))
