@@ -11,9 +11,10 @@ item, turn 2's prompt carrying the answer of the *last method run* (§7.3).
 So each response is matched to the suite by its prompt tokens `output_ids[0, :num_input_tokens]`:
   1. exact token-id match with a templated first turn of the suite;
   2. else decoded-text match (`decode(skip_special_tokens=False)` equals the rendered template);
-  3. else, right after a matched turn t of a multi-turn item, as turn t+1: exact ids when the
-     conversation is re-rendered with one of the previous response's methods' answers (that method
-     is stored as `context_method`), else the decoded prompt contains the suite's turn t+1 text.
+  3. else as turn t+1 of a matched turn t of a multi-turn item: exact ids when the conversation is
+     re-rendered with one of that response's methods' answers (stored as `context_method`); and,
+     when it directly follows turn t in the file (the authors' layout), the decoded prompt
+     containing the suite's turn t+1 text is enough.
 Unmatched responses are reported, never guessed. Loading a pickle runs code from the file, so it
 is refused unless the caller says it trusts the file. Knows tokenizers and suites; no engine.
 """
@@ -125,11 +126,26 @@ def import_responses(obj: dict[str, Any], tokenizer: Any, prompts: list[Prompt],
 
     result = ImportResult([])
     found: dict[tuple[str, int], BaselineEntry] = {}
-    prev: tuple[Prompt, int, int, list[dict[str, str]] | None] | None = None  # prompt, turn, index, messages
-    for i, r in enumerate(responses):
-        where = f"{source}: responses[{i}][{method!r}]"
-        resp = split_response(r[method], where)
-        hit: tuple[Prompt, int, str, list[dict[str, str]] | None, str | None] | None = None
+    convo: dict[tuple[str, int], tuple[Prompt, int, list[dict[str, str]] | None]] = {}  # key -> prompt, index, messages
+
+    def accept(i: int, resp: Response, p: Prompt, turn: int, how: str, messages, ctx_method: str | None) -> None:
+        if (p.prompt_id, turn) in found:
+            result.duplicates.append(i)
+            return
+        acc = split_response(responses[i][accept_from], f"{source}: responses[{i}][{accept_from!r}]").accept_lengths
+        e = BaselineEntry(p.prompt_id, turn, resp.prompt_ids, resp.output_ids, tokenizer.decode(resp.output_ids),
+                          None, acc, None, {"source_index": i, "matched_by": how})
+        if ctx_method is not None:
+            e.extra["context_method"] = ctx_method
+        found[(p.prompt_id, turn)] = e
+        convo[(p.prompt_id, turn)] = (p, i, messages)
+        result.matched_by[how] = result.matched_by.get(how, 0) + 1
+
+    split = [split_response(r[method], f"{source}: responses[{i}][{method!r}]") for i, r in enumerate(responses)]
+    pending: list[int] = []
+    prev: tuple[str, int] | None = None  # the key matched by the previous response
+    for i, resp in enumerate(split):
+        hit = None
         p = by_ids.get(tuple(resp.prompt_ids))
         if p is not None:
             hit = (p, 0, "ids", [{"role": "user", "content": p.turns[0]}], None)
@@ -137,24 +153,26 @@ def import_responses(obj: dict[str, Any], tokenizer: Any, prompts: list[Prompt],
             p = by_text.get(tokenizer.decode(resp.prompt_ids, skip_special_tokens=False))
             if p is not None:
                 hit = (p, 0, "text", [{"role": "user", "content": p.turns[0]}], None)
-        if hit is None and prev is not None and prev[1] + 1 < len(prev[0].turns):
-            hit = _next_turn(responses[prev[2]], prev, resp.prompt_ids, tokenizer, source)
+        if hit is None and prev is not None:  # rule 3: the next turn of the previous response's item
+            hit = _next_turn(responses, convo[prev], prev[1], resp.prompt_ids, tokenizer, method, source, consecutive=True)
         if hit is None:
-            result.unmatched.append(i)
+            pending.append(i)
             prev = None
             continue
-        p, turn, how, messages, ctx_method = hit
-        prev = (p, turn, i, messages)
-        if (p.prompt_id, turn) in found:
-            result.duplicates.append(i)
-            continue
-        acc = split_response(r[accept_from], f"{source}: responses[{i}][{accept_from!r}]").accept_lengths
-        e = BaselineEntry(p.prompt_id, turn, resp.prompt_ids, resp.output_ids, tokenizer.decode(resp.output_ids),
-                          None, acc, None, {"source_index": i, "matched_by": how})
-        if ctx_method is not None:
-            e.extra["context_method"] = ctx_method
-        found[(p.prompt_id, turn)] = e
-        result.matched_by[how] = result.matched_by.get(how, 0) + 1
+        accept(i, resp, *hit)
+        prev = (hit[0].prompt_id, hit[1])
+    progress = True
+    while pending and progress:  # later turns whose predecessor is elsewhere in the file: exact ids only
+        progress = False
+        for i in list(pending):
+            for key in [k for k in convo if (k[0], k[1] + 1) not in found]:
+                hit = _next_turn(responses, convo[key], key[1], split[i].prompt_ids, tokenizer, method, source, consecutive=False)
+                if hit is not None:
+                    accept(i, split[i], *hit)
+                    pending.remove(i)
+                    progress = True
+                    break
+    result.unmatched = pending
 
     order = {p.prompt_id: k for k, p in enumerate(prompts)}
     result.entries = sorted(found.values(), key=lambda e: (order[e.prompt_id], e.turn))
@@ -162,17 +180,22 @@ def import_responses(obj: dict[str, Any], tokenizer: Any, prompts: list[Prompt],
     return result
 
 
-def _next_turn(prev_resp: dict[str, Any], prev: tuple, prompt_ids: list[int], tokenizer: Any, source: str):
-    """Match a response as turn t+1 of the previous response's item (see the module docstring, rule 3)."""
-    p, turn, index, messages = prev
+def _next_turn(responses: list[dict[str, Any]], conv: tuple, turn: int, prompt_ids: list[int], tokenizer: Any,
+               method: str, source: str, consecutive: bool):
+    """Match `prompt_ids` as turn+1 of a matched (item, turn) (module docstring, rule 3): exact ids when the
+    conversation is re-rendered with one of that response's methods' answers; when the response directly
+    follows it in the file, also by the decoded prompt containing the next user turn."""
+    p, index, messages = conv
+    if turn + 1 >= len(p.turns):
+        return None
     user = {"role": "user", "content": p.turns[turn + 1]}
     if messages is not None:
-        for name in reversed(list(prev_resp)):  # the authors feed the last method's answer; try it first
-            answer = tokenizer.decode(split_response(prev_resp[name], f"{source}: responses[{index}][{name!r}]").output_ids)
+        for name in reversed(list(responses[index])):  # the authors feed the last method's answer; try it first
+            answer = tokenizer.decode(split_response(responses[index][name], f"{source}: responses[{index}][{name!r}]").output_ids)
             msgs = messages + [{"role": "assistant", "content": answer}, user]
             if tokenizer.apply_chat_template(msgs) == prompt_ids:
                 return (p, turn + 1, "ids", msgs, name)
-    if p.turns[turn + 1] in tokenizer.decode(prompt_ids, skip_special_tokens=False):
+    if consecutive and p.turns[turn + 1] in tokenizer.decode(prompt_ids, skip_special_tokens=False):
         return (p, turn + 1, "sequence", None, None)
     return None
 
