@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("DDTREE_BENCH_DEBUG") == "1"
     try:
-        app(args=args, prog_name="ddtree-bench", standalone_mode=False)
+        rv = app(args=args, prog_name="ddtree-bench", standalone_mode=False)
+        if rv == 130:  # typer turns KeyboardInterrupt (Ctrl-C, or SIGTERM in a sweep) into a returned 130
+            _fail(130, "interrupted")
     except (UsageError, RunFailed) as e:
         if debug or state.get("debug"):
             traceback.print_exc()
