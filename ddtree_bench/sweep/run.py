@@ -308,7 +308,10 @@ class _Sweep:
             info = {"backend": p.backend, "profile": profile.source, "requires": profile.requires,
                     "note": profile.notes.get(p.method), "command": cmd.display(), "env": cmd.env,
                     "version": version, "restarts": restarts, "started_at": now_iso(), **srv.describe()}
-            self._warmup(p, srv)
+            try:
+                self._warmup(p, srv)
+            except (UsageError, RunFailed, OSError) as e:
+                raise ServerError(f"warmup failed: {e}", srv.log_tail()) from None
             return srv, info
         except BaseException:
             srv.stop()

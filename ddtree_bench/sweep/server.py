@@ -146,7 +146,22 @@ class ServerProcess:
     def returncode(self) -> int | None:
         return self.proc.poll() if self.proc else None
 
-    def _group_alive(self, pgid: int) -> bool:
+    @staticmethod
+    def _group_alive(pgid: int) -> bool:
+        """Does any non-zombie process remain in the group? (/proc on Linux; killpg(0) elsewhere, which
+        also counts zombies that nobody has reaped yet.)"""
+        proc = Path("/proc")
+        if proc.is_dir():
+            for d in proc.iterdir():
+                if not d.name.isdigit():
+                    continue
+                try:
+                    fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                except (OSError, IndexError):
+                    continue
+                if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(pgid):
+                    return True
+            return False
         try:
             os.killpg(pgid, 0)
             return True

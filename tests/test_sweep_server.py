@@ -1,0 +1,158 @@
+"""ServerProcess: readiness polling, early-exit detection with the log tail, and process-group kills
+that leave no orphan (grandchildren included), also when the sweep itself gets SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port, http_get
+
+FAKE_SERVER = textwrap.dedent(r'''
+    """A fake inference server. argv: MODE PORT PIDFILE. It starts a grandchild (`sleep`) in its
+    process group and writes {"pid", "grandchild"} to PIDFILE.
+    MODE: ready (health 200), crash (exit 3 at once), never (health 503 forever),
+    stubborn (ready, ignores SIGTERM), hang (ready; POSTs never answer)."""
+    import json, signal, subprocess, sys, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    mode, port, pidfile = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    child = subprocess.Popen(["sleep", "300"])
+    with open(pidfile, "w") as f:
+        json.dump({"pid": __import__("os").getpid(), "grandchild": child.pid}, f)
+    print(f"fake server {mode} on {port}", flush=True)
+    if mode == "crash":
+        print("RuntimeError: CUDA out of memory (fake)", flush=True)
+        sys.exit(3)
+    if mode == "stubborn":
+        signal.signal(signal.SIGTERM, lambda *a: print("ignoring SIGTERM", flush=True))
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            ok = self.path in ("/health", "/version", "/v1/models") and mode != "never"
+            body = json.dumps({"version": "fake-1"} if self.path == "/version" else
+                              {"object": "list", "data": [{"id": "random"}]} if self.path == "/v1/models" else {}).encode()
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            time.sleep(300)
+
+    ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+''')
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def wait_file(path: Path, timeout_s: float = 20.0) -> dict:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if path.exists() and path.stat().st_size:
+            try:
+                return json.loads(path.read_text())
+            except json.JSONDecodeError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"{path} was not written")
+
+
+@pytest.fixture
+def fake(tmp_path):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    return script
+
+
+def _server(fake, tmp_path, mode, **kw):
+    port = free_port()
+    pidfile = tmp_path / f"{mode}.pid.json"
+    srv = ServerProcess([sys.executable, str(fake), mode, str(port), str(pidfile)], port=port,
+                        log_path=tmp_path / f"{mode}.log", poll_interval_s=0.1, request_timeout_s=1.0, **kw)
+    return srv, pidfile
+
+
+def test_ready_server_is_killed_with_its_grandchild_even_if_it_ignores_sigterm(fake, tmp_path):
+    srv, pidfile = _server(fake, tmp_path, "stubborn", grace_s=0.5)
+    with srv:
+        assert srv.alive()
+        status, body, _ = http_get(srv.url + "/version", 2.0)
+        assert status == 200 and json.loads(body) == {"version": "fake-1"}
+        pids = wait_file(pidfile)
+        assert os.getpgid(pids["grandchild"]) == srv.pid  # the grandchild is in the server's process group
+        assert os.getpgid(srv.pid) != os.getpgid(0)       # ... which is not ours (Ctrl-C goes to us only)
+    assert not alive(pids["pid"]) and not alive(pids["grandchild"])
+    assert "ignoring SIGTERM" in srv.log_path.read_text()  # SIGTERM first, SIGKILL after the grace period
+    assert srv.stop() is not None  # idempotent
+
+
+def test_early_exit_is_reported_with_the_log_tail(fake, tmp_path):
+    srv, pidfile = _server(fake, tmp_path, "crash", startup_timeout_s=30)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError) as e:
+        with srv:
+            pass
+    assert time.monotonic() - t0 < 15  # detected at once, not after the startup timeout
+    assert "exited with code 3 before it was ready" in str(e.value)
+    assert "CUDA out of memory (fake)" in e.value.log_tail and "CUDA out of memory" in e.value.full()
+    assert not alive(wait_file(pidfile)["grandchild"])
+
+
+def test_a_server_that_never_becomes_ready_times_out_and_is_killed(fake, tmp_path):
+    srv, pidfile = _server(fake, tmp_path, "never", startup_timeout_s=2.0, grace_s=0.5)
+    with pytest.raises(ServerError, match=r"not ready after 2 s \(GET /health: HTTP 503\)"):
+        srv.start().wait_ready()
+    pids = wait_file(pidfile)
+    assert not alive(pids["pid"]) and not alive(pids["grandchild"])
+
+
+def test_missing_executable_is_a_server_error(tmp_path):
+    srv = ServerProcess(["/nonexistent/engine-serve"], port=free_port(), log_path=tmp_path / "x.log")
+    with pytest.raises(ServerError, match="cannot start"):
+        srv.start()
+
+
+def test_sigterm_to_the_sweep_stops_its_servers(fake, tmp_path):
+    """A sweep killed while its server warms up leaves no server or grandchild behind (exit 130)."""
+    prof = tmp_path / "profiles"
+    prof.mkdir()
+    pidfile = tmp_path / "hang.pid.json"
+    (prof / "standalone.yaml").write_text(
+        f"name: standalone\nargv: ['{sys.executable}', '{fake}', hang, '{{port}}', '{pidfile}']\n"
+        "method_args: {ar: [], dflash: [], ddtree: []}\nhealth_path: /health\n")
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "ddtree_bench", "sweep", "--backends", "standalone", "--models", "random",
+                             "--suites", "smoke", "--methods", "ar", "--limit", "1", "--profiles", str(prof),
+                             "--out", str(out), "--no-report", "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        pids = wait_file(pidfile, 60)
+        time.sleep(0.5)  # the sweep is now inside the warmup request, which never returns
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "interrupted" in err
+    assert not alive(pids["pid"]) and not alive(pids["grandchild"])
+    assert (out / "sweep.json").exists() and not any((out / "points").glob("*/summary.json"))
