@@ -258,22 +258,37 @@ def acceptance_block(run_recs: list[RequestRecord], base_recs: list[RequestRecor
     return out
 
 
+def run_fact(run_info: dict[str, Any], key: str) -> Any:
+    """What the run's backend says about `key` (model_hash, stop_ids, dtype, ...): the server's own
+    report (`server_info`) first, then the backend description; the spec only for in-process runs
+    (a client's --dtype says nothing about a server's)."""
+    backend = run_info.get("backend") or {}
+    info = backend.get("server_info") or {}
+    if info.get(key) is not None:
+        return info[key]
+    if backend.get(key) is not None:
+        return backend[key]
+    spec = run_info.get("spec") or {}
+    return spec.get(key) if spec.get("backend", "inprocess") == "inprocess" else None
+
+
 def _warnings(run_info: dict[str, Any], b: Baseline) -> list[str]:
     """Differences in setup between the run and the baseline that change what a diff means."""
-    spec, backend, h = run_info.get("spec", {}), run_info.get("backend", {}) or {}, b.header
+    spec, h = run_info.get("spec", {}), b.header
     out = []
-    if backend.get("model_hash") and h.get("model_hash") and backend["model_hash"] != h["model_hash"]:
-        out.append(f"the run's target ({backend['model_hash']}) is not the baseline's ({h['model_hash']}): "
+    model_hash, dtype, stops = run_fact(run_info, "model_hash"), run_fact(run_info, "dtype"), run_fact(run_info, "stop_ids")
+    if model_hash and h.get("model_hash") and model_hash != h["model_hash"]:
+        out.append(f"the run's target ({model_hash}) is not the baseline's ({h['model_hash']}): "
                    "divergences may come from a different model, not a bug")
-    if spec.get("dtype") and h.get("dtype") and spec["dtype"] != h["dtype"]:
-        out.append(f"run dtype {spec['dtype']} vs baseline {h['dtype']}: expect more near ties")
+    if dtype and h.get("dtype") and dtype != h["dtype"]:
+        out.append(f"run dtype {dtype} vs baseline {h['dtype']}: expect more near ties")
     if spec.get("max_new_tokens") and h.get("max_new_tokens") and spec["max_new_tokens"] != h["max_new_tokens"]:
         out.append(f"run max_new_tokens {spec['max_new_tokens']} vs baseline {h['max_new_tokens']}: expect truncated outputs")
     suite = (run_info.get("suite") or {}).get("name")
     if suite and h.get("suite") and suite != h["suite"]:
         out.append(f"run suite {suite!r} vs baseline suite {h['suite']!r}")
-    if backend.get("stop_ids") is not None and h.get("stop_ids") is not None and sorted(backend["stop_ids"]) != sorted(h["stop_ids"]):
-        out.append(f"run stop ids {backend['stop_ids']} vs baseline {h['stop_ids']}")
+    if stops is not None and h.get("stop_ids") is not None and sorted(stops) != sorted(h["stop_ids"]):
+        out.append(f"run stop ids {stops} vs baseline {h['stop_ids']}")
     return out
 
 
@@ -317,7 +332,7 @@ def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_g
         raise UsageError(f"every prompt of the run differs from the baseline's ({len(results)} of {len(results)}): "
                          "the baseline was made for another suite, chat template or tokenizer",
                          hint="record a baseline with the run's --model, --suite and --subset")
-    block = int(baseline.header.get("block_size") or (run_info.get("backend") or {}).get("block_size") or metrics.DEFAULT_BLOCK_SIZE)
+    block = int(baseline.header.get("block_size") or run_fact(run_info, "block_size") or metrics.DEFAULT_BLOCK_SIZE)
     run_paired = [run_by_key[e.key] for e in paired]
     acceptance = acceptance_block(run_paired, [e.as_record() for e in paired], max(block, 2))
     h = baseline.header
@@ -327,7 +342,8 @@ def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_g
         missing_in_run=[_key(e.key) for e in baseline.entries if e.key not in run_by_key],
         not_in_baseline=[_key(k) for k in run_by_key if k not in base_by_key],
         acceptance=acceptance, warnings=warnings,
-        run_info={k: spec.get(k) for k in ("backend", "model", "method", "budget", "suite", "temperature", "dtype", "device", "max_new_tokens")},
+        run_info={**{k: spec.get(k) for k in ("backend", "model", "method", "budget", "suite", "temperature", "device", "max_new_tokens")},
+                  "dtype": run_fact(run_info, "dtype")},
         baseline_info={"source": h.get("source"), "method": h.get("method"), "model": h.get("model"), "dtype": h.get("dtype"),
                        "suite": h.get("suite"), "temperature": baseline.temperature, "has_logit_gaps": baseline.has_gaps,
                        "accept_method": h.get("accept_method"), "budget": h.get("budget")},

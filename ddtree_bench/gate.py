@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_bench import defaults as D
-from ddtree_bench.compare import BENIGN_LENGTH_REASONS, Comparison
+from ddtree_bench.compare import BENIGN_LENGTH_REASONS, Comparison, run_fact
 from ddtree_bench.errors import UsageError
 
 DEFAULT_RULES = Path(__file__).resolve().parent / "gate_rules.yaml"
@@ -276,13 +276,15 @@ def judge(rule: MetricRule, value: float | None, ref: float | None, spread: floa
     return Check(rule.label, "performance", status, msg, value, limit)
 
 
-def _baseline_rule(rule: MetricRule, c: Comparison, run_spec: dict[str, Any], base_header: dict[str, Any]) -> Check:
+def _baseline_rule(rule: MetricRule, c: Comparison, run_info: dict[str, Any], base_header: dict[str, Any]) -> Check:
+    run_spec = run_info.get("spec", {})
     a = c.acceptance
     ref = a.get("tau_baseline" if rule.metric == "acceptance_length_mean" else "tau_baseline_token_weighted")
     if ref is None:
         return Check(rule.label, "performance", "skip",
                      "the baseline has no acceptance lengths (record it with --accept-method, or import with --accept-from)")
-    method, budget = run_spec.get("method"), run_spec.get("budget")
+    method = run_fact(run_info, "method") or run_spec.get("method")
+    budget = run_fact(run_info, "budget") or run_spec.get("budget")
     b_method, b_budget = base_header.get("accept_method"), base_header.get("budget")
     if method != b_method or (method == "ddtree" and b_budget is not None and budget != b_budget):
         return Check(rule.label, "performance", "skip",
@@ -322,7 +324,7 @@ def evaluate(comparison: Comparison, rules: Rules, num_errors: int, run_info: di
     checks = correctness_checks(comparison, rules, num_errors)
     for rule in rules.metrics:
         if rule.against == "baseline":
-            checks.append(_baseline_rule(rule, comparison, spec, base_header))
+            checks.append(_baseline_rule(rule, comparison, run_info, base_header))
         else:
             checks.append(_reference_rule(rule, run_summary, [s for _, _, s in references]))
     warnings = list(comparison.warnings)
