@@ -1,0 +1,85 @@
+"""`ddtree-bench bench-engine`: where the reference engine's round time goes, and the best budget.
+
+Measures the verify-forward cost curve, per-round stage times of AR / DFlash / DDTree per budget,
+tree-build times, and (for trained pairs) end-to-end tok/s; prints tables with the cost model's
+predictions next to the measurements; writes everything as one JSON document (--out FILE.json, and
+as the last line of stdout). Work happens in ddtree_bench.perf.bench.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ddtree_bench import defaults as D
+from ddtree_bench.cli import options as O
+from ddtree_bench.cli.app import app
+
+
+@app.command("bench-engine")
+def bench_engine_cmd(
+    model: O.Model = D.MODEL,
+    draft: O.Draft = None,
+    shape: Annotated[Optional[str], typer.Option("--shape", help="Random weights of a real shape instead of --model: qwen3-8b | qwen3-4b | qwen3-1.7b | llama3-8b (+ its 5-layer DFlash drafter).")] = None,
+    budgets: Annotated[str, typer.Option("--budgets", help="Tree budgets: 16..1024 (powers of two) or 16,48,100.")] = D.SWEEP_BUDGETS,
+    prefix_len: Annotated[int, typer.Option("--prefix-len", help="Prompt / prefix tokens before the measured rounds.")] = 1024,
+    device: O.Device = D.DEVICE,
+    dtype: O.Dtype = D.DTYPE,
+    rounds: Annotated[int, typer.Option("--rounds", help="Measured rounds per method and budget (after a warmup generation).")] = 20,
+    verify_tokens: Annotated[str, typer.Option("--verify-tokens", help="Query-token counts of the verify-cost curve.")] = "1,16,64,128,256,512,1024",
+    tau: Annotated[Optional[str], typer.Option("--tau", help="Acceptance length per budget for the cost model, e.g. 16:8.6,64:9.75 (default: measured end to end on trained pairs).")] = None,
+    graphs: Annotated[bool, typer.Option("--graphs/--no-graphs", help="Capture CUDA graphs in the fast engine.")] = True,
+    plain: Annotated[bool, typer.Option("--plain/--no-plain", help="Also time the plain (eager, synchronising) engine.")] = True,
+    e2e: Annotated[bool, typer.Option("--e2e/--no-e2e", help="End-to-end tok/s on suite prompts (trained pairs only).")] = True,
+    suite: O.Suite = D.SUITE,
+    limit: Annotated[int, typer.Option("--limit", help="Prompts for the end-to-end runs.")] = 4,
+    max_new_tokens: O.MaxNewTokens = 128,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the result JSON here.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
+) -> None:
+    """Stage timings of the reference engine per budget, verify-cost curve, and the cost model's best budget."""
+    import json
+    import sys
+
+    from ddtree_bench.config import parse_budgets
+    from ddtree_bench.costmodel import parse_points
+    from ddtree_bench.errors import UsageError
+    from ddtree_bench.records import json_safe
+
+    spec_budgets = parse_budgets(budgets)
+    try:
+        vt = sorted({int(x) for x in verify_tokens.split(",") if x.strip()})
+    except ValueError:
+        raise UsageError(f"--verify-tokens must be a comma list of integers, got {verify_tokens!r}") from None
+    if not vt or vt[0] < 1:
+        raise UsageError("--verify-tokens needs positive token counts")
+    if prefix_len < 1:
+        raise UsageError("--prefix-len must be at least 1")
+    if rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    if out is not None and out.exists() and out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give a file name like bench.json")
+
+    from ddtree_bench.engine.loading import resolve_device, torch_dtype
+    from ddtree_bench.perf.bench import BenchSpec, run_bench
+    from ddtree_bench.perf.shapes import SHAPES
+    from ddtree_bench.perf.tables import render
+    from ddtree_bench.results import write_json_atomic
+
+    resolve_device(device)
+    torch_dtype(dtype)
+    if shape is not None and shape not in SHAPES:
+        raise UsageError(f"unknown --shape {shape!r}; expected one of {', '.join(SHAPES)}")
+    spec = BenchSpec(model=model, draft=draft, shape=shape, budgets=spec_budgets, prefix_len=prefix_len, device=device,
+                     dtype=dtype, rounds=rounds, verify_tokens=vt, graphs=graphs, plain=plain, e2e=e2e, suite=suite,
+                     limit=limit, max_new_tokens=max_new_tokens, tau=parse_points(tau, "--tau") if tau else None)
+    say = (lambda s: None) if quiet else (lambda s: print(f"[bench-engine] {s}", file=sys.stderr, flush=True))
+    result = run_bench(spec, say)
+    typer.echo(render(result))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out, result)
+        typer.echo(f"wrote {out}")
+    typer.echo(json.dumps(json_safe(result), separators=(",", ":")))

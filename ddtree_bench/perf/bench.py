@@ -1,0 +1,305 @@
+"""`bench-engine` measurements: where a round's time goes, and what the cost model predicts.
+
+Four measurements, each on the pair given (a model directory, `toy`, `random`, or random weights
+of a real shape):
+1. verify curve - one target forward over n query tokens after a `prefix_len` prefix, for each n in
+   `verify_tokens`, timed as a CUDA-graph replay (and eagerly) with CUDA events after warmup;
+2. rounds - per-round stage times (draft, tree_build, tree_compile, verify, walk, commit) of AR,
+   DFlash and DDTree at each budget, from the fast engine (Engine(cuda_graphs=True)) generating
+   after a `prefix_len`-token prompt; round 1 (eager draft over the prompt) and the warmup
+   generation are left out; median per stage over rounds. Optionally the plain engine's stages too;
+3. tree build - `build_tree` (heap, on the CPU), `build_tree_fast` and the static builder (eager and
+   graph-captured on a GPU) on random [L, V] draft logits, per budget;
+4. end to end (pairs with a tokenizer; `random` accepts ~nothing) - tok/s and acceptance length of AR, DFlash and DDTree per budget
+   over suite prompts, fast and plain engines, and whether their tokens agree.
+The cost model (costmodel.py) takes 1's curve, 2's draft and overhead times and a tau(B) curve
+(4's, or given) and predicts tok/s, speedup and the best budget next to what was measured.
+Knows nothing of the CLI; returns one JSON-able dict.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ddtree_bench.costmodel import CostModel, Curve, best
+from ddtree_bench.engine.fastloop import ROUND_STAGES
+from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
+
+
+@dataclass
+class BenchSpec:
+    model: str = "toy"
+    draft: str | None = None
+    shape: str | None = None          # random weights of a real shape instead of --model
+    budgets: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256, 512, 1024])
+    prefix_len: int = 1024
+    device: str = "cpu"
+    dtype: str = "float32"
+    rounds: int = 20                  # measured rounds per method/budget
+    verify_tokens: list[int] = field(default_factory=lambda: [1, 16, 64, 128, 256, 512, 1024])
+    graphs: bool = True               # fast engine with CUDA graphs (on a CPU it runs eagerly anyway)
+    plain: bool = True                # also time the plain engine's rounds
+    e2e: bool = True                  # end-to-end tok/s on suite prompts (trained pairs only)
+    suite: str = "gsm8k"
+    limit: int = 4
+    max_new_tokens: int = 128
+    tau: dict[int, float] | None = None   # given tau(B) for the cost model (overrides the measured one)
+    build_reps: int = 5
+    seed: int = 0
+
+
+# ---------------------------------------------------------------------------- pairs
+
+
+def load_bench_pair(spec: BenchSpec):
+    """(target, drafter, tokenizer or None, info) for the spec."""
+    if spec.shape:
+        from ddtree_bench.perf.shapes import random_shaped_pair
+
+        t, d = random_shaped_pair(spec.shape, spec.dtype, spec.device, seed=spec.seed)
+        return t, d, None, {"shape": spec.shape, "weights": "random"}
+    from ddtree_bench.pair import load_pair
+
+    lp = load_pair(spec.model, spec.draft, "ddtree", spec.dtype, spec.device)
+    return lp.engine.target, lp.engine.drafter, lp.tokenizer, dict(lp.info)
+
+
+def _random_prompt(vocab: int, n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(vocab) for _ in range(n)]
+
+
+# ---------------------------------------------------------------------------- 1. verify curve
+
+
+class _Narrow:
+    """The first `capacity` slots of a KVCache (StaticKV needs only k, v, capacity)."""
+
+    def __init__(self, cache, capacity: int):
+        self.k, self.v = cache.k[:, :, :capacity], cache.v[:, :, :capacity]
+        self.capacity = capacity
+
+
+@torch.inference_mode()
+def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: torch.device, graphs: bool,
+                 reps: int = 20, eager: bool = True) -> dict[str, dict[int, float]]:
+    """ms of one static-shape target forward over n tokens (a chain tree) after prefix_len tokens."""
+    from ddtree_bench.engine.fastloop import CAPACITY_ALIGN
+    from ddtree_bench.engine.static import StaticKV, group_size, target_forward, visible_bias
+    from ddtree_bench.engine.tree_static import verify_visible
+
+    align = lambda n: -(-n // CAPACITY_ALIGN) * CAPACITY_ALIGN  # noqa: E731
+    cache = target.new_cache(align(prefix_len + max(tokens)))
+    prefix = torch.tensor(_random_prompt(target.cfg.vocab_size, prefix_len, 1), device=device)
+    target(prefix, torch.arange(prefix_len, device=device), cache, 0)
+    start = torch.tensor(prefix_len, device=device)
+    out: dict[str, dict[int, float]] = {"graph": {}, "eager": {}}
+    for n in tokens:
+        cap = align(prefix_len + n)
+        kv = StaticKV(_Narrow(cache, cap))
+        ids = torch.randint(target.cfg.vocab_size, (n,), device=device, generator=torch.Generator(device=device).manual_seed(n))
+        pos = start + torch.arange(n, device=device)
+        anc = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        bias = visible_bias(verify_visible(anc, start, cap), target.lm_head.weight.dtype, group_size(target))
+        fn = lambda: target_forward(target, ids, pos, kv, start, bias, layers)  # noqa: E731
+        if graphs and device.type == "cuda":
+            out["graph"][n] = graph_time_fn(fn, reps=reps)
+        if eager or not (graphs and device.type == "cuda"):
+            out["eager"][n] = time_fn(fn, device, reps=max(3, reps // 4), warmup=1)
+    return out
+
+
+# ---------------------------------------------------------------------------- 2. rounds
+
+
+def _stage_medians(rounds: list[dict[str, float]]) -> dict[str, float]:
+    keys = [k for k in ROUND_STAGES if any(k in r for r in rounds)]
+    med = {k: median([r.get(k, 0.0) for r in rounds]) for k in keys}
+    med["round"] = median([sum(r.values()) for r in rounds])
+    return med
+
+
+def _overhead(med: dict[str, float]) -> dict[str, float]:
+    o = med["round"] - med.get("draft", 0.0) - med.get("verify", 0.0)
+    return {"overhead_ms": o, "overhead_share": o / med["round"] if med["round"] > 0 else float("nan")}
+
+
+@torch.inference_mode()
+def round_times(target, drafter, method: str, budget: int, prefix_len: int, rounds: int, graphs: bool,
+                plain: bool, seed: int) -> dict[str, Any]:
+    """Stage medians (ms) of the fast engine (and the plain one) over `rounds` rounds after a prefix_len prompt."""
+    from ddtree_bench.engine.generate import Engine
+
+    prompt = _random_prompt(target.cfg.vocab_size, prefix_len, seed)
+    d = drafter if method != "ar" else None
+    fast = Engine(target, d, cuda_graphs=True)
+    fast.fast_loop().graphs = graphs and fast.device.type == "cuda"
+    n_new = rounds + 1
+    fast.generate(prompt, method, budget, n_new)            # warmup: captures the graphs
+    gen = fast.generate(prompt, method, budget, n_new)
+    rs = fast.fast_loop().rounds
+    measured = rs[1:] if method != "ar" and len(rs) > 1 else rs  # round 1 drafts eagerly over the whole prompt
+    out: dict[str, Any] = {"method": method, "budget": budget if method == "ddtree" else None, "rounds": len(measured),
+                           "tau": sum(gen.accept_lengths) / max(1, len(gen.accept_lengths))}
+    med = _stage_medians(measured)
+    out["fast"] = {**med, **_overhead(med)}
+    if plain:
+        p = Engine(target, d, sync_stages=True)
+        p.generate(prompt, method, budget, n_new)
+        g = p.generate(prompt, method, budget, n_new)
+        n = len(g.accept_lengths)
+        per = {k: v / 1e6 / n for k, v in g.stage_ns.items() if k != "prefill"}
+        per["round"] = sum(per.values())
+        out["plain"] = {**per, **_overhead(per), "same_tokens": g.output_ids == gen.output_ids}
+    del fast
+    if target.lm_head.weight.device.type == "cuda":
+        import gc
+
+        gc.collect()  # stages reference their loop: free the graphs' pools before the next budget
+        torch.cuda.empty_cache()
+    return out
+
+
+# ---------------------------------------------------------------------------- 3. tree build
+
+
+@torch.inference_mode()
+def build_times(V: int, L: int, budgets: list[int], device: torch.device, reps: int) -> list[dict[str, Any]]:
+    """ms per tree build for each budget: heap (CPU), vectorised (CPU and device), static (device, eager/graph)."""
+    from ddtree_bench.engine.tree import build_tree, build_tree_fast
+    from ddtree_bench.engine.tree_static import StaticTreeBuilder
+
+    cpu = torch.device("cpu")
+    logits_cpu = torch.randn(L, V, generator=torch.Generator().manual_seed(0)) * 3
+    logits_dev = logits_cpu.to(device)
+    rows = []
+    for B in budgets:
+        row: dict[str, Any] = {"budget": B}
+        row["heap_cpu"] = time_fn(lambda: build_tree(logits_cpu, B), cpu, reps=reps, warmup=1)
+        row["vectorised_cpu"] = time_fn(lambda: build_tree_fast(logits_cpu, B), cpu, reps=reps, warmup=1)
+        if device.type == "cuda":
+            row["vectorised_gpu"] = time_fn(lambda: build_tree_fast(logits_dev, B), device, reps=reps, warmup=2)
+            sb = StaticTreeBuilder(L, V, B, device)
+            row["static_gpu_eager"] = time_fn(lambda: sb(logits_dev), device, reps=reps, warmup=2)
+            row["static_gpu_graph"] = graph_time_fn(lambda: sb(logits_dev), reps=max(reps, 10))
+            full = StaticTreeBuilder(L, V, B, device, full_sort=True)
+            row["static_gpu_graph_fullsort"] = graph_time_fn(lambda: full(logits_dev), reps=max(reps, 10))
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------- 4. end to end
+
+
+@torch.inference_mode()
+def end_to_end(target, drafter, tokenizer, spec: BenchSpec, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """tok/s (decode: first token to last) and mean acceptance length per method/budget, fast and plain."""
+    from ddtree_bench.engine.generate import Engine
+    from ddtree_bench.suites import load_prompts
+
+    prompts, _ = load_prompts(spec.suite, spec.limit)
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": p.turns[0]}]) for p in prompts]
+    configs = [("ar", 0), ("dflash", 0)] + [("ddtree", b) for b in spec.budgets]
+    engines = {"fast": Engine(target, drafter, cuda_graphs=True), "plain": Engine(target, drafter, sync_stages=False)}
+    engines["fast"].fast_loop().graphs = spec.graphs and engines["fast"].device.type == "cuda"
+    rows = []
+    ref: dict[str, list[list[int]]] = {}
+    for method, budget in configs:
+        row: dict[str, Any] = {"method": method, "budget": budget if method == "ddtree" else None}
+        for name, eng in engines.items():
+            progress(f"e2e {name} {method} {budget or ''}")
+            eng.generate(ids[0], method, budget, 16)  # warmup (graph capture)
+            toks, ns, acc, outs = 0, 0, [], []
+            for p in ids:
+                g = eng.generate(p, method, budget, spec.max_new_tokens)
+                toks += len(g.output_ids) - 1          # the first token comes from prefill
+                ns += g.t_done_ns - g.t_first_token_ns
+                acc += g.accept_lengths
+                outs.append(g.output_ids)
+            row[name] = {"tok_s": toks / (ns / 1e9) if ns else float("nan"), "tau": sum(acc) / max(1, len(acc)),
+                         "tokens": toks}
+            if method == "ar":
+                ref[name] = outs
+            # greedy: every method must emit AR's tokens (a mismatch is a near-tie or a bug: see compare)
+            row[name]["same_as_ar"] = sum(o == r for o, r in zip(outs, ref[name]))
+            row[name]["num_prompts"] = len(outs)
+        rows.append(row)
+    for row in rows:
+        for name in engines:
+            ar = next(r for r in rows if r["method"] == "ar")[name]["tok_s"]
+            row[name]["speedup"] = row[name]["tok_s"] / ar
+    return rows
+
+
+# ---------------------------------------------------------------------------- the cost model
+
+
+def predict(curve: dict[int, float], rounds: list[dict[str, Any]], tau: dict[int, float], budgets: list[int],
+            ar_ms: float | None) -> dict[str, Any]:
+    """Cost-model predictions from the verify curve, the fast engine's draft and overhead times, and tau(B)."""
+    tree_rounds = [r for r in rounds if r["method"] == "ddtree"]
+    if not tree_rounds or not curve:
+        return {}
+    draft_ms = median([r["fast"]["draft"] for r in tree_rounds])
+    overhead = Curve({r["budget"]: r["fast"]["overhead_ms"] for r in tree_rounds})
+    model = CostModel(Curve(curve), draft_ms, overhead, ar_ms)
+    preds = model.sweep(tau, [b for b in budgets if b in tau] or sorted(tau))
+    return {"draft_ms": draft_ms, "ar_ms": model.t_ar, "tau": tau, "predictions": [p.to_dict() for p in preds],
+            "best_budget": best(preds).budget, "ar_tok_s": model.ar().tok_s}
+
+
+# ---------------------------------------------------------------------------- everything
+
+
+def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    from ddtree_bench.env import environment, now_iso
+
+    dev = torch.device(spec.device)
+    progress("loading the pair")
+    target, drafter, tokenizer, info = load_bench_pair(spec)
+    layers = drafter.target_layer_ids if drafter is not None else ()
+    result: dict[str, Any] = {"spec": asdict(spec), "pair": info, "date": now_iso(), "environment": environment(spec.device)}
+    if dev.type == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(dev)
+
+    progress("verify curve")
+    curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs)
+    result["verify_curve_ms"] = curves
+    curve = curves["graph"] or curves["eager"]
+
+    result["rounds"] = []
+    configs = [("ar", 0)] + ([("dflash", 0)] + [("ddtree", b) for b in spec.budgets] if drafter is not None else [])
+    for method, budget in configs:
+        progress(f"rounds {method} {budget or ''}")
+        result["rounds"].append(round_times(target, drafter, method, budget, spec.prefix_len, spec.rounds, spec.graphs,
+                                            spec.plain, spec.seed))
+    sync(dev)
+
+    progress("tree build")
+    L = (drafter.block_size - 1) if drafter is not None else 15
+    result["build_tree_ms"] = build_times(target.cfg.vocab_size, L, spec.budgets, dev, spec.build_reps)
+
+    has_text = spec.shape is None and drafter is not None and tokenizer is not None  # `random` has the byte tokenizer
+    if spec.e2e and has_text:
+        result["e2e"] = end_to_end(target, drafter, tokenizer, spec, progress)
+
+    ar_round = next((r["fast"]["round"] for r in result["rounds"] if r["method"] == "ar"), None)
+    tau = spec.tau
+    tau_source = "given"
+    if tau is None and result.get("e2e"):
+        tau = {r["budget"]: r["fast"]["tau"] for r in result["e2e"] if r["method"] == "ddtree"}
+        tau_source = "measured (e2e, fast engine)"
+    if tau:
+        pred = predict(curve, result["rounds"], tau, spec.budgets, ar_round)
+        pred["tau_source"] = tau_source
+        if result.get("e2e"):
+            meas = {r["budget"]: r["fast"]["tok_s"] for r in result["e2e"] if r["method"] == "ddtree"}
+            for p in pred.get("predictions", []):
+                p["measured_tok_s"] = meas.get(p["budget"])
+            pred["measured_ar_tok_s"] = next(r["fast"]["tok_s"] for r in result["e2e"] if r["method"] == "ar")
+        result["cost_model"] = pred
+    return result

@@ -1,0 +1,109 @@
+"""Random weights in the exact shapes of real targets and their DFlash drafters, for speed work.
+
+`random_shaped_pair("qwen3-8b", dtype="bfloat16", device="cuda")` builds the modules on the meta
+device, then allocates them on the target device and fills them there (normal(0, 1/fan_in) for
+matrices, 1 + N(0, 0.1) for norm weights), so an 8B model never exists in fp32 or on the CPU.
+Random weights cost exactly what real ones do (no zeros: METHOD.md), but their drafter accepts
+nothing: use them for stage times and verify-cost curves, never for acceptance.
+
+Shapes follow the published config.json files (Qwen3-8B/4B/1.7B, Llama-3.1-8B); the drafter is
+z-lab's DFlash layout: 5 layers of the target's width, block 16, target_layer_ids by z-lab's rule
+([1, 9, 17, 25, 33] for 36 layers), mask token 151669 for Qwen3. Knows nothing of timing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddtree_bench.engine.config import parse_draft_config, parse_target_config
+from ddtree_bench.engine.draft import DFlashDrafter
+from ddtree_bench.engine.layers import rope_inv_freq
+from ddtree_bench.engine.loading import resolve_device, torch_dtype
+from ddtree_bench.engine.model import Target
+from ddtree_bench.errors import UsageError
+
+_QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "head_dim": 128,
+          "num_key_value_heads": 8, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+          "hidden_act": "silu"}
+SHAPES: dict[str, dict] = {
+    "qwen3-8b": {**_QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "tie_word_embeddings": False},
+    "qwen3-4b": {**_QWEN3, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "tie_word_embeddings": True},
+    "qwen3-1.7b": {**_QWEN3, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "tie_word_embeddings": True},
+    "llama3-8b": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+                  "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                  "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
+                  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 8192},
+                  "max_position_embeddings": 131072, "hidden_act": "silu"},
+}
+DRAFT_LAYERS = 5
+BLOCK_SIZE = 16
+MASK_TOKEN = {"qwen3": 151669, "llama": 128255}
+
+
+def shape_configs(shape: str | dict) -> tuple[dict, dict]:
+    """HF-style config dicts (target, DFlash drafter) of a named shape, or of a target config dict."""
+    if isinstance(shape, str):
+        if shape not in SHAPES:
+            raise UsageError(f"unknown --shape {shape!r}; expected one of {', '.join(SHAPES)}")
+        shape = SHAPES[shape]
+    t = dict(shape)
+    draft = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": t["vocab_size"],
+        "hidden_size": t["hidden_size"], "intermediate_size": t["intermediate_size"], "num_hidden_layers": DRAFT_LAYERS,
+        "num_attention_heads": t["num_attention_heads"], "num_key_value_heads": t["num_key_value_heads"],
+        "head_dim": t["head_dim"], "rms_norm_eps": t["rms_norm_eps"], "rope_theta": t["rope_theta"],
+        "block_size": BLOCK_SIZE, "num_target_layers": t["num_hidden_layers"],
+        "dflash_config": {"mask_token_id": min(MASK_TOKEN.get(t["model_type"], t["vocab_size"] - 1), t["vocab_size"] - 1)},
+    }
+    return t, draft
+
+
+def _fill(module: torch.nn.Module, gen: torch.Generator) -> None:
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32))
+            else:
+                p.normal_(0.0, 1.0 / p.shape[-1] ** 0.5, generator=gen)
+
+
+def _materialise(module, rope, head_dim: int, device, dtype, gen) -> torch.nn.Module:
+    module = module.to(dtype).to_empty(device=device)   # cast on meta first: nothing is ever made in fp32
+    _fill(module, gen)
+    module.rotary.inv_freq = rope_inv_freq(rope, head_dim).to(device=device, dtype=dtype)  # as load_target leaves it
+    return module.eval()
+
+
+def random_shaped_pair(shape: str | dict = "qwen3-8b", dtype: str = "bfloat16", device: str = "cuda", seed: int = 0,
+                       with_drafter: bool = True) -> tuple[Target, DFlashDrafter | None]:
+    """Target (+ DFlash drafter) of a real model's shape with random weights, made on `device` in `dtype`."""
+    dev = resolve_device(device)
+    dt = torch_dtype(dtype)
+    tcfg_d, dcfg_d = shape_configs(shape)
+    tcfg = parse_target_config(tcfg_d)
+    dcfg = parse_draft_config(dcfg_d, tcfg)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    with torch.device("meta"):
+        target = Target(tcfg)
+        drafter = DFlashDrafter(dcfg) if with_drafter else None
+    target = _materialise(target, tcfg.rope, tcfg.head_dim, dev, dt, gen)
+    if tcfg.tie_word_embeddings:
+        target.lm_head.weight = target.model.embed_tokens.weight
+    if drafter is not None:
+        drafter = _materialise(drafter, dcfg.rope, dcfg.head_dim, dev, dt, gen)
+    return target, drafter
+
+
+def param_count(shape: str | dict, drafter: bool = False) -> int:
+    """Parameters of a shape (tied embeddings counted once), computed on the meta device."""
+    tcfg_d, dcfg_d = shape_configs(shape)
+    tcfg = parse_target_config(tcfg_d)
+    with torch.device("meta"):
+        m = DFlashDrafter(parse_draft_config(dcfg_d, tcfg)) if drafter else Target(tcfg)
+        if not drafter and tcfg.tie_word_embeddings:
+            m.lm_head.weight = m.model.embed_tokens.weight
+    return sum(p.numel() for p in m.parameters())

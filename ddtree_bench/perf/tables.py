@@ -1,0 +1,62 @@
+"""Terminal tables of a bench-engine result (the JSON file is the machine-readable output)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddtree_bench.display import table
+
+
+def _f(x: Any, d: int = 3) -> Any:
+    return None if x is None else (round(x, d) if isinstance(x, float) else x)
+
+
+def render(result: dict[str, Any]) -> str:
+    parts: list[str] = []
+    spec = result["spec"]
+    what = f"shape {spec['shape']} (random weights)" if spec.get("shape") else f"model {spec['model']}"
+    parts.append(f"bench-engine: {what}, {spec['dtype']} on {result.get('gpu', spec['device'])}, "
+                 f"prefix {spec['prefix_len']} tokens, {result['date']}")
+
+    vc = result["verify_curve_ms"]
+    ns = sorted(set(vc.get("graph", {})) | set(vc.get("eager", {})))
+    parts.append("\nverify forward (ms) vs query tokens:\n" + table(
+        [[n, _f(vc["graph"].get(n)), _f(vc["eager"].get(n))] for n in ns], ["tokens", "graph", "eager"]))
+
+    rows = []
+    for r in result["rounds"]:
+        name = r["method"] + (f" B={r['budget']}" if r["budget"] else "")
+        for eng in ("fast", "plain"):
+            m = r.get(eng)
+            if not m:
+                continue
+            rows.append([name, eng] + [_f(m.get(k)) for k in
+                        ("draft", "tree_build", "tree_compile", "verify", "walk", "commit", "round")]
+                        + [_f(100 * m["overhead_share"], 1)])
+    parts.append("\nper-round stage medians (ms); overhead = round - draft - verify:\n" + table(
+        rows, ["method", "engine", "draft", "build", "compile", "verify", "walk", "commit", "round", "ovh %"]))
+
+    bt = result.get("build_tree_ms") or []
+    if bt:
+        keys = [k for k in bt[0] if k != "budget"]
+        parts.append("\ntree build (ms) vs budget:\n" + table([[r["budget"]] + [_f(r.get(k)) for k in keys] for r in bt],
+                                                          ["budget"] + keys))
+
+    e2e = result.get("e2e")
+    if e2e:
+        rows = []
+        for r in e2e:
+            name = r["method"] + (f" B={r['budget']}" if r["budget"] else "")
+            rows.append([name] + [_f(r[e][k], 2) for e in ("fast", "plain") for k in ("tok_s", "speedup", "tau")]
+                        + [f"{r['fast']['same_as_ar']}/{r['fast']['num_prompts']}"])
+        parts.append("\nend to end (greedy):\n" + table(rows, ["method", "fast tok/s", "x AR", "tau", "plain tok/s", "x AR",
+                                                               "tau", "= AR"]))
+
+    cm = result.get("cost_model")
+    if cm and cm.get("predictions"):
+        rows = [[p["budget"], _f(p["tau"], 2), _f(p["round_ms"]), _f(p["tok_s"], 1), _f(p["speedup"], 2),
+                 _f(p.get("measured_tok_s"), 1)] for p in cm["predictions"]]
+        parts.append(f"\ncost model (tau {cm['tau_source']}; draft {cm['draft_ms']:.3f} ms, AR round {cm['ar_ms']:.3f} ms):\n"
+                     + table(rows, ["budget", "tau", "round ms", "pred tok/s", "pred x AR", "measured tok/s"])
+                     + f"\npredicted best budget: {cm['best_budget']}")
+    return "\n".join(parts)

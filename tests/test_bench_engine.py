@@ -1,0 +1,76 @@
+"""bench-engine on the CPU with the random tiny pair: the JSON has every stage of every method and
+budget, the verify curve, tree-build times and the cost model; bad flags exit 2. Also the real-shape
+random-weight helper (parameter counts of the published configs, built on the meta device)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ddtree_bench.cli import main
+from ddtree_bench.engine.generate import Engine
+from ddtree_bench.perf.shapes import SHAPES, param_count, random_shaped_pair
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_bench_engine_cpu_json_and_table(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    main(["bench-engine", "--model", "random", "--budgets", "4,16", "--prefix-len", "40", "--rounds", "3",
+          "--verify-tokens", "1,5,17", "--tau", "4:1.5,16:2.5", "--limit", "1", "--max-new-tokens", "8", "--out", str(out)])
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert json.loads(text.strip().splitlines()[-1])["spec"] == res["spec"]   # last stdout line: the same document
+    assert "per-round stage medians" in text and "predicted best budget" in text
+    assert set(res["verify_curve_ms"]["eager"]) == {"1", "5", "17"}
+    got = {(r["method"], r["budget"]) for r in res["rounds"]}
+    assert got == {("ar", None), ("dflash", None), ("ddtree", 4), ("ddtree", 16)}
+    for r in res["rounds"]:
+        want = {"verify", "walk", "commit"} if r["method"] == "ar" else {"draft", "tree_build", "tree_compile", "verify", "walk", "commit"}
+        assert want <= set(r["fast"]) and r["fast"]["round"] > 0 and 0 <= r["fast"]["overhead_share"] < 1
+        assert r["plain"]["same_tokens"] is True
+    assert [b["budget"] for b in res["build_tree_ms"]] == [4, 16]
+    cm = res["cost_model"]
+    assert cm["tau_source"] == "given" and cm["best_budget"] in (4, 16)
+    p4 = next(p for p in cm["predictions"] if p["budget"] == 4)
+    assert p4["tok_s"] == pytest.approx(1000 * 1.5 / p4["round_ms"])
+    e2e = {(r["method"], r["budget"]): r for r in res["e2e"]}
+    assert e2e[("ddtree", 16)]["fast"]["same_as_ar"] == e2e[("ddtree", 16)]["fast"]["num_prompts"] == 1
+
+
+@pytest.mark.parametrize("argv", [["--shape", "qwen9-1t"], ["--verify-tokens", "a,b"], ["--budgets", "3..9"],
+                                  ["--tau", "16=2"], ["--device", "cuda:7"] if not torch.cuda.is_available() else ["--rounds", "0"]])
+def test_bench_engine_bad_input_exits_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench-engine", "--model", "random", *argv])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_real_shapes_have_the_published_sizes():
+    assert param_count("qwen3-8b") == 8_190_735_360
+    assert param_count("qwen3-4b") == 4_022_468_096
+    assert param_count("qwen3-1.7b") == 1_720_574_976
+    assert param_count("llama3-8b") == 8_030_261_248
+    # 5 layers of (attention 41,943,040 + MLP 150,994,944 + norms 8,448), fc 5*4096 -> 4096, hidden_norm, norm
+    assert param_count("qwen3-8b", drafter=True) == 5 * 192_946_432 + 5 * 4096 * 4096 + 2 * 4096
+
+
+def test_random_shaped_pair_runs_fast_and_plain_alike():
+    tiny = dict(SHAPES["qwen3-4b"], hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, vocab_size=300)
+    t, d = random_shaped_pair(tiny, "float32", "cpu")
+    assert t.lm_head.weight is t.model.embed_tokens.weight and d.block_size == 16 and len(d.layers) == 5
+    assert all(torch.isfinite(p).all() and p.abs().sum() > 0 for p in t.parameters())
+    prompt = list(range(3, 40))
+    a = Engine(t, d).generate(prompt, "ddtree", 32, 20)
+    b = Engine(t, d, cuda_graphs=True).generate(prompt, "ddtree", 32, 20)
+    assert a.output_ids == b.output_ids
