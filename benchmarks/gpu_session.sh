@@ -25,6 +25,7 @@ timeout ${BENCH8B_TIMEOUT:-330} python3 -m ddtree_bench bench-engine --shape qwe
   2> "$OUT/bench_qwen3-8b.err" | grep -v '^{' | tee "$OUT/bench_qwen3-8b.txt"
 tail -3 "$OUT/bench_qwen3-8b.err"
 
+if [ -n "${SKIP_PAIR:-}" ]; then step done; exit 0; fi
 if [ -f ddtree_bench/models/toy/target/config.json ]; then PAIR=toy; else PAIR=random; fi
 step bench $PAIR pair
 timeout ${BENCHTOY_TIMEOUT:-200} python3 -m ddtree_bench bench-engine --model $PAIR --device cuda --dtype float32 \
