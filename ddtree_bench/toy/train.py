@@ -454,7 +454,7 @@ def train(r: Recipe, out: Path, device: str = "cpu", log: Callable[[str], None] 
         "target_tokens_seen": r.target_steps * r.target_batch * r.seq_len,
         "device": device,
         "finished_at": now_iso(),
-        **environment(device),
+        "environment": environment(device),
     }
     save_pair(r, target, drafter, out, meta)
     log(f"wrote {out} in {t4 - t0:.0f}s")
