@@ -34,6 +34,7 @@ class RunSpec:
     budget: int = D.BUDGET
     suite: str = D.SUITE
     limit: int | None = None
+    subset: str | None = None               # zlab-paper | zlab-current | first (None = the suite's rule)
     max_new_tokens: int = D.MAX_NEW_TOKENS
     temperature: float = D.TEMPERATURE
     top_p: float = 1.0

@@ -41,7 +41,7 @@ def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backe
 
     spec.validate()
     out = check_out_dir(out or default_out(spec))
-    prompts, suite_info = suites.load_prompts(spec.suite, spec.limit)
+    prompts, suite_info = suites.load_prompts(spec.suite, spec.limit, subset=spec.subset)
     if backend is None:
         backend = make_backend(spec)
     with RunWriter(out) as writer:

@@ -23,6 +23,7 @@ def run_cmd(
     budget: O.Budget = D.BUDGET,
     suite: O.Suite = D.SUITE,
     limit: O.Limit = None,
+    subset: O.Subset = None,
     max_new_tokens: O.MaxNewTokens = D.MAX_NEW_TOKENS,
     temperature: O.Temperature = D.TEMPERATURE,
     seed: O.Seed = D.SEED,
@@ -42,7 +43,7 @@ def run_cmd(
 
     spec = RunSpec(
         backend=backend, url=url, api_key=api_key, model=model, draft=draft, method=method, budget=budget,
-        suite=suite, limit=limit, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
+        suite=suite, limit=limit, subset=subset, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
         device=device, concurrency=concurrency, request_rate=request_rate, warmup=warmup, endpoint=endpoint,
         timeout_s=timeout,
     ).validate()
