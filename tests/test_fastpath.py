@@ -87,7 +87,7 @@ class OracleProposer:
                 logits[j - 1, true] = -9.0
             else:
                 logits[j - 1, true] = 9.0
-        return logits
+        return logits.to(ctx.device)
 
 
 # ---------------------------------------------------------------------------- trees

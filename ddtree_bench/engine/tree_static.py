@@ -133,7 +133,7 @@ def ancestors(parents: torch.Tensor, steps: int) -> torch.Tensor:
     cur = rows
     for _ in range(steps):
         cur = par[cur]
-        vis[rows, cur] = True
+        vis.scatter_(1, cur[:, None], True)  # a scalar fill: `vis[rows, cur] = True` copies from the CPU, which capture forbids
     return vis
 
 
