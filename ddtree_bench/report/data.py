@@ -1,0 +1,410 @@
+"""Loading results for the report: run directories, sweep directories and compare JSON -> one model.
+
+A report covers one or more RESULTS_DIRs. Each is either a run directory (`run.json`,
+`records.jsonl`, `summary.json`; docs/design.md §3) or a sweep directory (`sweep.json`,
+`summary.csv`, `points/<point-id>/` run directories). Everything becomes a flat list of `Point`s —
+one per run or per sweep grid point — plus the compare results (`--compare FILE.json`, or a
+`compare.json` found inside a run / point directory).
+
+Numbers are never recomputed here when the files carry them: summary.json (from
+`metrics.summarize`) is the source, summary.csv fills what it lacks (a sweep's `speedup_vs_ar`,
+or a failed point without a directory). The one derived number is `speedup_vs_ar` for points that
+have none: it comes from `metrics.speedup_vs_ar` against an AR point with the same settings.
+
+Sweep rows are joined to `points/` directories by a `point_id` column when summary.csv has one,
+else by their settings (method, budget, concurrency, request rate, temperature, suite, backend,
+model).
+
+Bad input (missing directory, neither a run nor a sweep, malformed JSON / JSONL / CSV) raises
+`UsageError`. This module knows nothing of HTML or plotting.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddtree_bench import metrics
+from ddtree_bench.errors import UsageError
+from ddtree_bench.records import RequestRecord
+from ddtree_bench.results import is_run_dir, is_sweep_dir, read_json, read_records
+
+METHOD_ORDER = {"ar": 0, "dflash": 1, "ddtree": 2}
+COMPARE_KINDS = ("match", "near_tie", "divergence")
+# summary.csv columns that are numbers (docs/design.md §3); anything else stays a string.
+CSV_NUMBERS = (
+    "budget", "spec_tokens", "concurrency", "request_rate", "temperature", "acceptance_length_mean",
+    "acceptance_length_token_weighted", "output_throughput_tok_s", "speedup_vs_ar", "ttft_ms_p50",
+    "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
+)
+# (key in Point.values, summary.json path, summary.csv column)
+HEADLINE = (
+    ("tau_mean", ("acceptance_length_mean",), "acceptance_length_mean"),
+    ("tau_token_weighted", ("acceptance_length_token_weighted",), "acceptance_length_token_weighted"),
+    ("tok_s", ("output_throughput_tok_s",), "output_throughput_tok_s"),
+    ("ttft_ms_p50", ("ttft_ms", "p50"), "ttft_ms_p50"),
+    ("ttft_ms_p99", ("ttft_ms", "p99"), "ttft_ms_p99"),
+    ("tpot_ms_p50", ("tpot_ms", "p50"), "tpot_ms_p50"),
+    ("tpot_ms_p99", ("tpot_ms", "p99"), "tpot_ms_p99"),
+    ("num_requests", ("num_requests",), None),
+    ("num_errors", ("num_errors",), None),
+)
+
+
+def _num(v: Any) -> float | None:
+    """A finite float, or None (for '', 'nan', None, non-numbers)."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _int_or_none(v: Any) -> int | None:
+    f = _num(v)
+    return int(f) if f is not None and f == int(f) else None
+
+
+@dataclass
+class Point:
+    """One run, or one sweep grid point: its settings, summary and (when on disk) records."""
+
+    id: str                                  # directory name (or a label for a CSV-only row)
+    path: Path | None                        # the run directory; None for a failed point without one
+    source: str                              # the RESULTS_DIR it came from
+    run: dict[str, Any] = field(default_factory=dict)      # run.json
+    spec: dict[str, Any] = field(default_factory=dict)     # run.json "spec" (or the CSV row's settings)
+    summary: dict[str, Any] | None = None                  # summary.json
+    records: list[RequestRecord] | None = None
+    csv_row: dict[str, Any] | None = None
+    status: str = "ok"                       # ok | failed | whatever summary.csv says
+    error: str | None = None
+    values: dict[str, float | None] = field(default_factory=dict)  # headline numbers (see HEADLINE)
+    compare: dict[str, Any] | None = None    # compare.json found in the directory
+
+    @property
+    def method(self) -> str:
+        return str(self.spec.get("method") or "?")
+
+    @property
+    def budget(self) -> int | None:
+        """The DDTree budget; None for AR / DFlash (their trees are not budgeted)."""
+        return _int_or_none(self.spec.get("budget")) if self.method == "ddtree" else None
+
+    @property
+    def concurrency(self) -> int | None:
+        return None if self.request_rate is not None else _int_or_none(self.spec.get("concurrency"))
+
+    @property
+    def request_rate(self) -> float | None:
+        return _num(self.spec.get("request_rate"))
+
+    @property
+    def temperature(self) -> float:
+        return _num(self.spec.get("temperature")) or 0.0
+
+    @property
+    def suite(self) -> str:
+        s = self.run.get("suite")
+        if isinstance(s, dict) and s.get("name"):
+            return str(s["name"])
+        raw = str(self.spec.get("suite") or "?")
+        return Path(raw).stem if raw.endswith(".jsonl") else raw
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and (self.summary is not None or self.values.get("tok_s") is not None)
+
+    @property
+    def config_label(self) -> str:
+        """'ar', 'dflash' or 'ddtree B=64'."""
+        return f"ddtree B={self.budget}" if self.method == "ddtree" else self.method
+
+    @property
+    def load_label(self) -> str:
+        if self.request_rate is not None:
+            return f"{self.request_rate:g} req/s"
+        return f"c={self.concurrency}" if self.concurrency is not None else "c=?"
+
+    @property
+    def stage_ms(self) -> dict[str, float] | None:
+        s = (self.summary or {}).get("stage_ms")
+        return {str(k): float(v) for k, v in s.items() if _num(v) is not None} if isinstance(s, dict) and s else None
+
+    @property
+    def histogram(self) -> dict[int, float] | None:
+        h = (self.summary or {}).get("acceptance_histogram")
+        if not isinstance(h, dict) or not h:
+            return None
+        out = {}
+        for k, v in h.items():
+            kk, vv = _int_or_none(k), _num(v)
+            if kk is not None and vv is not None:
+                out[kk] = vv
+        return out or None
+
+    @property
+    def rate_by_depth(self) -> list[float] | None:
+        r = (self.summary or {}).get("acceptance_rate_by_depth")
+        return [float(_num(x) or 0.0) for x in r] if isinstance(r, list) and r else None
+
+    @property
+    def num_rounds(self) -> int:
+        return int(_num((self.summary or {}).get("num_rounds")) or 0)
+
+    def settings_key(self) -> tuple:
+        """Everything but the method/budget that must agree for two points to be compared."""
+        return (self.spec.get("backend"), self.spec.get("model"), self.suite, self.temperature, self.concurrency,
+                self.request_rate, _int_or_none(self.spec.get("max_new_tokens")), _int_or_none(self.spec.get("limit")))
+
+    def sort_key(self) -> tuple:
+        return (self.suite, self.temperature, self.request_rate is not None, self.request_rate or 0.0,
+                self.concurrency or 0, METHOD_ORDER.get(self.method, 9), self.budget or 0, self.id)
+
+
+@dataclass
+class Source:
+    """One RESULTS_DIR as given on the command line."""
+
+    path: Path
+    kind: str                                # "run" | "sweep"
+    sweep: dict[str, Any] | None = None      # sweep.json
+    points: list[Point] = field(default_factory=list)
+
+
+@dataclass
+class CompareResult:
+    """One `compare --json` document and what it belongs to."""
+
+    label: str
+    source: str
+    data: dict[str, Any]
+    point: Point | None = None
+
+    def output_text(self, prompt_id: Any, turn: Any) -> str | None:
+        """The run's output for that prompt/turn when the records are at hand."""
+        if self.point is None or not self.point.records:
+            return None
+        for r in self.point.records:
+            if str(r.prompt_id) == str(prompt_id) and r.turn == _int_or_none(turn):
+                return r.output_text
+        return None
+
+
+@dataclass
+class ReportData:
+    sources: list[Source]
+    points: list[Point]
+    compares: list[CompareResult]
+
+    @property
+    def ok_points(self) -> list[Point]:
+        return [p for p in self.points if p.ok]
+
+    @property
+    def is_single_run(self) -> bool:
+        return len(self.points) == 1
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def _read_json_any(path: Path) -> Any:
+    try:
+        return read_json(path)
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text") from None
+
+
+def _read_json_obj(path: Path) -> dict[str, Any]:
+    obj = _read_json_any(path)
+    if not isinstance(obj, dict):
+        raise UsageError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _get(d: Any, keys: tuple[str, ...]) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _fill_values(p: Point) -> None:
+    for key, path, col in HEADLINE:
+        v = _num(_get(p.summary, path)) if p.summary is not None else None
+        if v is None and col and p.csv_row is not None:
+            v = _num(p.csv_row.get(col))
+        p.values[key] = v
+    if p.csv_row is not None:
+        p.values["speedup_vs_ar"] = _num(p.csv_row.get("speedup_vs_ar"))
+    p.values.setdefault("speedup_vs_ar", None)
+
+
+def load_run(path: Path, source: str) -> Point:
+    """A run directory -> Point (records and summary included)."""
+    path = Path(path)
+    run = _read_json_obj(path / "run.json")
+    spec = run.get("spec")
+    if not isinstance(spec, dict):
+        raise UsageError(f"{path / 'run.json'}: no \"spec\" object (not a ddtree-bench run.json)")
+    try:
+        records = read_records(path)
+    except (AttributeError, UnicodeDecodeError, ValueError) as e:  # a line that is JSON but not a record object
+        raise UsageError(f"{path / 'records.jsonl'}: not a records file ({type(e).__name__}: {e})") from None
+    summary = _read_json_obj(path / "summary.json") if (path / "summary.json").exists() else None
+    p = Point(id=path.name, path=path, source=source, run=run, spec=spec, summary=summary, records=records)
+    if summary is None:
+        p.status = "failed"
+        errs = [r.error for r in records if r.error]
+        p.error = (f"{len(errs)} of {len(records)} requests failed; first: {errs[0]}" if errs
+                   else "no summary.json (the run did not finish)")
+    if (path / "compare.json").exists():
+        p.compare = _check_compare(_read_json_obj(path / "compare.json"), path / "compare.json")
+    _fill_values(p)
+    return p
+
+
+def read_summary_csv(path: Path) -> list[dict[str, Any]]:
+    """summary.csv rows with numeric columns parsed; raises UsageError when it is not a CSV table."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f, strict=True)
+            header = reader.fieldnames
+            rows = list(reader)
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: malformed CSV ({e})") from None
+    if not header or "method" not in header:
+        raise UsageError(f"{path}: malformed summary.csv (no header with a \"method\" column)")
+    out = []
+    for i, row in enumerate(rows, 2):
+        if None in row or any(v is None for v in row.values()):
+            raise UsageError(f"{path}:{i}: malformed CSV row (its field count differs from the header's)")
+        clean: dict[str, Any] = {k: (v if v != "" else None) for k, v in row.items()}
+        for col in CSV_NUMBERS:
+            if clean.get(col) is not None:
+                clean[col] = _num(clean[col]) if str(clean[col]).lower() not in ("nan", "none") else None
+        out.append(clean)
+    return out
+
+
+def _row_matches(row: dict[str, Any], p: Point) -> bool:
+    if str(row.get("method")) != p.method:
+        return False
+    if p.method == "ddtree" and _int_or_none(row.get("budget")) != p.budget:
+        return False
+    checks = (
+        ("concurrency", p.concurrency if p.request_rate is None else _num(p.spec.get("concurrency"))),
+        ("request_rate", p.request_rate),
+        ("temperature", p.temperature),
+    )
+    for col, want in checks:
+        if col in row and row[col] is not None and want is not None and _num(row[col]) != _num(want):
+            return False
+    for col, want in (("suite", {p.suite, str(p.spec.get("suite"))}), ("backend", {str(p.spec.get("backend"))}),
+                      ("model", {str(p.spec.get("model"))})):
+        if row.get(col) is not None and str(row[col]) not in want:
+            return False
+    return True
+
+
+def _point_from_row(row: dict[str, Any], i: int, source: str) -> Point:
+    spec = {k: row.get(k) for k in ("backend", "model", "method", "budget", "concurrency", "request_rate", "temperature", "suite")}
+    pid = str(row.get("point_id") or f"summary.csv:{i + 2}")  # its line in the file
+    p = Point(id=pid, path=None, source=source, spec=spec, csv_row=row,
+              status=str(row.get("status") or "failed"), error=row.get("error"))
+    _fill_values(p)
+    return p
+
+
+def load_sweep(path: Path) -> Source:
+    """A sweep directory -> Source whose points are its grid points (failed points included)."""
+    path = Path(path)
+    sweep = _read_json_any(path / "sweep.json")
+    src = Source(path=path, kind="sweep", sweep=sweep if isinstance(sweep, dict) else {"grid": sweep})
+    pdir = path / "points"
+    dirs = sorted(d for d in pdir.iterdir() if d.is_dir() and not d.name.startswith(".")) if pdir.is_dir() else []
+    points = [load_run(d, str(path)) for d in dirs if is_run_dir(d)]
+    rows = read_summary_csv(path / "summary.csv") if (path / "summary.csv").exists() else []
+    by_id = {p.id: p for p in points}
+    unmatched = list(points)
+    for i, row in enumerate(rows):
+        p = by_id.get(str(row["point_id"])) if row.get("point_id") is not None else None
+        if p is None:
+            p = next((q for q in unmatched if q.csv_row is None and _row_matches(row, q)), None)
+        if p is None:
+            points.append(_point_from_row(row, i, str(path)))
+            continue
+        unmatched = [q for q in unmatched if q is not p]
+        p.csv_row = row
+        if row.get("status") and p.summary is not None:
+            p.status = str(row["status"])
+        if row.get("error") and not p.error:
+            p.error = str(row["error"])
+        _fill_values(p)
+    src.points = points
+    return src
+
+
+def _check_compare(obj: dict[str, Any], path: Path | str) -> dict[str, Any]:
+    """Validate the `compare --json` shape (docs/design.md §3) enough to render it."""
+    prompts = obj.get("prompts")
+    if not isinstance(prompts, list) or not all(isinstance(x, dict) for x in prompts):
+        raise UsageError(f"{path}: not a compare result (expected a \"prompts\" list of objects, as `ddtree-bench compare --json` writes)")
+    return obj
+
+
+def load_compare(path: Path) -> CompareResult:
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--compare {path} does not exist")
+    return CompareResult(label=path.name, source=str(path), data=_check_compare(_read_json_obj(path), path))
+
+
+def load(paths: list[Path], compare: list[dict[str, Any]] | None = None) -> ReportData:
+    """Every RESULTS_DIR -> one ReportData. `compare` are already-loaded compare documents."""
+    if not paths:
+        raise UsageError("no results directories given")
+    sources: list[Source] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise UsageError(f"{path} does not exist")
+        if not path.is_dir():
+            raise UsageError(f"{path} is not a directory", hint="pass a run directory (run.json + records.jsonl) or a sweep directory (sweep.json)")
+        if is_sweep_dir(path):
+            sources.append(load_sweep(path))
+        elif is_run_dir(path):
+            sources.append(Source(path=path, kind="run", points=[load_run(path, str(path))]))
+        else:
+            raise UsageError(f"{path} is neither a run directory (run.json + records.jsonl) nor a sweep directory (sweep.json)")
+    points = sorted((p for s in sources for p in s.points), key=Point.sort_key)
+    _fill_speedups(points)
+    compares = [CompareResult(label=f"{p.id}/compare.json", source=str(p.path / "compare.json"), data=p.compare, point=p)
+                for p in points if p.compare is not None and p.path is not None]
+    for i, c in enumerate(compare or []):
+        if isinstance(c, CompareResult):
+            compares.append(c)
+        else:
+            compares.append(CompareResult(label=f"compare #{i + 1}", source="(given)", data=_check_compare(c, f"compare #{i + 1}")))
+    return ReportData(sources=sources, points=points, compares=compares)
+
+
+def _fill_speedups(points: list[Point]) -> None:
+    """speedup_vs_ar from `metrics.speedup_vs_ar` for points that lack one and have an AR partner."""
+    ar = {}
+    for p in points:
+        if p.method == "ar" and p.records and p.summary is not None:
+            ar.setdefault(p.settings_key(), p)
+    for p in points:
+        if p.values.get("speedup_vs_ar") is not None or not p.records or p.summary is None:
+            continue
+        partner = ar.get(p.settings_key())
+        if partner is not None:
+            p.values["speedup_vs_ar"] = 1.0 if partner is p else metrics.speedup_vs_ar(p.records, partner.records)

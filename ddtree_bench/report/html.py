@@ -1,0 +1,521 @@
+"""Rendering the report page: `ReportData` + figures -> one self-contained HTML string.
+
+Escaping is by construction: every fragment is an `Html` (already safe) or gets escaped by `esc`
+when it is put into an element or attribute, so a prompt, model output, file name, flag or error
+string containing `<script>` shows as text. Element ids come from `Ids.make`, which keeps only
+[A-Za-z0-9_-] and makes them unique. The page has no scripts, no external resources (the CSS is
+inlined, figures are `data:` URIs) and a Content-Security-Policy that would block any that
+slipped in; it reads the same without JavaScript and prints without clipping.
+
+This module knows nothing of loading files or drawing plots.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import json
+import re
+import shlex
+from collections import defaultdict
+from datetime import datetime, timezone
+from importlib import resources
+from typing import Any, Iterable
+
+from ddtree_bench import __version__, metrics
+from ddtree_bench.report.data import CompareResult, Point, ReportData, Source
+from ddtree_bench.report.plots import Figure
+
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+MAX_REQUEST_ROWS = 200
+MAX_TEXT = 4000          # characters of one output text shown in full
+MAX_CELL = 300           # characters of an error in a table cell
+MAX_META_VALUES = 16     # distinct values listed in one metadata row
+
+
+class Html(str):
+    """A fragment of markup that is already safe to emit."""
+
+
+def esc(x: Any) -> Html:
+    if isinstance(x, Html):
+        return x
+    return Html(_html.escape("" if x is None else str(x), quote=True))
+
+
+def join(parts: Iterable[Any], sep: str = "") -> Html:
+    return Html(esc(sep).join(esc(p) for p in parts))
+
+
+def el(tag: str, *children: Any, **attrs: Any) -> Html:
+    """<tag attrs>children</tag>; attribute names: trailing '_' dropped, '_' -> '-'; None skips, True is bare."""
+    parts = [tag]
+    for k, v in attrs.items():
+        if v is None or v is False:
+            continue
+        name = k.rstrip("_").replace("_", "-")
+        parts.append(name if v is True else f'{name}="{esc(v)}"')
+    return Html(f"<{' '.join(parts)}>{join(children)}</{tag}>")
+
+
+class Ids:
+    """Unique, sanitised element ids: only [A-Za-z0-9_-], starting with a letter."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def make(self, prefix: str, text: Any) -> str:
+        base = re.sub(r"[^A-Za-z0-9_-]+", "-", str(text)).strip("-")[:60] or "x"
+        cand = f"{prefix}-{base}"
+        n = 2
+        while cand in self.used:
+            cand = f"{prefix}-{base}-{n}"
+            n += 1
+        self.used.add(cand)
+        return cand
+
+
+def fmt(v: Any, digits: int = 2, suffix: str = "") -> str:
+    if v is None:
+        return "\u2014"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}{suffix}"
+    return f"{v}{suffix}"
+
+
+def _clip(s: Any, n: int) -> str:
+    s = "" if s is None else str(s)
+    return s if len(s) <= n else s[: n - 1] + "\u2026"
+
+
+def _css() -> str:
+    return resources.files("ddtree_bench.report").joinpath("report.css").read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------- sections
+
+
+def _distinct(points: list[Point], get) -> list[str]:
+    seen: list[str] = []
+    for p in points:
+        v = get(p)
+        if v is None or v == "":
+            continue
+        s = str(v)
+        if s not in seen:
+            seen.append(s)
+    return seen
+
+
+def _meta_value(values: list[str], code: bool = False) -> Html:
+    if not values:
+        return Html("\u2014")
+    wrap = (lambda v: el("code", v)) if code else esc
+    if len(values) == 1:
+        return wrap(values[0])
+    shown = values[:MAX_META_VALUES]
+    more = f" \u2026 and {len(values) - MAX_META_VALUES} more" if len(values) > MAX_META_VALUES else ""
+    return Html(el("span", "varies: ", class_="varies") + join([wrap(v) for v in shown], "; ") + esc(more))
+
+
+def _versions(p: Point) -> str | None:
+    v = p.run.get("versions")
+    return " \u00b7 ".join(f"{k} {x}" for k, x in v.items() if x is not None) if isinstance(v, dict) and v else None
+
+
+def _backend(p: Point) -> str | None:
+    b = p.run.get("backend") if isinstance(p.run.get("backend"), dict) else {}
+    kind = b.get("kind") or p.spec.get("backend")
+    if kind is None:
+        return None
+    ver = b.get("server_version") or b.get("version") or (p.csv_row or {}).get("server_version")
+    vers = p.run.get("versions") if isinstance(p.run.get("versions"), dict) else {}
+    ver = ver or vers.get(str(kind))
+    url = p.spec.get("url")
+    return f"{kind}" + (f" {ver}" if ver else "") + (f" at {url}" if url else "")
+
+
+def _device(p: Point) -> str | None:
+    d = p.run.get("device") if isinstance(p.run.get("device"), dict) else {}
+    what = p.spec.get("device")
+    hw = d.get("gpu") or d.get("processor")
+    extra = [x for x in (hw, f"CUDA {d['cuda']}" if d.get("cuda") else None, d.get("platform")) if x]
+    return " \u00b7 ".join(str(x) for x in ([what] if what else []) + extra) or None
+
+
+def _suite(p: Point) -> str | None:
+    s = p.run.get("suite") if isinstance(p.run.get("suite"), dict) else {}
+    if not s and not p.spec.get("suite"):
+        return None
+    parts = [str(s.get("name") or p.suite)]
+    if s.get("source"):
+        parts.append(f"source {s['source']}")
+    parts.append(f"subset rule {s.get('subset_rule') or 'none (all, in file order)'}")
+    if s.get("template"):
+        parts.append(f"template {s['template']}")
+    if s.get("num_prompts") is not None:
+        parts.append(f"{s['num_prompts']} prompts")
+    return " \u00b7 ".join(parts)
+
+
+def _draft(p: Point) -> str | None:
+    if p.method == "ar":
+        return None
+    b = p.run.get("backend") if isinstance(p.run.get("backend"), dict) else {}
+    d = p.spec.get("draft") or b.get("draft_path") or b.get("draft")
+    h = b.get("draft_hash")
+    if d is None and p.spec.get("model") in ("toy", "random"):
+        d = f"bundled with --model {p.spec.get('model')}"
+    return None if d is None else f"{d}" + (f" (hash {h})" if h else "")
+
+
+def _model(p: Point) -> str | None:
+    b = p.run.get("backend") if isinstance(p.run.get("backend"), dict) else {}
+    m = p.spec.get("model")
+    h = b.get("model_hash")
+    return None if m is None else f"{m}" + (f" (hash {h})" if h else "")
+
+
+def _command(p: Point) -> str | None:
+    c = p.run.get("command")
+    if isinstance(c, list):
+        return shlex.join(str(x) for x in c)
+    return None if c is None else str(c)
+
+
+def _date_range(points: list[Point]) -> list[str]:
+    """[first start -> last finish] over the points (ISO strings sort by time)."""
+    starts = sorted(str(p.run["started_at"]) for p in points if p.run.get("started_at"))
+    ends = sorted(str(p.run["finished_at"]) for p in points if p.run.get("finished_at"))
+    if not starts:
+        return []
+    return [starts[0] + (f" \u2192 {ends[-1]}" if ends else "")]
+
+
+def section_metadata(data: ReportData) -> Html:
+    pts = [p for p in data.points if p.run] or data.points
+    sweep_rows = []
+    for s in data.sources:
+        if s.kind == "sweep" and s.sweep:
+            extra = {k: s.sweep.get(k) for k in ("command", "git_sha", "started_at", "finished_at") if s.sweep.get(k)}
+            cmd = extra.get("command")
+            desc = f"{s.path} \u2014 {len(s.points)} points"
+            sweep_rows.append(el("tr", el("th", "Sweep"), el("td", esc(desc), *(
+                [el("br"), el("code", shlex.join(map(str, cmd)) if isinstance(cmd, list) else cmd)] if cmd else []))))
+    fields = [
+        ("Model (target)", _model, False),
+        ("Draft", _draft, False),
+        ("Backend and version", _backend, False),
+        ("Methods", lambda p: p.config_label, False),
+        ("Device", _device, False),
+        ("Dtype", lambda p: p.spec.get("dtype"), False),
+        ("Suite and subset rule", _suite, False),
+        ("Load", lambda p: p.load_label, False),
+        ("Max new tokens \u00b7 temperature \u00b7 seed",
+         lambda p: f"{p.spec.get('max_new_tokens')} \u00b7 T={p.temperature:g} \u00b7 seed {p.spec.get('seed')}" if p.run else None, False),
+        ("Date (UTC)", None, False),
+        ("Versions", _versions, False),
+        ("Git sha (ddtree-bench)", lambda p: p.run.get("git_sha"), True),
+        ("Command", _command, True),
+    ]
+    rows = list(sweep_rows)
+    for name, get, code in fields:
+        values = _date_range(pts) if get is None else _distinct(pts, get)
+        rows.append(el("tr", el("th", name), el("td", _meta_value(values, code=code))))
+    return el("section", el("h2", "Run metadata"), el("div", el("table", *rows, class_="meta"), class_="table-wrap"), id="metadata")
+
+
+def _best_by_load(data: ReportData, include_ar: bool = True) -> dict[tuple, Point]:
+    """The fastest point per (suite, temperature, load): by speedup vs AR when every candidate has one, else tok/s."""
+    cands: dict[tuple, list[Point]] = defaultdict(list)
+    for p in data.ok_points:
+        if include_ar or p.method != "ar":
+            cands[(p.suite, p.temperature, p.load_label)].append(p)
+    best: dict[tuple, Point] = {}
+    for key, ps in cands.items():
+        metric = "speedup_vs_ar" if all(p.values.get("speedup_vs_ar") is not None for p in ps) else "tok_s"
+        scored = [p for p in ps if p.values.get(metric) is not None]
+        if scored:
+            best[key] = max(scored, key=lambda p: p.values[metric])
+    return best
+
+
+def _numbers(p: Point) -> str:
+    sp, tau, tok = p.values.get("speedup_vs_ar"), p.values.get("tau_mean"), p.values.get("tok_s")
+    return ", ".join(x for x in (f"{sp:.2f}\u00d7 vs AR" if sp is not None else None,
+                                 f"\u03c4 {tau:.2f}" if tau is not None else None,
+                                 f"{tok:,.1f} tok/s" if tok is not None else None) if x)
+
+
+def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
+    """One line per load level: which configuration was fastest (AR included), with its numbers."""
+    best, best_spec = _best_by_load(data), _best_by_load(data, include_ar=False)
+    if len(data.ok_points) < 2 or not best:
+        return Html("")
+    items = []
+    for key, p in sorted(best.items(), key=lambda kv: kv[1].sort_key()):
+        suite, temp, load = key
+        head = f"{suite}, {load}" + (f", T={temp:g}" if temp else "") + ": fastest is "
+        line = [head, el("a", p.config_label, href=f"#{anchors[id(p)]}"), f" ({_numbers(p)})"]
+        alt = best_spec.get(key)
+        if p.method == "ar" and alt is not None:
+            line += ["; no speculative configuration beat AR here \u2014 the best was ",
+                     el("a", alt.config_label, href=f"#{anchors[id(alt)]}"), f" ({_numbers(alt)})"]
+        items.append(el("li", *line))
+    note = el("p", "Measured on these inputs only; check the curves below for how sharp the optimum is.", class_="muted")
+    return el("section", el("h2", "Takeaways"), el("ul", *items), note, id="takeaways")
+
+
+# (header, tooltip, cell, css class, kept even when every row has the same value)
+_HEADLINE_COLUMNS: tuple[tuple[str, str | None, Any, str | None, bool], ...] = (
+    ("point", "run directory / grid point", lambda p, v: el("code", p.id), "id", True),
+    ("suite", None, lambda p, v: p.suite, None, False),
+    ("method", None, lambda p, v: p.method, None, True),
+    ("B", "DDTree tree budget (nodes)", lambda p, v: fmt(p.budget), "num", True),
+    ("load", "concurrency c or request rate", lambda p, v: p.load_label, None, False),
+    ("T", "temperature", lambda p, v: f"{p.temperature:g}", "num", False),
+    ("status", None, lambda p, v: p.status, None, False),
+    ("\u03c4", "acceptance length: mean over requests of each request's mean, bonus included",
+     lambda p, v: fmt(v.get("tau_mean")), "num", True),
+    ("\u03c4 tok-wtd", "acceptance length pooled over all rounds", lambda p, v: fmt(v.get("tau_token_weighted")), "num", True),
+    ("tok/s", "output throughput", lambda p, v: fmt(v.get("tok_s"), 1), "num", True),
+    ("speedup", "vs AR at the same settings, paired per prompt", lambda p, v: fmt(v.get("speedup_vs_ar"), 2, "\u00d7"), "num", True),
+    ("TTFT p50 / p99 ms", None, lambda p, v: f"{fmt(v.get('ttft_ms_p50'), 1)} / {fmt(v.get('ttft_ms_p99'), 1)}", "num", True),
+    ("TPOT p50 / p99 ms", None, lambda p, v: f"{fmt(v.get('tpot_ms_p50'), 2)} / {fmt(v.get('tpot_ms_p99'), 2)}", "num", True),
+    ("requests (errors)", None, lambda p, v: f"{int(v['num_requests'])} ({int(v.get('num_errors') or 0)})"
+     if v.get("num_requests") is not None else "\u2014", "num", True),
+    ("note", None, lambda p, v: _clip(p.error, MAX_CELL), "err", False),
+)
+
+
+def section_headline(data: ReportData, anchors: dict[int, str]) -> Html:
+    """One row per point; columns whose value is the same on every row (e.g. one suite) are left to the metadata."""
+    best = {id(p) for p in _best_by_load(data).values()}
+    cells = [[(col, col[2](p, p.values)) for col in _HEADLINE_COLUMNS] for p in data.points]
+    keep = [i for i, col in enumerate(_HEADLINE_COLUMNS)
+            if col[4] or len({str(r[i][1]) for r in cells}) > 1 or (col[0] == "note" and any(p.error for p in data.points))]
+    head = el("tr", *[el("th", _HEADLINE_COLUMNS[i][0], title=_HEADLINE_COLUMNS[i][1]) for i in keep])
+    rows = []
+    for p, row in zip(data.points, cells):
+        cls = " ".join(c for c in ("failed" if not p.ok else None, "best" if id(p) in best else None) if c) or None
+        tds = []
+        for i in keep:
+            col, value = row[i]
+            tds.append(el("td", value, class_=col[3], title=p.error if col[0] == "note" else None))
+        rows.append(el("tr", *tds, id=anchors[id(p)], class_=cls))
+    legend = el("p", "One row per run or grid point. \u03c4 counts the bonus token; the speedup is against the AR point "
+                     "at the same settings (blank when there is none). Bold rows: the fastest configuration per load "
+                     "level. Failed points are listed with their error and left out of the plots. Settings shared by "
+                     "every row are in the metadata above.", class_="muted")
+    return el("section", el("h2", "Headline numbers"), legend,
+              el("div", el("table", el("thead", head), el("tbody", *rows), class_="grid"), class_="table-wrap"), id="headline")
+
+
+def section_plots(figures: list[Figure], data: ReportData) -> Html:
+    if not figures:
+        return el("section", el("h2", "Plots"), el("p", "No plottable data (no successful runs).", class_="muted"), id="plots")
+    items = [el("figure",
+                Html(f'<img src="{esc(f.data_uri)}" alt="{esc(f.alt)}">'),
+                el("figcaption", el("strong", f.title + ". "), f.caption),
+                id=f.id) for f in figures]
+    hint = "" if len(data.points) > 1 else ("A single run: the curves against budget and load appear when the report "
+                                            "covers several runs or a sweep.")
+    return el("section", el("h2", "Plots"), el("p", hint, class_="muted") if hint else "", *items, id="plots")
+
+
+# ---------------------------------------------------------------------------- correctness
+
+_BASE_KEYS = ("baseline", "baseline_text", "baseline_ids", "baseline_tokens", "expected")
+_OUT_KEYS = ("run", "output", "output_text", "output_ids", "output_tokens", "actual", "got")
+_PREFIX_KEYS = ("before", "prefix", "common", "prefix_text", "prefix_ids", "prefix_tokens")
+_TOP_STATS = ("prompts", "exact_match_rate", "num_prompts", "num_confident_divergences", "num_near_ties")
+
+
+def _common_len(a: Any, b: Any) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _show_piece(t: Any) -> str:
+    return str(t).replace("\n", "\u23ce")
+
+
+def _side(value: Any, common: int, tag: str) -> Html:
+    """One side of a token diff: the shared part plain, the rest in <del>/<ins>."""
+    if isinstance(value, list):
+        toks = [el("span", _show_piece(t), class_="tok") for t in value]
+        return Html(join(toks[:common]) + (el(tag, *toks[common:]) if toks[common:] else ""))
+    s = "" if value is None else str(value)
+    return Html(esc(s[:common]) + (el(tag, s[common:]) if s[common:] else ""))
+
+
+def render_context(ctx: Any) -> Html:
+    """A divergence's context as a token diff when it is an object with a baseline side and a run side
+    (compare's `context_ids`: before / baseline / run), else as text (compare's `context` string)."""
+    if ctx is None:
+        return Html("")
+    if isinstance(ctx, str):
+        return el("pre", ctx, class_="ctx")
+    if isinstance(ctx, dict):
+        bk = next((k for k in _BASE_KEYS if k in ctx), None)
+        ok = next((k for k in _OUT_KEYS if k in ctx), None)
+        if bk and ok:
+            pk = next((k for k in _PREFIX_KEYS if k in ctx), None)
+            base, out = ctx[bk], ctx[ok]
+            common = _common_len(base, out) if isinstance(base, (list, str)) and type(base) is type(out) else 0
+            prefix = _side(ctx[pk], len(ctx[pk]) if ctx[pk] is not None else 0, "span") if pk else Html("")
+            rest = {k: v for k, v in ctx.items() if k not in (bk, ok, pk)}
+            extra = el("div", join([f"{k} {v}" for k, v in rest.items()], " \u00b7 "), class_="muted small") if rest else ""
+            return el("div",
+                      el("div", el("span", "baseline", class_="lbl"), el("code", prefix, _side(base, common, "del"))),
+                      el("div", el("span", "run", class_="lbl"), el("code", prefix, _side(out, common, "ins"))),
+                      extra, class_="diff")
+    return el("pre", json.dumps(ctx, ensure_ascii=False, indent=1), class_="ctx")
+
+
+def _kind(x: dict[str, Any]) -> str:
+    return str(x.get("kind") or ("match" if x.get("match") else "divergence"))
+
+
+def _compare_block(c: CompareResult, ids: Ids) -> Html:
+    d = c.data
+    prompts = [x for x in d.get("prompts", []) if isinstance(x, dict)]
+    rate = d.get("exact_match_rate")
+    rate_s = f"{100 * rate:.1f}%" if isinstance(rate, (int, float)) else "\u2014"
+    conf = d.get("num_confident_divergences")
+    stats = el("dl", class_="stats", *[
+        Html(el("dt", k) + el("dd", v, class_=cls)) for k, v, cls in (
+            ("exact match", rate_s, None),
+            ("prompts", fmt(d.get("num_prompts", len(prompts))), None),
+            ("confident divergences", fmt(conf), "good" if conf == 0 else ("bad" if conf else None)),
+            ("near ties", fmt(d.get("num_near_ties")), None),
+        )])
+    notes = []
+    if d.get("token_comparable") is False:
+        notes.append(el("p", "Not token-comparable: ", d.get("not_comparable_reason") or "(no reason given)", class_="warn"))
+    warnings = d.get("warnings")
+    if isinstance(warnings, list) and warnings:
+        notes.append(el("ul", *[el("li", w) for w in warnings], class_="warn"))
+    others = {k: v for k, v in d.items() if k not in _TOP_STATS and isinstance(v, (str, int, float, bool))
+              and k not in ("kind", "version", "token_comparable", "not_comparable_reason")}
+    if others:
+        notes.append(el("p", join([f"{k}: {v}" for k, v in others.items()], " \u00b7 "), class_="muted small"))
+    rows = []
+    for x in prompts:
+        kind = _kind(x)
+        if kind == "match":
+            continue
+        text = c.output_text(x.get("prompt_id"), x.get("turn"))
+        full = el("details", el("summary", "full output"), el("pre", _clip(text, MAX_TEXT), class_="ctx")) if text else ""
+        why = " \u2014 ".join(str(v) for v in (x.get("reason"), x.get("explanation")) if v)
+        gap = x.get("gap")
+        ctx_ids, ctx = x.get("context_ids"), x.get("context")
+        rows.append(el(
+            "tr",
+            el("td", el("code", x.get("prompt_id")), f" / {x.get('turn', 0)}"),
+            el("td", el("span", kind.replace("_", " "), class_=f"badge {re.sub(r'[^a-z_]', '', kind)}"),
+               el("div", why, class_="muted small") if why else ""),
+            el("td", fmt(x.get("first_divergence")), class_="num"),
+            el("td", fmt(float(gap), 3) if isinstance(gap, (int, float)) else fmt(gap), class_="num"),
+            el("td", f"{fmt(x.get('baseline_len'))} / {fmt(x.get('output_len'))}", class_="num"),
+            el("td", render_context(ctx_ids) if isinstance(ctx_ids, dict) else "", render_context(ctx), full),
+            id=ids.make("div", f"{c.label}-{x.get('prompt_id')}-{x.get('turn', 0)}"),
+        ))
+    n_match = sum(1 for x in prompts if _kind(x) == "match")
+    table = el("div", el("table", el("thead", el("tr", *[el("th", h) for h in (
+        "prompt / turn", "kind", "first divergence (token)", "logit gap", "length baseline / run", "token diff")])),
+        el("tbody", *rows), class_="grid diffs"), class_="table-wrap") if rows else ""
+    summary = el("p", f"{n_match} of {len(prompts)} prompt turns match the baseline token for token" +
+                 (". Differences:" if rows else "."))
+    return el("div", el("h3", c.label), el("p", el("code", c.source), class_="muted small"), stats, *notes, summary, table,
+              class_="compare", id=ids.make("cmp", c.label))
+
+
+def section_correctness(data: ReportData, ids: Ids) -> Html:
+    intro = el("p", "Greedy outputs against the baseline, from ", el("code", "ddtree-bench compare --json"),
+               ". A near tie is a divergence where the baseline's top-1 and top-2 logits were closer than the "
+               "near-tie gap (numerics can flip it); a confident divergence is a correctness bug until shown "
+               "otherwise. The token diff shows the tokens before the divergence plain, the baseline's continuation "
+               "struck out and the run's underlined (token ids when compare recorded them, then the text).", class_="muted")
+    if not data.compares:
+        body = el("p", "No compare results in these inputs. Run ", el("code", "ddtree-bench compare RUN --baseline FILE --json > compare.json"),
+                  " and pass ", el("code", "--compare compare.json"), ", or leave compare.json in the run directory.")
+        return el("section", el("h2", "Correctness"), body, id="correctness")
+    return el("section", el("h2", "Correctness"), intro, *[_compare_block(c, ids) for c in data.compares], id="correctness")
+
+
+def section_requests(p: Point) -> Html:
+    recs = p.records or []
+    if not recs:
+        return Html("")
+    rows = []
+    for r in recs[:MAX_REQUEST_ROWS]:
+        tau = metrics.request_tau(r.accept_lengths)
+        out = el("details", el("summary", _clip(r.output_text.replace("\n", " "), 60) or "(empty)"),
+                 el("pre", _clip(r.output_text, MAX_TEXT), class_="ctx")) if r.output_text else "\u2014"
+        rows.append(el(
+            "tr", el("td", el("code", r.prompt_id)), el("td", r.turn, class_="num"), el("td", r.finish_reason or "\u2014"),
+            el("td", fmt(r.num_prompt_tokens), class_="num"), el("td", fmt(r.num_output_tokens), class_="num"),
+            el("td", fmt(len(r.accept_lengths) if r.accept_lengths else None), class_="num"),
+            el("td", fmt(tau), class_="num"), el("td", fmt(metrics.ttft_ms(r), 1), class_="num"),
+            el("td", fmt(metrics.e2e_ms(r), 1), class_="num"), el("td", out, class_="out"),
+            el("td", _clip(r.error, MAX_CELL), class_="err", title=r.error), class_="failed" if r.error else None))
+    more = el("p", f"Showing the first {MAX_REQUEST_ROWS} of {len(recs)} requests.", class_="muted") if len(recs) > MAX_REQUEST_ROWS else ""
+    head = el("tr", *[el("th", h) for h in ("prompt", "turn", "finish", "prompt tok", "output tok", "rounds", "\u03c4",
+                                             "TTFT ms", "E2E ms", "output", "error")])
+    return el("section", el("h2", "Requests"), more,
+              el("div", el("table", el("thead", head), el("tbody", *rows), class_="grid requests"), class_="table-wrap"), id="requests")
+
+
+def _sources_line(data: ReportData) -> str:
+    runs = sum(1 for s in data.sources if s.kind == "run")
+    sweeps = [s for s in data.sources if s.kind == "sweep"]
+    parts = []
+    if sweeps:
+        parts.append(f"{len(sweeps)} sweep{'s' if len(sweeps) > 1 else ''} ({sum(len(s.points) for s in sweeps)} points)")
+    if runs:
+        parts.append(f"{runs} run{'s' if runs > 1 else ''}")
+    return " and ".join(parts)
+
+
+def default_title(data: ReportData) -> str:
+    if len(data.sources) == 1:
+        s: Source = data.sources[0]
+        return f"ddtree-bench {s.kind}: {s.path.name}"
+    return f"ddtree-bench report: {_sources_line(data)}"
+
+
+def render(data: ReportData, figures: list[Figure], title: str | None = None) -> str:
+    """The whole page."""
+    title = title or default_title(data)
+    ids = Ids()
+    for fixed in ("metadata", "takeaways", "headline", "plots", "correctness", "requests", *(f.id for f in figures)):
+        ids.used.add(fixed)
+    anchors = {id(p): ids.make("pt", p.id) for p in data.points}
+    generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    takeaways = section_takeaways(data, anchors)
+    nav_items = [("metadata", "Run metadata")] + ([("takeaways", "Takeaways")] if takeaways else []) + [
+        ("headline", "Headline numbers"), ("plots", "Plots"), ("correctness", "Correctness")]
+    if data.is_single_run and data.points[0].records:
+        nav_items.append(("requests", "Requests"))
+    nav = el("nav", el("ul", *[el("li", el("a", t, href=f"#{a}")) for a, t in nav_items]))
+    body = [
+        el("header", el("h1", title), el("p", f"{_sources_line(data)} \u00b7 generated {generated} by ddtree-bench {__version__}",
+                                           class_="muted")),
+        nav, section_metadata(data), takeaways, section_headline(data, anchors), section_plots(figures, data),
+        section_correctness(data, ids),
+        section_requests(data.points[0]) if data.is_single_run else "",
+        el("footer", el("p", "Inputs: ", join([el("code", s.path) for s in data.sources], ", "),
+                        ". This page is self-contained: no scripts, no fonts or images from the network.", class_="muted")),
+    ]
+    head = Html(
+        '<meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{esc(CSP)}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="generator" content="ddtree-bench">'
+        + el("title", title) + el("style", Html(_css()))
+    )
+    return "<!DOCTYPE html>\n" + el("html", el("head", head), el("body", el("main", *body)), lang="en") + "\n"
