@@ -1,0 +1,293 @@
+"""`ddtree-bench report`: what the page contains, that hostile strings stay text, that nothing refers
+to the network, how sweeps and runs are joined, and the command's exit codes.
+
+Inputs are real run directories made with `ddtree-bench run --model random` (see report_fixtures).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+import report_fixtures as rf
+from ddtree_bench import metrics
+from ddtree_bench.cli import main
+from ddtree_bench.report import render_report
+from ddtree_bench.report import data as rdata
+from ddtree_bench.results import read_records
+
+SWEEP_FIGURES = {"fig-tau-vs-budget", "fig-throughput-vs-budget", "fig-tree-use", "fig-accept-histogram",
+                 "fig-accept-by-depth", "fig-latency-vs-concurrency", "fig-stage-split"}
+RUN_FIGURES = {"fig-accept-histogram", "fig-accept-by-depth", "fig-stage-split"}
+ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "main", "header", "nav", "ul", "li", "a", "section",
+                "h1", "h2", "h3", "p", "div", "table", "thead", "tbody", "tr", "th", "td", "code", "pre", "span", "br",
+                "figure", "img", "figcaption", "strong", "dl", "dt", "dd", "details", "summary", "del", "ins", "footer"}
+
+
+@pytest.fixture(scope="session")
+def fx(tmp_path_factory):
+    return rf.build(tmp_path_factory.getbasetemp() / "report-fixtures")
+
+
+class Page(HTMLParser):
+    """Tags, attributes and text of a page, as a browser's parser sees them."""
+
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+        self._in_style = False
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        self._in_style = tag == "style"
+
+    def handle_endtag(self, tag):
+        self._in_style = False
+
+    def handle_data(self, data):
+        if not self._in_style:
+            self.text.append(data)
+
+    @property
+    def ids(self) -> list[str]:
+        return [a["id"] for _, a in self.tags if a.get("id")]
+
+    def all_text(self) -> str:
+        return "".join(self.text)
+
+
+def figure_ids(page: Page) -> set[str]:
+    return {a["id"] for t, a in page.tags if t == "figure"}
+
+
+# ---------------------------------------------------------------------------- content
+
+
+def test_sweep_report_has_every_plot_with_a_caption(fx):
+    html = render_report([fx.sweep])
+    page = Page(html)
+    assert figure_ids(page) == SWEEP_FIGURES  # no request-rate points, so no latency-vs-rate figure
+    assert html.count("<figcaption>") == len(SWEEP_FIGURES)
+    text = page.all_text()
+    for heading in ("Run metadata", "Headline numbers", "Plots", "Correctness", "Takeaways"):
+        assert heading in text
+    # one headline row per grid point, plus the failed CSV row without a directory
+    rows = [a for t, a in page.tags if t == "tr" and (a.get("id") or "").startswith("pt-")]
+    assert len(rows) == 11
+    assert any("failed" in (a.get("class") or "") for a in rows)
+    assert "ddtree-bench sweep --model random --budgets 4,16,64 --concurrency 1,2" in text
+
+
+def test_single_run_report_shows_its_histogram_depth_curve_and_stage_split_only(fx):
+    page = Page(render_report([fx.run]))
+    assert figure_ids(page) == RUN_FIGURES
+    assert "requests" in page.ids  # per-request table for a single run
+    text = page.all_text()
+    assert "subset rule none" in text and "float32" in text and "ddtree B=16" in text
+
+
+def test_points_with_stage_times_and_no_drafter_still_render(fx, tmp_path):
+    """An AR-only input: no acceptance plots (all rounds are 1), but a stage split and a table."""
+    page = Page(render_report([fx.ar_run]))
+    assert figure_ids(page) == {"fig-stage-split"}
+
+
+# ---------------------------------------------------------------------------- escaping and offline
+
+
+def test_hostile_strings_show_as_text_and_ids_are_sanitised(fx):
+    compare = json.loads(fx.compare.read_text())
+    title = f"{rf.HOSTILE} & title"
+    html = render_report([fx.run, fx.sweep], [compare], title=title)
+    page = Page(html)
+    tags = {t for t, _ in page.tags}
+    assert tags <= ALLOWED_TAGS, tags - ALLOWED_TAGS
+    assert "script" not in tags and "<script" not in html.lower()
+    for tag, attrs in page.tags:
+        assert not any(k.startswith("on") for k in attrs), (tag, attrs)
+    text = page.all_text()
+    assert rf.HOSTILE_ID in text            # a prompt id from the custom suite
+    assert rf.HOSTILE_POINT in text         # a sweep point directory name
+    assert f"server exited before ready: {rf.HOSTILE}" in text  # an error from summary.csv
+    assert " <b>41</b>" in text             # a token of the compare context
+    assert f"baselines/{rf.HOSTILE}.jsonl" in text
+    assert title in text
+    # ids: safe characters, unique, and every in-page link lands on one
+    ids = page.ids
+    assert all(re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", i) for i in ids), [i for i in ids if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", i)]
+    assert len(ids) == len(set(ids))
+    hrefs = [a["href"] for t, a in page.tags if t == "a"]
+    assert hrefs and all(h.startswith("#") and h[1:] in ids for h in hrefs)
+
+
+def test_page_refers_to_no_network_resource(fx):
+    html = render_report([fx.sweep, fx.run], [json.loads(fx.compare.read_text())])
+    assert "http://" not in html and "https://" not in html
+    page = Page(html)
+    assert not any(t in ("link", "script", "iframe", "object", "embed", "base") for t, _ in page.tags)
+    assert "url(" not in html and "@import" not in html
+    csp = next(a["content"] for t, a in page.tags if t == "meta" and a.get("http-equiv") == "Content-Security-Policy")
+    assert "default-src 'none'" in csp
+    srcs = [a["src"] for t, a in page.tags if "src" in a]
+    assert srcs and all(s.startswith("data:image/svg+xml;base64,") for s in srcs)
+    for s in srcs:
+        svg = base64.b64decode(s.split(",", 1)[1]).decode("utf-8")
+        root = ET.fromstring(svg)  # a well-formed image
+        assert root.tag.endswith("svg")
+        # the only URLs left are the XML namespace names, which are identifiers and never fetched
+        assert set(re.findall(r"https?://[^\s\"']+", svg)) <= {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}
+        assert not re.search(r"(?:xlink:)?href=\"(?!#)", svg)
+
+
+# ---------------------------------------------------------------------------- data joins
+
+
+def test_speedup_of_separate_runs_comes_from_their_ar_partner(fx):
+    pts = fx.sweep / "points"
+    loaded = rdata.load([pts / "ar-c1", pts / "ddtree-b16-c1", pts / "dflash-c2"])
+    by = {p.id: p for p in loaded.points}
+    want = metrics.speedup_vs_ar(read_records(pts / "ddtree-b16-c1"), read_records(pts / "ar-c1"))
+    assert by["ddtree-b16-c1"].values["speedup_vs_ar"] == pytest.approx(want)
+    assert by["ar-c1"].values["speedup_vs_ar"] == 1.0
+    assert by["dflash-c2"].values["speedup_vs_ar"] is None  # its AR point (c=2) is not among the inputs
+
+
+def test_sweep_rows_join_points_by_settings_or_by_point_id(fx, tmp_path):
+    loaded = rdata.load([fx.sweep])
+    dirs = [p for p in loaded.points if p.path is not None]
+    assert len(dirs) == 10 and all(p.csv_row is not None for p in dirs)
+    for p in dirs:  # each row landed on the directory with the same settings
+        assert p.csv_row["method"] == p.method and p.csv_row["concurrency"] == p.concurrency
+        if p.method == "ddtree":
+            assert p.csv_row["budget"] == p.budget
+    # with a point_id column the join follows it, whatever the row order and values
+    copy = tmp_path / "sweep"
+    shutil.copytree(fx.sweep, copy)
+    with open(copy / "summary.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    ids = sorted(d.name for d in (copy / "points").iterdir())
+    rows = rows[: len(ids)]
+    for i, (row, pid) in enumerate(zip(reversed(rows), ids)):
+        row["point_id"], row["speedup_vs_ar"] = pid, str(10.0 + i)
+    with open(copy / "summary.csv", "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[*rf.CSV_COLUMNS, "point_id"])
+        w.writeheader()
+        w.writerows(reversed(rows))
+    by = {p.id: p for p in rdata.load([copy]).points}
+    assert [by[pid].values["speedup_vs_ar"] for pid in ids] == [10.0 + i for i in range(len(ids))]
+
+
+def test_compare_results_render_as_a_token_diff(fx):
+    """compare.json beside a run is picked up; its divergence shows the ids before it plain, then the
+    baseline's struck out and the run's underlined, with the context text and the run's own output."""
+    loaded = rdata.load([fx.run])
+    assert [c.label for c in loaded.compares] == ["hostile-ddtree/compare.json"]
+    html = render_report([fx.run], [json.loads(fx.compare.read_text())])
+    text = Page(html).all_text()
+    assert "50.0%" in text and "1 of 2 prompt turns match" in text and "1 of 3 prompt turns match" in text
+    assert f"a warning with {rf.HOSTILE}" in text
+    assert "full output" in text  # the run's own output text beside the diff
+    row = html[html.index('id="div-hostile-ddtree-compare-json-p1'):]
+    row = row[: row.index("</tr>")]
+    assert re.search(r'<span class="tok">97</span><span class="tok">98</span><del><span class="tok">60</span>', row)
+    assert '<ins><span class="tok">120</span>' in row
+    assert "position 5" in Page(row).all_text()
+    # the other shape: token pieces with a shared part computed from both sides
+    other = html[html.index('id="div-compare-1-smoke-0-0"'):]
+    other = other[: other.index("</tr>")]
+    assert re.search(r'<span class="tok"> is</span><del><span class="tok"> 42</span>', other)
+    assert re.search(r'<span class="tok"> is</span><ins><span class="tok"> &lt;b&gt;41&lt;/b&gt;</span>', other)
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def _cli(args: list[str], capsys) -> tuple[int, str]:
+    try:
+        main(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+def test_cli_writes_the_report_atomically(fx, tmp_path, capsys):
+    out = tmp_path / "reports" / "r.html"
+    code, err = _cli(["report", str(fx.sweep), str(fx.run), "--out", str(out), "--compare", str(fx.compare),
+                      "--title", "T"], capsys)
+    assert code == 0, err
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["r.html"]  # no temporary file left
+    assert "compare-extra.json" in Page(out.read_text(encoding="utf-8")).all_text()
+
+
+def _corrupt(kind: str, fx, tmp: Path) -> list[str]:
+    """Arguments (inputs and flags) that are bad in one way."""
+    run = tmp / "run"
+    if kind in ("summary", "records", "records-shape", "run-json", "csv"):
+        shutil.copytree(fx.sweep if kind == "csv" else fx.run, run)
+    if kind == "missing":
+        return [str(tmp / "nope")]
+    if kind == "not-results":
+        (tmp / "empty").mkdir()
+        return [str(tmp / "empty")]
+    if kind == "a-file":
+        (tmp / "f.txt").write_text("x")
+        return [str(tmp / "f.txt")]
+    if kind == "summary":
+        (run / "summary.json").write_text("{not json")
+    if kind == "records":
+        with open(run / "records.jsonl", "a") as f:
+            f.write("{broken\n")
+    if kind == "records-shape":
+        with open(run / "records.jsonl", "a") as f:
+            f.write("[1, 2]\n")
+    if kind == "run-json":
+        (run / "run.json").write_text("[]")
+    if kind == "csv":
+        with open(run / "summary.csv", "a") as f:
+            f.write("inprocess,random,ddtree,16,extra,columns,,,,,,,,,,,,,,,,,,,,,,\n")
+    if kind in ("compare-bad-json", "compare-shape", "compare-missing"):
+        path = tmp / "c.json"
+        if kind != "compare-missing":
+            path.write_text("{" if kind == "compare-bad-json" else json.dumps({"exact_match_rate": 1.0}))
+        return [str(fx.run), "--compare", str(path)]
+    return [str(run)]
+
+
+@pytest.mark.parametrize("kind", ["missing", "not-results", "a-file", "summary", "records", "records-shape", "run-json",
+                                  "csv", "compare-bad-json", "compare-shape", "compare-missing"])
+def test_cli_bad_input_exits_2_and_writes_nothing(kind, fx, tmp_path, capsys):
+    out = tmp_path / "out" / "r.html"
+    args = _corrupt(kind, fx, tmp_path)
+    code, err = _cli(["report", *args, "--out", str(out)], capsys)
+    assert code == 2, err
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_bad_input_keeps_an_existing_report(fx, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    out.write_text("previous report")
+    code, _ = _cli(["report", str(tmp_path / "nope"), "--out", str(out)], capsys)
+    assert code == 2 and out.read_text() == "previous report"
+    code, _ = _cli(["report", str(fx.run), "--out", str(tmp_path)], capsys)  # --out is a directory
+    assert code == 2
+
+
+def test_cli_help_does_not_import_matplotlib():
+    code = ("import sys; from ddtree_bench.cli import app; import ddtree_bench.cli.report; "
+            "assert 'matplotlib' not in sys.modules and 'torch' not in sys.modules, 'heavy import'")
+    subprocess.run([sys.executable, "-c", code], check=True)
