@@ -68,6 +68,14 @@ class Rotary(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(rope, head_dim), persistent=False)
 
+    def _apply(self, fn, *args, **kwargs):
+        # Keep inv_freq in fp32 through module.to(bfloat16/float16), as HF's from_pretrained does:
+        # rounded to bf16 it shifts the angle at distance d by up to d * 2^-9 * freq radians.
+        inv = self.inv_freq
+        super()._apply(fn, *args, **kwargs)
+        self.inv_freq = inv.to(device=self.inv_freq.device, dtype=torch.float32)
+        return self
+
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
