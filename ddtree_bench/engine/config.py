@@ -64,16 +64,39 @@ class DraftConfig:
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
-def _req(cfg: dict[str, Any], key: str, where: str) -> Any:
-    if key not in cfg or cfg[key] is None:
-        raise UsageError(f"{where}: config.json has no {key!r}")
-    return cfg[key]
+def _int(cfg: dict[str, Any], key: str, where: str, default: int | None = None, minimum: int = 1) -> int:
+    """An integer field (required when default is None), checked to be an integer >= minimum."""
+    v = cfg.get(key)
+    if v is None:
+        if default is None:
+            raise UsageError(f"{where}: config.json has no {key!r}")
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < minimum:
+        raise UsageError(f"{where}: config.json {key} must be an integer >= {minimum}, got {v!r}")
+    return int(v)
+
+
+def _float(cfg: dict[str, Any], key: str, where: str, default: float) -> float:
+    v = cfg.get(key)
+    v = default if v is None else v
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise UsageError(f"{where}: config.json {key} must be a positive number, got {v!r}")
+    return float(v)
 
 
 def parse_rope(cfg: dict[str, Any]) -> RopeConfig:
     """Read RoPE settings from either spelling: transformers<5 (`rope_theta`, `rope_scaling`) or 5.x (`rope_parameters`)."""
     params = cfg.get("rope_parameters") or {}
     scaling = cfg.get("rope_scaling") or {}
+    if not isinstance(params, dict) or not isinstance(scaling, dict):
+        raise UsageError(f"RoPE settings must be objects, got rope_parameters={params!r}, rope_scaling={scaling!r}")
+    try:
+        return _parse_rope(cfg, params, scaling)
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"RoPE settings {scaling or params!r} are malformed ({type(e).__name__}: {e})") from None
+
+
+def _parse_rope(cfg: dict[str, Any], params: dict[str, Any], scaling: dict[str, Any]) -> RopeConfig:
     if isinstance(params, dict) and "rope_type" in params and params.get("rope_type") != "default":
         scaling = params
     theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
@@ -107,25 +130,25 @@ def parse_target_config(cfg: dict[str, Any], where: str = "target") -> TargetCon
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise UsageError(f"{where}: hidden_act {act!r} is not supported (silu only)")
-    hidden = int(_req(cfg, "hidden_size", where))
-    heads = int(_req(cfg, "num_attention_heads", where))
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    hidden = _int(cfg, "hidden_size", where)
+    heads = _int(cfg, "num_attention_heads", where)
+    head_dim = _int(cfg, "head_dim", where, default=hidden // heads)
     return TargetConfig(
         model_type=model_type,
-        vocab_size=int(_req(cfg, "vocab_size", where)),
+        vocab_size=_int(cfg, "vocab_size", where),
         hidden_size=hidden,
-        intermediate_size=int(_req(cfg, "intermediate_size", where)),
-        num_hidden_layers=int(_req(cfg, "num_hidden_layers", where)),
+        intermediate_size=_int(cfg, "intermediate_size", where),
+        num_hidden_layers=_int(cfg, "num_hidden_layers", where),
         num_attention_heads=heads,
-        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+        num_key_value_heads=_int(cfg, "num_key_value_heads", where, default=heads),
         head_dim=head_dim,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=_float(cfg, "rms_norm_eps", where, 1e-6),
         rope=parse_rope(cfg),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qk_norm=model_type == "qwen3",
         attention_bias=bool(cfg.get("attention_bias", False)),
         mlp_bias=bool(cfg.get("mlp_bias", False)),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+        max_position_embeddings=_int(cfg, "max_position_embeddings", where, default=32768),
     )
 
 
@@ -146,20 +169,22 @@ def parse_draft_config(cfg: dict[str, Any], target: TargetConfig, where: str = "
     block_size = cfg.get("block_size", dflash.get("block_size"))
     if block_size is None:
         raise UsageError(f"{where}: no block_size (top level or dflash_config.block_size)")
-    block_size = int(block_size)
+    block_size = _int({"block_size": block_size}, "block_size", where, minimum=-2**31)
     if block_size < 2:
         raise UsageError(f"{where}: block_size must be >= 2, got {block_size}")
     mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
     if mask is None:
         raise UsageError(f"{where}: no dflash_config.mask_token_id")
-    mask = int(mask)
+    mask = _int({"mask_token_id": mask}, "mask_token_id", where, minimum=-2**31)
     if not 0 <= mask < target.vocab_size:
         raise UsageError(f"{where}: mask_token_id {mask} is outside the target vocabulary (size {target.vocab_size})")
-    n_layers = int(_req(cfg, "num_hidden_layers", where))
+    n_layers = _int(cfg, "num_hidden_layers", where)
     layer_ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
     if layer_ids is None:
-        n_target = int(cfg.get("num_target_layers") or target.num_hidden_layers)
+        n_target = _int(cfg, "num_target_layers", where, default=target.num_hidden_layers)
         layer_ids = default_target_layer_ids(n_target, n_layers)
+    if not isinstance(layer_ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layer_ids):
+        raise UsageError(f"{where}: target_layer_ids must be a list of integers, got {layer_ids!r}")
     layer_ids = tuple(int(i) for i in layer_ids)
     if not layer_ids:
         raise UsageError(f"{where}: target_layer_ids is empty")
@@ -169,10 +194,10 @@ def parse_draft_config(cfg: dict[str, Any], target: TargetConfig, where: str = "
             f"{where}: target_layer_ids {list(layer_ids)} has {bad} outside the target's "
             f"{target.num_hidden_layers} layers (0-based)"
         )
-    hidden = int(_req(cfg, "hidden_size", where))
+    hidden = _int(cfg, "hidden_size", where)
     if hidden != target.hidden_size:
         raise UsageError(f"{where}: hidden_size {hidden} differs from the target's {target.hidden_size}")
-    heads = int(_req(cfg, "num_attention_heads", where))
+    heads = _int(cfg, "num_attention_heads", where)
     types = cfg.get("layer_types") or ["full_attention"] * n_layers
     if len(types) != n_layers:
         raise UsageError(f"{where}: layer_types has {len(types)} entries for {n_layers} layers")
@@ -183,15 +208,15 @@ def parse_draft_config(cfg: dict[str, Any], target: TargetConfig, where: str = "
         if sliding and not window:
             raise UsageError(f"{where}: layer_types has sliding_attention but sliding_window is not set")
         causal.append(bool(cfg["is_causal"]) if "is_causal" in cfg else sliding)
-        windows.append(int(window) if sliding else None)
+        windows.append(_int(cfg, "sliding_window", where) if sliding else None)
     return DraftConfig(
         hidden_size=hidden,
-        intermediate_size=int(_req(cfg, "intermediate_size", where)),
+        intermediate_size=_int(cfg, "intermediate_size", where),
         num_hidden_layers=n_layers,
         num_attention_heads=heads,
-        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        num_key_value_heads=_int(cfg, "num_key_value_heads", where, default=heads),
+        head_dim=_int(cfg, "head_dim", where, default=hidden // heads),
+        rms_norm_eps=_float(cfg, "rms_norm_eps", where, 1e-6),
         rope=parse_rope(cfg),
         block_size=block_size,
         mask_token_id=mask,
