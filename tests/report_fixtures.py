@@ -37,15 +37,18 @@ class Fixtures:
     run: Path            # the hostile-suite DDTree run (has compare.json)
     ar_run: Path         # an AR run over the smoke suite (no compare.json)
     compare: Path        # a standalone compare --json document
+    rate_runs: list[Path]  # DDTree B=16 at two open-loop request rates
 
 
 _cache: dict[str, Fixtures] = {}
 
 
-def run(out: Path, method: str, budget: int = 16, concurrency: int = 1, suite: str = "smoke", limit: int = 2) -> Path:
+def run(out: Path, method: str, budget: int = 16, concurrency: int = 1, suite: str = "smoke", limit: int = 2,
+        request_rate: float | None = None) -> Path:
+    rate = ["--request-rate", str(request_rate)] if request_rate is not None else []
     main(["run", "--model", "random", "--suite", suite, "--max-new-tokens", "24", "--limit", str(limit),
           "--method", method, "--budget", str(budget), "--concurrency", str(concurrency), "--warmup", "0",
-          "--out", str(out), "-q"])
+          *rate, "--out", str(out), "-q"])
     return out
 
 
@@ -156,4 +159,5 @@ def _build(root: Path) -> Fixtures:
     cmp_path = root / "compare-extra.json"
     text = read_records(hostile)[0].output_text
     cmp_path.write_text(json.dumps(compare_doc("smoke-0", text)), encoding="utf-8")
-    return Fixtures(sweep=build_sweep(root), run=hostile, ar_run=ar_run, compare=cmp_path)
+    rates = [run(root / "runs" / f"rate-{r:g}", "ddtree", 16, request_rate=r) for r in (20.0, 80.0)]
+    return Fixtures(sweep=build_sweep(root), run=hostile, ar_run=ar_run, compare=cmp_path, rate_runs=rates)

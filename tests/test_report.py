@@ -104,6 +104,28 @@ def test_points_with_stage_times_and_no_drafter_still_render(fx, tmp_path):
     assert figure_ids(page) == {"fig-stage-split"}
 
 
+def test_open_loop_runs_get_latency_against_request_rate(fx):
+    page = Page(render_report(fx.rate_runs))
+    assert "fig-latency-vs-rate" in figure_ids(page) and "fig-latency-vs-concurrency" not in figure_ids(page)
+    assert "20 req/s" in page.all_text() and "80 req/s" in page.all_text()
+
+
+def test_a_run_whose_every_request_failed_is_listed_not_plotted(fx, tmp_path):
+    run = tmp_path / "failed-run"
+    shutil.copytree(fx.ar_run, run)
+    (run / "summary.json").unlink()  # what the runner leaves when every request failed
+    recs = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    for r in recs:
+        r["error"] = "http 500: <script>x</script>"
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    page = Page(render_report([run, fx.sweep / "points" / "ar-c1"]))
+    text = page.all_text()
+    assert "2 of 2 requests failed; first: http 500: <script>x</script>" in text
+    failed = [a for t, a in page.tags if t == "tr" and "failed" in (a.get("class") or "")]
+    assert len(failed) == 1
+    assert figure_ids(page) == {"fig-stage-split"}  # drawn from the AR run that worked; the failed one is left out
+
+
 # ---------------------------------------------------------------------------- escaping and offline
 
 

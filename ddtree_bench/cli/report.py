@@ -12,10 +12,10 @@ from ddtree_bench.cli.app import app
 
 @app.command("report")
 def report_cmd(
-    results: Annotated[list[Path], typer.Argument(help="Run directories (run.json + records.jsonl) and/or sweep directories (sweep.json).", show_default=False)],
-    out: Annotated[Path, typer.Option("--out", help="The HTML file to write (written atomically).", show_default=False)],
-    compare: Annotated[Optional[list[Path]], typer.Option("--compare", help="`ddtree-bench compare --json` output to show in the correctness section (repeatable). A compare.json inside a run directory is picked up by itself.")] = None,
-    title: Annotated[Optional[str], typer.Option("--title", help="Page title (default: from the inputs).")] = None,
+    results: Annotated[list[Path], typer.Argument(help="Run directories (run.json + records.jsonl) and/or sweep directories (sweep.json).", show_default=False, metavar="RESULTS_DIR")],
+    out: Annotated[Path, typer.Option("--out", help="The HTML file to write (written atomically).", show_default=False, metavar="FILE.html")],
+    compare: Annotated[Optional[list[Path]], typer.Option("--compare", metavar="FILE.json", help="`ddtree-bench compare --json` output to show in the correctness section (repeatable). A compare.json inside a run directory is picked up by itself.")] = None,
+    title: Annotated[Optional[str], typer.Option("--title", metavar="TEXT", help="Page title (default: from the inputs).")] = None,
 ) -> None:
     """Write an offline HTML report: metadata, headline table, plots (τ, tok/s, speedup vs budget; acceptance histograms; latency vs load; stage split) and correctness."""
     from ddtree_bench.report import write_report
