@@ -22,6 +22,7 @@ from engine_support import RiggedProposer, greedy_reference, hidden_reference, o
 
 BUDGETS = (1, 3, 15, 16, 64, 300)
 CONFIGS = [("dflash", 0)] + [("ddtree", b) for b in BUDGETS]
+RANDOM_CONFIGS = CONFIGS + [("ddtree", 0)]
 MAX_NEW = 57          # the length scenario: cut inside a round
 LONG = 100            # the stop scenario: ends at the stop token
 
@@ -70,14 +71,14 @@ def test_ar_equals_uncached_greedy(world):
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
 def test_random_drafter_lossless(world, fast):
     engine = Engine(world["target"], world["drafter"], fast=fast)
-    for method, budget in CONFIGS:
+    for method, budget in RANDOM_CONFIGS:
         for scenario in ("stop", "length"):
             g = run(engine, world, method, budget, scenario)
             assert g.output_ids == expected(world, scenario), (method, budget, scenario)
             assert g.finish_reason == ("stop" if scenario == "stop" else "length")
             assert all(1 <= a <= 16 for a in g.accept_lengths)
             if method == "ddtree":
-                assert all(len(t.token_ids) == min(budget, 15 * 64) for t in g.trees)
+                assert all(len(t.token_ids) == budget for t in g.trees)
         for n in (1, 2, 17):
             assert engine.generate(world["prompt"], method, budget, max_new_tokens=n).output_ids == world["cont"][:n]
 
@@ -90,8 +91,12 @@ def rounds(g, P):
         start += a
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
-def test_rigged_proposer_lossless_deep_paths_compaction_stop_and_length(world, fast):
+ENGINES = {"fast": dict(fast=True), "slow": dict(fast=False), "default": dict(fast=None),
+           "fastloop": dict(cuda_graphs=True)}  # fastloop: the fixed-shape loop, run without capture on CPU
+
+
+@pytest.mark.parametrize("variant", list(ENGINES))
+def test_rigged_proposer_lossless_deep_paths_compaction_stop_and_length(world, variant):
     P = len(world["prompt"])
     e = P + world["eos_index"]  # absolute position of the stop token
     rounds_a: dict[tuple[str, int], list[int]] = {}
@@ -100,7 +105,7 @@ def test_rigged_proposer_lossless_deep_paths_compaction_stop_and_length(world, f
         for scenario in ("stop", "length"):
             rig = RiggedProposer(world["truth"], 64, world["drafter"].target_layer_ids, seed=3,
                                  exact_positions=range(e - 2, e + 3), ref_hidden=world["ref_hidden"])
-            engine = Engine(world["target"], fast=fast, proposer=rig)
+            engine = Engine(world["target"], proposer=rig, **ENGINES[variant])
             g = run(engine, world, method, budget, scenario)
             assert g.output_ids == expected(world, scenario), (method, budget, scenario)
             assert rig.calls == len(g.accept_lengths) and rig.errors["second"] > 0 and rig.errors["miss"] > 0
@@ -120,7 +125,7 @@ def test_rigged_proposer_lossless_deep_paths_compaction_stop_and_length(world, f
                 before_last = produced - g.accept_lengths[-1]
                 seen["length_inside"] += before_last < MAX_NEW < produced
     taus = {k: sum(v) / len(v) for k, v in rounds_a.items()}  # mean a_r over both scenarios' rounds
-    print(f"\nrigged proposer tau ({'fast' if fast else 'slow'}): "
+    print(f"\nrigged proposer tau ({variant}): "
           + ", ".join(f"{m}{'' if m == 'dflash' else f'-B{b}'}={t:.2f}" for (m, b), t in taus.items()))
     for b in (64, 300):
         assert taus[("ddtree", b)] > 5.0, taus
@@ -131,6 +136,22 @@ def test_rigged_proposer_lossless_deep_paths_compaction_stop_and_length(world, f
     assert seen["deep"] >= 4, seen
     assert seen["eos_inside"] >= 4, seen
     assert seen["length_inside"] >= 4, seen
+
+
+def test_budget_zero_stop_first_and_engine_reuse(world):
+    """Budget 0 verifies the root alone (AR through the tree path); a stop id equal to the very first
+    token ends at once; one engine serving prompts of different lengths in turn (its caches are
+    reused, stale rows beyond the frontier included) gives each prompt's own greedy tokens."""
+    engine = Engine(world["target"], world["drafter"], fast=True)
+    g = engine.generate(world["prompt"], "ddtree", 0, max_new_tokens=20)
+    assert g.output_ids == world["cont"][:20] and set(g.accept_lengths) == {1}
+    for method in ("ar", "dflash", "ddtree"):
+        g = engine.generate(world["prompt"], method, 16, max_new_tokens=20, stop_ids=[world["cont"][0]])
+        assert g.output_ids == world["cont"][:1] and g.finish_reason == "stop"
+    prompts = [world["prompt"] + world["cont"][:40], [5, 6], world["prompt"][:4], world["prompt"] + world["cont"][:40]]
+    want = [greedy_reference(world["target"], p, 12) for p in prompts]
+    for method, budget in (("dflash", 0), ("ddtree", 64), ("ar", 0)):
+        assert [engine.generate(p, method, budget, max_new_tokens=12).output_ids for p in prompts] == want
 
 
 def test_generated_mask_token_is_kept(world):
