@@ -151,7 +151,7 @@ def _suite(p: Point) -> str | None:
         parts.append(f"source {s['source']}")
     parts.append(f"subset rule {s.get('subset_rule') or 'none (all, in file order)'}")
     if s.get("template"):
-        parts.append(f"template {s['template']}")
+        parts.append(f"template {_clip(' '.join(str(s['template']).split()), 90)}")
     if s.get("num_prompts") is not None:
         parts.append(f"{s['num_prompts']} prompts")
     return " \u00b7 ".join(parts)

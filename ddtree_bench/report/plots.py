@@ -282,8 +282,8 @@ def fig_throughput_vs_budget(data: ReportData) -> Figure | None:
             "Left: output tokens per second over the whole run (all requests' output tokens \u00f7 first send to last "
             "completion). Right: speedup over AR at the same settings, from per-request times paired by prompt. One "
             "colour per load level (concurrency c or request rate); dashed: DFlash, dotted: AR. Pick the budget at the "
-            "peak for the load you serve; the peak usually moves to smaller budgets as load grows, because verify "
-            "costs more when the GPU is already busy."),
+            "peak for the load you serve, and compare the peaks across loads: when verify work competes with other "
+            "requests, the best budget can move smaller."),
         _to_uri(fig), "Line charts of output throughput and speedup against tree budget, one line per load level")
 
 
@@ -309,8 +309,10 @@ def fig_accept_histogram(data: ReportData) -> Figure | None:
         axes[j // ncols][j % ncols].set_visible(False)
     for r in range(nrows):
         axes[r][0].set_ylabel("fraction of rounds")
-    for c in range(ncols):
-        axes[nrows - 1][c].set_xlabel("a\u1d63 (tokens / round)")
+    for c in range(ncols):  # the lowest visible panel of each column carries the x axis
+        bottom = axes[(n - 1 - c) // ncols][c]  # ncols <= n, so every column has a panel
+        bottom.xaxis.set_tick_params(labelbottom=True)
+        bottom.set_xlabel("a\u1d63 (tokens / round)")
     more = f" Showing the first {MAX_PANELS} of {len(entries)} configurations." if len(entries) > MAX_PANELS else ""
     return Figure(
         "fig-accept-histogram", "Acceptance-length histogram per method and budget", (
