@@ -175,7 +175,7 @@ def load(path: str | Path) -> Loaded:
 
     For a run: `summary` has one row, `records` one row per request. For a sweep: `summary` is
     summary.csv (one row per point) and `records` concatenates every point's records with a
-    `point_id` column.
+    `point_id` column and the point's grid settings (method, budget, concurrency, ...) and status.
     """
     import pandas as pd
 
@@ -186,11 +186,17 @@ def load(path: str | Path) -> Loaded:
         frames = []
         points = path / "points"
         for pdir in sorted(points.iterdir()) if points.exists() else []:
+            if pdir.name.startswith("."):  # a point being written (RunWriter staging), not a result
+                continue
             if (pdir / "records.jsonl").exists():
                 df = pd.DataFrame([r.__dict__ for r in read_records(pdir)])
                 df.insert(0, "point_id", pdir.name)
                 frames.append(df)
         records = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if len(records) and "point_id" in summary.columns:  # each request row also says which point it belongs to
+            keys = [c for c in ("backend", "model", "method", "budget", "spec_tokens", "concurrency", "request_rate",
+                                "temperature", "suite", "status") if c in summary.columns and c not in records.columns]
+            records = records.merge(summary[["point_id", *keys]], on="point_id", how="left")
         return Loaded(summary, records)
     if not is_run_dir(path):
         raise UsageError(f"{path} is neither a run directory (run.json + records.jsonl) nor a sweep directory (sweep.json)")

@@ -1,0 +1,230 @@
+"""End-to-end sweeps: in-process over `--model random` (one engine load, resume, failed points) and
+standalone over real `ddtree-bench serve` processes, one of which is killed mid-point."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ddtree_bench.cli import main
+from ddtree_bench.records import RequestRecord
+from ddtree_bench.results import load, read_records
+from ddtree_bench.sweep.layout import COLUMNS, SUMMARY_COLUMNS
+
+DESIGN_COLUMNS = ["backend", "model", "method", "budget", "spec_tokens", "concurrency", "request_rate", "temperature",
+                  "suite", "status", "error", "acceptance_length_mean", "acceptance_length_token_weighted",
+                  "output_throughput_tok_s", "speedup_vs_ar", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99"]
+SMOKE_TURNS = {("smoke-0", 0), ("smoke-1", 0), ("smoke-2", 0), ("smoke-2", 1)}
+
+
+def run_cli(argv) -> int:
+    try:
+        main(argv)
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def csv_rows(out: Path) -> list[dict]:
+    with open(out / "summary.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_summary_columns_are_the_design_contract_then_extras():
+    assert list(SUMMARY_COLUMNS) == DESIGN_COLUMNS
+    assert list(COLUMNS[: len(DESIGN_COLUMNS)]) == DESIGN_COLUMNS and len(set(COLUMNS)) == len(COLUMNS)
+
+
+def test_inprocess_sweep_loads_once_resumes_and_loads_into_pandas(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    import ddtree_bench.pair as pair_mod
+
+    loads = []
+    real = pair_mod.load_pair
+    monkeypatch.setattr(pair_mod, "load_pair", lambda *a, **k: loads.append(a) or real(*a, **k))
+    out = tmp_path / "sw"
+    argv = ["sweep", "--models", "random", "--suites", "smoke", "--methods", "dflash,ddtree", "--budgets", "8,32",
+            "--limit", "3", "--max-new-tokens", "6", "--out", str(out), "--no-report", "-q"]
+    assert run_cli(argv) == 0
+    printed = capsys.readouterr().out
+    assert "AR baseline was added" in printed and "speedup" in printed and "[4/4] inprocess ddtree B=32: ok" in printed
+    assert len(loads) == 1 and loads[0][2] == "dflash"  # one engine (with its drafter) for every point
+
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [p["method"] for p in sweep["points"]] == ["ar", "dflash", "ddtree", "ddtree"]
+    assert sweep["grid"]["budgets"] == [8, 32] and sweep["auto_ar"] is True and sweep["complete"] is True
+    with open(out / "summary.csv", newline="") as f:
+        assert next(csv.reader(f)) == list(COLUMNS)
+    rows = csv_rows(out)
+    assert [r["point_id"] for r in rows] == [p["id"] for p in sweep["points"]]
+    assert all(r["status"] == "ok" and r["error"] == "" for r in rows)
+    ar, dflash = rows[0], rows[1]
+    assert float(ar["speedup_vs_ar"]) == 1.0 and float(ar["acceptance_length_mean"]) == 1.0 and ar["budget"] == ""
+    assert float(dflash["speedup_vs_ar"]) > 0 and dflash["spec_tokens"] == "15"  # the random drafter's block is 16
+    for p in sweep["points"]:
+        d = out / "points" / p["id"]
+        assert {"run.json", "records.jsonl", "summary.json", "status.json"} <= {f.name for f in d.iterdir()}
+        assert json.loads((d / "run.json").read_text())["sweep"]["point_id"] == p["id"]
+        assert {(r.prompt_id, r.turn) for r in read_records(d)} == SMOKE_TURNS
+
+    # the notebook API
+    data = load(out)
+    assert len(data.summary) == 4 and list(data.summary.columns[: len(DESIGN_COLUMNS)]) == DESIGN_COLUMNS
+    assert len(data.records) == 16 and set(data.records["point_id"]) == {p["id"] for p in sweep["points"]}
+    assert {"method", "budget"} <= set(data.records.columns)
+
+    # resume with everything finished: nothing runs, nothing is duplicated
+    mtimes = {p.name: (p / "records.jsonl").stat().st_mtime_ns for p in (out / "points").iterdir()}
+    assert run_cli(["sweep", "--resume", str(out), "-q", "--no-report"]) == 0
+    assert {p.name: (p / "records.jsonl").stat().st_mtime_ns for p in (out / "points").iterdir()} == mtimes
+    assert [r["point_id"] for r in csv_rows(out)] == [p["id"] for p in sweep["points"]]
+    # a point without summary.json (crashed mid-way) runs again, alone
+    victim = sweep["points"][2]["id"]
+    (out / "points" / victim / "summary.json").unlink()
+    assert run_cli(["sweep", "--resume", str(out), "-q", "--no-report"]) == 0
+    assert len(loads) == 2  # loaded again for the one point that ran
+    changed = [n for n, m in mtimes.items() if (out / "points" / n / "records.jsonl").stat().st_mtime_ns != m]
+    assert changed == [victim]
+    assert len(csv_rows(out)) == 4 and len(load(out).records) == 16
+
+
+def test_a_failed_point_exits_1_and_resume_completes_it(tmp_path, monkeypatch, capsys):
+    from ddtree_bench.backends.inprocess import InProcessBackend
+
+    real = InProcessBackend.generate_sync
+
+    def broken(self, req):
+        if self.method == "ddtree":
+            return RequestRecord(prompt_id=req.prompt_id, turn=req.turn, error="engine: RuntimeError: injected")
+        return real(self, req)
+
+    monkeypatch.setattr(InProcessBackend, "generate_sync", broken)
+    out = tmp_path / "sw"
+    argv = ["sweep", "--models", "random", "--suites", "smoke", "--methods", "ddtree", "--budgets", "16",
+            "--limit", "1", "--max-new-tokens", "4", "--out", str(out), "--no-report", "-q"]
+    assert run_cli(argv) == 1
+    err = capsys.readouterr().err
+    assert "1 of 2 points failed" in err and f"--resume {out}" in err
+    rows = csv_rows(out)
+    assert [r["status"] for r in rows] == ["ok", "failed"] and "injected" in rows[1]["error"]
+    assert not (out / "points" / rows[1]["point_id"] / "summary.json").exists()
+    assert json.loads((out / "sweep.json").read_text())["complete"] is False
+
+    monkeypatch.setattr(InProcessBackend, "generate_sync", real)
+    assert run_cli(["sweep", "--resume", str(out), "-q", "--no-report"]) == 0
+    rows = csv_rows(out)
+    assert [r["status"] for r in rows] == ["ok", "ok"] and rows[1]["speedup_vs_ar"] != ""
+
+
+def test_out_dir_that_exists_is_refused(tmp_path, capsys):
+    out = tmp_path / "sw"
+    out.mkdir()
+    (out / "x").write_text("x")
+    assert run_cli(["sweep", "--models", "random", "--suites", "smoke", "--out", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def _kill_when_running(out: Path, point_id: str, killed: list[int]) -> threading.Thread:
+    """Kill the ddtree server's process group once the point has recorded its first request."""
+    from ddtree_bench.sweep.server import _LIVE
+
+    staging = out / "points" / f".{point_id}.partial" / "records.jsonl"
+
+    def watch() -> None:
+        end = time.monotonic() + 240
+        while time.monotonic() < end and not killed:
+            if staging.exists() and staging.read_text().count("\n") >= 1:
+                for srv in list(_LIVE):
+                    if "ddtree" in srv.argv and srv.alive():
+                        killed.append(srv.pid)
+                        os.killpg(srv.pid, signal.SIGKILL)
+                        return
+            time.sleep(0.005)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.slow
+def test_standalone_sweep_survives_a_killed_server_and_resume_completes_it(tmp_path, capsys):
+    from ddtree_bench.sweep.grid import build_grid, expand
+
+    out = tmp_path / "sw"
+    suite = tmp_path / "six.jsonl"  # six requests per point: the kill lands between the first and the last
+    suite.write_text("".join(json.dumps({"id": f"q{i}", "turns": [f"Count from {i} to {i + 9}."]}) + "\n" for i in range(6)))
+    expected = {(f"q{i}", 0) for i in range(6)}
+    flags = {"backends": "standalone", "models": "random", "suites": str(suite), "methods": "ddtree", "budgets": "4",
+             "concurrency": "1,2", "limit": 6, "max_new_tokens": 8}
+    points = expand(build_grid(overrides=flags))
+    assert [(p.method, p.concurrency) for p in points] == [("ar", 1), ("ar", 2), ("ddtree", 1), ("ddtree", 2)]
+    victim = points[2].id
+    killed: list[int] = []
+    watcher = _kill_when_running(out, victim, killed)
+    argv = ["sweep", *[x for k, v in flags.items() for x in (f"--{k.replace('_', '-')}", str(v))],
+            "--out", str(out), "--no-report", "-q"]
+    assert run_cli(argv) == 1
+    watcher.join(timeout=5)
+    assert killed, "the watcher never saw the ddtree point running"
+    rows = {r["point_id"]: r for r in csv_rows(out)}
+    assert len(rows) == 4, rows
+    assert rows[victim]["status"] == "failed", rows[victim]
+    assert any(r.ok for r in read_records(out / "points" / victim))  # killed mid-point, after a request finished and "server exited with code -9 while the point ran" in rows[victim]["error"]
+    assert all(rows[p.id]["status"] == "ok" for p in points if p.id != victim)
+    status = json.loads((out / "points" / victim / "status.json").read_text())
+    assert status["log_tail"] and "ddtree_bench serve" in status["log_tail"]
+    assert (out / "points" / victim / "server.log").stat().st_size > 0
+    # the next point of the same server group ran on a restarted server
+    logs = sorted(p.name for p in (out / "servers").iterdir())
+    assert [n for n in logs if "-ddtree-" in n and n.endswith("-1.log")]
+    ok_ddtree = out / "points" / points[3].id
+    server = json.loads((ok_ddtree / "server.json").read_text())
+    assert server["restarts"] == 1 and server["version"] and "--budget 4" in server["command"]
+    assert json.loads((ok_ddtree / "run.json").read_text())["sweep"]["server"]["command"] == server["command"]
+    counters = json.loads((ok_ddtree / "counters.json").read_text())
+    assert counters["kind"] == "standalone" and counters["crosscheck"]["agree"] is True
+    assert counters["server_counters"]["delta_num_drafts"] > 0  # scoped to the point: deltas, not lifetime totals
+
+    assert run_cli(["sweep", "--resume", str(out), "-q", "--no-report"]) == 0
+    rows = csv_rows(out)
+    assert sorted(r["point_id"] for r in rows) == sorted(p.id for p in points)  # one row per point, no duplicates
+    assert all(r["status"] == "ok" for r in rows)
+    for p in points:  # no lost or duplicated records
+        recs = read_records(out / "points" / p.id)
+        assert sorted((r.prompt_id, r.turn) for r in recs) == sorted(expected) and all(r.ok for r in recs)
+    assert len(load(out).records) == 24
+
+    # no orphans: every server this test started is gone, grandchildren included
+    pids = set(killed)
+    ports = set()
+    for d in (out / "points").iterdir():
+        if (d / "server.json").exists():
+            s = json.loads((d / "server.json").read_text())
+            pids.add(s["pid"])
+            ports.add(s["url"].rsplit(":", 1)[1])
+    assert pids and not [p for p in pids if alive(p)]
+    leftovers = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and alive(int(proc.name)):
+            try:
+                cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"serve" in cmd and any(port.encode() in cmd for port in ports):
+                leftovers.append(int(proc.name))
+    assert not leftovers
