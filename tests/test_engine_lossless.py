@@ -148,10 +148,43 @@ def test_budget_zero_stop_first_and_engine_reuse(world):
     for method in ("ar", "dflash", "ddtree"):
         g = engine.generate(world["prompt"], method, 16, max_new_tokens=20, stop_ids=[world["cont"][0]])
         assert g.output_ids == world["cont"][:1] and g.finish_reason == "stop"
-    prompts = [world["prompt"] + world["cont"][:40], [5, 6], world["prompt"][:4], world["prompt"] + world["cont"][:40]]
+    prompts = [world["prompt"] + world["cont"][:40], [5, 6], [7], world["prompt"][:4], world["prompt"] + world["cont"][:40]]
     want = [greedy_reference(world["target"], p, 12) for p in prompts]
     for method, budget in (("dflash", 0), ("ddtree", 64), ("ar", 0)):
         assert [engine.generate(p, method, budget, max_new_tokens=12).output_ids for p in prompts] == want
+
+
+def test_streamed_chunks_logit_gaps_and_stage_times(world):
+    """What servers and baselines read besides the tokens: on_chunk gets exactly the output stream,
+    one chunk per round; per-token top-1/top-2 logit gaps equal AR's (same rows, same values);
+    every stage is timed."""
+    ar = Engine(world["target"]).generate(world["prompt"], "ar", max_new_tokens=50, return_logit_gaps=True)
+    for method, budget in (("dflash", 0), ("ddtree", 64)):
+        rig = RiggedProposer(world["truth"], 64, world["drafter"].target_layer_ids, seed=3)
+        chunks: list[list[int]] = []
+        g = Engine(world["target"], proposer=rig, fast=True).generate(
+            world["prompt"], method, budget, max_new_tokens=50, on_chunk=chunks.append, return_logit_gaps=True)
+        assert g.output_ids == ar.output_ids
+        assert [t for c in chunks for t in c] == g.output_ids and [len(c) for c in chunks] == g.chunk_tokens
+        # the prefill token, then one chunk per round that emitted anything (like the authors' loop,
+        # a last round may run with the bonus already the max_new_tokens-th token and emit nothing)
+        assert len(g.chunk_times_ns) == len(chunks) and len(chunks) - 1 <= len(g.accept_lengths) <= len(chunks)
+        assert g.chunk_times_ns == sorted(g.chunk_times_ns)
+        assert max(len(c) for c in chunks) > 5
+        assert len(g.logit_gaps) == len(g.output_ids)
+        assert max(abs(a - b) for a, b in zip(g.logit_gaps, ar.logit_gaps)) < 1e-4
+        assert all(g.stage_ns[k] >= 0 for k in ("prefill", "draft", "tree_build", "verify", "commit"))
+        assert g.t_start_ns <= g.t_first_token_ns <= g.t_done_ns
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 8])
+def test_other_block_sizes_are_lossless(world, block_size):
+    target, drafter = random_pair(seed=0, block_size=block_size)
+    engine = Engine(target, drafter)
+    for method, budget in (("dflash", 0), ("ddtree", 1), ("ddtree", 16), ("ddtree", 100)):
+        g = engine.generate(world["prompt"], method, budget, max_new_tokens=30, record_trees=True)
+        assert g.output_ids == world["cont"][:30], (block_size, method, budget)
+        assert all(max(t.depths, default=0) <= block_size - 1 for t in g.trees)
 
 
 def test_generated_mask_token_is_kept(world):
