@@ -84,6 +84,11 @@ def _float(cfg: dict[str, Any], key: str, where: str, default: float) -> float:
     return float(v)
 
 
+def _first(*values: Any) -> Any:
+    """The first value that is not None (a key present but null counts as absent)."""
+    return next((v for v in values if v is not None), None)
+
+
 def parse_rope(cfg: dict[str, Any]) -> RopeConfig:
     """Read RoPE settings from either spelling: transformers<5 (`rope_theta`, `rope_scaling`) or 5.x (`rope_parameters`)."""
     params = cfg.get("rope_parameters") or {}
@@ -166,20 +171,20 @@ def parse_draft_config(cfg: dict[str, Any], target: TargetConfig, where: str = "
     dflash = cfg.get("dflash_config") or {}
     if not isinstance(dflash, dict):
         raise UsageError(f"{where}: dflash_config must be an object")
-    block_size = cfg.get("block_size", dflash.get("block_size"))
+    block_size = _first(cfg.get("block_size"), dflash.get("block_size"))
     if block_size is None:
         raise UsageError(f"{where}: no block_size (top level or dflash_config.block_size)")
     block_size = _int({"block_size": block_size}, "block_size", where, minimum=-2**31)
     if block_size < 2:
         raise UsageError(f"{where}: block_size must be >= 2, got {block_size}")
-    mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
+    mask = _first(dflash.get("mask_token_id"), cfg.get("mask_token_id"))
     if mask is None:
         raise UsageError(f"{where}: no dflash_config.mask_token_id")
     mask = _int({"mask_token_id": mask}, "mask_token_id", where, minimum=-2**31)
     if not 0 <= mask < target.vocab_size:
         raise UsageError(f"{where}: mask_token_id {mask} is outside the target vocabulary (size {target.vocab_size})")
     n_layers = _int(cfg, "num_hidden_layers", where)
-    layer_ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
+    layer_ids = _first(dflash.get("target_layer_ids"), cfg.get("target_layer_ids"))
     if layer_ids is None:
         n_target = _int(cfg, "num_target_layers", where, default=target.num_hidden_layers)
         layer_ids = default_target_layer_ids(n_target, n_layers)
