@@ -99,6 +99,11 @@ def test_zlab_config_spellings():
     b_cfg = {k: v for k, v in base.items() if k != "block_size"}
     b_cfg["dflash_config"] = {**base["dflash_config"], "block_size": 8}
     assert parse_draft_config(b_cfg, target).block_size == 8
+    # a key serialised as null in one place and set in the other (a config class with a None default)
+    nulls = {**b_cfg, "block_size": None, "mask_token_id": 9,
+             "dflash_config": {**b_cfg["dflash_config"], "mask_token_id": None, "target_layer_ids": None}}
+    n = parse_draft_config(nulls, target)
+    assert (n.block_size, n.mask_token_id, n.target_layer_ids) == (8, 9, (1, 9, 17, 25, 33))
     # no target_layer_ids: z-lab's default rule from num_target_layers (or the target's depth)
     c_cfg = {**base, "dflash_config": {"mask_token_id": 7}}
     assert parse_draft_config(c_cfg, target).target_layer_ids == (1, 9, 17, 25, 33)
