@@ -250,23 +250,30 @@ def resolve_tokenizer(name: str) -> tuple[Any, list[int], str]:
     return tok, generation_stop_ids(target_dir, tok), str(target_dir)
 
 
-def import_baseline(pt: str | Path, trust_pickle: bool, tokenizer: str, suite: str, limit: int | None = None,
+def import_baseline(pt: str | Path, trust_pickle: bool, tokenizer: str, suite: str | None = None, limit: int | None = None,
                     subset: str | None = None, method: str = "baseline", accept_from: str | None = None,
                     gaps_from_model: str | None = None, dtype: str = "float32", device: str = "cpu",
                     progress: bool = True) -> tuple[dict[str, Any], ImportResult]:
-    """The whole import: load (after the trust check), match, optionally re-score gaps; (header, result)."""
+    """The whole import: load (after the trust check), match, optionally re-score gaps; (header, result).
+    suite None = the file's `args.dataset`; limit None = its `args.max_samples` (else the suite's default)."""
     from ddtree_bench.baseline_record import environment_fields, rescore_gaps, template_sha256
     from ddtree_bench.engine.loading import file_hash
     from ddtree_bench.suites import load_prompts
 
     obj = load_pt(pt, trust_pickle)
+    args = obj.get("args") if isinstance(obj.get("args"), dict) else {}
+    if suite is None:  # the authors' dataset key names the suite (gsm8k, mt-bench, ...)
+        suite = args.get("dataset")
+        if not isinstance(suite, str):
+            raise UsageError(f"{pt} names no dataset in its args; pass --suite")
+    if limit is None and isinstance(args.get("max_samples"), int):
+        limit = args["max_samples"]  # with the zlab-paper subset rule this selects the authors' items
     tok, stop_ids, tok_desc = resolve_tokenizer(tokenizer)
     prompts, info = load_prompts(suite, limit, subset=subset)
     result = import_responses(obj, tok, prompts, method, accept_from, source=str(pt))
     if not result.entries:
         raise UsageError(f"none of the {len(obj['responses'])} responses in {pt} matches a prompt of suite {info.name!r}",
                          hint="check --suite (and --subset / --limit: import needs every prompt the run used) and --tokenizer")
-    args = obj.get("args") if isinstance(obj.get("args"), dict) else {}
     max_new = args.get("max_new_tokens") if isinstance(args.get("max_new_tokens"), int) else None
     finish_reasons(result.entries, stop_ids, max_new)
 

@@ -37,11 +37,11 @@ def _answer(rng, n):
     return [rng.randrange(97, 123) for _ in range(n)] + [IM_END]
 
 
-def build_pt(path, tok):
+def build_pt(path, tok, items=ITEMS, args=None, junk_at=3):
     """Responses per item (one per turn, consecutive), ranks concatenated: rank r runs items r, r+W, ..."""
     rng = random.Random(0)
     per_item = []
-    for item in ITEMS:
+    for item in items:
         responses, messages = [], []
         for turn, text in enumerate(item["turns"]):
             messages = messages + [{"role": "user", "content": text}]
@@ -52,12 +52,13 @@ def build_pt(path, tok):
             responses.append({m: _ns(prompt, outs[m], accepts[m]) for m in METHODS})
             messages = messages + [{"role": "assistant", "content": tok.decode(outs[METHODS[-1]])}]
         per_item.append(responses)
-    ordered = [r for rank in range(WORLD) for i in range(rank, len(ITEMS), WORLD) for r in per_item[i]]
-    junk_prompt = tok.apply_chat_template([{"role": "user", "content": "not in the suite"}])
-    ordered.insert(3, {m: _ns(junk_prompt, [100, IM_END], [1, 1]) for m in METHODS})
-    torch.save({"responses": ordered, "block_size": 16, "target_attn_implementation": "sdpa",
-                "args": {"model_name_or_path": "Qwen/Qwen3-8B", "draft_name_or_path": "z-lab/Qwen3-8B-DFlash-b16",
-                         "max_new_tokens": 2048, "temperature": 0.0, "dataset": "mt-bench", "tree_budget": "64"}}, path)
+    ordered = [r for rank in range(WORLD) for i in range(rank, len(items), WORLD) for r in per_item[i]]
+    if junk_at is not None:
+        junk_prompt = tok.apply_chat_template([{"role": "user", "content": "not in the suite"}])
+        ordered.insert(junk_at, {m: _ns(junk_prompt, [100, IM_END], [1, 1]) for m in METHODS})
+    args = args or {"model_name_or_path": "Qwen/Qwen3-8B", "draft_name_or_path": "z-lab/Qwen3-8B-DFlash-b16",
+                    "max_new_tokens": 2048, "temperature": 0.0, "dataset": "mt-bench", "tree_budget": "64"}
+    torch.save({"responses": ordered, "block_size": 16, "target_attn_implementation": "sdpa", "args": args}, path)
     return ordered
 
 
@@ -169,3 +170,22 @@ def test_gaps_from_model_rescore_equals_the_engines_own_gaps(setup, capsys):
     assert b.has_gaps and b.header["logit_gap_source"]["model"] == "random"
     e = b.entries[0]
     assert e.logit_gap == pytest.approx(rescore_gaps(pair.engine, e.prompt_ids, e.output_ids), abs=1e-5)
+
+
+def test_suite_and_sample_count_default_to_the_files_args(setup, tmp_path, capsys):
+    """The authors' args name the dataset and max_samples; with the bundled mt-bench suite (zlab-paper
+    subset, the paper's rule) the import needs neither --suite nor --limit."""
+    from ddtree_bench.suites import load_prompts
+
+    d, tok, _, _, _ = setup
+    prompts, info = load_prompts("mt-bench", 4)
+    assert info.subset_rule == "zlab-paper" and all(len(p.turns) == 2 for p in prompts)
+    pt = tmp_path / "mt.pt"
+    build_pt(pt, tok, [{"id": p.prompt_id, "turns": p.turns} for p in prompts],
+             args={"dataset": "mt-bench", "max_samples": 4, "max_new_tokens": 2048, "temperature": 0.0}, junk_at=None)
+    out = tmp_path / "mt.jsonl"
+    code, _, err = cli(["baseline", "import", pt, "--trust-pickle", "--tokenizer", d / "tok", "--out", out, "-q"], capsys)
+    assert code == 0, err
+    b = read_baseline(out)
+    assert b.header["suite"] == "mt-bench" and b.header["subset_rule"] == "zlab-paper"
+    assert [e.key for e in b.entries] == [(p.prompt_id, t) for p in prompts for t in (0, 1)]
