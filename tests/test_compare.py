@@ -130,3 +130,17 @@ def test_cli_compare_reports_and_exits_0(tmp_path, capsys):
                  ["compare", run, "--baseline", base, "--near-tie-gap", "-1"], ["compare", run]):
         code, _, err = cli(argv, capsys)
         assert code == 2 and err.startswith("error: "), argv
+
+
+def test_server_runs_are_described_by_the_servers_own_report(tmp_path):
+    """For server backends the client's --dtype means nothing: facts come from server_info."""
+    b = _baseline(tmp_path, [entry("p", OUT, GAPS)], model_hash="sha256:aaa", dtype="float32")
+    info = {"spec": {"backend": "standalone", "dtype": "float32", "max_new_tokens": 16},
+            "backend": {"kind": "standalone", "stop_ids": None,
+                        "server_info": {"model_hash": "sha256:bbb", "dtype": "bfloat16", "stop_ids": [STOP, 7]}}}
+    c = compare_records([record("p", OUT)], b, run_info=info)
+    text = " | ".join(c.warnings)
+    assert "sha256:bbb" in text and "bfloat16" in text and "stop ids" in text
+    assert c.run_info["dtype"] == "bfloat16"
+    sglang = {"spec": {"backend": "sglang", "dtype": "float16"}, "backend": {"kind": "sglang"}}
+    assert compare_records([record("p", OUT)], b, run_info=sglang).warnings == []  # unknown dtype: no claim

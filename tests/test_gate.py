@@ -120,3 +120,12 @@ def test_rules_files_merge_over_defaults_and_reject_unknown_keys(tmp_path):
         f.write_text(bad)
         with pytest.raises(UsageError, match=msg):
             load_rules(f)
+
+
+def test_prompt_mismatches_fail_and_total_mismatch_is_bad_input(tmp_path, base, capsys):
+    one = run_dir(tmp_path / "one", [record("a", OUT, prompt=[9, 9], accept=[3, 3, 2]), record("b", OUT, accept=[3, 3, 2])])
+    code, out, err = cli(["gate", one, "--baseline", base], capsys)
+    assert code == 1 and "prompt_mismatches" in err and "a turn 0" in out
+    every = run_dir(tmp_path / "every", [record("a", OUT, prompt=[9]), record("b", OUT, prompt=[9])])
+    code, _, err = cli(["gate", every, "--baseline", base], capsys)
+    assert code == 2 and "every prompt" in err
