@@ -91,13 +91,18 @@ def random_logits(kind: str, L: int, V: int, g: torch.Generator) -> torch.Tensor
         return x
     if kind == "flat":  # everything tied: the order is pure rank-tuple order
         return torch.zeros(L, V)
+    if kind == "masked":  # a drafter that rules tokens out: -inf logits (zero-probability prefixes tie at -inf)
+        x = torch.randn(L, V, generator=g)
+        x[torch.rand(L, V, generator=g) < 0.5] = float("-inf")
+        x[:, 0] = torch.randn(L, generator=g)  # at least one finite logit per depth
+        return x
     raise ValueError(kind)
 
 
 # ---------------------------------------------------------------------------- build_tree vs brute force
 
 
-@pytest.mark.parametrize("kind", ["normal", "integer", "onehot", "flat"])
+@pytest.mark.parametrize("kind", ["normal", "integer", "onehot", "flat", "masked"])
 def test_build_tree_equals_brute_force_top_b_prefixes(kind):
     g = torch.Generator().manual_seed(1234)
     cases = 0
@@ -117,7 +122,7 @@ def test_build_tree_equals_brute_force_top_b_prefixes(kind):
     assert cases > 50
 
 
-@pytest.mark.parametrize("kind", ["normal", "integer", "onehot", "flat"])
+@pytest.mark.parametrize("kind", ["normal", "integer", "onehot", "flat", "masked"])
 def test_fast_equals_heap_exactly_on_larger_inputs(kind):
     """Token ids, parents and depths identical, at the engine's real shape (L = 15) and beyond V."""
     g = torch.Generator().manual_seed(99)
