@@ -154,7 +154,7 @@ def import_responses(obj: dict[str, Any], tokenizer: Any, prompts: list[Prompt],
             if p is not None:
                 hit = (p, 0, "text", [{"role": "user", "content": p.turns[0]}], None)
         if hit is None and prev is not None:  # rule 3: the next turn of the previous response's item
-            hit = _next_turn(responses, convo[prev], prev[1], resp.prompt_ids, tokenizer, method, source, consecutive=True)
+            hit = _next_turn(responses, convo[prev], prev[1], resp.prompt_ids, tokenizer, source, consecutive=True)
         if hit is None:
             pending.append(i)
             prev = None
@@ -165,8 +165,8 @@ def import_responses(obj: dict[str, Any], tokenizer: Any, prompts: list[Prompt],
     while pending and progress:  # later turns whose predecessor is elsewhere in the file: exact ids only
         progress = False
         for i in list(pending):
-            for key in [k for k in convo if (k[0], k[1] + 1) not in found]:
-                hit = _next_turn(responses, convo[key], key[1], split[i].prompt_ids, tokenizer, method, source, consecutive=False)
+            for key in [k for k, (p, _, _) in convo.items() if k[1] + 1 < len(p.turns) and (k[0], k[1] + 1) not in found]:
+                hit = _next_turn(responses, convo[key], key[1], split[i].prompt_ids, tokenizer, source, consecutive=False)
                 if hit is not None:
                     accept(i, split[i], *hit)
                     pending.remove(i)
@@ -181,7 +181,7 @@ def import_responses(obj: dict[str, Any], tokenizer: Any, prompts: list[Prompt],
 
 
 def _next_turn(responses: list[dict[str, Any]], conv: tuple, turn: int, prompt_ids: list[int], tokenizer: Any,
-               method: str, source: str, consecutive: bool):
+               source: str, consecutive: bool):
     """Match `prompt_ids` as turn+1 of a matched (item, turn) (module docstring, rule 3): exact ids when the
     conversation is re-rendered with one of that response's methods' answers; when the response directly
     follows it in the file, also by the decoded prompt containing the next user turn."""
