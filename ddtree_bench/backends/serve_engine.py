@@ -8,9 +8,9 @@ finish reason, stage times), "error" or "cancelled".
   server runs one job at a time (`serial = True`). Setting `job.cancelled` stops the generation at
   its next round (the `on_chunk` callback raises), so a vanished client or a shutdown frees the
   engine within one round.
-* `NullSource` needs no model: it answers instantly with `max_tokens` letters in chunks of
-  `chunk_tokens` (one "round" each, a_r = chunk_tokens), concurrently (`serial = False`). It
-  exists to measure the HTTP client and driver's own overhead.
+* `NullSource` needs no model: it answers instantly (or after `chunk_delay_s` per round) with
+  `max_tokens` letters in chunks of `chunk_tokens` (one "round" each, a_r = chunk_tokens),
+  concurrently (`serial = False`). It exists to measure the HTTP client and driver's own overhead.
 
 Knows the engine's `generate` call and the toy byte tokenizer; nothing of HTTP.
 """
@@ -120,7 +120,7 @@ class NullSource:
     method = "null"
     budget = 0
 
-    def __init__(self, model_id: str = "null", chunk_tokens: int = D.NULL_CHUNK_TOKENS):
+    def __init__(self, model_id: str = "null", chunk_tokens: int = D.NULL_CHUNK_TOKENS, chunk_delay_s: float = 0.0):
         from ddtree_bench.tokenizer import ChatTokenizer
         from ddtree_bench.toy.tokenizer import IM_END, VOCAB_SIZE, write_tokenizer
 
@@ -131,11 +131,12 @@ class NullSource:
             self.tokenizer = ChatTokenizer(tmp)
         self.model_id = model_id
         self.chunk_tokens = chunk_tokens
+        self.chunk_delay_s = chunk_delay_s  # optional pause before each round (0: instant), to emulate an engine
         self.block_size = chunk_tokens
         self.stop_ids = [IM_END]
         self.vocab_size = VOCAB_SIZE
         self.max_model_len = 1 << 20
-        self.info: dict[str, Any] = {"engine": "null", "chunk_tokens": chunk_tokens}
+        self.info: dict[str, Any] = {"engine": "null", "chunk_tokens": chunk_tokens, "chunk_delay_s": chunk_delay_s}
 
     def draft_tokens_per_round(self) -> int:
         return self.chunk_tokens - 1
@@ -151,6 +152,8 @@ class NullSource:
             if job.cancelled:
                 yield Event("cancelled", t_ns=time.perf_counter_ns())
                 return
+            if self.chunk_delay_s > 0:
+                await asyncio.sleep(self.chunk_delay_s)
             take = min(self.chunk_tokens, job.max_tokens - n)
             rounds.append(self.chunk_tokens)  # a_r before truncation, as the engine counts it
             yield Event("tokens", [self.token(n + i) for i in range(take)], time.perf_counter_ns())

@@ -91,6 +91,10 @@ class ServerState:
                 "auth": bool(self.api_key), "started": int(self.started), **s.info}
 
 
+STATE = web.AppKey("state", ServerState)
+MAX_BODY = web.AppKey("max_body_bytes", int)
+
+
 def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
@@ -101,7 +105,7 @@ def _error(status: int, message: str, type_: str = "invalid_request_error") -> w
 
 @web.middleware
 async def _middleware(request: web.Request, handler):
-    st: ServerState = request.app["state"]
+    st: ServerState = request.app[STATE]
     path = request.path
     endpoint = path if request.match_info.route.resource is not None else "other"  # bounded label set
     if st.api_key and path not in OPEN_PATHS:
@@ -115,7 +119,7 @@ async def _middleware(request: web.Request, handler):
         resp = web.json_response(e.body(), status=e.status)
     except web.HTTPException as e:  # 404/405 routes, 413 bodies: OpenAI-style JSON
         if e.status == 413:
-            msg = f"the request body is larger than {request.app['max_body_bytes']} bytes"
+            msg = f"the request body is larger than {request.app[MAX_BODY]} bytes"
         else:
             msg = f"{e.reason}: {request.method} {path}"
         resp = _error(e.status, msg, "invalid_request_error" if e.status < 500 else "server_error")
@@ -130,13 +134,13 @@ async def _middleware(request: web.Request, handler):
 
 
 async def _health(request: web.Request) -> web.Response:
-    if request.app["state"].draining:
+    if request.app[STATE].draining:
         return _error(503, "shutting down", "server_error")
     return web.json_response({"status": "ok"})
 
 
 async def _models(request: web.Request) -> web.Response:
-    st: ServerState = request.app["state"]
+    st: ServerState = request.app[STATE]
     s = st.source
     return web.json_response({"object": "list", "data": [{
         "id": s.model_id, "object": "model", "created": int(st.started), "owned_by": "ddtree-bench",
@@ -148,11 +152,11 @@ async def _version(request: web.Request) -> web.Response:
 
 
 async def _server_info(request: web.Request) -> web.Response:
-    return web.json_response(request.app["state"].server_info())
+    return web.json_response(request.app[STATE].server_info())
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    return web.Response(text=request.app["state"].metrics.render(), content_type="text/plain",
+    return web.Response(text=request.app[STATE].metrics.render(), content_type="text/plain",
                         headers={"X-Prometheus-Format": "0.0.4"})
 
 
@@ -179,7 +183,7 @@ def _prompt_ids(st: ServerState, req: ServeRequest) -> list[int]:
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     t_arrival = time.perf_counter_ns()
-    st: ServerState = request.app["state"]
+    st: ServerState = request.app[STATE]
     src = st.source
     raw = await request.read()  # over client_max_size -> HTTPRequestEntityTooLarge -> 413
     try:
@@ -303,8 +307,8 @@ def build_app(source, *, api_key: str | None = None, max_queue: int = D.SERVE_MA
               max_body_bytes: int = D.SERVE_MAX_BODY_BYTES) -> web.Application:
     """The aiohttp application around a token source (`serve_engine.EngineSource` or `NullSource`)."""
     app = web.Application(middlewares=[_middleware], client_max_size=max_body_bytes)
-    app["state"] = ServerState(source, api_key, max_queue)
-    app["max_body_bytes"] = max_body_bytes
+    app[STATE] = ServerState(source, api_key, max_queue)
+    app[MAX_BODY] = max_body_bytes
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/version", _version)
@@ -324,7 +328,7 @@ async def serve(source, *, host: str = D.HOST, port: int = D.PORT, api_key: str 
                 max_body_bytes: int = D.SERVE_MAX_BODY_BYTES, on_ready=None) -> None:
     """Serve until SIGTERM/SIGINT; then drain (see the module docstring) and return."""
     app = build_app(source, api_key=api_key, max_queue=max_queue, max_body_bytes=max_body_bytes)
-    st: ServerState = app["state"]
+    st: ServerState = app[STATE]
     runner = web.AppRunner(app, shutdown_timeout=grace_s, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

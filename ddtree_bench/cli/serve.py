@@ -25,6 +25,7 @@ def serve_cmd(
     max_queue: Annotated[int, typer.Option("--max-queue", help="Requests that may wait for the batch-1 engine; more get 503.")] = D.SERVE_MAX_QUEUE,
     null: Annotated[bool, typer.Option("--null", help="Same as --method null.")] = False,
     null_chunk_tokens: Annotated[int, typer.Option("--null-chunk-tokens", help="Null engine: tokens per streamed chunk.")] = D.NULL_CHUNK_TOKENS,
+    null_delay_ms: Annotated[float, typer.Option("--null-delay-ms", help="Null engine: pause before each chunk after the first (0 = instant).")] = 0.0,
     served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="Model id in /v1/models (default: the --model value, or 'null').")] = None,
     shutdown_grace: Annotated[float, typer.Option("--shutdown-grace", help="Seconds in-flight requests get to finish after SIGTERM.")] = D.SERVE_SHUTDOWN_GRACE_S,
 ) -> None:
@@ -48,6 +49,8 @@ def serve_cmd(
         raise UsageError(f"--shutdown-grace must be >= 0, got {shutdown_grace}")
     if null_chunk_tokens < 1:
         raise UsageError(f"--null-chunk-tokens must be >= 1, got {null_chunk_tokens}")
+    if null_delay_ms < 0:
+        raise UsageError(f"--null-delay-ms must be >= 0, got {null_delay_ms}")
 
     from ddtree_bench.backends.serve_engine import EngineSource, NullSource
     from ddtree_bench.backends.standalone import LOOPBACK, READY_PREFIX, serve
@@ -56,7 +59,7 @@ def serve_cmd(
         print(f"warning: serving on {host} without --api-key: anyone who can reach this port can use the model",
               file=sys.stderr, flush=True)
     if method == "null":
-        source = NullSource(served_model_name or "null", null_chunk_tokens)
+        source = NullSource(served_model_name or "null", null_chunk_tokens, null_delay_ms / 1000)
         what = f"null engine, {null_chunk_tokens} tokens per chunk"
     else:
         from ddtree_bench.pair import load_pair
