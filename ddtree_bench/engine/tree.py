@@ -68,11 +68,16 @@ def _topk_logprobs(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, to
     """Per-depth top-k of log_softmax in fp32: (logprobs [L, k], token ids [L, k]), descending.
 
     A stable sort, so equal logits rank by token id on every device (torch.topk leaves ties in an
-    unspecified order, and a one-hot drafter makes almost every logit a tie)."""
+    unspecified order, and a one-hot drafter makes almost every logit a tie). NaN logits (an
+    overflowing half-precision drafter) and NaN log-probabilities (rows with no finite mass) count
+    as -inf: any valid tree keeps decoding lossless, but NaN scores broke build_tree_fast's order
+    and hung deep nodes off the root."""
     logits = draft_logits.float()
+    logits = torch.where(torch.isnan(logits), float("-inf"), logits)
     vals, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
     vals, ids = vals[:, :k], ids[:, :k]
-    return vals - torch.logsumexp(logits, dim=-1, keepdim=True), ids
+    lp = vals - torch.logsumexp(logits, dim=-1, keepdim=True)
+    return torch.where(torch.isnan(lp), float("-inf"), lp), ids
 
 
 # ---------------------------------------------------------------------------- slow twin: the heap
