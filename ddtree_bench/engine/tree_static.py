@@ -25,11 +25,13 @@ def topk_logprobs(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
     """Per-depth top-k of log_softmax in fp32, descending, equal logits by ascending token id: the
     same (logprobs [L, k], ids [L, k]) as tree._topk_logprobs' stable sort, from one exact topk."""
     logits = draft_logits.float()
+    logits = torch.where(torch.isnan(logits), float("-inf"), logits)  # NaN counts as -inf, as in tree.py
     V = logits.shape[-1]
     bits = max(1, (V - 1).bit_length())
     key = (_desc_key(logits) << bits) | torch.arange(V, device=logits.device)
     ids = torch.topk(key, k, dim=-1, largest=False, sorted=True).indices
-    return logits.gather(-1, ids) - torch.logsumexp(logits, dim=-1, keepdim=True), ids
+    lp = logits.gather(-1, ids) - torch.logsumexp(logits, dim=-1, keepdim=True)
+    return torch.where(torch.isnan(lp), float("-inf"), lp), ids
 
 
 class StaticTreeBuilder:
