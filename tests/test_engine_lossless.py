@@ -187,6 +187,29 @@ def test_other_block_sizes_are_lossless(world, block_size):
         assert all(max(t.depths, default=0) <= block_size - 1 for t in g.trees)
 
 
+class NaNProposer(RiggedProposer):
+    """The rigged drafts, with NaN logits sprinkled in and whole NaN rows (an overflowing fp16 drafter)."""
+
+    def propose(self, ctx, bonus, cache, draft_len, start):
+        x = super().propose(ctx, bonus, cache, draft_len, start)
+        g = torch.Generator().manual_seed(start)
+        x[torch.rand(x.shape, generator=g) < 0.02] = float("nan")
+        x[start % 7] = float("nan")
+        return x
+
+
+@pytest.mark.parametrize("variant", list(ENGINES))
+def test_nan_draft_logits_stay_lossless(world, variant):
+    for budget in (3, 16, 64):
+        rig = NaNProposer(world["truth"], 64, world["drafter"].target_layer_ids, seed=3, p_second=0.0, p_miss=0.0)
+        g = Engine(world["target"], proposer=rig, **ENGINES[variant]).generate(
+            world["prompt"], "ddtree", budget, max_new_tokens=60, record_trees=True)
+        assert g.output_ids == world["cont"][:60], (variant, budget)
+        for t in g.trees:
+            for i, (p, d) in enumerate(zip(t.parents, t.depths), start=1):
+                assert 0 <= p < i and d == (t.depths[p - 1] if p else 0) + 1, (variant, budget, t.parents, t.depths)
+
+
 def test_generated_mask_token_is_kept(world):
     """A generated token equal to the drafter's mask id stays in the output (z-lab's fix)."""
     tcfg_d, dcfg_d = random_configs()
