@@ -253,11 +253,13 @@ class HTTPBackend:
             return rec
         data = json.dumps(body).encode()
         url = self.url + ENDPOINTS[self.endpoint]
+        responded = False  # response headers arrived: later breaks are truncated streams, earlier ones connection errors
         rec.t_send_ns = time.perf_counter_ns()
         try:
             if self._session is None:
                 raise RuntimeError("HTTPBackend.generate before start()")
             async with self._session.post(url, data=data, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
+                responded = True
                 if resp.status != 200:
                     text = await resp.text()
                     try:
@@ -280,8 +282,11 @@ class HTTPBackend:
         except aiohttp.ClientConnectorError as e:
             rec.error = f"connection: {e}"
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            rec.error = (f"truncated stream: the connection broke after {len(state.output_ids) or sum(rec.chunk_tokens)} "
-                         f"tokens ({type(e).__name__}: {e})")
+            if responded:
+                rec.error = (f"truncated stream: the connection broke after {len(state.output_ids) or sum(rec.chunk_tokens)} "
+                             f"tokens ({type(e).__name__}: {e})")
+            else:
+                rec.error = f"connection: {type(e).__name__}: {e}"
         except aiohttp.ClientError as e:
             rec.error = f"connection: {type(e).__name__}: {e}"
         except ValueError as e:  # malformed JSON in the stream

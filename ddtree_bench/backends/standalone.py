@@ -236,11 +236,6 @@ async def _run(request: web.Request, st: ServerState, req: ServeRequest, job: Jo
             if ev.kind == "tokens":
                 out_ids.extend(ev.tokens)
                 delta = text.add(ev.tokens)
-                now = time.perf_counter_ns()
-                if t_last is None:
-                    st.metrics.observe("time_to_first_token_seconds", (now - t_arrival) / 1e9)
-                else:
-                    st.metrics.observe("inter_token_latency_seconds", (now - t_last) / 1e9 / len(ev.tokens), len(ev.tokens))
                 if req.stream:
                     first = resp is None
                     if first:
@@ -253,6 +248,11 @@ async def _run(request: web.Request, st: ServerState, req: ServeRequest, job: Jo
                     except (ConnectionError, RuntimeError):  # the client went away: stop generating
                         job.cancelled = True
                         return resp
+                now = time.perf_counter_ns()  # the tokens are on their way (streaming) or buffered
+                if t_last is None:
+                    st.metrics.observe("time_to_first_token_seconds", (now - t_arrival) / 1e9)
+                else:
+                    st.metrics.observe("inter_token_latency_seconds", (now - t_last) / 1e9 / len(ev.tokens), len(ev.tokens))
                 t_last = now
             else:
                 done = ev
