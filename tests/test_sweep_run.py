@@ -103,8 +103,10 @@ def test_inprocess_sweep_loads_once_resumes_and_loads_into_pandas(tmp_path, monk
     assert len(csv_rows(out)) == 4 and len(load(out).records) == 16
 
 
-def test_a_failed_point_exits_1_and_resume_completes_it(tmp_path, monkeypatch, capsys):
+def test_a_failed_point_exits_1_and_a_bare_resume_completes_it(tmp_path, monkeypatch, capsys):
     from ddtree_bench.backends.inprocess import InProcessBackend
+
+    monkeypatch.chdir(tmp_path)
 
     real = InProcessBackend.generate_sync
 
@@ -114,10 +116,10 @@ def test_a_failed_point_exits_1_and_resume_completes_it(tmp_path, monkeypatch, c
         return real(self, req)
 
     monkeypatch.setattr(InProcessBackend, "generate_sync", broken)
-    out = tmp_path / "sw"
     argv = ["sweep", "--models", "random", "--suites", "smoke", "--methods", "ddtree", "--budgets", "16",
-            "--limit", "1", "--max-new-tokens", "4", "--out", str(out), "--no-report", "-q"]
+            "--limit", "1", "--max-new-tokens", "4", "--no-report", "-q"]
     assert run_cli(argv) == 1
+    (out,) = [d.relative_to(tmp_path) for d in (tmp_path / "results").iterdir()]  # results/<sweep-id>/
     err = capsys.readouterr().err
     assert "1 of 2 points failed" in err and f"--resume {out}" in err
     rows = csv_rows(out)
@@ -126,7 +128,8 @@ def test_a_failed_point_exits_1_and_resume_completes_it(tmp_path, monkeypatch, c
     assert json.loads((out / "sweep.json").read_text())["complete"] is False
 
     monkeypatch.setattr(InProcessBackend, "generate_sync", real)
-    assert run_cli(["sweep", "--resume", str(out), "-q", "--no-report"]) == 0
+    assert run_cli(["sweep", "--resume", "-q", "--no-report"]) == 0  # the latest sweep under results/
+    assert f"resuming {out}" in capsys.readouterr().out
     rows = csv_rows(out)
     assert [r["status"] for r in rows] == ["ok", "ok"] and rows[1]["speedup_vs_ar"] != ""
 
