@@ -107,6 +107,9 @@ def _load_into(module: nn.Module, sd: dict[str, torch.Tensor], what: str, ignore
     for k, v in expected.items():
         if k in sd and tuple(sd[k].shape) != tuple(v.shape):
             raise UsageError(f"{what}: tensor {k} has shape {tuple(sd[k].shape)}, config says {tuple(v.shape)}")
+        if k in sd and (not sd[k].is_floating_point() or sd[k].dtype.itemsize < 2):  # int8 / fp8 codes are not weights
+            dt = str(sd[k].dtype).removeprefix("torch.")
+            raise UsageError(f"{what}: tensor {k} is {dt}; quantized checkpoints are not supported (need float32, bfloat16 or float16 weights)")
     for k, t in sd.items():
         if k in expected and t.is_floating_point() and not torch.isfinite(t).all():
             raise UsageError(f"{what}: tensor {k} contains NaN or inf")
