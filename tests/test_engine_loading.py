@@ -257,6 +257,18 @@ def test_weight_problems(saved, tmp_path):
     assert tied.lm_head.weight.data_ptr() == tied.model.embed_tokens.weight.data_ptr()
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
+def test_quantized_weights_are_refused(saved, tmp_path, dtype):
+    """An FP8 / int8 checkpoint (e.g. Qwen3-8B-FP8 with weight_scale_inv) must not load as if its
+    raw codes were weights: fp8 crashed with NotImplementedError, int8 loaded silently as garbage."""
+    sd = dict(saved["target"].state_dict())
+    w = sd["model.layers.0.mlp.up_proj.weight"]
+    sd["model.layers.0.mlp.up_proj.weight"] = (w * 100).to(dtype) if dtype == torch.int8 else w.to(dtype)
+    sd["model.layers.0.mlp.up_proj.weight_scale_inv"] = torch.ones(1)
+    err = _expect("model.layers.0.mlp.up_proj.weight", load_target, _write_dir(tmp_path / "q", saved["tcfg"], sd))
+    assert str(dtype).removeprefix("torch.") in str(err) and "quantized" in str(err)
+
+
 def test_broken_shard_index(saved, tmp_path):
     import shutil
 
