@@ -280,6 +280,48 @@ def test_fast_engine_grows_its_cache_and_keeps_going(pair):
     _same(plain.generate([1, 2, 3], "ddtree", 16, 8), fast.generate([1, 2, 3], "ddtree", 16, 8))
 
 
+class _FlakyBuilder(StaticTreeBuilder):
+    """A builder that, every other call, returns a wrong tree (the chain of each depth's worst kept
+    token) and raises its certificate flag, as the Triton kernel does when it cannot certify."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.flag = torch.zeros(1, dtype=torch.int32)
+        self.calls = 0
+
+    def __call__(self, logits):
+        self.calls += 1
+        tok, par, dep = super().__call__(logits)
+        if self.calls % 2 == 0:
+            self.flag += 1
+            return tok.flip(0), torch.arange(tok.numel()), torch.arange(1, tok.numel() + 1).clamp(max=self.L)
+        return tok, par, dep
+
+
+def test_a_flagged_tree_is_rebuilt_exactly_before_commit(pair, monkeypatch):
+    from ddtree_bench.engine.fastloop import FastLoop
+
+    target, _ = pair
+    prompt = [5, 17, 101, 33, 2, 250]
+    truth = greedy_truth(target, prompt, 100)
+    made = []
+
+    def flaky(self, budget, kind):
+        if kind == "torch":
+            return StaticTreeBuilder(self.L, self.target.cfg.vocab_size, budget, self.device)
+        made.append(_FlakyBuilder(self.L, self.target.cfg.vocab_size, budget, self.device))
+        return made[-1]
+
+    monkeypatch.setattr(FastLoop, "_builder", flaky)
+    prop = OracleProposer(prompt, truth, seed=2)
+    plain, fast = _both(target, proposer=prop)
+    a = plain.generate(prompt, "ddtree", 40, 80, record_trees=True)
+    b = fast.generate(prompt, "ddtree", 40, 80, record_trees=True)
+    _same(a, b)
+    assert [t.token_ids for t in a.trees] == [t.token_ids for t in b.trees]
+    assert fast.fast_loop().redone_rounds == len(b.accept_lengths) // 2 > 0
+
+
 # ---------------------------------------------------------------------------- on a GPU, with graphs
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -288,16 +330,37 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_graph_captured_generation_equals_plain_on_gpu(dtype):
+@pytest.mark.parametrize("tree_kernel", ["auto", "torch"])
+def test_graph_captured_generation_equals_plain_on_gpu(dtype, tree_kernel):
     target, drafter = random_pair(seed=0, vocab_size=VOCAB, dtype=dtype, device="cuda")
     plain, fast = Engine(target, drafter), Engine(target, drafter, cuda_graphs=True)
+    fast.fast_loop().tree_kernel = tree_kernel
     prompt = list(range(20, 60))
     for method, budget in (("ar", 0), ("dflash", 0), ("ddtree", 16), ("ddtree", 128)):
         for _ in range(2):  # second pass replays the captured graphs
             _same(plain.generate(prompt, method, budget, 48), fast.generate(prompt, method, budget, 48))
     loop = fast.fast_loop()
     assert loop.graphs and loop.draft_stage.captured
-    assert all(s.captured for b in loop.buckets.values() for s in b.stages.values())
+    assert all(s.captured for b in loop.buckets.values() for s in b.stages.values() if s.graphs)
+    assert loop.redone_rounds == 0
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
+def test_triton_tree_kernel_equals_heap_on_gpu(kind):
+    from ddtree_bench.engine.tree_triton import TritonTreeBuilder, available
+
+    if not available("cuda"):
+        pytest.skip("Triton is not installed")
+    for L, V, budget in [(15, 272, 16), (15, 272, 64), (15, 272, 256), (15, 151936, 1024), (4, 3, 50), (6, 5, 7), (15, 40, 300)]:
+        for seed in range(3):
+            logits = _logits(kind, L, V, seed)
+            heap = build_tree(logits, budget)
+            tb = TritonTreeBuilder(L, V, budget, "cuda")
+            tok, par, dep = tb(logits.cuda())
+            assert tb.flag.item() == 0
+            assert (tok.tolist(), par.tolist(), dep.tolist()) == (heap.token_ids.tolist(), heap.parents.tolist(), heap.depths.tolist())
 
 
 @pytest.mark.gpu

@@ -14,7 +14,10 @@ runs), organised for a GPU:
   overlap the GPU;
 * stage times come from CUDA events between the stages (no syncs), or perf_counter on a CPU.
 
-Round 1 drafts eagerly (its context is the whole prompt); prefill is the plain Target.forward.
+On CUDA with Triton the tree build is one kernel (tree_triton.py); its rare pruning-certificate
+failure comes back with the walk result and the round is redone with the exact PyTorch builder
+before anything is committed. Round 1 drafts eagerly (its context is the whole prompt); prefill is
+the plain Target.forward.
 A proposer other than the DFlash drafter (tests rig one) drafts eagerly every round.
 On a CPU the same fixed-shape code runs without capture, which is how CI checks it.
 `rounds` holds the per-round stage times (ms) of the last generate, for bench-engine.
@@ -86,16 +89,20 @@ class _Bucket:
     io: dict[str, Any] = field(default_factory=dict)   # latest outputs, read by the next stage's function
     post: torch.Tensor | None = None                   # sampled picks (temperature > 0)
     host: torch.Tensor | None = None                   # pinned copy of the walk result
+    builder: Any = None                                # the tree builder (DDTree)
+    fallback: "_Bucket | None" = None                  # exact PyTorch-builder twin, when the builder can flag
 
 
 class FastLoop:
-    def __init__(self, target, proposer=None, graphs: bool = True, capacity: int = 0):
+    def __init__(self, target, proposer=None, graphs: bool = True, capacity: int = 0, tree_kernel: str = "auto"):
         self.target = target
         self.proposer = proposer
         self.drafter = proposer.drafter if isinstance(proposer, DFlashProposer) else None
         self.device = target.lm_head.weight.device
         self.dtype = target.lm_head.weight.dtype
         self.graphs = graphs and self.device.type == "cuda"
+        self.tree_kernel = tree_kernel  # auto (Triton on CUDA when installed) | triton | torch
+        self.redone_rounds = 0          # rounds rebuilt with the exact builder after a failed certificate
         self.capacity = 0
         self.rounds: list[dict[str, float]] = []
         self._min_capacity = capacity
@@ -152,11 +159,21 @@ class FastLoop:
         h = draft_forward(d, ctx, emb, self.dkv, self.ctx_start, self.start, biases)
         self.dlogits.copy_(self.target.lm_head(h[1:]))
 
-    def _bucket(self, method: str, budget: int, greedy: bool) -> _Bucket:
-        key = (method, budget if method == "ddtree" else 0, greedy)
+    def _builder(self, budget: int, kind: str):
+        from ddtree_bench.engine import tree_triton
+
+        L, V = self.L, self.target.cfg.vocab_size
+        if kind == "triton" or (kind == "auto" and tree_triton.available(self.device)):
+            return tree_triton.TritonTreeBuilder(L, V, budget, self.device)
+        return StaticTreeBuilder(L, V, budget, self.device)
+
+    def _bucket(self, method: str, budget: int, greedy: bool, kind: str | None = None, graphs: bool | None = None) -> _Bucket:
+        kind = self.tree_kernel if kind is None else kind
+        g = self.graphs if graphs is None else graphs
+        key = (method, budget if method == "ddtree" else 0, greedy, kind, g)
         if key in self.buckets:
             return self.buckets[key]
-        dev, g = self.device, self.graphs
+        dev = self.device
         pool = Pool(dev)
         if method == "ar":
             b = _Bucket("ar", 1)
@@ -169,10 +186,14 @@ class FastLoop:
                 width = 1 + L
                 build = lambda: chain(self.dlogits)  # noqa: E731
             else:
-                builder = StaticTreeBuilder(L, V, budget, dev)
+                builder = self._builder(budget, kind)
                 width = 1 + builder.N
                 build = lambda: builder(self.dlogits)  # noqa: E731
             b = _Bucket(method, width)
+            if method == "ddtree":
+                b.builder = builder
+                if hasattr(builder, "flag"):
+                    b.fallback = self._bucket(method, budget, greedy, kind="torch", graphs=False)
             b.stages["tree_build"] = Stage(build, dev, pool, g, name="tree_build")
             b.stages["tree_compile"] = Stage(lambda: self._compile(b), dev, pool, g, name="tree_compile")
             b.stages["verify"] = Stage(lambda: self._verify_tree(b), dev, pool, g, name="verify")
@@ -180,7 +201,7 @@ class FastLoop:
             b.stages["commit"] = Stage(lambda: self._commit_tree(b), dev, pool, g, idempotent=False, name="commit")
         if not greedy:
             b.post = torch.zeros(b.width, dtype=torch.long, device=dev)
-        n = 1 if method == "ar" else 2 * self.L + 4
+        n = 1 if method == "ar" else 2 * self.L + 4 + (b.fallback is not None)
         b.host = torch.zeros(n, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.buckets[key] = b
         return b
@@ -205,7 +226,10 @@ class FastLoop:
         ids, _, anc, _ = b.io["tree_compile"]
         logits, _ = b.io["verify"]
         post = logits.argmax(dim=-1) if greedy else b.post
-        return walk_static(ids, par, dep, anc, post, self.L)
+        walked = walk_static(ids, par, dep, anc, post, self.L)
+        if b.fallback is not None:  # the builder's certificate flag rides along with the one transfer
+            walked = torch.cat([walked, b.builder.flag.to(torch.long)])
+        return walked
 
     def _commit_tree(self, b: _Bucket) -> None:
         walked = b.io["walk"]
@@ -220,7 +244,7 @@ class FastLoop:
         self.ctx.copy_(hidden.index_select(0, src.clamp(max=hidden.shape[0] - 1)))
         self.ctx_start.copy_(self.start)
         self.start.add_(a.view(()))
-        self.bonus.copy_(walked[-1:])
+        self.bonus.copy_(walked[2 * L + 3 : 2 * L + 4])
 
     def _verify_ar(self):
         cols = torch.arange(self.capacity, device=self.device)
@@ -256,16 +280,23 @@ class FastLoop:
                     self.draft_stage = Stage(lambda: self._draft(self.ctx), self.device, self.draft_pool, self.graphs, name="draft")
                 self.draft_stage.run()
             laps.mark("draft")
+        self._tree_and_walk(b, laps, temperature, top_p, gen)
+
+    def _tree_and_walk(self, b: _Bucket, laps: Laps | None, temperature: float, top_p: float, gen) -> None:
+        """Queue tree build .. walk and the copy of the walk result to the host."""
+        if b.method != "ar":
             self._run(b, "tree_build", laps)
             self._run(b, "tree_compile", laps)
         self._run(b, "verify", None)
         if temperature >= GREEDY_EPS:
             logits = b.io["verify"][0] if b.method != "ar" else b.io["verify"]
             b.post.copy_(pick(logits, temperature, top_p, gen))
-        laps.mark("verify")
+        if laps is not None:
+            laps.mark("verify")
         self._run(b, "walk", None)
         b.host.copy_(b.io["walk"].reshape(-1), non_blocking=True)
-        laps.mark("walk")
+        if laps is not None:
+            laps.mark("walk")
 
     # ------------------------------------------------------------------ generate
 
@@ -341,22 +372,31 @@ class FastLoop:
             if cuda:
                 torch.cuda.current_stream().synchronize()
             res = b.host.tolist()
+            r = b
+            if b.fallback is not None and res[-1]:  # the pruned build could not certify its tree: redo exactly
+                self.redone_rounds += 1
+                b.builder.flag.zero_()
+                r = b.fallback
+                self._tree_and_walk(r, None, temperature, top_p, gen)
+                if cuda:
+                    torch.cuda.current_stream().synchronize()
+                res = r.host.tolist()
             now = time.perf_counter_ns()
             if spec:
                 a = res[0]
-                new_tokens = res[L + 3 : L + 2 + a] + [res[-1]]   # accepted path minus the root, then the bonus
+                new_tokens = res[L + 3 : L + 2 + a] + [res[2 * L + 3]]   # accepted path minus the root, then the bonus
                 if trees is not None:
-                    tok, par, dep = b.io["tree_build"]
+                    tok, par, dep = r.io["tree_build"]
                     trees.append(RoundTrace(tok.tolist(), par.tolist(), dep.tolist(), res[1 : 1 + a]))
                 if return_logit_gaps:
                     keep = torch.tensor(res[1 : 1 + a], device=dev)
-                    gaps.extend(_gaps(b.io["verify"][0].index_select(0, keep)))
+                    gaps.extend(_gaps(r.io["verify"][0].index_select(0, keep)))
             else:
                 a = 1
                 new_tokens = [res[0]]
                 if return_logit_gaps:
                     gaps.extend(_gaps(b.io["verify"]))
-            self._run(b, "commit", laps)
+            self._run(r, "commit", laps)
             accept_lengths.append(a)
             host.update(draft_len=host["start"], start=host["start"] + a, bonus=new_tokens[-1], a=a)
             stopped = stopped or any(t in stops for t in new_tokens)

@@ -188,6 +188,14 @@ def build_times(V: int, L: int, budgets: list[int], device: torch.device, reps: 
             row["static_gpu_graph"] = graph_time_fn(lambda: sb(logits_dev), reps=max(reps, 10))
             full = StaticTreeBuilder(L, V, B, device, full_sort=True)
             row["static_gpu_graph_fullsort"] = graph_time_fn(lambda: full(logits_dev), reps=max(reps, 10))
+            from ddtree_bench.engine import tree_triton
+
+            if tree_triton.available(device):
+                tb = tree_triton.TritonTreeBuilder(L, V, B, device)
+                row["triton_gpu_eager"] = time_fn(lambda: tb(logits_dev), device, reps=reps, warmup=2)
+                row["triton_gpu_graph"] = graph_time_fn(lambda: tb(logits_dev), reps=max(reps, 10))
+                tok, _, _ = tb(logits_dev)
+                row["triton_equals_heap"] = tok.tolist() == build_tree(logits_cpu, B).token_ids.tolist() and tb.flag.item() == 0
         rows.append(row)
     return rows
 

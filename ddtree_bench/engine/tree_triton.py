@@ -1,0 +1,244 @@
+"""The DDTree tree build as one Triton kernel (one thread block): ~1 launch instead of ~600.
+
+Same tree as `build_tree` / `build_tree_fast` (same fp32 sums, same exact integer keys, same tie
+rule), same algorithm shape as the vectorised build: per depth keep the best F_d = min(B, F_{d-1}*K)
+extensions of the previous depth's kept prefixes, then take the global best B by (score, pre-order
+index in the trie of kept prefixes). What makes one block enough:
+* candidate pruning: with parents f in key order and ranks r sorted, candidate (f, r) is beaten by
+  every (f', r') with f' <= f, r' <= r, so only (f+1)(r+1) <= B can be among the best B; that is
+  about B*ln(B) candidates per depth (7.7k at B = 1024) instead of B*K. The "beaten" argument can
+  fail only when fp32 sums round to exact ties, so every depth checks a certificate: the worst
+  kept key must beat the best excluded key (row f's first excluded rank, since keys grow along a
+  row). If a check ever fails the kernel raises a flag and the caller rebuilds the tree with the
+  exact PyTorch builder (the round is redone; nothing was committed);
+* per depth two in-block sorts (candidates by key; kept ones by lexicographic tie to get their
+  order), then subtree sizes (atomic adds, bottom-up) and pre-order indices (scans), then one sort
+  of all kept nodes for the global best B.
+Scratch lives in preallocated device buffers; the launch has fixed shapes (graph-capturable).
+The PyTorch top-K of the draft logits stays outside (`tree_static.topk_logprobs`).
+Needs Triton and a CUDA device; `available()` says whether it can run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # Triton ships with CUDA builds of PyTorch; CPU installs may lack it
+    import triton
+    import triton.language as tl
+except Exception:  # pragma: no cover - depends on the install
+    triton = None
+    tl = None
+
+from ddtree_bench.engine.tree_static import topk_logprobs
+
+
+def available(device) -> bool:
+    return triton is not None and torch.device(device).type == "cuda"
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (max(1, n) - 1).bit_length())
+
+
+if triton is not None:
+
+    @triton.jit
+    def _desc(x):
+        """fp32 -> int64 key, higher score -> smaller key, -0.0 == +0.0 (tree._desc_key)."""
+        i = x.to(tl.int32, bitcast=True)
+        i = tl.where(i == -2147483648, 0, i)
+        ordinal = tl.where(i >= 0, i, i ^ 2147483647)
+        return 2147483647 - ordinal.to(tl.int64)
+
+    @triton.jit
+    def _undesc(k):
+        ordinal = (2147483647 - k).to(tl.int32)
+        i = tl.where(ordinal >= 0, ordinal, ordinal ^ 2147483647)
+        return i.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _max_combine(a, b):
+        return tl.maximum(a, b)
+
+    @triton.jit
+    def _tree_kernel(lp_ptr, tok_ptr, cnt_ptr, regf_ptr, regr_ptr, bndf_ptr, bndr_ptr,
+                     ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, pre_ptr, nodeof_ptr, flag_ptr,
+                     tok_out, par_out, dep_out,
+                     L: tl.constexpr, K: tl.constexpr, BP: tl.constexpr, RP: tl.constexpr, NP: tl.constexpr,
+                     TB: tl.constexpr, JB: tl.constexpr, GB: tl.constexpr, IB: tl.constexpr, N_OUT: tl.constexpr):
+        BIG: tl.constexpr = 9223372036854775807
+        lane_b = tl.arange(0, BP)
+        lane_r = tl.arange(0, RP)
+
+        # depth 1 (index 0): the top-K tokens; key order = lexicographic order = rank order
+        m0 = lane_b < K
+        s0 = tl.load(lp_ptr + lane_b, mask=m0, other=0.0)
+        tl.store(ks_ptr + lane_b, s0, mask=m0)
+        tl.store(kl_ptr + lane_b, lane_b, mask=m0)
+        tl.store(lpar_ptr + lane_b, tl.zeros([BP], tl.int32), mask=m0)
+        tl.store(lr_ptr + lane_b, lane_b, mask=m0)
+        tl.store(ls_ptr + lane_b, s0, mask=m0)
+        tl.store(size_ptr + lane_b, tl.full([BP], 1, tl.int32), mask=m0)
+        tl.debug_barrier()
+
+        for d in range(1, L):
+            Fd = tl.load(cnt_ptr + d)
+            rf = tl.load(regf_ptr + d * RP + lane_r)
+            rr = tl.load(regr_ptr + d * RP + lane_r)
+            valid = rf >= 0
+            s = tl.load(ks_ptr + (d - 1) * BP + rf, mask=valid, other=0.0)
+            lx = tl.load(kl_ptr + (d - 1) * BP + rf, mask=valid, other=0)
+            lpv = tl.load(lp_ptr + d * K + rr, mask=valid, other=0.0)
+            cand = s + lpv
+            tie = lx.to(tl.int64) * K + rr.to(tl.int64)
+            key = tl.where(valid, (_desc(cand) << TB) | tie, BIG)
+            skey = tl.sort(key)
+            kept = lane_r < Fd
+            # certificate: the worst kept key beats every excluded candidate's key
+            bf = tl.load(bndf_ptr + d * BP + lane_b)
+            br = tl.load(bndr_ptr + d * BP + lane_b)
+            bvalid = bf >= 0
+            bs = tl.load(ks_ptr + (d - 1) * BP + bf, mask=bvalid, other=0.0)
+            bl = tl.load(kl_ptr + (d - 1) * BP + bf, mask=bvalid, other=0)
+            blp = tl.load(lp_ptr + d * K + br, mask=bvalid, other=0.0)
+            bkey = tl.where(bvalid, (_desc(bs + blp) << TB) | (bl.to(tl.int64) * K + br.to(tl.int64)), BIG)
+            worst = tl.max(tl.where(kept, skey, -1), axis=0)
+            if worst > tl.min(bkey, axis=0):
+                tl.atomic_add(flag_ptr, 1)
+            ktie = skey & ((1 << TB) - 1)
+            kscore = _undesc(skey >> TB)
+            tl.store(ks_ptr + d * BP + lane_r, kscore, mask=kept)
+            # lexicographic order of the kept ones: sort (tie, key-order index)
+            lkey = tl.where(kept, (ktie << JB) | lane_r.to(tl.int64), BIG)
+            slk = tl.sort(lkey)
+            j = (slk & ((1 << JB) - 1)).to(tl.int32)
+            ltie = slk >> JB
+            tl.store(kl_ptr + d * BP + j, lane_r, mask=kept)
+            tl.store(lpar_ptr + d * BP + lane_r, (ltie // K).to(tl.int32), mask=kept)
+            tl.store(lr_ptr + d * BP + lane_r, (ltie % K).to(tl.int32), mask=kept)
+            tl.store(size_ptr + d * BP + lane_r, tl.full([RP], 1, tl.int32), mask=kept)
+            tl.debug_barrier()
+            tl.store(ls_ptr + d * BP + lane_r, tl.load(ks_ptr + d * BP + j, mask=kept, other=0.0), mask=kept)
+            tl.debug_barrier()
+
+        # subtree sizes, bottom-up (lexicographic-order arrays)
+        for e in range(1, L):
+            d = L - e
+            Fd = tl.load(cnt_ptr + d)
+            m = lane_b < Fd
+            p = tl.load(lpar_ptr + d * BP + lane_b, mask=m, other=0)
+            sz = tl.load(size_ptr + d * BP + lane_b, mask=m, other=0)
+            tl.atomic_add(size_ptr + (d - 1) * BP + p, sz, mask=m)
+            tl.debug_barrier()
+
+        # pre-order index = lexicographic rank among all kept prefixes
+        sz = tl.load(size_ptr + lane_b, mask=m0, other=0)
+        tl.store(pre_ptr + lane_b, tl.cumsum(sz, axis=0) - sz, mask=m0)
+        tl.debug_barrier()
+        for d in range(1, L):
+            Fd = tl.load(cnt_ptr + d)
+            m = lane_b < Fd
+            sz = tl.load(size_ptr + d * BP + lane_b, mask=m, other=0)
+            before = tl.cumsum(sz, axis=0) - sz
+            p = tl.load(lpar_ptr + d * BP + lane_b, mask=m, other=0)
+            pprev = tl.load(lpar_ptr + d * BP + lane_b - 1, mask=m & (lane_b > 0), other=-1)
+            first = p != pprev
+            gstart = tl.associative_scan(tl.where(first, before, 0), 0, _max_combine)
+            base = tl.load(pre_ptr + (d - 1) * BP + p, mask=m, other=0) + 1
+            tl.store(pre_ptr + d * BP + lane_b, base + before - gstart, mask=m)
+            tl.debug_barrier()
+
+        # the global best N_OUT by (score, pre-order index), in pop order
+        g = tl.arange(0, NP)
+        gd = g // BP
+        gi = g % BP
+        gm = (gd < L) & (gi < tl.load(cnt_ptr + gd, mask=gd < L, other=0))
+        sc = tl.load(ls_ptr + g, mask=gm, other=0.0)
+        pr = tl.load(pre_ptr + g, mask=gm, other=0)
+        gkey = tl.where(gm, (((_desc(sc) << GB) | pr.to(tl.int64)) << IB) | g.to(tl.int64), BIG)
+        sg = tl.sort(gkey)
+        chosen = g < N_OUT
+        cg = (sg & ((1 << IB) - 1)).to(tl.int32)
+        tl.store(nodeof_ptr + cg, g + 1, mask=chosen)
+        tl.debug_barrier()
+        cd = cg // BP
+        ci = cg % BP
+        r = tl.load(lr_ptr + cg, mask=chosen, other=0)
+        tl.store(tok_out + g, tl.load(tok_ptr + cd * K + r, mask=chosen, other=0), mask=chosen)
+        tl.store(dep_out + g, (cd + 1).to(tl.int64), mask=chosen)
+        pp = tl.load(lpar_ptr + cg, mask=chosen, other=0)
+        par = tl.load(nodeof_ptr + (cd - 1) * BP + pp, mask=chosen & (cd > 0), other=0)
+        tl.store(par_out + g, tl.where(cd > 0, par, 0).to(tl.int64), mask=chosen)
+
+
+class TritonTreeBuilder:
+    """Drop-in for StaticTreeBuilder on CUDA: __call__(draft_logits [L, V]) -> (token_ids, parents, depths)
+    [N] long. `flag` ([1] int32, device) counts failed pruning certificates since the last reset."""
+
+    def __init__(self, L: int, V: int, budget: int, device):
+        if budget <= 0 or L <= 0:
+            raise ValueError("TritonTreeBuilder needs budget > 0 and L > 0")
+        dev = torch.device(device)
+        self.L, self.V, self.budget = L, V, budget
+        K = self.K = min(budget, V)
+        counts = [K]
+        for _ in range(1, L):
+            counts.append(min(budget, counts[-1] * K))
+        self.counts = counts
+        total = sum(counts)
+        self.N = min(budget, total)
+        BP = self.BP = _pow2(max(counts))
+        regions, bounds = [([], [])], [([], [])]
+        for d in range(1, L):
+            F = counts[d - 1]
+            fs, rs, bfs, brs = [], [], [], []
+            for f in range(F):
+                lim = min(K, budget // (f + 1))
+                fs += [f] * lim
+                rs += list(range(lim))
+                if lim < K:
+                    bfs.append(f)
+                    brs.append(lim)
+            if len(fs) < counts[d]:  # pruning would keep too few: take every candidate, no certificate needed
+                fs = [f for f in range(F) for _ in range(K)]
+                rs = [r for _ in range(F) for r in range(K)]
+                bfs, brs = [], []
+            regions.append((fs, rs))
+            bounds.append((bfs, brs))
+        RP = self.RP = _pow2(max(len(f) for f, _ in regions))
+        pad = lambda xs, n: xs + [-1] * (n - len(xs))  # noqa: E731
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.cnt = torch.tensor(counts, **i32)
+        self.regf = torch.tensor([pad(f, RP) for f, _ in regions], **i32)
+        self.regr = torch.tensor([pad(r, RP) for _, r in regions], **i32)
+        self.bndf = torch.tensor([pad(f, BP) for f, _ in bounds], **i32)
+        self.bndr = torch.tensor([pad(r, BP) for _, r in bounds], **i32)
+        self.NP = _pow2(L * BP)
+        self.TB = max(1, (budget * K).bit_length())
+        self.JB = max(1, (RP - 1).bit_length())
+        self.GB = max(1, total.bit_length())
+        self.IB = max(1, (self.NP - 1).bit_length())
+        if 32 + self.TB > 63 or 32 + self.GB + self.IB > 63 or self.TB + self.JB > 63:
+            raise ValueError(f"budget {budget} is too large for the one-block tree kernel")
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.ks, self.ls = torch.zeros(L, BP, **f32), torch.zeros(L, BP, **f32)
+        self.kl, self.lpar, self.lr = (torch.zeros(L, BP, **i32) for _ in range(3))
+        self.size, self.pre = torch.zeros(L, BP, **i32), torch.zeros(L, BP, **i32)
+        self.node_of = torch.zeros(self.NP, **i32)
+        self.flag = torch.zeros(1, **i32)
+        self.num_warps = 4 if max(RP, self.NP) <= 1024 else (8 if max(RP, self.NP) <= 4096 else 16)
+
+    def __call__(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lp, tok = topk_logprobs(draft_logits, self.K)
+        lp, tok = lp.contiguous(), tok.contiguous()
+        dev = draft_logits.device
+        tok_out = torch.empty(self.N, dtype=torch.long, device=dev)
+        par_out = torch.empty(self.N, dtype=torch.long, device=dev)
+        dep_out = torch.empty(self.N, dtype=torch.long, device=dev)
+        _tree_kernel[(1,)](lp, tok, self.cnt, self.regf, self.regr, self.bndf, self.bndr,
+                           self.ks, self.kl, self.lpar, self.lr, self.ls, self.size, self.pre, self.node_of, self.flag,
+                           tok_out, par_out, dep_out,
+                           L=self.L, K=self.K, BP=self.BP, RP=self.RP, NP=self.NP, TB=self.TB, JB=self.JB, GB=self.GB,
+                           IB=self.IB, N_OUT=self.N, num_warps=self.num_warps)
+        return tok_out, par_out, dep_out
