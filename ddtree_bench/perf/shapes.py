@@ -72,9 +72,10 @@ def _fill(module: torch.nn.Module, gen: torch.Generator) -> None:
 
 
 def _materialise(module, rope, head_dim: int, device, dtype, gen) -> torch.nn.Module:
-    module = module.to(dtype).to_empty(device=device)   # cast on meta first: nothing is ever made in fp32
+    module = module.to(dtype)                               # cast on meta first: nothing is ever made in fp32
+    module.rotary.inv_freq = rope_inv_freq(rope, head_dim)  # real (tiny) data: Rotary keeps it in fp32 through moves
+    module = module.to_empty(device=device)
     _fill(module, gen)
-    module.rotary.inv_freq = rope_inv_freq(rope, head_dim).to(device=device, dtype=dtype)  # as load_target leaves it
     return module.eval()
 
 
