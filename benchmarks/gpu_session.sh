@@ -14,14 +14,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 python3 -c "import torch, typer, yaml, tqdm, safetensors, tokenizers, jinja2, aiohttp; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 
 step gpu tests
-timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fastpath.py 2>&1 | tail -20
+timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fastpath.py 2>&1 | tail -25
 
-step sdpa probe
-timeout 90 python3 benchmarks/gpu_probe.py 2>&1 | tee "$OUT/probe.txt"
+if [ -n "${PROBE:-}" ]; then
+  step sdpa probe
+  timeout 90 python3 benchmarks/gpu_probe.py 2>&1 | tee "$OUT/probe.txt"
+fi
 
 step bench qwen3-8b
 timeout ${BENCH8B_TIMEOUT:-330} python3 -m ddtree_bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 \
-  --budgets 16..1024 --prefix-len 1024 --rounds 20 --tau "$PAPER_TAU" --out "$OUT/bench_qwen3-8b.json" \
+  --budgets 16..1024 --prefix-len 1024 --rounds ${ROUNDS:-20} --tau "$PAPER_TAU" --out "$OUT/bench_qwen3-8b.json" \
   2> "$OUT/bench_qwen3-8b.err" | grep -v '^{' | tee "$OUT/bench_qwen3-8b.txt"
 tail -3 "$OUT/bench_qwen3-8b.err"
 
@@ -29,7 +31,7 @@ if [ -n "${SKIP_PAIR:-}" ]; then step done; exit 0; fi
 if [ -f ddtree_bench/models/toy/target/config.json ]; then PAIR=toy; else PAIR=random; fi
 step bench $PAIR pair
 timeout ${BENCHTOY_TIMEOUT:-200} python3 -m ddtree_bench bench-engine --model $PAIR --device cuda --dtype float32 \
-  --budgets 16..1024 --prefix-len 512 --rounds 20 --limit 4 --max-new-tokens 128 --out "$OUT/bench_$PAIR.json" \
+  --budgets 16..1024 --prefix-len 512 --rounds ${ROUNDS:-20} --limit ${LIMIT:-4} --max-new-tokens ${MAXNEW:-128} --out "$OUT/bench_$PAIR.json" \
   2> "$OUT/bench_$PAIR.err" | grep -v '^{' | tee "$OUT/bench_$PAIR.txt"
 tail -3 "$OUT/bench_$PAIR.err"
 step done

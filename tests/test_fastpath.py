@@ -352,8 +352,11 @@ def test_triton_tree_kernel_equals_heap_on_gpu(kind):
     from ddtree_bench.engine.tree_triton import TritonTreeBuilder, available
 
     if not available("cuda"):
+        from ddtree_bench.engine.tree_triton import _SELF_TEST, triton
+
+        assert triton is None, f"Triton is installed but its tree kernel failed: {_SELF_TEST.get('error')}"
         pytest.skip("Triton is not installed")
-    for L, V, budget in [(15, 272, 16), (15, 272, 64), (15, 272, 256), (15, 151936, 1024), (4, 3, 50), (6, 5, 7), (15, 40, 300)]:
+    for L, V, budget in [(15, 272, 16), (15, 272, 64), (15, 151936, 1024), (4, 3, 50), (6, 5, 7)]:
         for seed in range(3):
             logits = _logits(kind, L, V, seed)
             heap = build_tree(logits, budget)

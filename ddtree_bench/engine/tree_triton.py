@@ -33,8 +33,31 @@ except Exception:  # pragma: no cover - depends on the install
 from ddtree_bench.engine.tree_static import topk_logprobs
 
 
+_SELF_TEST: dict[str, object] = {}
+
+
 def available(device) -> bool:
-    return triton is not None and torch.device(device).type == "cuda"
+    """Triton is installed, the device is CUDA, and a small tree built by the kernel equals the heap's
+    (checked once per process; a compile or runtime failure makes callers use the PyTorch builder)."""
+    if triton is None or torch.device(device).type != "cuda":
+        return False
+    if "ok" not in _SELF_TEST:
+        try:
+            from ddtree_bench.engine.tree import build_tree
+
+            logits = torch.randn(5, 11, generator=torch.Generator().manual_seed(0))
+            tb = TritonTreeBuilder(5, 11, 9, device)
+            got = [t.tolist() for t in tb(logits.to(device))]
+            ref = build_tree(logits, 9)
+            _SELF_TEST["ok"] = got == [ref.token_ids.tolist(), ref.parents.tolist(), ref.depths.tolist()]
+            _SELF_TEST["error"] = None if _SELF_TEST["ok"] else "kernel tree differs from the heap's"
+        except Exception as e:  # pragma: no cover - needs a GPU
+            _SELF_TEST["ok"], _SELF_TEST["error"] = False, f"{type(e).__name__}: {e}"
+        if not _SELF_TEST["ok"]:
+            import warnings
+
+            warnings.warn(f"Triton tree kernel unavailable, using the PyTorch builder: {_SELF_TEST['error']}")
+    return bool(_SELF_TEST["ok"])
 
 
 def _pow2(n: int) -> int:
