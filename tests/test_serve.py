@@ -107,6 +107,26 @@ def test_http_outputs_and_acceptance_equal_in_process_at_concurrency_8(servers, 
     assert info["method"] == method and info["model"] == "random"
 
 
+def test_sampled_outputs_follow_the_per_request_seed(servers):
+    """T > 0: the seed the driver derives per request reaches the server's sampler (same tokens as in-process)."""
+    import torch
+
+    from ddtree_bench.pair import load_pair
+
+    kw = dict(max_new_tokens=12, temperature=0.9, top_p=0.95, seed=11, progress=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ref = asyncio.run(drive(InProcessBackend(load_pair("random", None, "ddtree"), "dflash", BUDGET), PROMPTS[:3], **kw))
+    finally:
+        torch.set_num_threads(threads)
+    recs, _ = http_run(servers["dflash"].url, PROMPTS[:3], concurrency=3, **kw)
+    want = {(r.prompt_id, r.turn): r for r in ref}
+    for r in recs:
+        assert r.ok and r.output_ids == want[(r.prompt_id, r.turn)].output_ids
+        assert r.accept_lengths == want[(r.prompt_id, r.turn)].accept_lengths
+
+
 def test_completions_endpoint_with_client_rendered_ids_equals_in_process(servers, reference):
     recs, _ = http_run(servers["ddtree"].url, PROMPTS[:4], endpoint="completions", concurrency=2)
     assert_same(recs, {k: v for k, v in reference["ddtree"].items() if k[0] in {p.prompt_id for p in PROMPTS[:4]}})

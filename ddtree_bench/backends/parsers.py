@@ -163,17 +163,18 @@ class StreamState:
             raise ResponseError(f"expected a JSON object, got {type(obj).__name__}")
         if "error" in obj and not obj.get("choices"):
             raise ResponseError(error_message(obj))
-        stats = spec_stats(obj)
-        if stats is not None:
-            self.stats = stats
+        choices = obj.get("choices") or []
+        ch = choices[0] if choices else None
+        if choices and not isinstance(ch, dict):
+            raise ResponseError("malformed choice")
+        if "metrics" in obj or "sglext" in obj or "meta_info" in obj or (ch is not None and "meta_info" in ch):
+            stats = spec_stats(obj)
+            if stats is not None:
+                self.stats = stats
         if isinstance(obj.get("prompt_token_ids"), list):  # vLLM chat: top level, first chunk
             self.prompt_ids = list(obj["prompt_token_ids"])
         upd = ChunkUpdate()
-        choices = obj.get("choices") or []
-        if choices:
-            ch = choices[0]
-            if not isinstance(ch, dict):
-                raise ResponseError("malformed choice")
+        if ch is not None:
             delta = ch.get("delta")
             if isinstance(delta, dict):                      # chat stream
                 upd.text = delta.get("content") or ""
@@ -183,7 +184,7 @@ class StreamState:
                 upd.text = ch.get("text") or ""
             ids = ch.get("token_ids")
             if isinstance(ids, list):
-                upd.token_ids = [int(t) for t in ids]
+                upd.token_ids = ids
             if isinstance(ch.get("prompt_token_ids"), list):  # vLLM completions: in the choice
                 self.prompt_ids = list(ch["prompt_token_ids"])
             if ch.get("finish_reason"):
