@@ -10,7 +10,6 @@ Knows models and tokenizers; knows nothing of suites, HTTP or results.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,12 +52,10 @@ def load_pair(model: str, draft: str | None, method: str, dtype: str = "float32"
     target_dir, draft_dir = model_dirs(model, draft)
     info: dict[str, Any] = {"model": model, "draft": draft, "dtype": dtype, "device": device}
     if target_dir is None:
-        from ddtree_bench.toy.tokenizer import IM_END, VOCAB_SIZE, write_tokenizer
+        from ddtree_bench.toy.tokenizer import IM_END, VOCAB_SIZE
 
         target, drafter = random_pair(seed=0, dtype=dtype, device=device, vocab_size=VOCAB_SIZE)
-        tmp = Path(tempfile.mkdtemp(prefix="ddtree-bench-tok-"))
-        write_tokenizer(tmp)
-        tok = ChatTokenizer(tmp)
+        tok = ChatTokenizer(TOY_DIR / "target")  # the same byte tokenizer the toy pair ships
         info.update(model_path=None, model_hash="random-seed-0", draft_path=None, draft_hash="random-seed-0")
         engine = Engine(target, drafter if method != "ar" else None, fast=fast)
         return LoadedPair(engine, tok, [IM_END], info)

@@ -93,9 +93,9 @@ class _Clock:
 class DFlashProposer:
     """Step 1 of a round behind one method, so tests can swap in a rigged proposer.
 
-    propose(ctx, bonus, draft_len, start) -> draft logits [L, V] for depths 1..L, where ctx are the
-    target hidden states [start - draft_len, n*H] of positions draft_len .. start-1 and the bonus
-    token sits at position `start`.
+    propose(ctx, bonus, cache, draft_len, start) -> draft logits [L, V] for depths 1..L, where ctx
+    are the target hidden states [start - draft_len, n*H] of positions draft_len .. start-1, the
+    bonus token sits at position `start`, and `cache` is the proposer's own cache (`new_cache`).
     """
 
     def __init__(self, drafter: DFlashDrafter, target: Target):
