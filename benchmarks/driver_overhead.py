@@ -4,7 +4,8 @@ Starts `ddtree-bench serve --null` (instant tokens, no model; or uses --url) and
 alternates two clients over the same requests (streaming /v1/chat/completions, same body):
   * raw    - a minimal aiohttp client: one session, C workers, time from post() to `[DONE]`;
   * driver - `load.drive` with the HTTP backend (SSE parsing, per-chunk stamps, records; no tqdm).
-Reported per client: end-to-end ms (mean, p50, p99) and requests/s; "added" = driver - raw. Then,
+Reported per client: end-to-end ms (mean, p50, p99), requests/s and the client process's CPU time
+per request (the least noisy figure on a shared machine); "added" = driver - raw. Then,
 open loop: for each rate R, the achieved dispatch rate ((n-1) / span of t_dispatch_ns), the rate
 the seeded schedule itself implies ((n-1) / its last offset), and the client's dispatch lag behind
 the schedule (t_dispatch_ns - t_send_ns) p50 / p99 / max.
@@ -66,23 +67,26 @@ async def raw_client(url: str, n: int, concurrency: int, max_tokens: int) -> tup
         for _ in range(concurrency):  # warm the pool, as the driver's warmup does
             await one()
         e2e.clear()
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        span = time.perf_counter() - t
-    return e2e, n / span
+        span, cpu = time.perf_counter() - t, time.process_time() - cpu
+    return e2e, n / span, cpu / n * 1e6
 
 
 async def driver_client(url: str, n: int, concurrency: int, max_tokens: int, rate: float | None = None):
     b = HTTPBackend("standalone", url, model="null", timeout_s=120)
     prompts = [Prompt(f"p{i}", [MESSAGES[0]["content"]]) for i in range(n)]
-    t = time.perf_counter()
+    warmup = concurrency if rate is None else 4
+    t, cpu = time.perf_counter(), time.process_time()
     recs = await drive(b, prompts, max_new_tokens=max_tokens, concurrency=concurrency, request_rate=rate,
-                       warmup=concurrency if rate is None else 4, progress=False)
-    span = time.perf_counter() - t
+                       warmup=warmup, progress=False)
+    span, cpu = time.perf_counter() - t, time.process_time() - cpu
     bad = [r.error for r in recs if not r.ok]
     if bad:
         raise SystemExit(f"driver errors: {bad[:3]}")
-    return recs, n / span
+    # req/s over the whole call (warmup included, as the raw client's timer excludes its own warmup: conservative);
+    # CPU per request counts the warmup requests, which did the same work
+    return recs, n / span, cpu / (n + warmup) * 1e6
 
 
 def start_null_server(chunk_tokens: int, delay_ms: float, cpu: int | None) -> tuple[subprocess.Popen, str]:
@@ -121,28 +125,32 @@ def main() -> None:
         print(f"null server {url}; {args.max_tokens} tokens per request in chunks of {args.chunk_tokens} "
               f"(+{args.delay_ms:g} ms each); "
               f"{args.requests} requests x {args.repeats} repeats per client")
-        print(f"{'C':>4} {'client':>7} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'req/s':>8}")
+        print(f"{'C':>4} {'client':>7} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'req/s':>8} {'cpu us/req':>10}")
         for c in [int(x) for x in args.concurrency.split(",")]:
             raw_runs, drv_runs = [], []
             for _ in range(args.repeats):
-                e2e, rps = asyncio.run(raw_client(url, args.requests, c, args.max_tokens))
-                raw_runs.append((stats_ms(e2e), rps))
-                recs, rps = asyncio.run(driver_client(url, args.requests, c, args.max_tokens))
-                drv_runs.append((stats_ms([r.t_done_ns - r.t_send_ns for r in recs]), rps))
+                e2e, rps, cpu_us = asyncio.run(raw_client(url, args.requests, c, args.max_tokens))
+                raw_runs.append((stats_ms(e2e), rps, cpu_us))
+                recs, rps, cpu_us = asyncio.run(driver_client(url, args.requests, c, args.max_tokens))
+                drv_runs.append((stats_ms([r.t_done_ns - r.t_send_ns for r in recs]), rps, cpu_us))
             row = {"concurrency": c}
             for name, runs in (("raw", raw_runs), ("driver", drv_runs)):
                 med = {k: sorted(r[0][k] for r in runs)[len(runs) // 2] for k in ("mean", "p50", "p99")}
                 med["req_s"] = sorted(r[1] for r in runs)[len(runs) // 2]
+                med["client_cpu_us_per_req"] = sorted(r[2] for r in runs)[len(runs) // 2]
                 row[name] = med
-                print(f"{c:>4} {name:>7} {med['mean']:9.3f} {med['p50']:9.3f} {med['p99']:9.3f} {med['req_s']:8.0f}")
+                print(f"{c:>4} {name:>7} {med['mean']:9.3f} {med['p50']:9.3f} {med['p99']:9.3f} {med['req_s']:8.0f} "
+                      f"{med['client_cpu_us_per_req']:10.0f}")
             row["added_ms"] = {k: row["driver"][k] - row["raw"][k] for k in ("mean", "p50", "p99")}
-            print(f"{c:>4} {'added':>7} {row['added_ms']['mean']:9.3f} {row['added_ms']['p50']:9.3f} {row['added_ms']['p99']:9.3f}")
+            row["added_client_cpu_us_per_req"] = row["driver"]["client_cpu_us_per_req"] - row["raw"]["client_cpu_us_per_req"]
+            print(f"{c:>4} {'added':>7} {row['added_ms']['mean']:9.3f} {row['added_ms']['p50']:9.3f} {row['added_ms']['p99']:9.3f} "
+                  f"{'':8} {row['added_client_cpu_us_per_req']:10.0f}")
             out["latency"].append(row)
 
         print(f"\n{'rate':>6} {'schedule':>9} {'achieved':>9} {'lag p50 ms':>11} {'lag p99 ms':>11} {'lag max ms':>11}")
         for rate in [float(x) for x in args.rates.split(",")]:
             n = args.rate_requests
-            recs, _ = asyncio.run(driver_client(url, n, 1, args.max_tokens, rate=rate))
+            recs, _, _ = asyncio.run(driver_client(url, n, 1, args.max_tokens, rate=rate))
             sent = sorted(r.t_dispatch_ns for r in recs)
             achieved = (n - 1) / ((sent[-1] - sent[0]) / 1e9)
             scheduled = (n - 1) / poisson_schedule(n, rate, 0)[-1]
