@@ -278,6 +278,7 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
     progress("verify curve")
     curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs)
     result["verify_curve_ms"] = curves
+    progress(f"verify curve ms: {curves}")
     curve = curves["graph"] or curves["eager"]
 
     result["rounds"] = []
@@ -286,11 +287,13 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
         progress(f"rounds {method} {budget or ''}")
         result["rounds"].append(round_times(target, drafter, method, budget, spec.prefix_len, spec.rounds, spec.graphs,
                                             spec.plain, spec.seed))
+        progress(f"rounds: {result['rounds'][-1]}")
     sync(dev)
 
     progress("tree build")
     L = (drafter.block_size - 1) if drafter is not None else 15
     result["build_tree_ms"] = build_times(target.cfg.vocab_size, L, spec.budgets, dev, spec.build_reps)
+    progress(f"build: {result['build_tree_ms']}")
 
     has_text = spec.shape is None and drafter is not None and tokenizer is not None  # `random` has the byte tokenizer
     if spec.e2e and has_text:
