@@ -7,12 +7,13 @@ import json
 import pytest
 
 from baseline_support import STOP, baseline_file, cli, entry, record, run_dir
+from ddtree_bench import defaults as D
 from ddtree_bench.baseline import read_baseline
 from ddtree_bench.compare import compare_records
 from ddtree_bench.errors import UsageError
 
 OUT = [10, 11, 12, 13, 14, 15, 16, STOP]
-GAPS = [3.0, 0.2, 4.0, 0.05, 2.5, 1.0, 0.7, 6.0]  # near ties (< 0.5) at 1 and 3
+GAPS = [3.0, 0.2, 4.0, 0.05, 2.5, 1.5, 0.7, 6.0]  # near ties (below the default 1.0) at 1, 3 and 6
 
 
 def _baseline(tmp_path, entries, **header):
@@ -27,7 +28,7 @@ def test_an_altered_token_is_found_at_its_index(tmp_path, index):
     p = compare_records([record("p", out)], b).prompts[0]
     assert p.match is False and p.first_divergence == index
     assert p.gap == GAPS[index]
-    assert p.kind == ("near_tie" if GAPS[index] < 0.5 else "divergence")
+    assert p.kind == ("near_tie" if GAPS[index] < D.NEAR_TIE_GAP else "divergence")
     assert p.context_ids["baseline"][0] == OUT[index] and p.context_ids["run"][0] == 99
     assert p.context_ids["before"] == OUT[max(0, index - 8):index]
 
@@ -46,7 +47,7 @@ def test_totals_and_json_contract(tmp_path):
     doc = compare_records(recs, b).to_json()
     json.dumps(doc, allow_nan=False)
     assert doc["exact_match_rate"] == 0.25 and doc["num_prompts"] == 4
-    assert doc["num_confident_divergences"] == 0 + (GAPS[3] >= 0.5) and doc["num_near_ties"] == 2
+    assert doc["num_confident_divergences"] == 0 and doc["num_near_ties"] == 2  # b at 3 (gap 0.05), c at 1 (0.2)
     assert doc["num_errors"] == 1
     for p in doc["prompts"]:
         assert set(p) >= {"prompt_id", "turn", "match", "first_divergence", "gap", "kind", "baseline_len", "output_len", "context"}

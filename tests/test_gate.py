@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from baseline_support import STOP, baseline_file, cli, entry, record, run_dir
+from ddtree_bench import defaults as D
 from ddtree_bench.errors import UsageError
 from ddtree_bench.gate import MetricRule, judge, load_rules
 
@@ -104,7 +105,7 @@ def test_judge_is_direction_aware():
 
 def test_rules_files_merge_over_defaults_and_reject_unknown_keys(tmp_path):
     d = load_rules()
-    assert d.max_confident_divergences == 0 and d.max_errors == 0 and d.near_tie_gap == 0.5
+    assert d.max_confident_divergences == 0 and d.max_errors == 0 and d.near_tie_gap == D.NEAR_TIE_GAP
     assert [(m.metric, m.against) for m in d.metrics] == [("acceptance_length_mean", "baseline"), ("output_throughput_tok_s", "reference")]
     f = tmp_path / "r.yaml"
     f.write_text("correctness:\n  near_tie_gap: 1.5\n  min_exact_match_rate: 0.66\nmetrics:\n  - metric: tpot_ms.p99\n    tolerance: 0.2\n")

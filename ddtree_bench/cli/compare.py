@@ -10,10 +10,11 @@ from typing import Annotated, Optional
 
 import typer
 
+from ddtree_bench import defaults as D
 from ddtree_bench.cli.app import app
 
 BaselineOpt = Annotated[Path, typer.Option("--baseline", help="Baseline file (baseline record / baseline import).")]
-NearTieGap = Annotated[Optional[float], typer.Option("--near-tie-gap", help="Logit gap below which a divergence is a near tie (default 0.5; see docs/ci-gate.md).")]
+NearTieGap = Annotated[Optional[float], typer.Option("--near-tie-gap", help=f"Logit gap below which a divergence is a near tie (default {D.NEAR_TIE_GAP:g}; see docs/ci-gate.md).")]
 
 
 @app.command("compare")
@@ -26,7 +27,6 @@ def compare_cmd(
     """Diff a run's greedy outputs against a baseline, prompt by prompt."""
     import json
 
-    from ddtree_bench import defaults as D
     from ddtree_bench.baseline import read_baseline
     from ddtree_bench.compare import compare_run
     from ddtree_bench.records import json_safe
