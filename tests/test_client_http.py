@@ -4,7 +4,6 @@ failure becomes a per-request error (or exit 2 before the first request)."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 from aiohttp import web

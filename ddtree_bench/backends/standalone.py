@@ -247,6 +247,7 @@ async def _run(request: web.Request, st: ServerState, req: ServeRequest, job: Jo
                         await resp.write(_sse(chunk))
                     except (ConnectionError, RuntimeError):  # the client went away: stop generating
                         job.cancelled = True
+                        st.metrics.inc("request_success", finished_reason="abort")
                         return resp
                 now = time.perf_counter_ns()  # the tokens are on their way (streaming) or buffered
                 if t_last is None:
