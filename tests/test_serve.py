@@ -244,3 +244,29 @@ def test_sigterm_lets_an_in_flight_request_finish_and_refuses_new_ones():
         assert p.proc.wait(timeout=60) == 0
     finally:
         p.kill()
+
+
+def test_a_client_that_disconnects_frees_the_engine(servers):
+    """A vanished client's generation stops at its next round: the next request is not stuck behind it."""
+    url = servers["dflash"].url
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            body = {"prompt": "x", "max_tokens": 3000, "temperature": 0, "stream": True}
+            async with s.post(url + "/v1/completions", json=body) as resp:
+                n = 0
+                async for line in resp.content:
+                    n += line.startswith(b"data:")
+                    if n == 2:
+                        break  # leaving the block closes the connection mid-stream
+        t = time.time()
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url + "/v1/completions", json={"prompt": "y", "max_tokens": 2, "temperature": 0}) as r:
+                assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 2
+        return time.time() - t
+
+    before = parse_prometheus(requests.get(url + "/metrics", timeout=30).text)
+    assert asyncio.run(go()) < 10  # 3000 tokens take tens of seconds on this CPU
+    after = parse_prometheus(requests.get(url + "/metrics", timeout=30).text)
+    key = 'ddtree:request_success_total{model_name="random",finished_reason="abort"}'
+    assert after.get(key, 0) - before.get(key, 0) == 1
