@@ -24,7 +24,7 @@ class InProcessBackend:
         self.budget = budget
         self.stop_ids = list(spec.stop_ids) if spec and spec.stop_ids is not None else pair.stop_ids
         self.block_size = pair.engine.block_size
-        self._lock = asyncio.Lock()
+        self._lock: asyncio.Lock | None = None  # made in start(): each drive() runs its own event loop
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> "InProcessBackend":
@@ -33,7 +33,7 @@ class InProcessBackend:
         return cls(load_pair(spec.model, spec.draft, spec.method, spec.dtype, spec.device), spec.method, spec.budget, spec)
 
     async def start(self) -> None:
-        return None
+        self._lock = asyncio.Lock()
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "method": self.method, "budget": self.budget, "stop_ids": self.stop_ids, **self.pair.info}
@@ -70,6 +70,8 @@ class InProcessBackend:
         return rec
 
     async def generate(self, req: GenerationRequest) -> RequestRecord:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
         async with self._lock:
             return await asyncio.to_thread(self.generate_sync, req)
 
