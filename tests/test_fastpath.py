@@ -332,13 +332,27 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("tree_kernel", ["auto", "torch"])
 def test_graph_captured_generation_equals_plain_on_gpu(dtype, tree_kernel):
+    """fp32: token for token. bf16: the two paths use different attention kernels (the plain one a
+    bool mask with enable_gqa, the fast one an additive bias with the group folded), so greedy
+    outputs agree only up to near-ties (ddtree-algorithm.md 3.2): the first divergence, if any, must
+    sit where the plain path's top-1/top-2 logit gap is below the project's near-tie threshold."""
+    from ddtree_bench.defaults import NEAR_TIE_GAP
+
     target, drafter = random_pair(seed=0, vocab_size=VOCAB, dtype=dtype, device="cuda")
     plain, fast = Engine(target, drafter), Engine(target, drafter, cuda_graphs=True)
     fast.fast_loop().tree_kernel = tree_kernel
     prompt = list(range(20, 60))
     for method, budget in (("ar", 0), ("dflash", 0), ("ddtree", 16), ("ddtree", 128)):
         for _ in range(2):  # second pass replays the captured graphs
-            _same(plain.generate(prompt, method, budget, 48), fast.generate(prompt, method, budget, 48))
+            a = plain.generate(prompt, method, budget, 48, return_logit_gaps=True)
+            b = fast.generate(prompt, method, budget, 48)
+            if dtype == "float32":
+                _same(a, b)
+                continue
+            diff = next((i for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y), None)
+            assert diff is not None or a.output_ids == b.output_ids
+            if diff is not None:
+                assert a.logit_gaps[diff] < NEAR_TIE_GAP, f"{method} diverged at token {diff} with gap {a.logit_gaps[diff]}"
     loop = fast.fast_loop()
     assert loop.graphs and loop.draft_stage.captured
     assert all(s.captured for b in loop.buckets.values() for s in b.stages.values() if s.graphs)
