@@ -1,0 +1,70 @@
+"""ddtree-bench gates itself: the bundled toy pair's DDTree and DFlash runs, in-process and through
+a real `ddtree-bench serve` process, must match the stored greedy baseline (baselines/toy-smoke.jsonl)
+under `.ci/gate.yaml`. This is what a user's CI does with their deployment, run with our CLI
+exactly as documented in docs/ci-gate.md. CI_ARTIFACTS=DIR keeps the JUnit and markdown verdicts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = ROOT / "baselines" / "toy-smoke.jsonl"
+RULES = ROOT / ".ci" / "gate.yaml"
+CLI = [sys.executable, "-m", "ddtree_bench"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(CLI + list(args), capture_output=True, text=True, env=ENV, timeout=600, cwd=ROOT)
+    if check and p.returncode != 0:
+        raise AssertionError(f"ddtree-bench {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def gate(run_dir: Path, tmp: Path, name: str) -> None:
+    out = Path(os.environ.get("CI_ARTIFACTS", tmp))
+    out.mkdir(parents=True, exist_ok=True)
+    junit, md = out / f"gate-{name}.xml", out / f"gate-{name}.md"
+    p = cli("gate", str(run_dir), "--baseline", str(BASELINE), "--rules", str(RULES), "--junit", str(junit),
+            "--markdown", str(md), check=False)
+    assert p.returncode == 0, f"gate failed for {name}:\n{p.stdout}\n{p.stderr}"
+    suite = ET.parse(junit).getroot()
+    assert int(suite.get("failures", 0)) == 0 and int(suite.get("tests", 0)) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ddtree", "dflash"])
+def test_in_process_runs_match_the_stored_baseline(tmp_path, method):
+    run = tmp_path / method
+    cli("run", "--model", "toy", "--method", method, "--budget", "64", "--suite", "smoke", "--max-new-tokens", "64",
+        "--out", str(run), "--quiet")
+    gate(run, tmp_path, f"inprocess-{method}")
+
+
+@pytest.mark.slow
+def test_served_runs_match_the_stored_baseline(tmp_path):
+    server = subprocess.Popen(CLI + ["serve", "--model", "toy", "--method", "ddtree", "--budget", "64", "--port", "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
+    try:
+        url = None
+        for line in server.stdout:
+            m = re.search(r"ready at (http://[0-9.:]+)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "ddtree-bench serve did not become ready"
+        run = tmp_path / "served"
+        cli("run", "--backend", "standalone", "--url", url, "--suite", "smoke", "--max-new-tokens", "64",
+            "--concurrency", "2", "--out", str(run), "--quiet")
+        gate(run, tmp_path, "standalone-ddtree")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
