@@ -163,8 +163,12 @@ class FastLoop:
         from ddtree_bench.engine import tree_triton
 
         L, V = self.L, self.target.cfg.vocab_size
-        if kind == "triton" or (kind == "auto" and tree_triton.available(self.device)):
+        if kind == "triton":
             return tree_triton.TritonTreeBuilder(L, V, budget, self.device)
+        if kind == "auto":
+            tb = tree_triton.checked_builder(L, V, budget, self.device)
+            if tb is not None:
+                return tb
         return StaticTreeBuilder(L, V, budget, self.device)
 
     def _bucket(self, method: str, budget: int, greedy: bool, kind: str | None = None, graphs: bool | None = None) -> _Bucket:

@@ -195,6 +195,30 @@ if triton is not None:
         tl.store(par_out + g, tl.where(cd > 0, par, 0).to(tl.int64), mask=chosen)
 
 
+def checked_builder(L: int, V: int, budget: int, device) -> "TritonTreeBuilder | None":
+    """A TritonTreeBuilder for this (L, V, budget) that compiled, ran and matched the PyTorch builder
+    on random logits here, or None (with a warning) - so a kernel that cannot build at some size
+    (resources, a Triton version) costs speed, never a crash or a wrong tree."""
+    if not available(device):
+        return None
+    try:
+        from ddtree_bench.engine.tree_static import StaticTreeBuilder
+
+        logits = torch.randn(L, V, generator=torch.Generator().manual_seed(budget)).to(device) * 3
+        tb = TritonTreeBuilder(L, V, budget, device)
+        got = tb(logits)
+        ref = StaticTreeBuilder(L, V, budget, device)(logits)
+        if tb.flag.item() == 0 and all(torch.equal(a, b) for a, b in zip(got, ref)):
+            return tb
+        error = "its tree differs from the PyTorch builder's"
+    except Exception as e:  # pragma: no cover - needs a GPU
+        error = f"{type(e).__name__}: {e}"
+    import warnings
+
+    warnings.warn(f"Triton tree kernel unusable at budget {budget}, using the PyTorch builder: {error}")
+    return None
+
+
 class TritonTreeBuilder:
     """Drop-in for StaticTreeBuilder on CUDA: __call__(draft_logits [L, V]) -> (token_ids, parents, depths)
     [N] long. `flag` ([1] int32, device) counts failed pruning certificates since the last reset."""

@@ -190,9 +190,9 @@ def build_times(V: int, L: int, budgets: list[int], device: torch.device, reps: 
             row["static_gpu_graph_fullsort"] = graph_time_fn(lambda: full(logits_dev), reps=max(reps, 10))
             from ddtree_bench.engine import tree_triton
 
-            row["triton_error"] = tree_triton._SELF_TEST.get("error") if not tree_triton.available(device) else None
-            if row["triton_error"] is None:
-                tb = tree_triton.TritonTreeBuilder(L, V, B, device)
+            tb = tree_triton.checked_builder(L, V, B, device)
+            row["triton_error"] = None if tb is not None else (tree_triton._SELF_TEST.get("error") or "unusable at this budget")
+            if tb is not None:
                 row["triton_gpu_eager"] = time_fn(lambda: tb(logits_dev), device, reps=reps, warmup=2)
                 row["triton_gpu_graph"] = graph_time_fn(lambda: tb(logits_dev), reps=max(reps, 10))
                 tok, _, _ = tb(logits_dev)
