@@ -48,3 +48,9 @@ SERVE_SHUTDOWN_GRACE_S = 10.0      # on SIGTERM in-flight requests get this long
 SERVE_COMPLETIONS_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's, SGLang's and vLLM's default)
 NULL_CHUNK_TOKENS = 4              # the null engine's tokens per streamed chunk (a "round")
 HTTP_PROBE_TIMEOUT_S = 10.0        # client: reaching the server before the first request
+# `ddtree-bench bench-engine` (perf/bench.py)
+BENCH_PREFIX_LEN = 1024            # prefix tokens before the measured rounds (the reference point)
+BENCH_ROUNDS = 20                  # measured rounds per method and budget, after a warmup generation
+BENCH_VERIFY_TOKENS = "1,16,64,128,256,512,1024"  # query-token counts of the verify-cost curve
+BENCH_E2E_PROMPTS = 4              # suite prompts for the end-to-end tok/s runs
+BENCH_E2E_MAX_NEW_TOKENS = 128

@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import torch
 
+from ddtree_bench import defaults as D
+from ddtree_bench.config import parse_budgets
 from ddtree_bench.costmodel import CostModel, Curve, best
 from ddtree_bench.engine.fastloop import ROUND_STAGES
 from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
@@ -32,24 +34,24 @@ from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
 
 @dataclass
 class BenchSpec:
-    model: str = "toy"
+    model: str = D.MODEL
     draft: str | None = None
     shape: str | None = None          # random weights of a real shape instead of --model
-    budgets: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256, 512, 1024])
-    prefix_len: int = 1024
-    device: str = "cpu"
-    dtype: str = "float32"
-    rounds: int = 20                  # measured rounds per method/budget
-    verify_tokens: list[int] = field(default_factory=lambda: [1, 16, 64, 128, 256, 512, 1024])
+    budgets: list[int] = field(default_factory=lambda: parse_budgets(D.SWEEP_BUDGETS))
+    prefix_len: int = D.BENCH_PREFIX_LEN
+    device: str = D.DEVICE
+    dtype: str = D.DTYPE
+    rounds: int = D.BENCH_ROUNDS      # measured rounds per method/budget
+    verify_tokens: list[int] = field(default_factory=lambda: [int(x) for x in D.BENCH_VERIFY_TOKENS.split(",")])
     graphs: bool = True               # fast engine with CUDA graphs (on a CPU it runs eagerly anyway)
     plain: bool = True                # also time the plain engine's rounds
-    e2e: bool = True                  # end-to-end tok/s on suite prompts (trained pairs only)
-    suite: str = "gsm8k"
-    limit: int = 4
-    max_new_tokens: int = 128
+    e2e: bool = True                  # end-to-end tok/s on suite prompts (pairs with a tokenizer)
+    suite: str = D.SUITE
+    limit: int = D.BENCH_E2E_PROMPTS
+    max_new_tokens: int = D.BENCH_E2E_MAX_NEW_TOKENS
     tau: dict[int, float] | None = None   # given tau(B) for the cost model (overrides the measured one)
     build_reps: int = 5
-    seed: int = 0
+    seed: int = D.SEED
 
 
 # ---------------------------------------------------------------------------- pairs
