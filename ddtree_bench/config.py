@@ -41,6 +41,7 @@ class RunSpec:
     seed: int = D.SEED
     dtype: str = D.DTYPE
     device: str = D.DEVICE
+    cuda_graphs: bool = False               # in-process engine: the fixed-shape CUDA-graph loop
     concurrency: int = D.CONCURRENCY
     request_rate: float | None = None
     warmup: int = D.WARMUP_REQUESTS

@@ -42,7 +42,7 @@ def model_dirs(model: str, draft: str | None) -> tuple[Path | None, Path | None]
 
 
 def load_pair(model: str, draft: str | None, method: str, dtype: str = "float32", device: str = "cpu",
-              fast: bool | None = None) -> LoadedPair:
+              fast: bool | None = None, cuda_graphs: bool = False) -> LoadedPair:
     """Load the target (and the drafter when `method` needs one) and the tokenizer."""
     from ddtree_bench.engine.generate import Engine
     from ddtree_bench.engine.loading import dir_hash, load_drafter, load_target, random_pair, resolve_device
@@ -50,14 +50,14 @@ def load_pair(model: str, draft: str | None, method: str, dtype: str = "float32"
 
     resolve_device(device)
     target_dir, draft_dir = model_dirs(model, draft)
-    info: dict[str, Any] = {"model": model, "draft": draft, "dtype": dtype, "device": device}
+    info: dict[str, Any] = {"model": model, "draft": draft, "dtype": dtype, "device": device, "cuda_graphs": cuda_graphs}
     if target_dir is None:
         from ddtree_bench.toy.tokenizer import IM_END, VOCAB_SIZE
 
         target, drafter = random_pair(seed=0, dtype=dtype, device=device, vocab_size=VOCAB_SIZE)
         tok = ChatTokenizer(TOY_DIR / "target")  # the same byte tokenizer the toy pair ships
         info.update(model_path=None, model_hash="random-seed-0", draft_path=None, draft_hash="random-seed-0")
-        engine = Engine(target, drafter if method != "ar" else None, fast=fast)
+        engine = Engine(target, drafter if method != "ar" else None, fast=fast, cuda_graphs=cuda_graphs)
         return LoadedPair(engine, tok, [IM_END], info)
 
     target = load_target(target_dir, dtype, device)
@@ -76,5 +76,5 @@ def load_pair(model: str, draft: str | None, method: str, dtype: str = "float32"
     if drafter is not None:
         info.update(block_size=drafter.block_size, mask_token_id=drafter.mask_token_id,
                     target_layer_ids=list(drafter.target_layer_ids))
-    engine = Engine(target, drafter, fast=fast)
+    engine = Engine(target, drafter, fast=fast, cuda_graphs=cuda_graphs)
     return LoadedPair(engine, tok, generation_stop_ids(target_dir, tok), info)

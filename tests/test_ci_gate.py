@@ -41,12 +41,14 @@ def gate(run_dir: Path, tmp: Path, name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["ddtree", "dflash"])
-def test_in_process_runs_match_the_stored_baseline(tmp_path, method):
-    run = tmp_path / method
+@pytest.mark.parametrize("method,extra", [("ddtree", ()), ("dflash", ()), ("ddtree", ("--cuda-graphs",))])
+def test_in_process_runs_match_the_stored_baseline(tmp_path, method, extra):
+    """Plain loop and the fixed-shape fast loop (uncaptured on a CPU) alike."""
+    name = f"inprocess-{method}" + ("-fastloop" if extra else "")
+    run = tmp_path / name
     cli("run", "--model", "toy", "--method", method, "--budget", "64", "--suite", "smoke", "--max-new-tokens", "64",
-        "--out", str(run), "--quiet")
-    gate(run, tmp_path, f"inprocess-{method}")
+        "--out", str(run), "--quiet", *extra)
+    gate(run, tmp_path, name)
 
 
 @pytest.mark.slow

@@ -30,7 +30,8 @@ class InProcessBackend:
     def from_spec(cls, spec: RunSpec) -> "InProcessBackend":
         from ddtree_bench.pair import load_pair
 
-        return cls(load_pair(spec.model, spec.draft, spec.method, spec.dtype, spec.device), spec.method, spec.budget, spec)
+        return cls(load_pair(spec.model, spec.draft, spec.method, spec.dtype, spec.device, cuda_graphs=spec.cuda_graphs),
+                   spec.method, spec.budget, spec)
 
     async def start(self) -> None:
         self._lock = asyncio.Lock()

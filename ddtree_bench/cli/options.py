@@ -30,4 +30,5 @@ Dtype = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float1
 Device = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N.")]
 Concurrency = Annotated[int, typer.Option("--concurrency", help="Closed-loop: requests in flight at once.")]
 RequestRate = Annotated[Optional[float], typer.Option("--request-rate", help="Open-loop Poisson arrivals per second (overrides --concurrency as the load shape).")]
+CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs", help="Engine fast path: fixed shapes, CUDA graphs, one host sync a round (same tokens; see docs/gpu-performance.md).")]
 Out = Annotated[Optional[Path], typer.Option("--out", help="Results directory (default: results/<run-id>).")]

@@ -29,6 +29,7 @@ def run_cmd(
     seed: O.Seed = D.SEED,
     dtype: O.Dtype = D.DTYPE,
     device: O.Device = D.DEVICE,
+    cuda_graphs: O.CudaGraphs = False,
     concurrency: O.Concurrency = D.CONCURRENCY,
     request_rate: O.RequestRate = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Warmup requests before measuring (not recorded).")] = D.WARMUP_REQUESTS,
@@ -44,7 +45,7 @@ def run_cmd(
     spec = RunSpec(
         backend=backend, url=url, api_key=api_key, model=model, draft=draft, method=method, budget=budget,
         suite=suite, limit=limit, subset=subset, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
-        device=device, concurrency=concurrency, request_rate=request_rate, warmup=warmup, endpoint=endpoint,
+        device=device, cuda_graphs=cuda_graphs, concurrency=concurrency, request_rate=request_rate, warmup=warmup, endpoint=endpoint,
         timeout_s=timeout,
     ).validate()
     result = execute(spec, out, progress=not quiet)

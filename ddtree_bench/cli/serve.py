@@ -19,6 +19,7 @@ def serve_cmd(
     budget: O.Budget = D.BUDGET,
     dtype: O.Dtype = D.DTYPE,
     device: O.Device = D.DEVICE,
+    cuda_graphs: O.CudaGraphs = False,
     host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default; other addresses want --api-key).")] = D.HOST,
     port: Annotated[int, typer.Option("--port", help="Port to bind (0 = any free port; the ready line says which).")] = D.PORT,
     api_key: O.ApiKey = None,
@@ -65,7 +66,7 @@ def serve_cmd(
         from ddtree_bench.pair import load_pair
 
         print(f"ddtree-bench serve: loading {model} ({method}, {dtype}, {device})", file=sys.stderr, flush=True)
-        pair = load_pair(model, draft, method, dtype, device)
+        pair = load_pair(model, draft, method, dtype, device, cuda_graphs=cuda_graphs)
         source = EngineSource(pair, method, budget, served_model_name or model)
         what = f"model {source.model_id}, method {method}" + (f", budget {budget}" if method == "ddtree" else "")
 
