@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_bench.errors import UsageError
+from ddtree_bench.jsonl import iter_jsonl
 from ddtree_bench.records import RequestRecord, json_safe
 
 KIND = "ddtree-bench-baseline"
@@ -152,30 +153,23 @@ def read_baseline(path: str | Path) -> Baseline:
     header: dict[str, Any] | None = None
     entries: list[BaselineEntry] = []
     seen: set[tuple[str, int]] = set()
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{path}:{i}: malformed JSON ({e.msg})") from None
-            if header is None:
-                if not isinstance(obj, dict) or obj.get("kind") != KIND:
-                    raise UsageError(f"{path}:{i}: not a ddtree-bench baseline (line 1 must be a header with \"kind\": \"{KIND}\")")
-                version = obj.get("version")
-                if not isinstance(version, int) or version < 1:
-                    raise UsageError(f"{path}:{i}: baseline header has no valid \"version\"")
-                if version > VERSION:
-                    raise UsageError(f"{path}: baseline format version {version} is newer than this ddtree-bench reads ({VERSION})",
-                                     hint="upgrade ddtree-bench")
-                header = obj
-                continue
-            e = entry_from_dict(obj, f"{path}:{i}")
-            if e.key in seen:
-                raise UsageError(f"{path}:{i}: duplicate entry for prompt {e.prompt_id!r} turn {e.turn}")
-            seen.add(e.key)
-            entries.append(e)
+    for i, obj in iter_jsonl(path):
+        if header is None:
+            if obj.get("kind") != KIND:
+                raise UsageError(f"{path}:{i}: not a ddtree-bench baseline (line 1 must be a header with \"kind\": \"{KIND}\")")
+            version = obj.get("version")
+            if not isinstance(version, int) or version < 1:
+                raise UsageError(f"{path}:{i}: baseline header has no valid \"version\"")
+            if version > VERSION:
+                raise UsageError(f"{path}: baseline format version {version} is newer than this ddtree-bench reads ({VERSION})",
+                                 hint="upgrade ddtree-bench")
+            header = obj
+            continue
+        e = entry_from_dict(obj, f"{path}:{i}")
+        if e.key in seen:
+            raise UsageError(f"{path}:{i}: duplicate entry for prompt {e.prompt_id!r} turn {e.turn}")
+        seen.add(e.key)
+        entries.append(e)
     if header is None:
         raise UsageError(f"baseline {path} is empty")
     if not entries:

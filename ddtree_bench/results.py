@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_bench.errors import UsageError
+from ddtree_bench.jsonl import iter_jsonl
 from ddtree_bench.records import RequestRecord, json_safe
 
 
@@ -122,14 +123,11 @@ def read_records(path: Path) -> list[RequestRecord]:
     if not path.exists():
         raise UsageError(f"{path} does not exist")
     out = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(RequestRecord.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as e:
-                raise UsageError(f"{path}:{i}: not a valid record ({e})") from None
+    for i, obj in iter_jsonl(path, expect="a request record (JSON object)"):
+        try:
+            out.append(RequestRecord.from_dict(obj))
+        except TypeError as e:
+            raise UsageError(f"{path}:{i}: not a valid record ({e})") from None
     return out
 
 

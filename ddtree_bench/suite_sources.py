@@ -12,7 +12,6 @@ Knows nothing of templates, subsets or models.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_bench.errors import UsageError
+from ddtree_bench.jsonl import iter_jsonl
 from ddtree_bench.suite_spec import Source
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -44,19 +44,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every object of a JSONL file. Errors name the file and the 1-based line."""
     if not path.is_file():
         raise UsageError(f"suite data file {path} does not exist")
-    items: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{path}:{i}: malformed JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise UsageError(f"{path}:{i}: expected a JSON object, got {type(obj).__name__}")
-            items.append(obj)
-    return items
+    return [obj for _, obj in iter_jsonl(path)]
 
 
 def load_items(suite: str, source: Source, base_dir: Path | None) -> Sequence[dict[str, Any]]:

@@ -15,13 +15,13 @@ Knows nothing of models or HTTP.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ddtree_bench.errors import UsageError
+from ddtree_bench.jsonl import iter_jsonl
 from ddtree_bench.records import Prompt
 from ddtree_bench.subsets import check_rule, select_indices
 from ddtree_bench.suite_spec import SuiteSpec, load_spec_file
@@ -66,28 +66,19 @@ def read_jsonl_suite(path: Path) -> list[Prompt]:
     if not path.exists():
         raise UsageError(f"suite file {path} does not exist")
     prompts, seen = [], set()
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{path}:{i}: malformed JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise UsageError(f"{path}:{i}: expected an object with \"id\" and \"turns\"")
-            turns = obj.get("turns")
-            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-                raise UsageError(f"{path}:{i}: \"turns\" must be a non-empty list of strings")
-            raw_id = obj.get("id", obj.get("question_id", i - 1))
-            pid = str(raw_id)
-            if pid in seen:
-                raise UsageError(f"{path}:{i}: duplicate id {pid!r}")
-            seen.add(pid)
-            max_new = obj.get("max_new_tokens")
-            if max_new is not None and (not isinstance(max_new, int) or isinstance(max_new, bool) or max_new <= 0):
-                raise UsageError(f"{path}:{i}: \"max_new_tokens\" must be a positive integer")
-            prompts.append(Prompt(pid, turns, max_new, {k: v for k, v in obj.items() if k not in ("id", "turns", "max_new_tokens")}))
+    for i, obj in iter_jsonl(path, expect='an object with "id" and "turns"'):
+        turns = obj.get("turns")
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise UsageError(f"{path}:{i}: \"turns\" must be a non-empty list of strings")
+        raw_id = obj.get("id", obj.get("question_id", i - 1))
+        pid = str(raw_id)
+        if pid in seen:
+            raise UsageError(f"{path}:{i}: duplicate id {pid!r}")
+        seen.add(pid)
+        max_new = obj.get("max_new_tokens")
+        if max_new is not None and (not isinstance(max_new, int) or isinstance(max_new, bool) or max_new <= 0):
+            raise UsageError(f"{path}:{i}: \"max_new_tokens\" must be a positive integer")
+        prompts.append(Prompt(pid, turns, max_new, {k: v for k, v in obj.items() if k not in ("id", "turns", "max_new_tokens")}))
     if not prompts:
         raise UsageError(f"suite file {path} has no prompts")
     return prompts

@@ -1,0 +1,30 @@
+"""Reading JSON Lines files whose every problem is reported as `FILE:LINE: what is wrong`.
+
+Suites, baselines and records all read JSONL written by people or other tools; this is the one
+place that turns a malformed line into a `UsageError` naming the file and the 1-based line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ddtree_bench.errors import UsageError
+
+
+def iter_jsonl(path: Path, expect: str = "a JSON object") -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, object) for every non-blank line; a line that is not valid JSON, or not a
+    JSON object, raises UsageError("{path}:{line}: ...")."""
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UsageError(f"{path}:{i}: malformed JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise UsageError(f"{path}:{i}: expected {expect}, got {type(obj).__name__}")
+            yield i, obj
