@@ -132,40 +132,16 @@ def _rank_of(order: torch.Tensor) -> torch.Tensor:
     return rank
 
 
-def build_tree_fast(draft_logits: torch.Tensor, budget: int) -> Tree:
-    """Same tree as `build_tree`, vectorised with static shapes; runs on the logits' device.
-
-    Ordering is exact, ties included: every comparison is on one int64 key
-    (score as an order-preserving integer, then a tie rank), and torch.topk on distinct keys is
-    deterministic. Per depth the tie rank is the lexicographic rank of (parent's rank tuple, r);
-    across depths it is the prefix's pre-order index in the trie of kept prefixes, which is its
-    lexicographic rank among all kept rank tuples.
-    """
-    L, V = draft_logits.shape
-    device = draft_logits.device
-    if budget <= 0 or L == 0:
-        return empty_tree(device)
-    K = min(budget, V)
-    lp, tok = _topk_logprobs(draft_logits, K)
-    tie_bits = max(1, (budget * K).bit_length())
-    arK = torch.arange(K, device=device)
-
-    scores, parent, rank, lexrank = [lp[0]], [None], [arK], [arK]   # per depth, in key order
-    for d in range(1, L):
-        cand = scores[-1][:, None] + lp[d][None, :]                  # [F, K]: the heap's fp32 adds
-        tie = lexrank[-1][:, None] * K + arK                          # lex order of (parent tuple, r)
-        key = (_desc_key(cand) << tie_bits) | tie
-        keep = torch.topk(key.flatten(), min(budget, key.numel()), largest=False, sorted=True).indices
-        scores.append(cand.flatten()[keep])
-        parent.append(keep // K)
-        rank.append(keep % K)
-        lexrank.append(_rank_of(torch.argsort(tie.flatten()[keep])))
-
-    # subtree sizes (bottom-up), then pre-order index = lexicographic rank among all kept prefixes
-    sizes = [torch.ones_like(s, dtype=torch.long) for s in scores]
+def preorder(parent: list, lexrank: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Pre-order index of every kept prefix in the trie they form = its lexicographic rank among all
+    of them. parent[d][i]: index of entry i's parent among depth d-1's entries (unused at d = 0);
+    lexrank[d]: lexicographic rank of each entry among its own depth's. Subtree sizes bottom-up, then
+    pre(x) = pre(parent) + 1 + sizes of x's earlier siblings, top-down; all vectorised per depth."""
+    L = len(lexrank)
+    sizes = [torch.ones_like(r) for r in lexrank]
     for d in range(L - 1, 0, -1):
         sizes[d - 1] = sizes[d - 1].index_add(0, parent[d], sizes[d])
-    pre = []
+    pre: list[torch.Tensor] = []
     for d in range(L):
         order = torch.argsort(lexrank[d])                             # grouped by parent, r ascending
         sz = sizes[d][order]
@@ -181,22 +157,25 @@ def build_tree_fast(draft_logits: torch.Tensor, budget: int) -> Tree:
         p = torch.empty_like(sz)
         p[order] = base + earlier
         pre.append(p)
+    return pre
 
-    S, P = torch.cat(scores), torch.cat(pre)
-    counts = [s.numel() for s in scores]
-    depth = torch.repeat_interleave(torch.arange(1, L + 1, device=device), torch.tensor(counts, device=device))
-    offsets = torch.tensor([0] + counts, device=device).cumsum(0)
-    gkey = (_desc_key(S) << max(1, S.numel().bit_length())) | P
-    chosen = torch.topk(gkey, min(budget, S.numel()), largest=False, sorted=True).indices  # pop order
-    N = chosen.numel()
 
-    node_of = torch.zeros(S.numel(), dtype=torch.long, device=device)
-    node_of[chosen] = torch.arange(1, N + 1, device=device)
-    d = depth[chosen]
-    flat_parent = torch.cat([torch.zeros(counts[0], dtype=torch.long, device=device)] + parent[1:])[chosen]
-    parents = torch.where(d > 1, node_of[flat_parent + offsets[(d - 2).clamp(min=0)]], torch.zeros_like(d))
-    token_ids = tok[d - 1, torch.cat(rank)[chosen]]
-    return Tree(token_ids, parents, d)
+def build_tree_fast(draft_logits: torch.Tensor, budget: int) -> Tree:
+    """Same tree as `build_tree`, vectorised with static shapes; runs on the logits' device.
+
+    Ordering is exact, ties included: every comparison is on one int64 key
+    (score as an order-preserving integer, then a tie rank), and torch.topk on distinct keys is
+    deterministic. Per depth the tie rank is the lexicographic rank of (parent's rank tuple, r);
+    across depths it is the prefix's pre-order index in the trie of kept prefixes, which is its
+    lexicographic rank among all kept rank tuples.
+    """
+    L, V = draft_logits.shape
+    if budget <= 0 or L == 0:
+        return empty_tree(draft_logits.device)
+    from ddtree_bench.engine.tree_static import StaticTreeBuilder  # the one implementation (also graph-captured)
+
+    token_ids, parents, depths = StaticTreeBuilder(L, V, budget, draft_logits.device, full_sort=True)(draft_logits)
+    return Tree(token_ids, parents, depths)
 
 
 # ---------------------------------------------------------------------------- verify inputs

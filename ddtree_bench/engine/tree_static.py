@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_bench.engine.tree import _desc_key, _rank_of
+from ddtree_bench.engine.tree import _desc_key, _rank_of, preorder
 
 
 def topk_logprobs(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +71,7 @@ class StaticTreeBuilder:
         return topk_logprobs(draft_logits, self.K)
 
     def __call__(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        L, K, budget = self.L, self.K, self.budget
+        L, K = self.L, self.K
         lp, tok = self.logprobs(draft_logits)
         arK = self.arK
         scores, parent, rank, lexrank = [lp[0]], [None], [arK], [arK]
@@ -85,27 +85,7 @@ class StaticTreeBuilder:
             rank.append(keep % K)
             lexrank.append(_rank_of(torch.argsort(tie.flatten()[keep])))
 
-        sizes = [torch.ones_like(s, dtype=torch.long) for s in scores]
-        for d in range(L - 1, 0, -1):
-            sizes[d - 1] = sizes[d - 1].index_add(0, parent[d], sizes[d])
-        pre = []
-        for d in range(L):
-            order = torch.argsort(lexrank[d])
-            sz = sizes[d][order]
-            before = sz.cumsum(0) - sz
-            if d == 0:
-                earlier, base = before, 0
-            else:
-                par_sorted = parent[d][order]
-                first = torch.ones_like(par_sorted, dtype=torch.bool)
-                first[1:] = par_sorted[1:] != par_sorted[:-1]
-                earlier = before - torch.cummax(torch.where(first, before, torch.zeros_like(before)), 0).values
-                base = pre[d - 1][par_sorted] + 1
-            p = torch.empty_like(sz)
-            p[order] = base + earlier
-            pre.append(p)
-
-        S, P = torch.cat(scores), torch.cat(pre)
+        S, P = torch.cat(scores), torch.cat(preorder(parent, lexrank))
         gkey = (_desc_key(S) << self.gbits) | P
         chosen = torch.topk(gkey, self.N, largest=False, sorted=True).indices
         node_of = torch.zeros(S.numel(), dtype=torch.long, device=S.device)
