@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from ddtree_bench.engine.config import parse_draft_config, parse_target_config

@@ -10,7 +10,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from ddtree_bench import defaults as D
 
 Backend = Annotated[str, typer.Option("--backend", help="inprocess | standalone | sglang | vllm.")]
 Url = Annotated[Optional[str], typer.Option("--url", help="Base URL of a running server (backends other than inprocess).")]

@@ -185,7 +185,7 @@ class FastLoop:
             b.stages["walk"] = Stage(lambda: self._walk_ar(b, greedy), dev, pool, g, name="walk")
             b.stages["commit"] = Stage(lambda: self._commit_ar(b), dev, pool, g, idempotent=False, name="commit")
         else:
-            L, V = self.L, self.target.cfg.vocab_size
+            L = self.L
             if method == "dflash":
                 width = 1 + L
                 build = lambda: chain(self.dlogits)  # noqa: E731

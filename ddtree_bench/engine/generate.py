@@ -32,7 +32,7 @@ import torch
 
 from ddtree_bench.engine.draft import DFlashDrafter
 from ddtree_bench.engine.model import Target
-from ddtree_bench.engine.tree import Tree, build_tree, build_tree_fast, chain_tree, compile_tree, verify_mask
+from ddtree_bench.engine.tree import build_tree, build_tree_fast, chain_tree, compile_tree, verify_mask
 from ddtree_bench.engine.verify import pick, walk, walk_fast
 
 METHODS = ("ar", "dflash", "ddtree")

@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from ddtree_bench.engine.config import (
-    DraftConfig,
     TargetConfig,
     parse_draft_config,
     parse_target_config,

@@ -186,7 +186,6 @@ if triton is not None:
         tl.store(nodeof_ptr + cg, g + 1, mask=chosen)
         tl.debug_barrier()
         cd = cg // BP
-        ci = cg % BP
         r = tl.load(lr_ptr + cg, mask=chosen, other=0)
         tl.store(tok_out + g, tl.load(tok_ptr + cd * K + r, mask=chosen, other=0), mask=chosen)
         tl.store(dep_out + g, (cd + 1).to(tl.int64), mask=chosen)
