@@ -30,7 +30,7 @@ NEAR_TIE_GAP = 1.0            # logit gap below which a greedy divergence counts
 # `ddtree-bench sweep` with no arguments (the embedded default sweep; must finish < 10 min on 2 CPU cores)
 SWEEP_METHODS = ("ar", "dflash", "ddtree")
 SWEEP_SUITE = "gsm8k"
-SWEEP_LIMIT = 16              # prompts per point (default sweep: 4 min 14 s on 2 busy CPU cores, docs/serving-ddtree.md)
+SWEEP_LIMIT = 16              # prompts per point (default sweep: 1 min 39 s on 2 quiet CPU cores, 4 min 14 s on busy ones)
 SWEEP_MAX_NEW_TOKENS = 64     # per prompt, per point
 SWEEP_REPEATS = 1
 EXTERNAL_DTYPE = "bfloat16"   # sweep default for SGLang / vLLM points (they serve on GPUs)
