@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 
 from ddtree_bench.engine.cudagraph import Pool, Stage
-from ddtree_bench.engine.generate import DFlashProposer, Generation, RoundTrace, _gaps
+from ddtree_bench.engine.generate import DFlashProposer, Generation, OutputStream, RoundTrace, _gaps
 from ddtree_bench.engine.static import (
     StaticKV,
     draft_forward,
@@ -319,30 +319,14 @@ class FastLoop:
         if not greedy:
             gen = torch.Generator(device=dev)
             gen.manual_seed(0 if seed is None else seed)
-        stops = set(int(s) for s in stop_ids)
         layers = self.proposer.target_layer_ids if spec else ()
         b = self._bucket(method, budget, greedy)
         cuda = dev.type == "cuda"
 
         t_start = time.perf_counter_ns()
-        out: list[int] = []
         gaps: list[float] = []
-        chunk_times: list[int] = []
-        chunk_tokens: list[int] = []
-        stopped = False
-
-        def emit(tokens: list[int], now: int) -> None:
-            take = tokens[: max(0, max_new_tokens - len(out))]
-            for i, t in enumerate(take):
-                if t in stops:
-                    take = take[: i + 1]
-                    break
-            if take:
-                out.extend(take)
-                chunk_times.append(now)
-                chunk_tokens.append(len(take))
-                if on_chunk is not None:
-                    on_chunk(take)
+        stream = OutputStream(max_new_tokens, stop_ids, on_chunk)
+        out = stream.out
 
         # prefill (plain forward into the same cache storage)
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=dev)
@@ -356,8 +340,7 @@ class FastLoop:
         self.ctx_start.fill_(0)
         t_first = time.perf_counter_ns()
         prefill_ns = t_first - t_start
-        stopped = bonus in stops
-        emit([bonus], t_first)
+        stream.emit([bonus], t_first)
 
         accept_lengths: list[int] = []
         trees: list[RoundTrace] | None = [] if record_trees else None
@@ -367,7 +350,7 @@ class FastLoop:
         laps.mark("begin")
 
         def more() -> bool:
-            return not stopped and (host["start"] - P < max_new_tokens if spec else len(out) < max_new_tokens)
+            return not stream.stopped and (host["start"] - P < max_new_tokens if spec else len(out) < max_new_tokens)
 
         pending = more()
         if pending:
@@ -403,12 +386,12 @@ class FastLoop:
             self._run(r, "commit", laps)
             accept_lengths.append(a)
             host.update(draft_len=host["start"], start=host["start"] + a, bonus=new_tokens[-1], a=a)
-            stopped = stopped or any(t in stops for t in new_tokens)
-            emitted = len(out) + len(new_tokens[: max(0, max_new_tokens - len(out))])
+            stopped = stream.stopped or any(t in stream.stops for t in new_tokens)
+            emitted = len(out) + len(stream.visible(new_tokens))
             pending = not stopped and (host["start"] - P < max_new_tokens if spec else emitted < max_new_tokens)
             if pending:  # queue the next round before handing tokens out, so callbacks overlap the GPU
                 self._launch(b, False, host, laps, temperature, top_p, gen)
-            emit(new_tokens, now)
+            stream.emit(new_tokens, now)
 
         self.rounds = laps.rounds()
         totals = {"prefill": prefill_ns, "draft": 0, "tree_build": 0, "verify": 0, "commit": 0}
@@ -417,18 +400,17 @@ class FastLoop:
         for r in self.rounds:
             for k, ms in r.items():
                 totals[fold[k]] += int(ms * 1e6)
-        finish = "stop" if out and out[-1] in stops else "length"
         return Generation(
             output_ids=out,
             accept_lengths=accept_lengths,
-            finish_reason=finish,
+            finish_reason=stream.finish_reason,
             num_prompt_tokens=P,
             stage_ns=totals,
             t_start_ns=t_start,
             t_first_token_ns=t_first,
             t_done_ns=time.perf_counter_ns(),
-            chunk_times_ns=chunk_times,
-            chunk_tokens=chunk_tokens,
+            chunk_times_ns=stream.chunk_times_ns,
+            chunk_tokens=stream.chunk_tokens,
             trees=trees,
             logit_gaps=gaps[: len(out)] if return_logit_gaps else None,
         )

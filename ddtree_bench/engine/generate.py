@@ -65,6 +65,44 @@ class Generation:
     logit_gaps: list[float] | None = None  # per output token: target top-1 minus top-2 logit where it was picked
 
 
+class OutputStream:
+    """The generated tokens as the caller sees them: cut at max_new_tokens and after the first stop
+    token (inclusive), each chunk's emission time and size, forwarded to an optional callback.
+    `stopped` is set once any round produced a stop token (anywhere in its tokens, as the authors
+    check), which ends generation even when the stop falls beyond max_new_tokens."""
+
+    def __init__(self, max_new_tokens: int, stop_ids, on_chunk: Callable[[list[int]], None] | None = None):
+        self.max_new_tokens = max_new_tokens
+        self.stops = set(int(s) for s in stop_ids)
+        self.on_chunk = on_chunk
+        self.out: list[int] = []
+        self.chunk_times_ns: list[int] = []
+        self.chunk_tokens: list[int] = []
+        self.stopped = False
+
+    def visible(self, tokens: list[int]) -> list[int]:
+        """The part of `tokens` that `emit` would append."""
+        take = tokens[: max(0, self.max_new_tokens - len(self.out))]
+        for i, t in enumerate(take):
+            if t in self.stops:
+                return take[: i + 1]
+        return take
+
+    def emit(self, tokens: list[int], now_ns: int) -> None:
+        take = self.visible(tokens)
+        self.stopped = self.stopped or any(t in self.stops for t in tokens)
+        if take:
+            self.out.extend(take)
+            self.chunk_times_ns.append(now_ns)
+            self.chunk_tokens.append(len(take))
+            if self.on_chunk is not None:
+                self.on_chunk(take)
+
+    @property
+    def finish_reason(self) -> str:
+        return "stop" if self.out and self.out[-1] in self.stops else "length"
+
+
 def _gaps(logits: torch.Tensor) -> list[float]:
     """Top-1 minus top-2 logit per row (inf when the vocabulary has one entry)."""
     if logits.shape[-1] < 2:
@@ -193,31 +231,13 @@ class Engine:
         spec = method != "ar"
         width = 1 + (budget if method == "ddtree" else self.block_size - 1) if spec else 1
         tcache, dcache = self._caches(P + max_new_tokens + max(width, self.block_size) + 1)
-        stops = set(int(s) for s in stop_ids)
         layers = self.proposer.target_layer_ids if spec else ()
 
         clock = _Clock(dev, self.sync_stages)
         t_start = clock.t
-        out: list[int] = []
         gaps: list[float] = []  # one per token produced (before truncation), aligned with the emitted stream
-        chunk_times: list[int] = []
-        chunk_tokens: list[int] = []
-        stopped = False  # a stop token was generated (anywhere in the round's tokens, as the authors check)
-
-        def emit(tokens: list[int], now: int) -> None:
-            nonlocal stopped
-            take = tokens[: max(0, max_new_tokens - len(out))]
-            for i, t in enumerate(take):
-                if t in stops:
-                    take = take[: i + 1]
-                    break
-            stopped = stopped or any(t in stops for t in tokens)
-            if take:
-                out.extend(take)
-                chunk_times.append(now)
-                chunk_tokens.append(len(take))
-                if on_chunk is not None:
-                    on_chunk(take)
+        stream = OutputStream(max_new_tokens, stop_ids, on_chunk)
+        emit = stream.emit
 
         # prefill: the first token is the target's own pick
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=dev)
@@ -231,7 +251,7 @@ class Engine:
         accept_lengths: list[int] = []
         trees: list[RoundTrace] | None = [] if record_trees else None
         start, draft_len = P, 0  # target cache frontier (the bonus sits at `start`), drafter frontier
-        while not stopped and (start - P < max_new_tokens if spec else len(out) < max_new_tokens):
+        while not stream.stopped and (start - P < max_new_tokens if spec else len(stream.out) < max_new_tokens):
             if not spec:
                 logits, _ = self.target(torch.tensor([bonus], device=dev), torch.tensor([start], device=dev), tcache, start, mask=None)
                 clock.lap("verify")
@@ -284,18 +304,18 @@ class Engine:
             bonus = new_bonus
             emit(new_tokens, clock.lap("commit"))
 
-        finish = "stop" if out and out[-1] in stops else "length"
+        out = stream.out
         return Generation(
             output_ids=out,
             accept_lengths=accept_lengths,
-            finish_reason=finish,
+            finish_reason=stream.finish_reason,
             num_prompt_tokens=P,
             stage_ns=dict(clock.totals),
             t_start_ns=t_start,
             t_first_token_ns=t_first,
             t_done_ns=time.perf_counter_ns(),
-            chunk_times_ns=chunk_times,
-            chunk_tokens=chunk_tokens,
+            chunk_times_ns=stream.chunk_times_ns,
+            chunk_tokens=stream.chunk_tokens,
             trees=trees,
             logit_gaps=gaps[: len(out)] if return_logit_gaps else None,
         )
