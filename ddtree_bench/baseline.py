@@ -26,6 +26,7 @@ from typing import Any
 
 from ddtree_bench.errors import UsageError
 from ddtree_bench.jsonl import iter_jsonl
+from ddtree_bench.results import check_out_parent
 from ddtree_bench.records import RequestRecord, json_safe
 
 KIND = "ddtree-bench-baseline"
@@ -185,14 +186,7 @@ def check_out_file(out: str | Path) -> Path:
     out = Path(out)
     if out.exists() and out.is_dir():
         raise UsageError(f"--out {out} is a directory; expected a file path (e.g. baselines/NAME.jsonl)")
-    parent = out.resolve().parent
-    if not parent.exists():
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"cannot create the directory of --out {out}: {e.strerror}") from None
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"--out {out}: directory {parent} is not writable")
+    check_out_parent(out)
     return out
 
 

@@ -33,19 +33,24 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def check_out_parent(out: Path) -> None:
+    """Make sure the directory that will hold `out` exists and is writable (UsageError otherwise)."""
+    parent = Path(out).resolve().parent
+    if not parent.exists():
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create the directory of --out {out}: {e.strerror}") from None
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--out {out}: directory {parent} is not writable")
+
+
 def check_out_dir(out: Path) -> Path:
     """Validate an output directory argument before any work starts (exit 2 on a file or unwritable parent)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a directory")
-    parent = out.resolve().parent
-    if not parent.exists():
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"cannot create the parent of --out {out}: {e.strerror}") from None
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"--out {out}: directory {parent} is not writable")
+    check_out_parent(out)
     return out
 
 
