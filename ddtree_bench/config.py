@@ -133,5 +133,24 @@ def parse_budgets(text: str) -> list[int]:
     return out
 
 
+def read_yaml_mapping(path: str | Path, label: str, expect: str) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping ({} when empty). Missing file, malformed YAML or
+    another top level raise UsageError starting with `label` (e.g. "--config grid.yaml")."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{label} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise UsageError(f"{label}: malformed YAML ({str(e).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{label}: expected {expect}")
+    return data
+
+
 def resolve_path(p: str | Path) -> Path:
     return Path(p).expanduser()

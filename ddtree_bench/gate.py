@@ -66,18 +66,11 @@ class Rules:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
+    from ddtree_bench.config import read_yaml_mapping
 
     if not path.exists():
         raise UsageError(f"rules file {path} does not exist")
-    try:
-        obj = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise UsageError(f"{path}: malformed YAML ({str(e).splitlines()[0]})") from None
-    if obj is None:
-        return {}
-    if not isinstance(obj, dict):
-        raise UsageError(f"{path}: expected a mapping with correctness: and metrics:")
+    obj = read_yaml_mapping(path, str(path), "a mapping with correctness: and metrics:")
     unknown = set(obj) - {"version", "correctness", "metrics"}
     if unknown:
         raise UsageError(f"{path}: unknown key {sorted(unknown)[0]!r}; expected version, correctness, metrics")

@@ -242,19 +242,9 @@ def check_keys(keys: Any, where: str) -> None:
 
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read a grid YAML file into {key: raw value}; unknown keys and malformed YAML are UsageErrors."""
-    import yaml
+    from ddtree_bench.config import read_yaml_mapping
 
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"--config {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise UsageError(f"--config {path}: malformed YAML ({str(e).splitlines()[0]})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UsageError(f"--config {path}: expected a mapping of grid keys at the top level")
+    data = read_yaml_mapping(path, f"--config {path}", "a mapping of grid keys at the top level")
     check_keys(data, str(path))
     return data
 
