@@ -71,14 +71,14 @@ class Recipe:
     weights: dict[str, float] = field(default_factory=lambda: {"code": 0.25, "code_chat": 0.15, "gsm8k": 0.4, "chat": 0.2})
 
 
-def target_config(r: Recipe) -> dict[str, Any]:
+def _qwen3_fields(r: Recipe, layers: int, intermediate: int) -> dict[str, Any]:
+    """The Qwen3 config keys the target and the drafter share (same width, heads, RoPE, vocabulary)."""
     return {
-        "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         "vocab_size": btok.VOCAB_SIZE,
         "hidden_size": r.hidden,
-        "intermediate_size": r.intermediate,
-        "num_hidden_layers": r.layers,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
         "num_attention_heads": r.heads,
         "num_key_value_heads": r.kv_heads,
         "head_dim": r.hidden // r.heads,
@@ -86,38 +86,31 @@ def target_config(r: Recipe) -> dict[str, Any]:
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
-        "tie_word_embeddings": True,
         "attention_bias": False,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def target_config(r: Recipe) -> dict[str, Any]:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        **_qwen3_fields(r, r.layers, r.intermediate),
         "use_sliding_window": False,
         "bos_token_id": None,
         "eos_token_id": btok.IM_END,
         "pad_token_id": btok.ENDOFTEXT,
-        "torch_dtype": "bfloat16",
     }
 
 
 def draft_config(r: Recipe) -> dict[str, Any]:
     return {
         "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "vocab_size": btok.VOCAB_SIZE,
-        "hidden_size": r.hidden,
-        "intermediate_size": r.draft_intermediate,
-        "num_hidden_layers": r.draft_layers,
-        "num_attention_heads": r.heads,
-        "num_key_value_heads": r.kv_heads,
-        "head_dim": r.hidden // r.heads,
-        "hidden_act": "silu",
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "attention_bias": False,
-        "tie_word_embeddings": True,
+        **_qwen3_fields(r, r.draft_layers, r.draft_intermediate),
         "block_size": r.block_size,
         "num_target_layers": r.layers,
         "layer_types": ["full_attention"] * r.draft_layers,
         "dflash_config": {"mask_token_id": btok.MASK, "target_layer_ids": list(r.target_layer_ids)},
-        "torch_dtype": "bfloat16",
     }
 
 
