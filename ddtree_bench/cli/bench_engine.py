@@ -31,6 +31,7 @@ def bench_engine_cmd(
     verify_tokens: Annotated[str, typer.Option("--verify-tokens", help="Query-token counts of the verify-cost curve.")] = D.BENCH_VERIFY_TOKENS,
     tau: Annotated[Optional[str], typer.Option("--tau", help="Acceptance length per budget for the cost model, e.g. 16:8.6,64:9.75 (default: measured end to end on trained pairs).")] = None,
     graphs: Annotated[bool, typer.Option("--graphs/--no-graphs", help="Capture CUDA graphs in the fast engine.")] = True,
+    layer_ops: Annotated[str, typer.Option("--layer-ops", help="Fast engine's layer ops: auto (fused Triton kernels on CUDA when they pass their self-test) | triton | torch (unfused twin).")] = "auto",
     plain: Annotated[bool, typer.Option("--plain/--no-plain", help="Also time the plain (eager, synchronising) engine.")] = True,
     e2e: Annotated[bool, typer.Option("--e2e/--no-e2e", help="End-to-end tok/s on suite prompts (pairs with a tokenizer: not --shape).")] = True,
     suite: O.Suite = D.SUITE,
@@ -59,6 +60,8 @@ def bench_engine_cmd(
         raise UsageError("--prefix-len must be at least 1")
     if rounds < 1:
         raise UsageError("--rounds must be at least 1")
+    if layer_ops not in ("auto", "triton", "torch"):
+        raise UsageError(f"--layer-ops must be auto, triton or torch, got {layer_ops!r}")
     if out is not None and out.exists() and out.is_dir():
         raise UsageError(f"--out {out} is a directory; give a file name like bench.json")
 
@@ -68,12 +71,13 @@ def bench_engine_cmd(
     from ddtree_bench.perf.tables import render
     from ddtree_bench.results import write_json_atomic
 
-    resolve_device(device)
+    if resolve_device(device).type != "cuda" and layer_ops == "triton":
+        raise UsageError("--layer-ops triton needs a CUDA device (the fused kernels are Triton); use auto or torch")
     torch_dtype(dtype)
     if shape is not None and shape not in SHAPES:
         raise UsageError(f"unknown --shape {shape!r}; expected one of {', '.join(SHAPES)}")
     spec = BenchSpec(model=model, draft=draft, shape=shape, budgets=spec_budgets, prefix_len=prefix_len, device=device,
-                     dtype=dtype, rounds=rounds, verify_tokens=vt, graphs=graphs, plain=plain, e2e=e2e, suite=suite,
+                     dtype=dtype, rounds=rounds, verify_tokens=vt, graphs=graphs, layer_ops=layer_ops, plain=plain, e2e=e2e, suite=suite,
                      limit=limit, max_new_tokens=max_new_tokens, tau=parse_points(tau, "--tau") if tau else None)
     say = (lambda s: None) if quiet else (lambda s: print(f"[bench-engine] {s}", file=sys.stderr, flush=True))
     result = run_bench(spec, say)

@@ -14,7 +14,8 @@ runs), organised for a GPU:
   overlap the GPU;
 * stage times come from CUDA events between the stages (no syncs), or perf_counter on a CPU.
 
-On CUDA with Triton the tree build is one kernel (tree_triton.py); its rare pruning-certificate
+On CUDA with Triton the layers' elementwise work runs as fused kernels (fused.py) and the tree
+build is one kernel (tree_triton.py); its rare pruning-certificate
 failure comes back with the walk result and the round is redone with the exact PyTorch builder
 before anything is committed. Round 1 drafts eagerly (its context is the whole prompt); prefill is
 the plain Target.forward.
@@ -33,6 +34,7 @@ from typing import Any, Callable
 import torch
 
 from ddtree_bench.engine.cudagraph import Pool, Stage
+from ddtree_bench.engine.fused import merge_projections, ops_for
 from ddtree_bench.engine.generate import DFlashProposer, Generation, OutputStream, RoundTrace, _gaps
 from ddtree_bench.engine.static import (
     StaticKV,
@@ -94,7 +96,8 @@ class _Bucket:
 
 
 class FastLoop:
-    def __init__(self, target, proposer=None, graphs: bool = True, capacity: int = 0, tree_kernel: str = "auto"):
+    def __init__(self, target, proposer=None, graphs: bool = True, capacity: int = 0, tree_kernel: str = "auto",
+                 layer_ops: str = "auto"):
         self.target = target
         self.proposer = proposer
         self.drafter = proposer.drafter if isinstance(proposer, DFlashProposer) else None
@@ -102,14 +105,23 @@ class FastLoop:
         self.dtype = target.lm_head.weight.dtype
         self.graphs = graphs and self.device.type == "cuda"
         self.tree_kernel = tree_kernel  # auto (Triton on CUDA when installed) | triton | torch
+        self.layer_ops = layer_ops      # auto (fused Triton ops on CUDA when they pass their self-test) | triton | torch
         self.redone_rounds = 0          # rounds rebuilt with the exact builder after a failed certificate
         self.capacity = 0
         self.rounds: list[dict[str, float]] = []
         self._min_capacity = capacity
+        for m in (target, self.drafter):   # before any capture: the merge allocates
+            if m is not None:
+                merge_projections(m)
         if capacity:
             self._ensure(capacity)
 
     # ------------------------------------------------------------------ buffers and buckets
+
+    @property
+    def ops(self):
+        """The layer ops of the static forwards (fused.ops_for caches its self-test)."""
+        return ops_for(self.device, self.dtype, self.layer_ops)
 
     def supports(self, method: str, budget: int) -> bool:
         return method in ("ar", "dflash") or budget > 0
@@ -156,7 +168,7 @@ class FastLoop:
             if k not in made:
                 made[k] = visible_bias(draft_visible(d, i, self.start, bs, self.capacity), self.dtype, self.dgroup)
             biases.append(made[k])
-        h = draft_forward(d, ctx, emb, self.dkv, self.ctx_start, self.start, biases)
+        h = draft_forward(d, ctx, emb, self.dkv, self.ctx_start, self.start, biases, self.ops)
         self.dlogits.copy_(self.target.lm_head(h[1:]))
 
     def _builder(self, budget: int, kind: str):
@@ -223,7 +235,7 @@ class FastLoop:
     def _verify_tree(self, b: _Bucket):
         ids, pos, _, bias = b.io["tree_compile"]
         layers = self.proposer.target_layer_ids
-        return target_forward(self.target, ids, pos, self.tkv, self.start, bias, layers)
+        return target_forward(self.target, ids, pos, self.tkv, self.start, bias, layers, self.ops)
 
     def _walk_tree(self, b: _Bucket, greedy: bool):
         tok, par, dep = b.io["tree_build"]
@@ -253,7 +265,7 @@ class FastLoop:
     def _verify_ar(self):
         cols = torch.arange(self.capacity, device=self.device)
         bias = visible_bias((cols <= self.start)[None, :], self.dtype, self.tgroup)
-        logits, _ = target_forward(self.target, self.bonus, self.start.reshape(1), self.tkv, self.start, bias)
+        logits, _ = target_forward(self.target, self.bonus, self.start.reshape(1), self.tkv, self.start, bias, ops=self.ops)
         return logits
 
     def _walk_ar(self, b: _Bucket, greedy: bool):

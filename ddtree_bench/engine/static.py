@@ -2,19 +2,21 @@
 
 The plain forwards (model.py, draft.py) slice the KV cache to the live frontier with Python ints,
 so every round has new shapes. Here every shape depends only on the number of query tokens:
-* the frontier `start` is a 0-d device tensor; new K/V go to slots start + arange(T) with
-  `index_copy_` (`StaticKV.write`);
+* the frontier `start` is a 0-d device tensor; new K/V go to slots start + arange(T), written by
+  the layer ops' `qkv_rope` (fused.py);
 * attention always spans the whole preallocated cache, and an additive bias [T, capacity]
   (0 = visible, -inf = hidden) hides the slots past the frontier, as gpt-fast does;
 * grouped-query attention folds the query-head group into the query axis ([Hkv, g*T, D] against
   K/V [Hkv, S, D]), so SDPA sees plain multi-head attention with a mask and can use any fused
   kernel (the memory-efficient one refuses `enable_gqa=True`); on an H200 with torch 2.11 this ran
   1.3-1.4x faster than the plain `attend` (docs/gpu-performance.md). The bias comes already
-  repeated g times.
+  repeated g times;
+* q/k/v and gate/up run as one GEMM each on merged weights (`fused.merge_projections`, which makes
+  the modules' own weights views of them), and the elementwise work between the GEMMs goes through
+  `ops`: the fused Triton kernels on CUDA or their PyTorch twin (`fused.ops_for`).
 
-The weights are the modules' own (`target.model.layers[i].self_attn.q_proj`, ...); only the
-attention plumbing differs, so logits equal the plain forwards up to floating-point reduction order
-(tests/test_fastpath.py). Knows nothing of trees, rounds or graphs.
+The weights are the modules' own, so logits equal the plain forwards up to floating-point
+reduction order (tests/test_fastpath.py, tests/test_fused.py). Knows nothing of trees, rounds or graphs.
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ import torch
 import torch.nn.functional as F
 
 from ddtree_bench.engine.cache import KVCache
-from ddtree_bench.engine.layers import apply_rope
+from ddtree_bench.engine.fused import TORCH_OPS, TorchOps, merge_projections
 
 NEG_INF = float("-inf")
 
 
 class StaticKV:
-    """A KVCache seen with static shapes: `write` scatters to start + arange(T) (start: 0-d device
-    tensor), `view` returns every slot. Duck-types the two methods the attention layers call."""
+    """A KVCache seen with static shapes: `view` returns a layer's every slot ([Hkv, capacity, D]
+    each for K and V); the layer ops write slots start + arange(T) of it (start: 0-d device tensor)."""
 
     def __init__(self, cache: KVCache):
         self.cache = cache
@@ -40,12 +42,6 @@ class StaticKV:
     @property
     def capacity(self) -> int:
         return self.cache.capacity
-
-    def write(self, layer: int, start: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [kv_heads, T, head_dim] -> slots start .. start+T-1."""
-        slots = start + torch.arange(k.shape[1], device=k.device)
-        self.cache.k[layer].index_copy_(1, slots, k)
-        self.cache.v[layer].index_copy_(1, slots, v)
 
     def view(self, layer: int, end=None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cache.k[layer], self.cache.v[layer]
@@ -69,26 +65,30 @@ def grouped_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     return out.reshape(Hq, T, D).transpose(0, 1).reshape(T, Hq * D)
 
 
-def _attention(attn, x, cos, sin, kv: StaticKV, layer: int, start, bias, ctx=None, ctx_cos=None, ctx_sin=None, ctx_start=None):
-    """One attention layer of the target (ctx None) or the drafter (ctx = context features to cache first)."""
-    T = x.shape[0]
+def _norm(module) -> tuple[torch.Tensor, float]:
+    return module.weight, module.eps
+
+
+def _attention(attn, ops: TorchOps, h, cos, sin, kv: StaticKV, layer: int, start, bias,
+               ctx=None, ctx_cos=None, ctx_sin=None, ctx_start=None):
+    """One attention layer of the target (ctx None) or the drafter (ctx = context features to cache
+    first) on merged q/k/v weights: h [T, H] (normed) -> o_proj output [T, H]."""
     qk_norm = getattr(attn, "qk_norm", True)  # the drafter's attention always has q/k norms
+    q_w, eps = _norm(attn.q_norm) if qk_norm else (None, 0.0)
+    k_w = attn.k_norm.weight if qk_norm else None
+    k_cache, v_cache = kv.view(layer)
     if ctx is not None and ctx.shape[0]:
-        C = ctx.shape[0]
-        kc = attn.k_proj(ctx).view(C, attn.n_kv, attn.head_dim)
-        vc = attn.v_proj(ctx).view(C, attn.n_kv, attn.head_dim)
-        kc = apply_rope(attn.k_norm(kc).transpose(0, 1), ctx_cos, ctx_sin)
-        kv.write(layer, ctx_start, kc, vc.transpose(0, 1))
-    q = attn.q_proj(x).view(T, attn.n_heads, attn.head_dim)
-    k = attn.k_proj(x).view(T, attn.n_kv, attn.head_dim)
-    v = attn.v_proj(x).view(T, attn.n_kv, attn.head_dim)
-    if qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q = apply_rope(q.transpose(0, 1), cos, sin)
-    k = apply_rope(k.transpose(0, 1), cos, sin)
-    kv.write(layer, start, k, v.transpose(0, 1))
-    keys, values = kv.view(layer)
-    return attn.o_proj(grouped_attend(q, keys, values, bias))
+        rows = attn.n_heads * attn.head_dim  # the k and v rows of the merged weight
+        b = attn.qkv_bias[rows:] if attn.qkv_bias is not None else None
+        ops.qkv_rope(F.linear(ctx, attn.qkv_weight[rows:], b), 0, attn.n_kv, None, k_w, eps, ctx_cos, ctx_sin,
+                     k_cache, v_cache, ctx_start)
+    q = ops.qkv_rope(F.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps, cos, sin,
+                     k_cache, v_cache, start)
+    return attn.o_proj(grouped_attend(q, k_cache, v_cache, bias))
+
+
+def _mlp(mlp, ops: TorchOps, h):
+    return mlp.down_proj(ops.silu_mul(F.linear(h, mlp.gate_up_weight, mlp.gate_up_bias)))
 
 
 def group_size(module) -> int:
@@ -98,23 +98,28 @@ def group_size(module) -> int:
 
 
 def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: StaticKV, start: torch.Tensor,
-                   bias: torch.Tensor, hidden_layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   bias: torch.Tensor, hidden_layers: Sequence[int] = (), ops: TorchOps | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same contract as Target.forward with a static cache: logits [T, V] and the hidden states of
-    `hidden_layers` concatenated [T, n*H] (the last layer's after the final norm, as HF returns it)."""
+    `hidden_layers` concatenated [T, n*H] (the last layer's after the final norm, as HF returns it).
+    ops: the fused layer ops (fused.ops_for), default the PyTorch twin."""
+    ops = ops or TORCH_OPS
+    merge_projections(target)
+    blocks = target.model.layers
     x = target.model.embed_tokens(ids)
     cos, sin = target.rotary(positions, x.dtype)
+    h = ops.rmsnorm(x, *_norm(blocks[0].input_layernorm))
     wanted = {l: None for l in hidden_layers}
-    last = len(target.model.layers) - 1
-    for i, block in enumerate(target.model.layers):
-        x = x + _attention(block.self_attn, block.input_layernorm(x), cos, sin, kv, i, start, bias)
-        x = x + block.mlp(block.post_attention_layernorm(x))
-        if i in wanted and i != last:
-            wanted[i] = x
-    x = target.model.norm(x)
-    if last in wanted:
-        wanted[last] = x
+    last = len(blocks) - 1
+    for i, block in enumerate(blocks):
+        x, h = ops.add_rmsnorm(x, _attention(block.self_attn, ops, h, cos, sin, kv, i, start, bias),
+                               *_norm(block.post_attention_layernorm))
+        nxt = blocks[i + 1].input_layernorm if i < last else target.model.norm
+        x, h = ops.add_rmsnorm(x, _mlp(block.mlp, ops, h), *_norm(nxt))   # h: the next layer's input (last: final norm)
+        if i in wanted:
+            wanted[i] = h if i == last else x
     hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
-    return target.lm_head(x), hidden
+    return target.lm_head(h), hidden
 
 
 def draft_visible(drafter, layer: int, start: torch.Tensor, Tb: int, capacity: int) -> torch.Tensor:
@@ -135,21 +140,28 @@ def draft_visible(drafter, layer: int, start: torch.Tensor, Tb: int, capacity: i
 
 
 def draft_forward(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor, kv: StaticKV,
-                  ctx_start: torch.Tensor, start: torch.Tensor, biases: Sequence[torch.Tensor]) -> torch.Tensor:
+                  ctx_start: torch.Tensor, start: torch.Tensor, biases: Sequence[torch.Tensor],
+                  ops: TorchOps | None = None) -> torch.Tensor:
     """Same contract as DFlashDrafter.forward with a static cache. target_hidden: [C, n*H] for
     positions ctx_start..; block_emb: [Tb, H] for positions start..; biases: one [g*Tb, S] per layer.
 
     C may exceed start - ctx_start (padding): the extra context rows land in slots start.. and the
     block's own K/V, written after them in every layer, overwrite them before anything reads them."""
+    ops = ops or TORCH_OPS
+    merge_projections(drafter)
     C, Tb = target_hidden.shape[0], block_emb.shape[0]
     dev = block_emb.device
-    ctx = drafter.hidden_norm(drafter.fc(target_hidden))
+    ctx = ops.rmsnorm(drafter.fc(target_hidden), *_norm(drafter.hidden_norm))
     positions = torch.cat([ctx_start + torch.arange(C, device=dev), start + torch.arange(Tb, device=dev)])
     cos, sin = drafter.rotary(positions, block_emb.dtype)
+    layers = drafter.layers
+    last = len(layers) - 1
     x = block_emb
-    for i, layer in enumerate(drafter.layers):
-        h = layer.input_layernorm(x)
-        x = x + _attention(layer.self_attn, h, cos[C:], sin[C:], kv, i, start, biases[i],
-                           ctx=ctx, ctx_cos=cos[:C], ctx_sin=sin[:C], ctx_start=ctx_start)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return drafter.norm(x)
+    h = ops.rmsnorm(x, *_norm(layers[0].input_layernorm))
+    for i, layer in enumerate(layers):
+        a = _attention(layer.self_attn, ops, h, cos[C:], sin[C:], kv, i, start, biases[i],
+                       ctx=ctx, ctx_cos=cos[:C], ctx_sin=sin[:C], ctx_start=ctx_start)
+        x, h = ops.add_rmsnorm(x, a, *_norm(layer.post_attention_layernorm))
+        nxt = layers[i + 1].input_layernorm if i < last else drafter.norm
+        x, h = ops.add_rmsnorm(x, _mlp(layer.mlp, ops, h), *_norm(nxt))
+    return h

@@ -44,6 +44,7 @@ class BenchSpec:
     rounds: int = D.BENCH_ROUNDS      # measured rounds per method/budget
     verify_tokens: list[int] = field(default_factory=lambda: [int(x) for x in D.BENCH_VERIFY_TOKENS.split(",")])
     graphs: bool = True               # fast engine with CUDA graphs (on a CPU it runs eagerly anyway)
+    layer_ops: str = "auto"           # fast engine's layer ops: auto | triton (fused kernels) | torch (the twin)
     plain: bool = True                # also time the plain engine's rounds
     e2e: bool = True                  # end-to-end tok/s on suite prompts (pairs with a tokenizer)
     suite: str = D.SUITE
@@ -88,11 +89,17 @@ class _Narrow:
 
 @torch.inference_mode()
 def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: torch.device, graphs: bool,
-                 reps: int = 20, eager: bool = True) -> dict[str, dict[int, float]]:
-    """ms of one static-shape target forward over n tokens (a chain tree) after prefix_len tokens."""
+                 reps: int = 20, eager: bool = True, layer_ops: str = "auto") -> dict[str, dict[int, float]]:
+    """ms of one static-shape target forward over n tokens (a chain tree) after prefix_len tokens:
+    "graph" (replayed, with `layer_ops`), "eager" (the same, not captured) and, when those ops are the
+    fused kernels, "graph_unfused" (replayed with the PyTorch twin ops: what fusion saves)."""
     from ddtree_bench.engine.fastloop import CAPACITY_ALIGN
+    from ddtree_bench.engine.fused import TORCH_OPS, merge_projections, ops_for
     from ddtree_bench.engine.static import StaticKV, group_size, target_forward, visible_bias
     from ddtree_bench.engine.tree_static import verify_visible
+
+    ops = ops_for(device, target.lm_head.weight.dtype, layer_ops)
+    merge_projections(target)   # before any capture: the merge allocates
 
     align = lambda n: -(-n // CAPACITY_ALIGN) * CAPACITY_ALIGN  # noqa: E731
     cache = target.new_cache(align(prefix_len + max(tokens)))
@@ -100,6 +107,8 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     target(prefix, torch.arange(prefix_len, device=device), cache, 0)
     start = torch.tensor(prefix_len, device=device)
     out: dict[str, dict[int, float]] = {"graph": {}, "eager": {}}
+    if ops is not TORCH_OPS and graphs and device.type == "cuda":
+        out["graph_unfused"] = {}
     for n in tokens:
         cap = align(prefix_len + n)
         kv = StaticKV(_Narrow(cache, cap))
@@ -107,9 +116,11 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
         pos = start + torch.arange(n, device=device)
         anc = torch.ones(n, n, dtype=torch.bool, device=device).tril()
         bias = visible_bias(verify_visible(anc, start, cap), target.lm_head.weight.dtype, group_size(target))
-        fn = lambda: target_forward(target, ids, pos, kv, start, bias, layers)  # noqa: E731
+        fn = lambda o=ops: target_forward(target, ids, pos, kv, start, bias, layers, o)  # noqa: E731
         if graphs and device.type == "cuda":
             out["graph"][n] = graph_time_fn(fn, reps=reps)
+            if "graph_unfused" in out:
+                out["graph_unfused"][n] = graph_time_fn(lambda: fn(TORCH_OPS), reps=reps)
         if eager or not (graphs and device.type == "cuda"):
             out["eager"][n] = time_fn(fn, device, reps=max(3, reps // 4), warmup=1)
     return out
@@ -132,7 +143,7 @@ def _overhead(med: dict[str, float]) -> dict[str, float]:
 
 @torch.inference_mode()
 def round_times(target, drafter, method: str, budget: int, prefix_len: int, rounds: int, graphs: bool,
-                plain: bool, seed: int) -> dict[str, Any]:
+                plain: bool, seed: int, layer_ops: str = "auto") -> dict[str, Any]:
     """Stage medians (ms) of the fast engine (and the plain one) over `rounds` rounds after a prefix_len prompt."""
     from ddtree_bench.engine.generate import Engine
 
@@ -140,6 +151,7 @@ def round_times(target, drafter, method: str, budget: int, prefix_len: int, roun
     d = drafter if method != "ar" else None
     fast = Engine(target, d, cuda_graphs=True)
     fast.fast_loop().graphs = graphs and fast.device.type == "cuda"
+    fast.fast_loop().layer_ops = layer_ops
     n_new = rounds + 1
     fast.generate(prompt, method, budget, n_new)            # warmup: captures the graphs
     gen = fast.generate(prompt, method, budget, n_new)
@@ -217,6 +229,7 @@ def end_to_end(target, drafter, tokenizer, spec: BenchSpec, progress: Callable[[
     configs = [("ar", 0), ("dflash", 0)] + [("ddtree", b) for b in spec.budgets]
     engines = {"fast": Engine(target, drafter, cuda_graphs=True), "plain": Engine(target, drafter, sync_stages=False)}
     engines["fast"].fast_loop().graphs = spec.graphs and engines["fast"].device.type == "cuda"
+    engines["fast"].fast_loop().layer_ops = spec.layer_ops
     rows = []
     ref: dict[str, list[list[int]]] = {}
     for method, budget in configs:
@@ -278,7 +291,10 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
         result["gpu"] = torch.cuda.get_device_name(dev)
 
     progress("verify curve")
-    curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs)
+    from ddtree_bench.engine.fused import ops_for
+
+    result["layer_ops"] = ops_for(dev, target.lm_head.weight.dtype, spec.layer_ops).name
+    curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs, layer_ops=spec.layer_ops)
     result["verify_curve_ms"] = curves
     progress(f"verify curve ms: {curves}")
     curve = curves["graph"] or curves["eager"]
@@ -288,7 +304,7 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
     for method, budget in configs:
         progress(f"rounds {method} {budget or ''}")
         result["rounds"].append(round_times(target, drafter, method, budget, spec.prefix_len, spec.rounds, spec.graphs,
-                                            spec.plain, spec.seed))
+                                            spec.plain, spec.seed, spec.layer_ops))
         progress(f"rounds: {result['rounds'][-1]}")
     sync(dev)
 

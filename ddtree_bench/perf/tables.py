@@ -19,9 +19,11 @@ def render(result: dict[str, Any]) -> str:
                  f"prefix {spec['prefix_len']} tokens, {result['date']}")
 
     vc = result["verify_curve_ms"]
-    ns = sorted(set(vc.get("graph", {})) | set(vc.get("eager", {})))
-    parts.append("\nverify forward (ms) vs query tokens:\n" + table(
-        [[n, _f(vc["graph"].get(n)), _f(vc["eager"].get(n))] for n in ns], ["tokens", "graph", "eager"]))
+    cols = [c for c in ("graph", "graph_unfused", "eager") if c in vc]
+    ns = sorted(set().union(*(vc[c] for c in cols)))
+    note = "; graph_unfused = the same graph with the PyTorch twin ops" if "graph_unfused" in vc else ""
+    parts.append(f"\nverify forward (ms) vs query tokens (layer ops: {result.get('layer_ops', 'torch')}{note}):\n" + table(
+        [[n] + [_f(vc[c].get(n)) for c in cols] for n in ns], ["tokens"] + cols))
 
     rows = []
     for r in result["rounds"]:
