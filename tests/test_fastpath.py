@@ -363,6 +363,10 @@ def test_graph_captured_generation_equals_plain_on_gpu(dtype, tree_kernel):
 @gpu
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
 def test_triton_tree_kernel_equals_heap_on_gpu(kind):
+    """The kernel against the exact PyTorch builder on the same device (same fp32 log-probabilities),
+    and against the heap where no exact cross-depth ties can hinge on one ulp: the heap takes its
+    log-probabilities from a CPU logsumexp, which can differ from the GPU's in the last bit, and with
+    coarse logits that alone reorders exact ties (seen on an H200: (L, V, B) = (4, 3, 50))."""
     from ddtree_bench.engine.tree_triton import TritonTreeBuilder, available
 
     if not available("cuda"):
@@ -372,12 +376,14 @@ def test_triton_tree_kernel_equals_heap_on_gpu(kind):
         pytest.skip("Triton is not installed")
     for L, V, budget in [(15, 272, 16), (15, 272, 64), (15, 151936, 1024), (4, 3, 50), (6, 5, 7)]:
         for seed in range(3):
-            logits = _logits(kind, L, V, seed)
-            heap = build_tree(logits, budget)
+            logits = _logits(kind, L, V, seed).cuda()
             tb = TritonTreeBuilder(L, V, budget, "cuda")
-            tok, par, dep = tb(logits.cuda())
+            got = [t.tolist() for t in tb(logits)]
             assert tb.flag.item() == 0
-            assert (tok.tolist(), par.tolist(), dep.tolist()) == (heap.token_ids.tolist(), heap.parents.tolist(), heap.depths.tolist())
+            assert got == [t.tolist() for t in StaticTreeBuilder(L, V, budget, "cuda")(logits)]
+            if kind != "coarse":
+                heap = build_tree(logits, budget)
+                assert got == [heap.token_ids.tolist(), heap.parents.tolist(), heap.depths.tolist()]
 
 
 @pytest.mark.gpu
