@@ -396,3 +396,38 @@ def test_graph_captured_deep_paths_equal_plain_on_gpu():
         prop = OracleProposer(prompt, truth, seed=1)
         plain, fast = Engine(target, proposer=prop), Engine(target, proposer=prop, cuda_graphs=True)
         _same(plain.generate(prompt, method, budget, 100), fast.generate(prompt, method, budget, 100))
+
+
+def test_no_gc_keeps_the_collector_off_during_a_capture_and_restores_it():
+    """A CUDAGraph freed by the cyclic collector in the middle of another capture invalidates that
+    capture (cudagraph.py); captures run inside no_gc, which must restore the collector even when
+    the captured function raises."""
+    import gc
+
+    from ddtree_bench.engine.cudagraph import no_gc
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with no_gc():
+            assert not gc.isenabled()
+            raise RuntimeError("capture failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with no_gc():
+            pass
+        assert not gc.isenabled()  # it was off before: stays off
+    finally:
+        gc.enable()
+
+
+def test_growing_the_cache_releases_the_old_stages(pair):
+    target, drafter = pair
+    fast = Engine(target, drafter, cuda_graphs=True)
+    fast.generate([5, 6, 7], "ddtree", 16, 8)
+    loop = fast.fast_loop()
+    old = [s for b in loop.buckets.values() for s in b.stages.values()]
+    for s in old:
+        s.out = "held"   # what a captured stage keeps (its static outputs)
+    fast.generate(list(range(3, 60)), "ddtree", 16, 200)   # needs a larger cache: every bucket is rebuilt
+    assert old and all(s.out is None and s.graph is None for s in old)

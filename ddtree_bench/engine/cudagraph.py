@@ -10,14 +10,34 @@ replay. Consumers captured after a producer therefore read the producer's static
 Stages of one bucket (one budget) share a memory pool and are captured in the order they replay,
 so a stage's intermediates can never overwrite an output that a later stage of the round still
 reads. Persistent state (caches, the frontier, the context buffer) lives outside every pool.
+
+Python's cyclic garbage collector stays off while a graph is captured (`no_gc`): stages hold
+closures over their owners, so dropped stages are freed by that collector, and a CUDAGraph freed
+in the middle of another capture destroys its graph inside the capture, which invalidates it (seen
+on an H200: "operation not permitted when stream is capturing" from 20 graph resets, then the
+capture failed). Owners that drop stages call `release()` first, so their graphs go at once.
 Knows nothing of models or trees.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import gc
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """Keep the cyclic garbage collector from running (and freeing CUDA graphs) inside a capture."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class Pool:
@@ -57,6 +77,11 @@ class Stage:
                 self.fn()
             torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool.handle if self.pool is not None else None):
+        with no_gc(), torch.cuda.graph(g, pool=self.pool.handle if self.pool is not None else None):
             self.out = self.fn()
         self.graph = g
+
+    def release(self) -> None:
+        """Free the graph and its outputs now (outside any capture), not whenever the collector runs."""
+        self.graph = None
+        self.out = None

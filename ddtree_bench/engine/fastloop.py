@@ -118,6 +118,15 @@ class FastLoop:
 
     # ------------------------------------------------------------------ buffers and buckets
 
+    def release(self) -> None:
+        """Free every captured graph now (stages are freed by Python's cyclic collector otherwise)."""
+        for b in getattr(self, "buckets", {}).values():
+            for stage in b.stages.values():
+                stage.release()
+            b.io.clear()
+        if getattr(self, "draft_stage", None) is not None:
+            self.draft_stage.release()
+
     @property
     def ops(self):
         """The layer ops of the static forwards (fused.ops_for caches its self-test)."""
@@ -131,6 +140,7 @@ class FastLoop:
         if cap <= self.capacity:
             return
         dev, t = self.device, self.target
+        self.release()
         self.buckets: dict[tuple, _Bucket] = {}
         self.draft_stage: Stage | None = None
         self.tcache = self.tkv = self.dcache = self.dkv = None

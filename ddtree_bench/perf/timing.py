@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import torch
 
+from ddtree_bench.engine.cudagraph import no_gc
+
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -50,7 +52,7 @@ def graph_time_fn(fn: Callable[[], Any], reps: int = 20, warmup: int = 3) -> flo
         fn()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with no_gc(), torch.cuda.graph(g):
         fn()
     ms = time_fn(g.replay, torch.device("cuda"), reps, warmup)
     del g
