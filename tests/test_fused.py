@@ -53,8 +53,10 @@ def test_merge_is_idempotent_and_redone_after_a_move():
     merge_projections(target)
     assert attn.qkv_weight is w
     target.to(torch.float64)  # replaces every parameter: the merged tensor no longer backs them
-    merge_projections(target)
+    fused.ensure_merged(target)  # the static forwards' guard notices and merges again
+    last = target.model.layers[-1].mlp
     assert attn.qkv_weight.dtype == torch.float64 and attn.qkv_weight.data_ptr() == attn.q_proj.weight.data_ptr()
+    assert last.gate_up_weight.dtype == torch.float64 and last.gate_up_weight.data_ptr() == last.gate_proj.weight.data_ptr()
 
 
 def test_torch_ops_are_the_default_off_cuda():

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddtree_bench.engine.layers import apply_rope
+from ddtree_bench.engine.layers import apply_rope, rms_norm
 
 try:  # Triton ships with CUDA builds of PyTorch; CPU installs may lack it
     import triton
@@ -79,6 +79,13 @@ def merge_projections(model: nn.Module) -> None:
                 m.gate_up_weight, m.gate_up_bias = _merge([m.gate_proj, m.up_proj])
 
 
+def ensure_merged(model: nn.Module) -> None:
+    """merge_projections unless the first attention's merged weight still backs it (cheap: a forward's guard)."""
+    first = next((m for m in model.modules() if hasattr(m, "q_proj")), None)
+    if first is not None and not _merged(getattr(first, "qkv_weight", None), first.q_proj):
+        merge_projections(model)
+
+
 # ---------------------------------------------------------------------------- the PyTorch twin
 
 
@@ -88,10 +95,8 @@ class TorchOps:
     name = "torch"
 
     def rmsnorm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        """x: [..., N] -> w * (x / rms(x)) with fp32 statistics, as layers.RMSNorm."""
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-        return w * h.to(x.dtype)
+        """x: [..., N] -> w * (x / rms(x)) with fp32 statistics (layers.rms_norm)."""
+        return rms_norm(x, w, eps)
 
     def add_rmsnorm(self, x: torch.Tensor, d: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """x, d: [T, N] -> (x + d, rmsnorm(x + d))."""

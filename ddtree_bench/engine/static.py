@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ddtree_bench.engine.cache import KVCache
-from ddtree_bench.engine.fused import TORCH_OPS, TorchOps, merge_projections
+from ddtree_bench.engine.fused import TORCH_OPS, TorchOps, ensure_merged
 
 NEG_INF = float("-inf")
 
@@ -104,7 +104,7 @@ def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: Stati
     `hidden_layers` concatenated [T, n*H] (the last layer's after the final norm, as HF returns it).
     ops: the fused layer ops (fused.ops_for), default the PyTorch twin."""
     ops = ops or TORCH_OPS
-    merge_projections(target)
+    ensure_merged(target)
     blocks = target.model.layers
     x = target.model.embed_tokens(ids)
     cos, sin = target.rotary(positions, x.dtype)
@@ -148,7 +148,7 @@ def draft_forward(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor,
     C may exceed start - ctx_start (padding): the extra context rows land in slots start.. and the
     block's own K/V, written after them in every layer, overwrite them before anything reads them."""
     ops = ops or TORCH_OPS
-    merge_projections(drafter)
+    ensure_merged(drafter)
     C, Tb = target_hidden.shape[0], block_emb.shape[0]
     dev = block_emb.device
     ctx = ops.rmsnorm(drafter.fc(target_hidden), *_norm(drafter.hidden_norm))
