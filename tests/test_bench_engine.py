@@ -31,6 +31,7 @@ def test_bench_engine_cpu_json_and_table(tmp_path, capsys):
     assert json.loads(text.strip().splitlines()[-1])["spec"] == res["spec"]   # last stdout line: the same document
     assert "per-round stage medians" in text and "predicted best budget" in text
     assert set(res["verify_curve_ms"]["eager"]) == {"1", "5", "17"}
+    assert res["layer_ops"] == "torch" and "graph_unfused" not in res["verify_curve_ms"]   # no Triton on a CPU
     got = {(r["method"], r["budget"]) for r in res["rounds"]}
     assert got == {("ar", None), ("dflash", None), ("ddtree", 4), ("ddtree", 16)}
     for r in res["rounds"]:
@@ -47,12 +48,25 @@ def test_bench_engine_cpu_json_and_table(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [["--shape", "qwen9-1t"], ["--verify-tokens", "a,b"], ["--budgets", "3..9"],
-                                  ["--tau", "16=2"], ["--device", "cuda:7"] if not torch.cuda.is_available() else ["--rounds", "0"]])
+                                  ["--tau", "16=2"], ["--device", "cuda:7"] if not torch.cuda.is_available() else ["--rounds", "0"],
+                                  ["--layer-ops", "fused"], ["--layer-ops", "triton", "--device", "cpu"]])
 def test_bench_engine_bad_input_exits_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench-engine", "--model", "random", *argv])
     assert e.value.code == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_verify_table_shows_the_unfused_graph_beside_the_fused_one():
+    from ddtree_bench.perf.tables import render
+
+    res = {"spec": {"shape": "qwen3-8b", "model": "toy", "dtype": "bfloat16", "device": "cuda", "prefix_len": 1024},
+           "date": "2026-11-29", "gpu": "NVIDIA H200", "layer_ops": "triton", "rounds": [],
+           "verify_curve_ms": {"graph": {1: 5.67, 16: 6.03}, "graph_unfused": {1: 8.7, 16: 10.28}, "eager": {1: 23.4, 16: 16.2}}}
+    lines = render(res).splitlines()
+    assert "layer ops: triton; graph_unfused" in lines[2]
+    assert lines[3].split() == ["tokens", "graph", "graph_unfused", "eager"]
+    assert lines[5].split() == ["1", "5.67", "8.70", "23.40"]
 
 
 def test_real_shapes_have_the_published_sizes():
