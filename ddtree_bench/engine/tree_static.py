@@ -34,6 +34,16 @@ def topk_logprobs(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
     return torch.where(torch.isnan(lp), float("-inf"), lp), ids
 
 
+def depth_counts(L: int, V: int, budget: int) -> tuple[int, list[int]]:
+    """K = min(budget, V) tokens per depth, and how many prefixes each depth keeps: K at depth 1,
+    then min(budget, previous * K) - the shape of every vectorised / one-kernel tree build."""
+    K = min(budget, V)
+    counts = [K]
+    for _ in range(1, L):
+        counts.append(min(budget, counts[-1] * K))
+    return K, counts
+
+
 class StaticTreeBuilder:
     """build_tree_fast for one (L, V, budget) with the shape-only constants made once.
 
@@ -45,13 +55,10 @@ class StaticTreeBuilder:
             raise ValueError("StaticTreeBuilder needs budget > 0 and L > 0")
         self.L, self.V, self.budget = L, V, budget
         self.full_sort = full_sort
-        K = self.K = min(budget, V)
+        K, counts = depth_counts(L, V, budget)
+        self.K, self.counts = K, counts
         self.tie_bits = max(1, (budget * K).bit_length())
         self.arK = torch.arange(K, device=device)
-        counts = [K]
-        for _ in range(1, L):
-            counts.append(min(budget, counts[-1] * K))
-        self.counts = counts
         total = sum(counts)
         self.N = min(budget, total)
         self.gbits = max(1, total.bit_length())

@@ -30,7 +30,7 @@ except Exception:  # pragma: no cover - depends on the install
     triton = None
     tl = None
 
-from ddtree_bench.engine.tree_static import topk_logprobs
+from ddtree_bench.engine.tree_static import depth_counts, topk_logprobs
 
 
 _SELF_TEST: dict[str, object] = {}
@@ -227,11 +227,8 @@ class TritonTreeBuilder:
             raise ValueError("TritonTreeBuilder needs budget > 0 and L > 0")
         dev = torch.device(device)
         self.L, self.V, self.budget = L, V, budget
-        K = self.K = min(budget, V)
-        counts = [K]
-        for _ in range(1, L):
-            counts.append(min(budget, counts[-1] * K))
-        self.counts = counts
+        K, counts = depth_counts(L, V, budget)
+        self.K, self.counts = K, counts
         total = sum(counts)
         self.N = min(budget, total)
         BP = self.BP = _pow2(max(counts))
