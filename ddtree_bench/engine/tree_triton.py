@@ -15,7 +15,8 @@ index in the trie of kept prefixes). What makes one block enough:
   order), then subtree sizes (atomic adds, bottom-up) and pre-order indices (scans), then one sort
   of all kept nodes for the global best B.
 Scratch lives in preallocated device buffers; the launch has fixed shapes (graph-capturable).
-The PyTorch top-K of the draft logits stays outside (`tree_static.topk_logprobs`).
+The per-depth top-K of the draft logits comes first, from `topk_triton` (two launches, K <= 64) or
+PyTorch (`tree_static.topk_logprobs`).
 Needs Triton and a CUDA device; `available()` says whether it can run.
 """
 
@@ -30,7 +31,7 @@ except Exception:  # pragma: no cover - depends on the install
     triton = None
     tl = None
 
-from ddtree_bench.engine.tree_static import depth_counts, topk_logprobs
+from ddtree_bench.engine.tree_static import depth_counts
 
 
 _SELF_TEST: dict[str, object] = {}
@@ -194,17 +195,45 @@ if triton is not None:
         tl.store(par_out + g, tl.where(cd > 0, par, 0).to(tl.int64), mask=chosen)
 
 
-def checked_builder(L: int, V: int, budget: int, device) -> "TritonTreeBuilder | None":
-    """A TritonTreeBuilder for this (L, V, budget) that compiled, ran and matched the PyTorch builder
-    on random logits here, or None (with a warning) - so a kernel that cannot build at some size
-    (resources, a Triton version) costs speed, never a crash or a wrong tree."""
+def pruned_regions(L: int, V: int, budget: int) -> tuple[int, list[int], list[tuple[list[int], list[int]]],
+                                                          list[tuple[list[int], list[int]]]]:
+    """K, prefixes kept per depth, and per depth d >= 1 the candidate region (parent f in key order,
+    token rank r) with (f+1)(r+1) <= budget, plus the boundary (f, first excluded r) of every pruned
+    row, whose best key the worst kept one must beat (the certificate). Index 0 is empty."""
+    K, counts = depth_counts(L, V, budget)
+    regions, bounds = [([], [])], [([], [])]
+    for d in range(1, L):
+        F = counts[d - 1]
+        fs, rs, bfs, brs = [], [], [], []
+        for f in range(F):
+            lim = min(K, budget // (f + 1))
+            fs += [f] * lim
+            rs += list(range(lim))
+            if lim < K:
+                bfs.append(f)
+                brs.append(lim)
+        if len(fs) < counts[d]:  # pruning would keep too few: take every candidate, no certificate needed
+            fs = [f for f in range(F) for _ in range(K)]
+            rs = [r for _ in range(F) for r in range(K)]
+            bfs, brs = [], []
+        regions.append((fs, rs))
+        bounds.append((bfs, brs))
+    return K, counts, regions, bounds
+
+
+def checked_builder(L: int, V: int, budget: int, device, kernel: str = "block"):
+    """A Triton builder (kernel "block": TritonTreeBuilder, "grid": tree_grid.GridTreeBuilder) for this
+    (L, V, budget) that compiled, ran and matched the PyTorch builder on random logits here, or None
+    (with a warning) - so a kernel that cannot build at some size (resources, a Triton version) costs
+    speed, never a crash or a wrong tree."""
     if not available(device):
         return None
     try:
+        from ddtree_bench.engine.tree_grid import GridTreeBuilder
         from ddtree_bench.engine.tree_static import StaticTreeBuilder
 
         logits = torch.randn(L, V, generator=torch.Generator().manual_seed(budget)).to(device) * 3
-        tb = TritonTreeBuilder(L, V, budget, device)
+        tb = (TritonTreeBuilder if kernel == "block" else GridTreeBuilder)(L, V, budget, device)
         got = tb(logits)
         ref = StaticTreeBuilder(L, V, budget, device)(logits)
         if tb.flag.item() == 0 and all(torch.equal(a, b) for a, b in zip(got, ref)):
@@ -214,7 +243,7 @@ def checked_builder(L: int, V: int, budget: int, device) -> "TritonTreeBuilder |
         error = f"{type(e).__name__}: {e}"
     import warnings
 
-    warnings.warn(f"Triton tree kernel unusable at budget {budget}, using the PyTorch builder: {error}")
+    warnings.warn(f"Triton {kernel} tree kernel unusable at budget {budget}, using another builder: {error}")
     return None
 
 
@@ -222,33 +251,18 @@ class TritonTreeBuilder:
     """Drop-in for StaticTreeBuilder on CUDA: __call__(draft_logits [L, V]) -> (token_ids, parents, depths)
     [N] long. `flag` ([1] int32, device) counts failed pruning certificates since the last reset."""
 
+    name = "triton-block"
+
     def __init__(self, L: int, V: int, budget: int, device):
         if budget <= 0 or L <= 0:
             raise ValueError("TritonTreeBuilder needs budget > 0 and L > 0")
         dev = torch.device(device)
         self.L, self.V, self.budget = L, V, budget
-        K, counts = depth_counts(L, V, budget)
+        K, counts, regions, bounds = pruned_regions(L, V, budget)
         self.K, self.counts = K, counts
         total = sum(counts)
         self.N = min(budget, total)
         BP = self.BP = _pow2(max(counts))
-        regions, bounds = [([], [])], [([], [])]
-        for d in range(1, L):
-            F = counts[d - 1]
-            fs, rs, bfs, brs = [], [], [], []
-            for f in range(F):
-                lim = min(K, budget // (f + 1))
-                fs += [f] * lim
-                rs += list(range(lim))
-                if lim < K:
-                    bfs.append(f)
-                    brs.append(lim)
-            if len(fs) < counts[d]:  # pruning would keep too few: take every candidate, no certificate needed
-                fs = [f for f in range(F) for _ in range(K)]
-                rs = [r for _ in range(F) for r in range(K)]
-                bfs, brs = [], []
-            regions.append((fs, rs))
-            bounds.append((bfs, brs))
         RP = self.RP = _pow2(max(len(f) for f, _ in regions))
         pad = lambda xs, n: xs + [-1] * (n - len(xs))  # noqa: E731
         i32 = dict(dtype=torch.int32, device=dev)
@@ -273,7 +287,9 @@ class TritonTreeBuilder:
         self.num_warps = 4 if max(RP, self.NP) <= 1024 else (8 if max(RP, self.NP) <= 4096 else 16)
 
     def __call__(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        lp, tok = topk_logprobs(draft_logits, self.K)
+        from ddtree_bench.engine.topk_triton import topk_logprobs_fused  # (it imports this module)
+
+        lp, tok = topk_logprobs_fused(draft_logits, self.K)
         lp, tok = lp.contiguous(), tok.contiguous()
         dev = draft_logits.device
         tok_out = torch.empty(self.N, dtype=torch.long, device=dev)

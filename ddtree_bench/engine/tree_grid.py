@@ -1,0 +1,237 @@
+"""The DDTree tree build as ~32 small Triton launches that use the whole GPU, for large budgets.
+
+Same tree as `build_tree` / `StaticTreeBuilder` / the one-block kernel (`tree_triton`): same fp32
+sums, same exact int64 keys, same candidate pruning and certificate (`tree_triton.pruned_regions`),
+same (score, pre-order) final order. What differs is how the per-depth "keep the best F_d of the
+candidates, in key order" is done: the one-block kernel sorts ~B*ln(B) keys on one SM per depth
+(fine at B <= 128, 6 ms at B = 1024 on an H200); here every candidate finds its own rank by
+counting the keys smaller than its own, spread over as many thread blocks as the candidates need
+(keys are unique, so the ranks are a permutation and the kept ones land at their rank). Per depth
+two launches: rank the candidates (`_rank_kernel`), then rank the kept ones by their lexicographic
+tie to get the trie order (`_lex_kernel`). Then one block computes subtree sizes and pre-order
+indices (as the one-block kernel does), a grid ranks all kept nodes by (score, pre-order) and a
+last grid writes the best N in pop order with their parents.
+Counting is O(n^2) work but n is small (<= ~7.7k candidates at B = 1024) and spread over the GPU;
+the launches cost ~2-3 us each inside a CUDA graph, which is why small budgets use the one-block
+kernel (the engine times both and takes the faster; fastloop).
+Scratch lives in preallocated device buffers; every launch has fixed shapes (graph-capturable).
+Needs Triton and a CUDA device (or Triton's CPU interpreter, which the tests use).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddtree_bench.engine import tree_triton
+from ddtree_bench.engine.topk_triton import topk_logprobs_fused
+from ddtree_bench.engine.tree_triton import _pow2, pruned_regions, tl, triton
+
+BI = 64  # rows (items ranked) per program
+BJ = 64  # columns (items compared against) per inner step
+
+if triton is not None:
+    _desc, _undesc, _max_combine = tree_triton._desc, tree_triton._undesc, tree_triton._max_combine
+
+    @triton.jit
+    def _cand(d, i, regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K: tl.constexpr, RP: tl.constexpr, BP: tl.constexpr,
+              TB: tl.constexpr):
+        """Candidates i at depth d: (key, score, tie, valid); invalid slots get the largest key."""
+        f = tl.load(regf_ptr + d * RP + i, mask=i < RP, other=-1)
+        r = tl.load(regr_ptr + d * RP + i, mask=i < RP, other=0)
+        valid = f >= 0
+        s = tl.load(ks_ptr + (d - 1) * BP + f, mask=valid, other=0.0)
+        lx = tl.load(kl_ptr + (d - 1) * BP + f, mask=valid, other=0)
+        lpv = tl.load(lp_ptr + d * K + r, mask=valid, other=0.0)
+        score = s + lpv
+        tie = lx.to(tl.int64) * K + r.to(tl.int64)
+        key = tl.where(valid, (_desc(score) << TB) | tie, 9223372036854775807)
+        return key, score, tie, valid
+
+    @triton.jit
+    def _init_kernel(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, K: tl.constexpr, KP: tl.constexpr):
+        """Depth 1: the top-K tokens; key order = lexicographic order = rank order."""
+        j = tl.arange(0, KP)
+        m = j < K
+        s = tl.load(lp_ptr + j, mask=m, other=0.0)
+        tl.store(ks_ptr + j, s, mask=m)
+        tl.store(kl_ptr + j, j, mask=m)
+        tl.store(lpar_ptr + j, tl.zeros([KP], tl.int32), mask=m)
+        tl.store(lr_ptr + j, j, mask=m)
+        tl.store(ls_ptr + j, s, mask=m)
+        tl.store(size_ptr + j, tl.full([KP], 1, tl.int32), mask=m)
+
+    @triton.jit
+    def _rank_kernel(regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, bndf_ptr, bndr_ptr, ktie_ptr, flag_ptr, d, Fd,
+                     K: tl.constexpr, RP: tl.constexpr, BP: tl.constexpr, TB: tl.constexpr,
+                     BI: tl.constexpr, BJ: tl.constexpr):
+        """Depth d: each candidate's rank = number of smaller keys; the first Fd are kept, in key order."""
+        i = tl.program_id(0) * BI + tl.arange(0, BI)
+        key, score, tie, valid = _cand(d, i, regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K, RP, BP, TB)
+        rank = tl.zeros([BI], tl.int32)
+        for j0 in range(0, RP, BJ):
+            kj, _, _, _ = _cand(d, j0 + tl.arange(0, BJ), regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K, RP, BP, TB)
+            rank += tl.sum((kj[None, :] < key[:, None]).to(tl.int32), axis=1)
+        kept = valid & (rank < Fd)
+        tl.store(ks_ptr + d * BP + rank, score, mask=kept)
+        tl.store(ktie_ptr + d * BP + rank, tie, mask=kept)
+        # certificate (by the program holding the worst kept key): it beats every excluded row's best key
+        worst = tl.max(tl.where(kept & (rank == Fd - 1), key, -1), axis=0)
+        if worst >= 0:
+            b = tl.arange(0, BP)
+            bf = tl.load(bndf_ptr + d * BP + b)
+            br = tl.load(bndr_ptr + d * BP + b)
+            bvalid = bf >= 0
+            bs = tl.load(ks_ptr + (d - 1) * BP + bf, mask=bvalid, other=0.0)
+            bl = tl.load(kl_ptr + (d - 1) * BP + bf, mask=bvalid, other=0)
+            blp = tl.load(lp_ptr + d * K + br, mask=bvalid, other=0.0)
+            bkey = tl.where(bvalid, (_desc(bs + blp) << TB) | (bl.to(tl.int64) * K + br.to(tl.int64)),
+                            9223372036854775807)
+            if worst > tl.min(bkey, axis=0):
+                tl.atomic_add(flag_ptr, 1)
+
+    @triton.jit
+    def _lex_kernel(ks_ptr, ktie_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, d, Fd,
+                    K: tl.constexpr, BP: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr):
+        """Depth d: each kept prefix's lexicographic position = number of kept ties smaller than its own."""
+        j = tl.program_id(0) * BI + tl.arange(0, BI)
+        m = j < Fd
+        t = tl.load(ktie_ptr + d * BP + j, mask=m, other=9223372036854775807)
+        pos = tl.zeros([BI], tl.int32)
+        for q0 in range(0, BP, BJ):
+            q = q0 + tl.arange(0, BJ)
+            tq = tl.load(ktie_ptr + d * BP + q, mask=q < Fd, other=9223372036854775807)
+            pos += tl.sum((tq[None, :] < t[:, None]).to(tl.int32), axis=1)
+        tl.store(kl_ptr + d * BP + j, pos, mask=m)
+        tl.store(lpar_ptr + d * BP + pos, (t // K).to(tl.int32), mask=m)
+        tl.store(lr_ptr + d * BP + pos, (t % K).to(tl.int32), mask=m)
+        tl.store(ls_ptr + d * BP + pos, tl.load(ks_ptr + d * BP + j, mask=m, other=0.0), mask=m)
+        tl.store(size_ptr + d * BP + pos, tl.full([BI], 1, tl.int32), mask=m)
+
+    @triton.jit
+    def _preorder_kernel(cnt_ptr, lpar_ptr, size_ptr, pre_ptr, L: tl.constexpr, BP: tl.constexpr):
+        """One block: subtree sizes bottom-up, then pre-order index = lexicographic rank among all kept prefixes."""
+        lane = tl.arange(0, BP)
+        for e in range(1, L):
+            d = L - e
+            Fd = tl.load(cnt_ptr + d)
+            m = lane < Fd
+            p = tl.load(lpar_ptr + d * BP + lane, mask=m, other=0)
+            sz = tl.load(size_ptr + d * BP + lane, mask=m, other=0)
+            tl.atomic_add(size_ptr + (d - 1) * BP + p, sz, mask=m)
+            tl.debug_barrier()
+        m0 = lane < tl.load(cnt_ptr)
+        sz = tl.load(size_ptr + lane, mask=m0, other=0)
+        tl.store(pre_ptr + lane, tl.cumsum(sz, axis=0) - sz, mask=m0)
+        tl.debug_barrier()
+        for d in range(1, L):
+            Fd = tl.load(cnt_ptr + d)
+            m = lane < Fd
+            sz = tl.load(size_ptr + d * BP + lane, mask=m, other=0)
+            before = tl.cumsum(sz, axis=0) - sz
+            p = tl.load(lpar_ptr + d * BP + lane, mask=m, other=0)
+            pprev = tl.load(lpar_ptr + d * BP + lane - 1, mask=m & (lane > 0), other=-1)
+            first = p != pprev
+            gstart = tl.associative_scan(tl.where(first, before, 0), 0, _max_combine)
+            base = tl.load(pre_ptr + (d - 1) * BP + p, mask=m, other=0) + 1
+            tl.store(pre_ptr + d * BP + lane, base + before - gstart, mask=m)
+            tl.debug_barrier()
+
+    @triton.jit
+    def _gkey(g, cnt_ptr, ls_ptr, pre_ptr, L: tl.constexpr, BP: tl.constexpr, GB: tl.constexpr):
+        gd = g // BP
+        valid = (gd < L) & (g % BP < tl.load(cnt_ptr + gd, mask=gd < L, other=0))
+        sc = tl.load(ls_ptr + g, mask=valid, other=0.0)
+        pr = tl.load(pre_ptr + g, mask=valid, other=0)
+        return tl.where(valid, (_desc(sc) << GB) | pr.to(tl.int64), 9223372036854775807), valid
+
+    @triton.jit
+    def _select_kernel(cnt_ptr, ls_ptr, pre_ptr, node_of_ptr, inv_ptr,
+                       L: tl.constexpr, BP: tl.constexpr, GB: tl.constexpr, N: tl.constexpr,
+                       BI: tl.constexpr, BJ: tl.constexpr):
+        """Every kept node's rank by (score, pre-order); the best N get node numbers 1..N in pop order."""
+        g = tl.program_id(0) * BI + tl.arange(0, BI)
+        key, valid = _gkey(g, cnt_ptr, ls_ptr, pre_ptr, L, BP, GB)
+        rank = tl.zeros([BI], tl.int32)
+        for h0 in range(0, L * BP, BJ):
+            kh, _ = _gkey(h0 + tl.arange(0, BJ), cnt_ptr, ls_ptr, pre_ptr, L, BP, GB)
+            rank += tl.sum((kh[None, :] < key[:, None]).to(tl.int32), axis=1)
+        chosen = valid & (rank < N)
+        tl.store(node_of_ptr + g, rank + 1, mask=chosen)
+        tl.store(inv_ptr + rank, g, mask=chosen)
+
+    @triton.jit
+    def _emit_kernel(inv_ptr, node_of_ptr, lpar_ptr, lr_ptr, tok_ptr, tok_out, par_out, dep_out,
+                     K: tl.constexpr, BP: tl.constexpr, N: tl.constexpr, BI: tl.constexpr):
+        p = tl.program_id(0) * BI + tl.arange(0, BI)
+        m = p < N
+        g = tl.load(inv_ptr + p, mask=m, other=0)
+        d = g // BP
+        r = tl.load(lr_ptr + g, mask=m, other=0)
+        tl.store(tok_out + p, tl.load(tok_ptr + d * K + r, mask=m, other=0), mask=m)
+        tl.store(dep_out + p, (d + 1).to(tl.int64), mask=m)
+        pp = tl.load(lpar_ptr + g, mask=m, other=0)
+        par = tl.load(node_of_ptr + (d - 1) * BP + pp, mask=m & (d > 0), other=0)
+        tl.store(par_out + p, tl.where(d > 0, par, 0).to(tl.int64), mask=m)
+
+
+class GridTreeBuilder:
+    """Drop-in for StaticTreeBuilder on CUDA: __call__(draft_logits [L, V]) -> (token_ids, parents, depths)
+    [N] long. `flag` ([1] int32, device) counts failed pruning certificates since the last reset."""
+
+    name = "triton-grid"
+
+    def __init__(self, L: int, V: int, budget: int, device):
+        if budget <= 0 or L <= 0:
+            raise ValueError("GridTreeBuilder needs budget > 0 and L > 0")
+        dev = torch.device(device)
+        self.L, self.V, self.budget = L, V, budget
+        K, counts, regions, bounds = pruned_regions(L, V, budget)
+        self.K, self.counts = K, counts
+        total = sum(counts)
+        self.N = min(budget, total)
+        BP = self.BP = _pow2(max(counts))
+        self.R = [len(f) for f, _ in regions]
+        RP = self.RP = -(-max(1, max(self.R)) // BJ) * BJ
+        pad = lambda xs, n: xs + [-1] * (n - len(xs))  # noqa: E731
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.cnt = torch.tensor(counts, **i32)
+        self.regf = torch.tensor([pad(f, RP) for f, _ in regions], **i32)
+        self.regr = torch.tensor([pad(r, RP) for _, r in regions], **i32)
+        self.bndf = torch.tensor([pad(f, BP) for f, _ in bounds], **i32)
+        self.bndr = torch.tensor([pad(r, BP) for _, r in bounds], **i32)
+        self.TB = max(1, (budget * K).bit_length())
+        self.GB = max(1, total.bit_length())
+        if 32 + self.TB > 63 or 32 + self.GB > 63:
+            raise ValueError(f"budget {budget} is too large for the grid tree kernels")
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.ks, self.ls = torch.zeros(L, BP, **f32), torch.zeros(L, BP, **f32)
+        self.kl, self.lpar, self.lr = (torch.zeros(L, BP, **i32) for _ in range(3))
+        self.size, self.pre = torch.zeros(L, BP, **i32), torch.zeros(L, BP, **i32)
+        self.ktie = torch.zeros(L, BP, dtype=torch.long, device=dev)
+        self.node_of = torch.zeros(L * BP, **i32)
+        self.inv = torch.zeros(max(1, self.N), **i32)
+        self.flag = torch.zeros(1, **i32)
+        self.pre_warps = 4 if BP <= 1024 else 8
+
+    def __call__(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        L, K, BP, RP, TB = self.L, self.K, self.BP, self.RP, self.TB
+        lp, tok = topk_logprobs_fused(draft_logits, K)
+        lp, tok = lp.contiguous(), tok.contiguous()
+        dev = draft_logits.device
+        tok_out = torch.empty(self.N, dtype=torch.long, device=dev)
+        par_out = torch.empty(self.N, dtype=torch.long, device=dev)
+        dep_out = torch.empty(self.N, dtype=torch.long, device=dev)
+        _init_kernel[(1,)](lp, self.ks, self.kl, self.lpar, self.lr, self.ls, self.size, K=K, KP=_pow2(K))
+        for d in range(1, L):
+            R, Fd = self.R[d], self.counts[d]
+            _rank_kernel[(triton.cdiv(R, BI),)](self.regf, self.regr, self.ks, self.kl, lp, self.bndf, self.bndr,
+                                                self.ktie, self.flag, d, Fd, K=K, RP=RP, BP=BP, TB=TB, BI=BI, BJ=BJ)
+            _lex_kernel[(triton.cdiv(Fd, BI),)](self.ks, self.ktie, self.kl, self.lpar, self.lr, self.ls, self.size,
+                                               d, Fd, K=K, BP=BP, BI=BI, BJ=BJ)
+        _preorder_kernel[(1,)](self.cnt, self.lpar, self.size, self.pre, L=L, BP=BP, num_warps=self.pre_warps)
+        G = L * BP
+        _select_kernel[(triton.cdiv(G, BI),)](self.cnt, self.ls, self.pre, self.node_of, self.inv,
+                                              L=L, BP=BP, GB=self.GB, N=self.N, BI=BI, BJ=BJ)
+        _emit_kernel[(triton.cdiv(self.N, BI),)](self.inv, self.node_of, self.lpar, self.lr, tok, tok_out, par_out,
+                                                dep_out, K=K, BP=BP, N=self.N, BI=BI)
+        return tok_out, par_out, dep_out
