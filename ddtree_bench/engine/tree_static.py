@@ -24,14 +24,24 @@ from ddtree_bench.engine.tree import _desc_key, _rank_of, preorder
 def topk_logprobs(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-depth top-k of log_softmax in fp32, descending, equal logits by ascending token id: the
     same (logprobs [L, k], ids [L, k]) as tree._topk_logprobs' stable sort, from one exact topk."""
-    logits = draft_logits.float()
-    logits = torch.where(torch.isnan(logits), float("-inf"), logits)  # NaN counts as -inf, as in tree.py
+    logits = fp32_logits(draft_logits)
     V = logits.shape[-1]
     bits = max(1, (V - 1).bit_length())
     key = (_desc_key(logits) << bits) | torch.arange(V, device=logits.device)
     ids = torch.topk(key, k, dim=-1, largest=False, sorted=True).indices
+    return logprobs_at(logits, ids), ids
+
+
+def fp32_logits(draft_logits: torch.Tensor) -> torch.Tensor:
+    """The draft logits in fp32 with NaN as -inf, as tree.py reads them."""
+    logits = draft_logits.float()
+    return torch.where(torch.isnan(logits), float("-inf"), logits)
+
+
+def logprobs_at(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits) at ids [L, k] (fp32_logits in; NaN results -> -inf), by the ops every builder shares."""
     lp = logits.gather(-1, ids) - torch.logsumexp(logits, dim=-1, keepdim=True)
-    return torch.where(torch.isnan(lp), float("-inf"), lp), ids
+    return torch.where(torch.isnan(lp), float("-inf"), lp)
 
 
 def depth_counts(L: int, V: int, budget: int) -> tuple[int, list[int]]:
@@ -49,6 +59,8 @@ class StaticTreeBuilder:
 
     __call__(draft_logits [L, V]) -> (token_ids [N], parents [N], depths [N]), N = min(budget, total
     candidates), in pop order, parents 1-based (0 = root) - the same tensors as build_tree_fast."""
+
+    name = "torch"
 
     def __init__(self, L: int, V: int, budget: int, device, full_sort: bool = False):
         if budget <= 0 or L <= 0:
