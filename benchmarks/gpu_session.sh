@@ -19,7 +19,7 @@ step env
   git rev-parse HEAD 2>/dev/null; } 2>&1 | tee -a "$LOG"
 
 step gpu tests
-timeout ${TESTS_TIMEOUT:-180} python3 -m pytest -p no:cacheprovider -m gpu -v -rA tests/test_fused.py tests/test_fastpath.py \
+timeout ${TESTS_TIMEOUT:-180} python3 -m pytest -p no:cacheprovider -m gpu -v -rA tests/test_fused.py tests/test_tree_kernels.py tests/test_fastpath.py \
   > "$OUT/tests.txt" 2>&1
 echo "pytest exit $?" | tee -a "$OUT/tests.txt" "$LOG"; tail -15 "$OUT/tests.txt" >> "$LOG"
 

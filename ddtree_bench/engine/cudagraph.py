@@ -16,12 +16,15 @@ closures over their owners, so dropped stages are freed by that collector, and a
 in the middle of another capture destroys its graph inside the capture, which invalidates it (seen
 on an H200: "operation not permitted when stream is capturing" from 20 graph resets, then the
 capture failed). Owners that drop stages call `release()` first, so their graphs go at once.
+`replay_ms` times a function as a captured graph (what the engine pays for it inside a stage); the
+engine uses it to pick the fastest of interchangeable exact implementations, bench-engine to report.
 Knows nothing of models or trees.
 """
 
 from __future__ import annotations
 
 import gc
+import statistics
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -85,3 +88,29 @@ class Stage:
         """Free the graph and its outputs now (outside any capture), not whenever the collector runs."""
         self.graph = None
         self.out = None
+
+
+def replay_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3) -> float:
+    """Median ms of CUDA-graph replays of fn: two eager warmups on a side stream, one capture, then
+    `warmup` untimed and `reps` timed replays, each between two CUDA events."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with no_gc(), torch.cuda.graph(g):
+        fn()
+    for _ in range(warmup):
+        g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    del g
+    return statistics.median(times)

@@ -15,9 +15,10 @@ runs), organised for a GPU:
 * stage times come from CUDA events between the stages (no syncs), or perf_counter on a CPU.
 
 On CUDA with Triton the layers' elementwise work runs as fused kernels (fused.py) and the tree
-build is one kernel (tree_triton.py); its rare pruning-certificate
-failure comes back with the walk result and the round is redone with the exact PyTorch builder
-before anything is committed. Round 1 drafts eagerly (its context is the whole prompt); prefill is
+build is the fastest here of three exact builders: one Triton block (tree_triton.py), ~32 small
+Triton grids (tree_grid.py) or PyTorch (tree_static.py), timed once per budget. The Triton ones
+prune candidates; their rare certificate failure comes back with the walk result and the round is
+redone with the exact PyTorch builder before anything is committed. Round 1 drafts eagerly (its context is the whole prompt); prefill is
 the plain Target.forward.
 A proposer other than the DFlash drafter (tests rig one) drafts eagerly every round.
 On a CPU the same fixed-shape code runs without capture, which is how CI checks it.
@@ -104,7 +105,8 @@ class FastLoop:
         self.device = target.lm_head.weight.device
         self.dtype = target.lm_head.weight.dtype
         self.graphs = graphs and self.device.type == "cuda"
-        self.tree_kernel = tree_kernel  # auto (Triton on CUDA when installed) | triton | torch
+        self.tree_kernel = tree_kernel  # auto (the fastest exact builder on CUDA) | block | grid | torch
+        self.builder_ms: dict[int, dict[str, float]] = {}  # budget -> builder name -> ms per build (auto's choice)
         self.layer_ops = layer_ops      # auto (fused Triton ops on CUDA when they pass their self-test) | triton | torch
         self.redone_rounds = 0          # rounds rebuilt with the exact builder after a failed certificate
         self.capacity = 0
@@ -131,6 +133,12 @@ class FastLoop:
     def ops(self):
         """The layer ops of the static forwards (fused.ops_for caches its self-test)."""
         return ops_for(self.device, self.dtype, self.layer_ops)
+
+    def tree_builder(self, budget: int) -> str | None:
+        """Name of the builder the greedy DDTree bucket of this budget uses (None before its first generate)."""
+        key = ("ddtree", budget, True, self.tree_kernel, self.graphs)
+        b = getattr(self, "buckets", {}).get(key)
+        return None if b is None else b.builder.name
 
     def supports(self, method: str, budget: int) -> bool:
         return method in ("ar", "dflash") or budget > 0
@@ -182,16 +190,30 @@ class FastLoop:
         self.dlogits.copy_(self.target.lm_head(h[1:]))
 
     def _builder(self, budget: int, kind: str):
+        """The tree builder for a budget. kind auto: of the exact builders that pass their check here
+        (tree_triton.checked_builder), the fastest as a replayed CUDA graph - the one-block kernel wins at
+        small budgets, the grid kernels at large ones, where the crossover sits depends on the GPU;
+        block | grid | torch force one (a Triton one that fails its check falls back to torch)."""
         from ddtree_bench.engine import tree_triton
+        from ddtree_bench.engine.cudagraph import replay_ms
 
         L, V = self.L, self.target.cfg.vocab_size
-        if kind == "triton":
-            return tree_triton.TritonTreeBuilder(L, V, budget, self.device)
-        if kind == "auto":
-            tb = tree_triton.checked_builder(L, V, budget, self.device)
-            if tb is not None:
-                return tb
-        return StaticTreeBuilder(L, V, budget, self.device)
+        torch_builder = lambda: StaticTreeBuilder(L, V, budget, self.device)  # noqa: E731
+        if kind in ("block", "grid"):
+            return tree_triton.checked_builder(L, V, budget, self.device, kind) or torch_builder()
+        if kind != "auto" or self.device.type != "cuda":
+            return torch_builder()
+        cands = [b for b in (tree_triton.checked_builder(L, V, budget, self.device, k) for k in ("block", "grid")) if b]
+        if not cands:
+            return torch_builder()
+        cands.append(torch_builder())
+        probe = torch.randn(L, V, generator=torch.Generator().manual_seed(budget)).to(self.device, self.dtype)
+        times = {b.name: replay_ms(lambda b=b: b(probe), reps=10) for b in cands}
+        self.builder_ms[budget] = times
+        for b in cands:
+            if hasattr(b, "flag"):
+                b.flag.zero_()
+        return min(cands, key=lambda b: times[b.name])
 
     def _bucket(self, method: str, budget: int, greedy: bool, kind: str | None = None, graphs: bool | None = None) -> _Bucket:
         kind = self.tree_kernel if kind is None else kind
@@ -234,25 +256,42 @@ class FastLoop:
 
     # ------------------------------------------------------------------ stage functions
 
+    @property
+    def fused_tree_ops(self) -> bool:
+        """Tree compile and walk as one Triton launch each (tree_verify_triton) - unless tree_kernel is torch."""
+        from ddtree_bench.engine import tree_verify_triton
+
+        return self.tree_kernel != "torch" and tree_verify_triton.available(self.device)
+
     def _compile(self, b: _Bucket):
+        """-> ids [T], pos [T], anc [T, T], bias [g*T, capacity], path [T, L+1] (fused) or None."""
         tok, par, dep = b.io["tree_build"]
+        if self.fused_tree_ops:
+            from ddtree_bench.engine.tree_verify_triton import compile_tree
+
+            return compile_tree(self.bonus, tok, par, dep, self.start, self.capacity, self.dtype, self.tgroup, self.L)
         ids = torch.cat([self.bonus, tok])
         pos = self.start + torch.cat([torch.zeros(1, dtype=torch.long, device=dep.device), dep])
         anc = ancestors(par, self.L)
         bias = visible_bias(verify_visible(anc, self.start, self.capacity), self.dtype, self.tgroup)
-        return ids, pos, anc, bias
+        return ids, pos, anc, bias, None
 
     def _verify_tree(self, b: _Bucket):
-        ids, pos, _, bias = b.io["tree_compile"]
+        ids, pos, _, bias, _ = b.io["tree_compile"]
         layers = self.proposer.target_layer_ids
         return target_forward(self.target, ids, pos, self.tkv, self.start, bias, layers, self.ops)
 
     def _walk_tree(self, b: _Bucket, greedy: bool):
         tok, par, dep = b.io["tree_build"]
-        ids, _, anc, _ = b.io["tree_compile"]
+        ids, _, anc, _, path = b.io["tree_compile"]
         logits, _ = b.io["verify"]
         post = logits.argmax(dim=-1) if greedy else b.post
-        walked = walk_static(ids, par, dep, anc, post, self.L)
+        if path is not None:
+            from ddtree_bench.engine.tree_verify_triton import walk_tree
+
+            walked = walk_tree(ids, par, dep, path, post, self.L)
+        else:
+            walked = walk_static(ids, par, dep, anc, post, self.L)
         if b.fallback is not None:  # the builder's certificate flag rides along with the one transfer
             walked = torch.cat([walked, b.builder.flag.to(torch.long)])
         return walked

@@ -161,6 +161,10 @@ def round_times(target, drafter, method: str, budget: int, prefix_len: int, roun
                            "tau": sum(gen.accept_lengths) / max(1, len(gen.accept_lengths))}
     med = _stage_medians(measured)
     out["fast"] = {**med, **_overhead(med)}
+    if method == "ddtree":
+        loop = fast.fast_loop()
+        out["fast"]["tree_builder"] = loop.tree_builder(budget)
+        out["fast"]["builder_ms"] = loop.builder_ms.get(budget)   # auto's timing of each exact builder
     if plain:
         p = Engine(target, d, sync_stages=True)
         p.generate(prompt, method, budget, n_new)
@@ -204,13 +208,16 @@ def build_times(V: int, L: int, budgets: list[int], device: torch.device, reps: 
             row["static_gpu_graph_fullsort"] = graph_time_fn(lambda: full(logits_dev), reps=max(reps, 10))
             from ddtree_bench.engine import tree_triton
 
-            tb = tree_triton.checked_builder(L, V, B, device)
-            row["triton_error"] = None if tb is not None else (tree_triton._SELF_TEST.get("error") or "unusable at this budget")
-            if tb is not None:
-                row["triton_gpu_eager"] = time_fn(lambda: tb(logits_dev), device, reps=reps, warmup=2)
-                row["triton_gpu_graph"] = graph_time_fn(lambda: tb(logits_dev), reps=max(reps, 10))
+            heap_tok = build_tree(logits_cpu, B).token_ids.tolist()
+            for kernel in ("block", "grid"):
+                tb = tree_triton.checked_builder(L, V, B, device, kernel)
+                if tb is None:
+                    row[f"{kernel}_error"] = tree_triton._SELF_TEST.get("error") or "unusable at this budget"
+                    continue
+                row[f"{kernel}_gpu_eager"] = time_fn(lambda: tb(logits_dev), device, reps=reps, warmup=2)
+                row[f"{kernel}_gpu_graph"] = graph_time_fn(lambda: tb(logits_dev), reps=max(reps, 10))
                 tok, _, _ = tb(logits_dev)
-                row["triton_equals_heap"] = tok.tolist() == build_tree(logits_cpu, B).token_ids.tolist() and tb.flag.item() == 0
+                row[f"{kernel}_equals_heap"] = tok.tolist() == heap_tok and tb.flag.item() == 0
         rows.append(row)
     return rows
 

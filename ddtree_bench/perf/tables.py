@@ -34,9 +34,10 @@ def render(result: dict[str, Any]) -> str:
                 continue
             rows.append([name, eng] + [_f(m.get(k)) for k in
                         ("draft", "tree_build", "tree_compile", "verify", "walk", "commit", "round")]
-                        + [_f(100 * m["overhead_share"], 1)])
-    parts.append("\nper-round stage medians (ms); overhead = round - draft - verify:\n" + table(
-        rows, ["method", "engine", "draft", "build", "compile", "verify", "walk", "commit", "round", "ovh %"]))
+                        + [_f(100 * m["overhead_share"], 1), m.get("tree_builder") or "-"])
+    parts.append("\nper-round stage medians (ms); overhead = round - draft - verify; builder = the tree builder the "
+                 "fast engine picked:\n" + table(
+        rows, ["method", "engine", "draft", "build", "compile", "verify", "walk", "commit", "round", "ovh %", "builder"]))
 
     bt = result.get("build_tree_ms") or []
     if bt:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from ddtree_bench.engine.cudagraph import no_gc
+from ddtree_bench.engine.cudagraph import replay_ms as graph_time_fn  # noqa: F401 (re-exported)
 
 
 def sync(device: torch.device) -> None:
@@ -41,22 +41,6 @@ def time_fn(fn: Callable[[], Any], device: torch.device, reps: int = 10, warmup:
             fn()
             times.append((time.perf_counter_ns() - t) / 1e6)
     return statistics.median(times)
-
-
-def graph_time_fn(fn: Callable[[], Any], reps: int = 20, warmup: int = 3) -> float:
-    """Median ms of CUDA-graph replays of fn (captured once after two eager warmups on a side stream)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with no_gc(), torch.cuda.graph(g):
-        fn()
-    ms = time_fn(g.replay, torch.device("cuda"), reps, warmup)
-    del g
-    return ms
 
 
 def median(xs: list[float]) -> float:

@@ -1,0 +1,103 @@
+"""The Triton tree kernels against their PyTorch twins: the one-block and grid tree builds
+(tree_triton, tree_grid), the fused top-K (topk_triton), tree compile and walk (tree_verify_triton).
+
+They run on CUDA; without a GPU they can be checked on a CPU through Triton's interpreter (slow;
+not run by CI):
+    pip install --target /tmp/tsite triton
+    PYTHONPATH=/tmp/tsite TRITON_INTERPRET=1 python -m pytest -m gpu tests/test_tree_kernels.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree_bench.engine.static import visible_bias
+from ddtree_bench.engine.tree import build_tree
+from ddtree_bench.engine.tree_static import StaticTreeBuilder, ancestors, chain, topk_logprobs, verify_visible, walk_static
+from tests.test_fastpath import _logits
+from tests.test_fused import DEV, triton_only
+
+pytestmark = [pytest.mark.gpu, triton_only]
+
+SHAPES = [(15, 272, 16), (4, 3, 50), (6, 5, 7), (5, 272, 200)] + ([(15, 272, 64), (15, 151936, 1024)] if DEV == "cuda" else [])
+
+
+@pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
+@pytest.mark.parametrize("kernel", ["block", "grid"])
+def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
+    """Against the exact PyTorch builder on the same device (same fp32 log-probabilities), and against
+    the heap where no exact cross-depth ties can hinge on one ulp: the heap takes its log-probabilities
+    from a CPU logsumexp, which can differ from a GPU's in the last bit, and with coarse logits that
+    alone reorders exact ties (seen on an H200: (L, V, B) = (4, 3, 50))."""
+    from ddtree_bench.engine.tree_grid import GridTreeBuilder
+    from ddtree_bench.engine.tree_triton import TritonTreeBuilder
+
+    make = TritonTreeBuilder if kernel == "block" else GridTreeBuilder
+    for L, V, budget in SHAPES:
+        for seed in range(2):
+            logits = _logits(kind, L, V, seed).to(DEV)
+            tb = make(L, V, budget, DEV)
+            got = [t.tolist() for t in tb(logits)]
+            assert tb.flag.item() == 0
+            assert got == [t.tolist() for t in StaticTreeBuilder(L, V, budget, DEV)(logits)], (L, V, budget, seed)
+            if kind != "coarse" or DEV == "cpu":
+                heap = build_tree(logits, budget)
+                assert got == [heap.token_ids.tolist(), heap.parents.tolist(), heap.depths.tolist()]
+
+
+@pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
+@pytest.mark.parametrize("L,V,k", [(3, 272, 16), (2, 9000, 64), (2, 4097, 64), (4, 3, 3), (2, 5000, 1)])
+def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k):
+    from ddtree_bench.engine.topk_triton import topk_logprobs_fused
+
+    for seed in range(2):
+        x = _logits(kind, L, V, seed)
+        if seed:
+            x[0, V // 2] = float("nan")   # NaN counts as -inf
+        for dt in (torch.float32, torch.bfloat16):
+            xd = x.to(DEV, dt)
+            lp, ids = topk_logprobs_fused(xd, k)
+            lp_ref, ids_ref = topk_logprobs(xd, k)
+            assert torch.equal(ids, ids_ref) and torch.equal(lp, lp_ref)
+
+
+def _forced_post(ids: torch.Tensor, par: torch.Tensor, V: int, node: int, g: torch.Generator) -> torch.Tensor:
+    """Random target picks, except that every node on `node`'s path matches (so it is accepted)."""
+    post = torch.randint(0, V, ids.shape, generator=g)
+    while node > 0:
+        p = int(par[node - 1])
+        post[p] = ids[node]
+        node = p
+    return post
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compile_and_walk_kernels_equal_their_twins(dtype):
+    from ddtree_bench.engine.tree_verify_triton import compile_tree, walk_tree
+
+    dt = getattr(torch, dtype)
+    accepted = set()
+    for L, V, budget, cap, group in [(15, 272, 16, 128, 1), (15, 272, 64, 192, 4), (4, 3, 50, 128, 2), (6, 5, 7, 64, 1),
+                                     (15, 272, 0, 128, 2)]:
+        for seed in range(2):
+            g = torch.Generator().manual_seed(seed)
+            logits = _logits("random", L, V, seed)
+            tok, par, dep = StaticTreeBuilder(L, V, budget, "cpu")(logits) if budget else chain(logits)
+            T = 1 + tok.numel()
+            bonus, start = torch.tensor([7]), torch.tensor(int(torch.randint(0, cap - T, (1,), generator=g)))
+            ids_ref = torch.cat([bonus, tok])
+            anc_ref = ancestors(par, L)
+            bias_ref = visible_bias(verify_visible(anc_ref, start, cap), dt, group)
+            dev = [t.to(DEV) for t in (bonus, tok, par, dep, start)]
+            ids, pos, anc, bias, path = compile_tree(*dev, cap, dt, group, L)
+            assert torch.equal(ids.cpu(), ids_ref)
+            assert torch.equal(pos.cpu(), start + torch.cat([torch.zeros(1, dtype=torch.long), dep]))
+            assert torch.equal(anc.cpu(), anc_ref) and torch.equal(bias.cpu(), bias_ref)
+            for node in [0] + torch.randint(1, T, (4,), generator=g).tolist():
+                post = _forced_post(ids_ref, par, V, node, g)
+                want = walk_static(ids_ref, par, dep, anc_ref, post, L)
+                got = walk_tree(ids, dev[2], dev[3], path, post.to(DEV), L)
+                assert torch.equal(got.cpu(), want), (L, V, budget, seed, node)
+                accepted.add(int(want[0]))
+    assert len(accepted) >= 4 and max(accepted) >= 5   # the cases cover short and deep accepted paths
