@@ -2,9 +2,11 @@
 # One device call for issue 8 (GPU speed): environment, GPU equality tests, bench-engine on the
 # Qwen3-8B shape (random bf16 weights) and on the bundled toy pair, and (PROBE=1) a per-kernel probe.
 # At most 7 files land under $OUT (the device tool returns 8): session.txt (everything, progress
-# lines included), tests.txt, probe.txt, bench_{qwen3-8b,toy}.{json,txt}. The default timeouts add up
-# to 570 s (SKIP_TESTS=1 / SKIP_PAIR=1 leave parts out), inside the tool's 10-minute call (on an H200 on 2026-11-29 the tests took ~170 s, the 8B
-# bench ~195 s, the toy bench ~135-180 s). Run from the repo root:
+# lines timestamped), tests.txt, probe.txt, bench_{qwen3-8b,toy}.{json,txt}. The default timeouts add
+# up to 570 s, inside the tool's 10-minute call; SKIP_TESTS / SKIP_8B / SKIP_PAIR=1 leave parts out,
+# TEST_FILES, BUDGETS8B, ARGS8B narrow them. On an H200 (2026-11-29) the tests took ~150 s and the toy
+# bench ~200 s; the 8B bench took ~125 s before the tree kernels of run e, and did not finish in
+# 300 s after them (Triton compiles ~10 kernels per budget on a fresh machine). Run from the repo root:
 #   OUT=/tmp/out bash benchmarks/gpu_session.sh
 set -u
 OUT=${OUT:-/tmp/ddtree-gpu}; mkdir -p "$OUT"
@@ -20,8 +22,8 @@ step env
 
 if [ -z "${SKIP_TESTS:-}" ]; then
   step gpu tests
-  timeout ${TESTS_TIMEOUT:-180} python3 -m pytest -p no:cacheprovider -m gpu -v -rA tests/test_fused.py tests/test_tree_kernels.py \
-    tests/test_fastpath.py > "$OUT/tests.txt" 2>&1
+  timeout ${TESTS_TIMEOUT:-180} python3 -m pytest -p no:cacheprovider -m gpu -v -rA \
+    ${TEST_FILES:-tests/test_fused.py tests/test_tree_kernels.py tests/test_fastpath.py} > "$OUT/tests.txt" 2>&1
   echo "pytest exit $?" | tee -a "$OUT/tests.txt" "$LOG"; tail -15 "$OUT/tests.txt" >> "$LOG"
 fi
 
@@ -33,11 +35,12 @@ fi
 bench() {  # name, timeout, args...
   local name=$1 t=$2; shift 2
   step bench $name
-  timeout $t python3 -m ddtree_bench bench-engine "$@" --out "$OUT/bench_$name.json" 2>> "$LOG" | grep -v '^{' > "$OUT/bench_$name.txt"
+  timeout $t python3 -m ddtree_bench bench-engine "$@" --out "$OUT/bench_$name.json" \
+    2> >(while IFS= read -r l; do echo "$(date -u +%T) $l"; done >> "$LOG") | grep -v '^{' > "$OUT/bench_$name.txt"
   echo "bench $name exit ${PIPESTATUS[0]}" | tee -a "$LOG"
 }
-bench qwen3-8b ${BENCH8B_TIMEOUT:-220} --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16..1024 --prefix-len 1024 \
-  --rounds ${ROUNDS:-20} --tau "$PAPER_TAU"
+[ -n "${SKIP_8B:-}" ] || bench qwen3-8b ${BENCH8B_TIMEOUT:-220} --shape qwen3-8b --device cuda --dtype bfloat16 \
+  --budgets ${BUDGETS8B:-16..1024} --prefix-len 1024 --rounds ${ROUNDS:-20} --tau "$PAPER_TAU" ${ARGS8B:-}
 [ -n "${SKIP_PAIR:-}" ] || bench toy ${BENCHTOY_TIMEOUT:-170} --model toy --device cuda --dtype float32 --budgets 16..1024 \
   --prefix-len 512 --rounds ${ROUNDS:-20} --limit ${LIMIT:-4} --max-new-tokens ${MAXNEW:-128}
 step done

@@ -112,6 +112,7 @@ class FastLoop:
         self.capacity = 0
         self.rounds: list[dict[str, float]] = []
         self._min_capacity = capacity
+        self._builders: dict[tuple[int, str], Any] = {}
         for m in (target, self.drafter):   # before any capture: the merge allocates
             if m is not None:
                 merge_projections(m)
@@ -234,7 +235,9 @@ class FastLoop:
                 width = 1 + L
                 build = lambda: chain(self.dlogits)  # noqa: E731
             else:
-                builder = self._builder(budget, kind)
+                if (budget, kind) not in self._builders:  # builders outlive cache growth: no re-check, re-timing
+                    self._builders[(budget, kind)] = self._builder(budget, kind)
+                builder = self._builders[(budget, kind)]
                 width = 1 + builder.N
                 build = lambda: builder(self.dlogits)  # noqa: E731
             b = _Bucket(method, width)

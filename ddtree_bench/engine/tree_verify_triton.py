@@ -4,7 +4,7 @@ The PyTorch versions (`tree_static.ancestors` / `verify_visible` / `static.visib
 `tree_static.walk_static`) are the twins: same outputs, bit for bit, tested against each other. In
 a CUDA graph they cost ~45 and ~15 small launches a round (0.09-0.18 ms and 0.06-0.24 ms on an H200
 with the Qwen3-8B shape, most of it launch cost); here each is one launch.
-* `compile_tree`: one program per tree row i (root = 0). It walks i's parent pointers once and
+* `compile_tree`: one program per tree row i (root = 0) and tile of cache columns. It walks i's parent pointers once and
   stores its path (node at each depth 0..L; `path`, [T, L+1]); node j is an ancestor-or-self of i
   iff depth(j) <= depth(i) and path[i, depth(j)] == j. From that it writes the verify ids and
   positions, the ancestor matrix row and the additive attention bias row over every cache slot
@@ -33,38 +33,41 @@ if triton is not None:
 
     @triton.jit
     def _compile_kernel(bonus_ptr, tok_ptr, par_ptr, dep_ptr, start_ptr, ids_ptr, pos_ptr, path_ptr, anc_ptr, bias_ptr,
-                        T, S: tl.constexpr, L: tl.constexpr, G: tl.constexpr, TP: tl.constexpr, BC: tl.constexpr,
+                        T, S, L: tl.constexpr, G: tl.constexpr, TP: tl.constexpr, BC: tl.constexpr,
                         NEG: tl.constexpr):
+        """Program (i, t): tree row i, cache columns t*BC.. (the capacity S stays a runtime value, so a
+        growing cache never recompiles the kernel); column tile 0 also writes the row's ids, pos, anc."""
         i = tl.program_id(0)
+        first = tl.program_id(1) == 0
         start = tl.load(start_ptr)
         di = tl.load(dep_ptr + i - 1, mask=i > 0, other=0)
-        tok = tl.load(tok_ptr + i - 1, mask=i > 0, other=0)
-        tl.store(ids_ptr + i, tl.where(i > 0, tok, tl.load(bonus_ptr)))
-        tl.store(pos_ptr + i, start + di)
         cur = i
         for _ in range(L + 1):  # depth <= L: the walk reaches the root and stays there
             dc = tl.load(dep_ptr + cur - 1, mask=cur > 0, other=0)
-            tl.store(path_ptr + i * (L + 1) + dc, cur.to(tl.int64))
+            tl.store(path_ptr + i * (L + 1) + dc, cur.to(tl.int64))  # every tile of row i writes the same values
             cur = tl.load(par_ptr + cur - 1, mask=cur > 0, other=0).to(tl.int32)
         tl.debug_barrier()
-        j = tl.arange(0, TP)
-        mj = j < T
-        dj = _depth_of(dep_ptr, j, mj)
-        on = mj & (dj <= di)
-        pj = tl.load(path_ptr + i * (L + 1) + dj, mask=on, other=-1)
-        tl.store(anc_ptr + i * T + j, (on & (pj == j)).to(tl.int8), mask=mj)
-        for c0 in range(0, S, BC):
-            c = c0 + tl.arange(0, BC)
-            mc = c < S
-            rel = c - start
-            inside = mc & (rel >= 0) & (rel < T)
-            dr = _depth_of(dep_ptr, rel, inside)
-            onr = inside & (dr <= di)
-            pr = tl.load(path_ptr + i * (L + 1) + dr, mask=onr, other=-1)
-            vis = (c < start) | (onr & (pr == rel))
-            val = tl.where(vis, 0.0, NEG).to(bias_ptr.dtype.element_ty)
-            for g in range(G):
-                tl.store(bias_ptr + (g * T + i) * S + c, val, mask=mc)
+        if first:
+            tok = tl.load(tok_ptr + i - 1, mask=i > 0, other=0)
+            tl.store(ids_ptr + i, tl.where(i > 0, tok, tl.load(bonus_ptr)))
+            tl.store(pos_ptr + i, start + di)
+            j = tl.arange(0, TP)
+            mj = j < T
+            dj = _depth_of(dep_ptr, j, mj)
+            on = mj & (dj <= di)
+            pj = tl.load(path_ptr + i * (L + 1) + dj, mask=on, other=-1)
+            tl.store(anc_ptr + i * T + j, (on & (pj == j)).to(tl.int8), mask=mj)
+        c = tl.program_id(1) * BC + tl.arange(0, BC)
+        mc = c < S
+        rel = c - start
+        inside = mc & (rel >= 0) & (rel < T)
+        dr = _depth_of(dep_ptr, rel, inside)
+        onr = inside & (dr <= di)
+        pr = tl.load(path_ptr + i * (L + 1) + dr, mask=onr, other=-1)
+        vis = (c < start) | (onr & (pr == rel))
+        val = tl.where(vis, 0.0, NEG).to(bias_ptr.dtype.element_ty)
+        for g in range(G):
+            tl.store(bias_ptr + (g * T + i) * S + c, val, mask=mc)
 
     @triton.jit
     def _walk_kernel(ids_ptr, par_ptr, dep_ptr, path_ptr, post_ptr, out_ptr, T, L: tl.constexpr, TP: tl.constexpr,
@@ -107,8 +110,8 @@ def compile_tree(bonus: torch.Tensor, tok: torch.Tensor, par: torch.Tensor, dep:
     path = torch.empty(T, L + 1, dtype=torch.long, device=dev)  # row i: only depths <= depth(i) are written and read
     anc = torch.empty(T, T, dtype=torch.bool, device=dev)
     bias = torch.empty(group * T, capacity, dtype=dtype, device=dev)
-    _compile_kernel[(T,)](bonus, tok, par, dep, start, ids, pos, path, anc.view(torch.int8), bias, T,
-                          S=capacity, L=L, G=group, TP=_pow2(T), BC=BC, NEG=float("-inf"))
+    _compile_kernel[(T, triton.cdiv(capacity, BC))](bonus, tok, par, dep, start, ids, pos, path, anc.view(torch.int8),
+                                                    bias, T, capacity, L=L, G=group, TP=_pow2(T), BC=BC, NEG=float("-inf"))
     return ids, pos, anc, bias, path
 
 
