@@ -136,10 +136,9 @@ class FastLoop:
         return ops_for(self.device, self.dtype, self.layer_ops)
 
     def tree_builder(self, budget: int) -> str | None:
-        """Name of the builder the greedy DDTree bucket of this budget uses (None before its first generate)."""
-        key = ("ddtree", budget, True, self.tree_kernel, self.graphs)
-        b = getattr(self, "buckets", {}).get(key)
-        return None if b is None else b.builder.name
+        """Name of the tree builder DDTree at this budget uses (None before its first generate)."""
+        b = self._builders.get((budget, self.tree_kernel))
+        return None if b is None else b.name
 
     def supports(self, method: str, budget: int) -> bool:
         return method in ("ar", "dflash") or budget > 0
