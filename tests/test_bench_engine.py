@@ -38,6 +38,9 @@ def test_bench_engine_cpu_json_and_table(tmp_path, capsys):
         want = {"verify", "walk", "commit"} if r["method"] == "ar" else {"draft", "tree_build", "tree_compile", "verify", "walk", "commit"}
         assert want <= set(r["fast"]) and r["fast"]["round"] > 0 and 0 <= r["fast"]["overhead_share"] < 1
         assert r["plain"]["same_tokens"] is True
+        if r["method"] == "ddtree":   # a CPU has no Triton builders: the exact PyTorch one, untimed
+            assert r["fast"]["tree_builder"] == "torch" and r["fast"]["builder_ms"] is None
+    assert [ln.split()[-1] for ln in text.splitlines() if ln.split()[:3] == ["ddtree", "B=16", "fast"]] == ["torch"]
     assert [b["budget"] for b in res["build_tree_ms"]] == [4, 16]
     cm = res["cost_model"]
     assert cm["tau_source"] == "given" and cm["best_budget"] in (4, 16)

@@ -411,3 +411,17 @@ def test_growing_the_cache_releases_the_old_stages(pair):
         s.out = "held"   # what a captured stage keeps (its static outputs)
     fast.generate(list(range(3, 60)), "ddtree", 16, 200)   # needs a larger cache: every bucket is rebuilt
     assert old and all(s.out is None and s.graph is None for s in old)
+
+
+def test_tree_builders_outlive_cache_growth():
+    """A growing cache drops every captured bucket; the tree builders (checked and, on CUDA, timed
+    once per budget) are kept, so growth never re-checks or re-times them mid-session."""
+    target, drafter = random_pair(seed=0, vocab_size=VOCAB)
+    eng = Engine(target, drafter, cuda_graphs=True)
+    loop = eng.fast_loop()
+    assert loop.tree_builder(16) is None
+    eng.generate(list(range(20, 30)), "ddtree", 16, 8)
+    builder, cap = loop._builders[(16, "auto")], loop.capacity
+    eng.generate(list(range(20, 220)), "ddtree", 16, 8)
+    assert loop.capacity > cap and loop._builders[(16, "auto")] is builder
+    assert loop.tree_builder(16) == "torch"   # no Triton on a CPU
