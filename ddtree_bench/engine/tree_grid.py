@@ -24,41 +24,18 @@ import torch
 
 from ddtree_bench.engine import tree_triton
 from ddtree_bench.engine.topk_triton import topk_logprobs_fused
-from ddtree_bench.engine.tree_triton import _pow2, pruned_regions, tl, triton
+from ddtree_bench.engine.tree_triton import _pow2, pruned_scratch, tl, triton
 
 BI = 64  # rows (items ranked) per program
 BJ = 64  # columns (items compared against) per inner step
 
 if triton is not None:
-    _desc, _undesc, _max_combine = tree_triton._desc, tree_triton._undesc, tree_triton._max_combine
-
-    @triton.jit
-    def _cand(d, i, regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K: tl.constexpr, RP: tl.constexpr, BP: tl.constexpr,
-              TB: tl.constexpr):
-        """Candidates i at depth d: (key, score, tie, valid); invalid slots get the largest key."""
-        f = tl.load(regf_ptr + d * RP + i, mask=i < RP, other=-1)
-        r = tl.load(regr_ptr + d * RP + i, mask=i < RP, other=0)
-        valid = f >= 0
-        s = tl.load(ks_ptr + (d - 1) * BP + f, mask=valid, other=0.0)
-        lx = tl.load(kl_ptr + (d - 1) * BP + f, mask=valid, other=0)
-        lpv = tl.load(lp_ptr + d * K + r, mask=valid, other=0.0)
-        score = s + lpv
-        tie = lx.to(tl.int64) * K + r.to(tl.int64)
-        key = tl.where(valid, (_desc(score) << TB) | tie, 9223372036854775807)
-        return key, score, tie, valid
+    _desc, _depth_one, _candidates = tree_triton._desc, tree_triton._depth_one, tree_triton._candidates
+    _boundary_min, _sizes_and_preorder = tree_triton._boundary_min, tree_triton._sizes_and_preorder
 
     @triton.jit
     def _init_kernel(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, K: tl.constexpr, KP: tl.constexpr):
-        """Depth 1: the top-K tokens; key order = lexicographic order = rank order."""
-        j = tl.arange(0, KP)
-        m = j < K
-        s = tl.load(lp_ptr + j, mask=m, other=0.0)
-        tl.store(ks_ptr + j, s, mask=m)
-        tl.store(kl_ptr + j, j, mask=m)
-        tl.store(lpar_ptr + j, tl.zeros([KP], tl.int32), mask=m)
-        tl.store(lr_ptr + j, j, mask=m)
-        tl.store(ls_ptr + j, s, mask=m)
-        tl.store(size_ptr + j, tl.full([KP], 1, tl.int32), mask=m)
+        _depth_one(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, K, KP)
 
     @triton.jit
     def _rank_kernel(regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, bndf_ptr, bndr_ptr, ktie_ptr, flag_ptr, d, Fd,
@@ -66,10 +43,10 @@ if triton is not None:
                      BI: tl.constexpr, BJ: tl.constexpr):
         """Depth d: each candidate's rank = number of smaller keys; the first Fd are kept, in key order."""
         i = tl.program_id(0) * BI + tl.arange(0, BI)
-        key, score, tie, valid = _cand(d, i, regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K, RP, BP, TB)
+        key, score, tie, valid = _candidates(d, i, regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K, RP, BP, TB)
         rank = tl.zeros([BI], tl.int32)
         for j0 in range(0, RP, BJ):
-            kj, _, _, _ = _cand(d, j0 + tl.arange(0, BJ), regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K, RP, BP, TB)
+            kj, _, _, _ = _candidates(d, j0 + tl.arange(0, BJ), regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K, RP, BP, TB)
             rank += tl.sum((kj[None, :] < key[:, None]).to(tl.int32), axis=1)
         kept = valid & (rank < Fd)
         tl.store(ks_ptr + d * BP + rank, score, mask=kept)
@@ -77,16 +54,7 @@ if triton is not None:
         # certificate (by the program holding the worst kept key): it beats every excluded row's best key
         worst = tl.max(tl.where(kept & (rank == Fd - 1), key, -1), axis=0)
         if worst >= 0:
-            b = tl.arange(0, BP)
-            bf = tl.load(bndf_ptr + d * BP + b)
-            br = tl.load(bndr_ptr + d * BP + b)
-            bvalid = bf >= 0
-            bs = tl.load(ks_ptr + (d - 1) * BP + bf, mask=bvalid, other=0.0)
-            bl = tl.load(kl_ptr + (d - 1) * BP + bf, mask=bvalid, other=0)
-            blp = tl.load(lp_ptr + d * K + br, mask=bvalid, other=0.0)
-            bkey = tl.where(bvalid, (_desc(bs + blp) << TB) | (bl.to(tl.int64) * K + br.to(tl.int64)),
-                            9223372036854775807)
-            if worst > tl.min(bkey, axis=0):
+            if worst > _boundary_min(d, bndf_ptr, bndr_ptr, ks_ptr, kl_ptr, lp_ptr, K, BP, TB):
                 tl.atomic_add(flag_ptr, 1)
 
     @triton.jit
@@ -109,32 +77,8 @@ if triton is not None:
 
     @triton.jit
     def _preorder_kernel(cnt_ptr, lpar_ptr, size_ptr, pre_ptr, L: tl.constexpr, BP: tl.constexpr):
-        """One block: subtree sizes bottom-up, then pre-order index = lexicographic rank among all kept prefixes."""
-        lane = tl.arange(0, BP)
-        for e in range(1, L):
-            d = L - e
-            Fd = tl.load(cnt_ptr + d)
-            m = lane < Fd
-            p = tl.load(lpar_ptr + d * BP + lane, mask=m, other=0)
-            sz = tl.load(size_ptr + d * BP + lane, mask=m, other=0)
-            tl.atomic_add(size_ptr + (d - 1) * BP + p, sz, mask=m)
-            tl.debug_barrier()
-        m0 = lane < tl.load(cnt_ptr)
-        sz = tl.load(size_ptr + lane, mask=m0, other=0)
-        tl.store(pre_ptr + lane, tl.cumsum(sz, axis=0) - sz, mask=m0)
-        tl.debug_barrier()
-        for d in range(1, L):
-            Fd = tl.load(cnt_ptr + d)
-            m = lane < Fd
-            sz = tl.load(size_ptr + d * BP + lane, mask=m, other=0)
-            before = tl.cumsum(sz, axis=0) - sz
-            p = tl.load(lpar_ptr + d * BP + lane, mask=m, other=0)
-            pprev = tl.load(lpar_ptr + d * BP + lane - 1, mask=m & (lane > 0), other=-1)
-            first = p != pprev
-            gstart = tl.associative_scan(tl.where(first, before, 0), 0, _max_combine)
-            base = tl.load(pre_ptr + (d - 1) * BP + p, mask=m, other=0) + 1
-            tl.store(pre_ptr + d * BP + lane, base + before - gstart, mask=m)
-            tl.debug_barrier()
+        """One block: subtree sizes and pre-order indices (the one-block kernel's own code)."""
+        _sizes_and_preorder(cnt_ptr, lpar_ptr, size_ptr, pre_ptr, L, BP)
 
     @triton.jit
     def _gkey(g, cnt_ptr, ls_ptr, pre_ptr, L: tl.constexpr, BP: tl.constexpr, GB: tl.constexpr):
@@ -183,34 +127,13 @@ class GridTreeBuilder:
     def __init__(self, L: int, V: int, budget: int, device):
         if budget <= 0 or L <= 0:
             raise ValueError("GridTreeBuilder needs budget > 0 and L > 0")
-        dev = torch.device(device)
-        self.L, self.V, self.budget = L, V, budget
-        K, counts, regions, bounds = pruned_regions(L, V, budget)
-        self.K, self.counts = K, counts
-        total = sum(counts)
-        self.N = min(budget, total)
-        BP = self.BP = _pow2(max(counts))
-        self.R = [len(f) for f, _ in regions]
-        RP = self.RP = -(-max(1, max(self.R)) // BJ) * BJ
-        pad = lambda xs, n: xs + [-1] * (n - len(xs))  # noqa: E731
-        i32 = dict(dtype=torch.int32, device=dev)
-        self.cnt = torch.tensor(counts, **i32)
-        self.regf = torch.tensor([pad(f, RP) for f, _ in regions], **i32)
-        self.regr = torch.tensor([pad(r, RP) for _, r in regions], **i32)
-        self.bndf = torch.tensor([pad(f, BP) for f, _ in bounds], **i32)
-        self.bndr = torch.tensor([pad(r, BP) for _, r in bounds], **i32)
-        self.TB = max(1, (budget * K).bit_length())
-        self.GB = max(1, total.bit_length())
+        pruned_scratch(self, L, V, budget, device, lambda r: -(-max(1, r) // BJ) * BJ)
+        BP = self.BP
         if 32 + self.TB > 63 or 32 + self.GB > 63:
             raise ValueError(f"budget {budget} is too large for the grid tree kernels")
-        f32 = dict(dtype=torch.float32, device=dev)
-        self.ks, self.ls = torch.zeros(L, BP, **f32), torch.zeros(L, BP, **f32)
-        self.kl, self.lpar, self.lr = (torch.zeros(L, BP, **i32) for _ in range(3))
-        self.size, self.pre = torch.zeros(L, BP, **i32), torch.zeros(L, BP, **i32)
-        self.ktie = torch.zeros(L, BP, dtype=torch.long, device=dev)
-        self.node_of = torch.zeros(L * BP, **i32)
-        self.inv = torch.zeros(max(1, self.N), **i32)
-        self.flag = torch.zeros(1, **i32)
+        self.ktie = torch.zeros(L, BP, dtype=torch.long, device=device)
+        self.node_of = torch.zeros(L * BP, dtype=torch.int32, device=device)
+        self.inv = torch.zeros(max(1, self.N), dtype=torch.int32, device=device)
         self.pre_warps = 4 if BP <= 1024 else 8
 
     def __call__(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -17,6 +17,9 @@ index in the trie of kept prefixes). What makes one block enough:
 Scratch lives in preallocated device buffers; the launch has fixed shapes (graph-capturable).
 The per-depth top-K of the draft logits comes first, from `topk_triton` (two launches, K <= 64) or
 PyTorch (`tree_static.topk_logprobs`).
+The pieces the grid build (tree_grid.py) shares live here: `pruned_regions` / `pruned_scratch`
+(candidate tables, scratch arrays) and the jit helpers `_depth_one`, `_candidates`, `_boundary_min`
+and `_sizes_and_preorder`.
 Needs Triton and a CUDA device; `available()` says whether it can run.
 """
 
@@ -86,6 +89,83 @@ if triton is not None:
         return tl.maximum(a, b)
 
     @triton.jit
+    def _depth_one(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, K: tl.constexpr, KP: tl.constexpr):
+        """Depth 1 (index 0): the top-K tokens; key order = lexicographic order = rank order."""
+        j = tl.arange(0, KP)
+        m = j < K
+        s = tl.load(lp_ptr + j, mask=m, other=0.0)
+        tl.store(ks_ptr + j, s, mask=m)
+        tl.store(kl_ptr + j, j, mask=m)
+        tl.store(lpar_ptr + j, tl.zeros([KP], tl.int32), mask=m)
+        tl.store(lr_ptr + j, j, mask=m)
+        tl.store(ls_ptr + j, s, mask=m)
+        tl.store(size_ptr + j, tl.full([KP], 1, tl.int32), mask=m)
+
+    @triton.jit
+    def _candidates(d, i, regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K: tl.constexpr, RP: tl.constexpr,
+                    BP: tl.constexpr, TB: tl.constexpr):
+        """Candidates i of depth d's region: (key, score, tie, valid). score = parent's score + the token's
+        log-prob (fp32), tie = parent's lexicographic position * K + token rank, key = (_desc(score) << TB)
+        | tie; invalid slots get the largest key."""
+        f = tl.load(regf_ptr + d * RP + i, mask=i < RP, other=-1)
+        r = tl.load(regr_ptr + d * RP + i, mask=i < RP, other=0)
+        valid = f >= 0
+        s = tl.load(ks_ptr + (d - 1) * BP + f, mask=valid, other=0.0)
+        lx = tl.load(kl_ptr + (d - 1) * BP + f, mask=valid, other=0)
+        lpv = tl.load(lp_ptr + d * K + r, mask=valid, other=0.0)
+        score = s + lpv
+        tie = lx.to(tl.int64) * K + r.to(tl.int64)
+        key = tl.where(valid, (_desc(score) << TB) | tie, 9223372036854775807)
+        return key, score, tie, valid
+
+    @triton.jit
+    def _boundary_min(d, bndf_ptr, bndr_ptr, ks_ptr, kl_ptr, lp_ptr, K: tl.constexpr, BP: tl.constexpr,
+                      TB: tl.constexpr):
+        """The best (smallest) key among the pruned rows' first excluded candidates at depth d: the worst
+        kept key must be smaller (the certificate)."""
+        b = tl.arange(0, BP)
+        bf = tl.load(bndf_ptr + d * BP + b)
+        br = tl.load(bndr_ptr + d * BP + b)
+        bvalid = bf >= 0
+        bs = tl.load(ks_ptr + (d - 1) * BP + bf, mask=bvalid, other=0.0)
+        bl = tl.load(kl_ptr + (d - 1) * BP + bf, mask=bvalid, other=0)
+        blp = tl.load(lp_ptr + d * K + br, mask=bvalid, other=0.0)
+        bkey = tl.where(bvalid, (_desc(bs + blp) << TB) | (bl.to(tl.int64) * K + br.to(tl.int64)),
+                        9223372036854775807)
+        return tl.min(bkey, axis=0)
+
+    @triton.jit
+    def _sizes_and_preorder(cnt_ptr, lpar_ptr, size_ptr, pre_ptr, L: tl.constexpr, BP: tl.constexpr):
+        """In one block, over the lexicographic-order arrays [L, BP]: subtree sizes bottom-up (size
+        starts at 1 for every kept prefix), then pre-order index = lexicographic rank among all kept
+        prefixes (depth-1 prefixes by running sums; deeper ones after their parent and older siblings)."""
+        lane = tl.arange(0, BP)
+        for e in range(1, L):
+            d = L - e
+            Fd = tl.load(cnt_ptr + d)
+            m = lane < Fd
+            p = tl.load(lpar_ptr + d * BP + lane, mask=m, other=0)
+            sz = tl.load(size_ptr + d * BP + lane, mask=m, other=0)
+            tl.atomic_add(size_ptr + (d - 1) * BP + p, sz, mask=m)
+            tl.debug_barrier()
+        m0 = lane < tl.load(cnt_ptr)
+        sz = tl.load(size_ptr + lane, mask=m0, other=0)
+        tl.store(pre_ptr + lane, tl.cumsum(sz, axis=0) - sz, mask=m0)
+        tl.debug_barrier()
+        for d in range(1, L):
+            Fd = tl.load(cnt_ptr + d)
+            m = lane < Fd
+            sz = tl.load(size_ptr + d * BP + lane, mask=m, other=0)
+            before = tl.cumsum(sz, axis=0) - sz
+            p = tl.load(lpar_ptr + d * BP + lane, mask=m, other=0)
+            pprev = tl.load(lpar_ptr + d * BP + lane - 1, mask=m & (lane > 0), other=-1)
+            first = p != pprev
+            gstart = tl.associative_scan(tl.where(first, before, 0), 0, _max_combine)
+            base = tl.load(pre_ptr + (d - 1) * BP + p, mask=m, other=0) + 1
+            tl.store(pre_ptr + d * BP + lane, base + before - gstart, mask=m)
+            tl.debug_barrier()
+
+    @triton.jit
     def _tree_kernel(lp_ptr, tok_ptr, cnt_ptr, regf_ptr, regr_ptr, bndf_ptr, bndr_ptr,
                      ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, pre_ptr, nodeof_ptr, flag_ptr,
                      tok_out, par_out, dep_out,
@@ -95,40 +175,17 @@ if triton is not None:
         lane_b = tl.arange(0, BP)
         lane_r = tl.arange(0, RP)
 
-        # depth 1 (index 0): the top-K tokens; key order = lexicographic order = rank order
-        m0 = lane_b < K
-        s0 = tl.load(lp_ptr + lane_b, mask=m0, other=0.0)
-        tl.store(ks_ptr + lane_b, s0, mask=m0)
-        tl.store(kl_ptr + lane_b, lane_b, mask=m0)
-        tl.store(lpar_ptr + lane_b, tl.zeros([BP], tl.int32), mask=m0)
-        tl.store(lr_ptr + lane_b, lane_b, mask=m0)
-        tl.store(ls_ptr + lane_b, s0, mask=m0)
-        tl.store(size_ptr + lane_b, tl.full([BP], 1, tl.int32), mask=m0)
+        _depth_one(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, K, BP)
         tl.debug_barrier()
 
         for d in range(1, L):
             Fd = tl.load(cnt_ptr + d)
-            rf = tl.load(regf_ptr + d * RP + lane_r)
-            rr = tl.load(regr_ptr + d * RP + lane_r)
-            valid = rf >= 0
-            s = tl.load(ks_ptr + (d - 1) * BP + rf, mask=valid, other=0.0)
-            lx = tl.load(kl_ptr + (d - 1) * BP + rf, mask=valid, other=0)
-            lpv = tl.load(lp_ptr + d * K + rr, mask=valid, other=0.0)
-            cand = s + lpv
-            tie = lx.to(tl.int64) * K + rr.to(tl.int64)
-            key = tl.where(valid, (_desc(cand) << TB) | tie, BIG)
+            key, _, _, _ = _candidates(d, lane_r, regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K, RP, BP, TB)
             skey = tl.sort(key)
             kept = lane_r < Fd
             # certificate: the worst kept key beats every excluded candidate's key
-            bf = tl.load(bndf_ptr + d * BP + lane_b)
-            br = tl.load(bndr_ptr + d * BP + lane_b)
-            bvalid = bf >= 0
-            bs = tl.load(ks_ptr + (d - 1) * BP + bf, mask=bvalid, other=0.0)
-            bl = tl.load(kl_ptr + (d - 1) * BP + bf, mask=bvalid, other=0)
-            blp = tl.load(lp_ptr + d * K + br, mask=bvalid, other=0.0)
-            bkey = tl.where(bvalid, (_desc(bs + blp) << TB) | (bl.to(tl.int64) * K + br.to(tl.int64)), BIG)
             worst = tl.max(tl.where(kept, skey, -1), axis=0)
-            if worst > tl.min(bkey, axis=0):
+            if worst > _boundary_min(d, bndf_ptr, bndr_ptr, ks_ptr, kl_ptr, lp_ptr, K, BP, TB):
                 tl.atomic_add(flag_ptr, 1)
             ktie = skey & ((1 << TB) - 1)
             kscore = _undesc(skey >> TB)
@@ -146,32 +203,7 @@ if triton is not None:
             tl.store(ls_ptr + d * BP + lane_r, tl.load(ks_ptr + d * BP + j, mask=kept, other=0.0), mask=kept)
             tl.debug_barrier()
 
-        # subtree sizes, bottom-up (lexicographic-order arrays)
-        for e in range(1, L):
-            d = L - e
-            Fd = tl.load(cnt_ptr + d)
-            m = lane_b < Fd
-            p = tl.load(lpar_ptr + d * BP + lane_b, mask=m, other=0)
-            sz = tl.load(size_ptr + d * BP + lane_b, mask=m, other=0)
-            tl.atomic_add(size_ptr + (d - 1) * BP + p, sz, mask=m)
-            tl.debug_barrier()
-
-        # pre-order index = lexicographic rank among all kept prefixes
-        sz = tl.load(size_ptr + lane_b, mask=m0, other=0)
-        tl.store(pre_ptr + lane_b, tl.cumsum(sz, axis=0) - sz, mask=m0)
-        tl.debug_barrier()
-        for d in range(1, L):
-            Fd = tl.load(cnt_ptr + d)
-            m = lane_b < Fd
-            sz = tl.load(size_ptr + d * BP + lane_b, mask=m, other=0)
-            before = tl.cumsum(sz, axis=0) - sz
-            p = tl.load(lpar_ptr + d * BP + lane_b, mask=m, other=0)
-            pprev = tl.load(lpar_ptr + d * BP + lane_b - 1, mask=m & (lane_b > 0), other=-1)
-            first = p != pprev
-            gstart = tl.associative_scan(tl.where(first, before, 0), 0, _max_combine)
-            base = tl.load(pre_ptr + (d - 1) * BP + p, mask=m, other=0) + 1
-            tl.store(pre_ptr + d * BP + lane_b, base + before - gstart, mask=m)
-            tl.debug_barrier()
+        _sizes_and_preorder(cnt_ptr, lpar_ptr, size_ptr, pre_ptr, L, BP)
 
         # the global best N_OUT by (score, pre-order index), in pop order
         g = tl.arange(0, NP)
@@ -247,6 +279,36 @@ def checked_builder(L: int, V: int, budget: int, device, kernel: str = "block"):
     return None
 
 
+def pruned_scratch(b, L: int, V: int, budget: int, device, round_regions) -> None:
+    """Set up a pruned tree builder `b` (one-block or grid): shape constants (K, counts, N, BP, R =
+    candidates per depth, RP = round_regions(max R), TB and GB key bits), the regions and boundaries as padded device
+    tables, and the scratch arrays [L, BP] both kernels fill (key order: ks, kl; lexicographic
+    order: lpar, lr, ls, size, pre) plus the certificate flag."""
+    dev = torch.device(device)
+    b.L, b.V, b.budget = L, V, budget
+    K, counts, regions, bounds = pruned_regions(L, V, budget)
+    b.K, b.counts = K, counts
+    total = sum(counts)
+    b.N = min(budget, total)
+    BP = b.BP = _pow2(max(counts))
+    b.R = [len(f) for f, _ in regions]       # candidates per depth (0 at depth 1)
+    RP = b.RP = round_regions(max(b.R))
+    pad = lambda xs, n: xs + [-1] * (n - len(xs))  # noqa: E731
+    i32 = dict(dtype=torch.int32, device=dev)
+    b.cnt = torch.tensor(counts, **i32)
+    b.regf = torch.tensor([pad(f, RP) for f, _ in regions], **i32)
+    b.regr = torch.tensor([pad(r, RP) for _, r in regions], **i32)
+    b.bndf = torch.tensor([pad(f, BP) for f, _ in bounds], **i32)
+    b.bndr = torch.tensor([pad(r, BP) for _, r in bounds], **i32)
+    b.TB = max(1, (budget * K).bit_length())
+    b.GB = max(1, total.bit_length())
+    f32 = dict(dtype=torch.float32, device=dev)
+    b.ks, b.ls = torch.zeros(L, BP, **f32), torch.zeros(L, BP, **f32)
+    b.kl, b.lpar, b.lr = (torch.zeros(L, BP, **i32) for _ in range(3))
+    b.size, b.pre = torch.zeros(L, BP, **i32), torch.zeros(L, BP, **i32)
+    b.flag = torch.zeros(1, **i32)
+
+
 class TritonTreeBuilder:
     """Drop-in for StaticTreeBuilder on CUDA: __call__(draft_logits [L, V]) -> (token_ids, parents, depths)
     [N] long. `flag` ([1] int32, device) counts failed pruning certificates since the last reset."""
@@ -256,34 +318,14 @@ class TritonTreeBuilder:
     def __init__(self, L: int, V: int, budget: int, device):
         if budget <= 0 or L <= 0:
             raise ValueError("TritonTreeBuilder needs budget > 0 and L > 0")
-        dev = torch.device(device)
-        self.L, self.V, self.budget = L, V, budget
-        K, counts, regions, bounds = pruned_regions(L, V, budget)
-        self.K, self.counts = K, counts
-        total = sum(counts)
-        self.N = min(budget, total)
-        BP = self.BP = _pow2(max(counts))
-        RP = self.RP = _pow2(max(len(f) for f, _ in regions))
-        pad = lambda xs, n: xs + [-1] * (n - len(xs))  # noqa: E731
-        i32 = dict(dtype=torch.int32, device=dev)
-        self.cnt = torch.tensor(counts, **i32)
-        self.regf = torch.tensor([pad(f, RP) for f, _ in regions], **i32)
-        self.regr = torch.tensor([pad(r, RP) for _, r in regions], **i32)
-        self.bndf = torch.tensor([pad(f, BP) for f, _ in bounds], **i32)
-        self.bndr = torch.tensor([pad(r, BP) for _, r in bounds], **i32)
+        pruned_scratch(self, L, V, budget, device, _pow2)
+        RP, BP = self.RP, self.BP
         self.NP = _pow2(L * BP)
-        self.TB = max(1, (budget * K).bit_length())
         self.JB = max(1, (RP - 1).bit_length())
-        self.GB = max(1, total.bit_length())
         self.IB = max(1, (self.NP - 1).bit_length())
         if 32 + self.TB > 63 or 32 + self.GB + self.IB > 63 or self.TB + self.JB > 63:
             raise ValueError(f"budget {budget} is too large for the one-block tree kernel")
-        f32 = dict(dtype=torch.float32, device=dev)
-        self.ks, self.ls = torch.zeros(L, BP, **f32), torch.zeros(L, BP, **f32)
-        self.kl, self.lpar, self.lr = (torch.zeros(L, BP, **i32) for _ in range(3))
-        self.size, self.pre = torch.zeros(L, BP, **i32), torch.zeros(L, BP, **i32)
-        self.node_of = torch.zeros(self.NP, **i32)
-        self.flag = torch.zeros(1, **i32)
+        self.node_of = torch.zeros(self.NP, dtype=torch.int32, device=device)
         self.num_warps = 4 if max(RP, self.NP) <= 1024 else (8 if max(RP, self.NP) <= 4096 else 16)
 
     def __call__(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
