@@ -23,8 +23,7 @@ from __future__ import annotations
 import torch
 
 from ddtree_bench.engine import tree_triton
-from ddtree_bench.engine.topk_triton import topk_logprobs_fused
-from ddtree_bench.engine.tree_triton import _pow2, pruned_scratch, tl, triton
+from ddtree_bench.engine.tree_triton import _pow2, pruned_inputs, pruned_scratch, tl, triton
 
 BI = 64  # rows (items ranked) per program
 BJ = 64  # columns (items compared against) per inner step
@@ -125,8 +124,6 @@ class GridTreeBuilder:
     name = "triton-grid"
 
     def __init__(self, L: int, V: int, budget: int, device):
-        if budget <= 0 or L <= 0:
-            raise ValueError("GridTreeBuilder needs budget > 0 and L > 0")
         pruned_scratch(self, L, V, budget, device, lambda r: -(-max(1, r) // BJ) * BJ)
         BP = self.BP
         if 32 + self.TB > 63 or 32 + self.GB > 63:
@@ -138,12 +135,7 @@ class GridTreeBuilder:
 
     def __call__(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         L, K, BP, RP, TB = self.L, self.K, self.BP, self.RP, self.TB
-        lp, tok = topk_logprobs_fused(draft_logits, K)
-        lp, tok = lp.contiguous(), tok.contiguous()
-        dev = draft_logits.device
-        tok_out = torch.empty(self.N, dtype=torch.long, device=dev)
-        par_out = torch.empty(self.N, dtype=torch.long, device=dev)
-        dep_out = torch.empty(self.N, dtype=torch.long, device=dev)
+        lp, tok, (tok_out, par_out, dep_out) = pruned_inputs(self, draft_logits)
         _init_kernel[(1,)](lp, self.ks, self.kl, self.lpar, self.lr, self.ls, self.size, K=K, KP=_pow2(K))
         for d in range(1, L):
             R, Fd = self.R[d], self.counts[d]

@@ -284,6 +284,8 @@ def pruned_scratch(b, L: int, V: int, budget: int, device, round_regions) -> Non
     candidates per depth, RP = round_regions(max R), TB and GB key bits), the regions and boundaries as padded device
     tables, and the scratch arrays [L, BP] both kernels fill (key order: ks, kl; lexicographic
     order: lpar, lr, ls, size, pre) plus the certificate flag."""
+    if budget <= 0 or L <= 0:
+        raise ValueError(f"{type(b).__name__} needs budget > 0 and L > 0")
     dev = torch.device(device)
     b.L, b.V, b.budget = L, V, budget
     K, counts, regions, bounds = pruned_regions(L, V, budget)
@@ -309,6 +311,16 @@ def pruned_scratch(b, L: int, V: int, budget: int, device, round_regions) -> Non
     b.flag = torch.zeros(1, **i32)
 
 
+def pruned_inputs(b, draft_logits: torch.Tensor):
+    """A pruned builder's kernel inputs: (lp, tok) [L, K] contiguous (fused top-K where it applies) and
+    the three [N] long outputs (token ids, parents, depths) to fill."""
+    from ddtree_bench.engine.topk_triton import topk_logprobs_fused  # (it imports this module)
+
+    lp, tok = topk_logprobs_fused(draft_logits, b.K)
+    outs = [torch.empty(b.N, dtype=torch.long, device=draft_logits.device) for _ in range(3)]
+    return lp.contiguous(), tok.contiguous(), outs
+
+
 class TritonTreeBuilder:
     """Drop-in for StaticTreeBuilder on CUDA: __call__(draft_logits [L, V]) -> (token_ids, parents, depths)
     [N] long. `flag` ([1] int32, device) counts failed pruning certificates since the last reset."""
@@ -316,8 +328,6 @@ class TritonTreeBuilder:
     name = "triton-block"
 
     def __init__(self, L: int, V: int, budget: int, device):
-        if budget <= 0 or L <= 0:
-            raise ValueError("TritonTreeBuilder needs budget > 0 and L > 0")
         pruned_scratch(self, L, V, budget, device, _pow2)
         RP, BP = self.RP, self.BP
         self.NP = _pow2(L * BP)
@@ -329,14 +339,7 @@ class TritonTreeBuilder:
         self.num_warps = 4 if max(RP, self.NP) <= 1024 else (8 if max(RP, self.NP) <= 4096 else 16)
 
     def __call__(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        from ddtree_bench.engine.topk_triton import topk_logprobs_fused  # (it imports this module)
-
-        lp, tok = topk_logprobs_fused(draft_logits, self.K)
-        lp, tok = lp.contiguous(), tok.contiguous()
-        dev = draft_logits.device
-        tok_out = torch.empty(self.N, dtype=torch.long, device=dev)
-        par_out = torch.empty(self.N, dtype=torch.long, device=dev)
-        dep_out = torch.empty(self.N, dtype=torch.long, device=dev)
+        lp, tok, (tok_out, par_out, dep_out) = pruned_inputs(self, draft_logits)
         _tree_kernel[(1,)](lp, tok, self.cnt, self.regf, self.regr, self.bndf, self.bndr,
                            self.ks, self.kl, self.lpar, self.lr, self.ls, self.size, self.pre, self.node_of, self.flag,
                            tok_out, par_out, dep_out,
