@@ -281,18 +281,20 @@ def test_fast_engine_grows_its_cache_and_keeps_going(pair):
 
 
 class _FlakyBuilder(StaticTreeBuilder):
-    """A builder that, every other call, returns a wrong tree (the chain of each depth's worst kept
-    token) and raises its certificate flag, as the Triton kernel does when it cannot certify."""
+    """A builder that, on some calls (default: every other one), returns a wrong tree (the chain of
+    each depth's worst kept token) and raises its certificate flag, as the Triton kernel does when it
+    cannot certify."""
 
-    def __init__(self, *a, **kw):
+    def __init__(self, *a, flagged=lambda call: call % 2 == 0, **kw):
         super().__init__(*a, **kw)
         self.flag = torch.zeros(1, dtype=torch.int32)
         self.calls = 0
+        self.flagged = flagged
 
     def __call__(self, logits):
         self.calls += 1
         tok, par, dep = super().__call__(logits)
-        if self.calls % 2 == 0:
+        if self.flagged(self.calls):
             self.flag += 1
             return tok.flip(0), torch.arange(tok.numel()), torch.arange(1, tok.numel() + 1).clamp(max=self.L)
         return tok, par, dep
@@ -322,6 +324,43 @@ def test_a_flagged_tree_is_rebuilt_exactly_before_commit(pair, monkeypatch):
     assert fast.fast_loop().redone_rounds == len(b.accept_lengths) // 2 > 0
 
 
+@pytest.mark.parametrize("flagged", [{1, 2, 3}, {2, 4, 6, 8, 10}, {1, 5, 6, 9}], ids=["first-three", "every-other", "mixed"])
+def test_flagged_rounds_with_the_dflash_drafter_queued_ahead(pair, monkeypatch, flagged):
+    """With the DFlash drafter the fast loop queues the commit and the next draft before it reads a
+    round's result (fastloop.py). A flagged round's commit must then leave every buffer as it was,
+    the draft queued ahead must recompute the same draft logits, and only the exact rebuild may be
+    committed - including in round 1, whose draft came from the prompt, and on consecutive flags.
+    A commit that went through anyway would advance the frontier twice and change the tokens."""
+    from ddtree_bench.engine.fastloop import FastLoop
+
+    target, drafter = pair
+    made = []
+
+    def flaky(self, budget, kind):
+        if kind == "torch":
+            return StaticTreeBuilder(self.L, self.target.cfg.vocab_size, budget, self.device)
+        made.append(_FlakyBuilder(self.L, self.target.cfg.vocab_size, budget, self.device, flagged=flagged.__contains__))
+        return made[-1]
+
+    ahead = []
+    launch = FastLoop._launch
+
+    def spy(self, *a, **kw):
+        ahead.append(launch(self, *a, **kw))
+        return ahead[-1]
+
+    monkeypatch.setattr(FastLoop, "_builder", flaky)
+    monkeypatch.setattr(FastLoop, "_launch", spy)
+    plain, fast = _both(target, drafter)
+    prompt = [7, 3, 19, 44, 8]
+    a = plain.generate(prompt, "ddtree", 24, 40, record_trees=True)
+    b = fast.generate(prompt, "ddtree", 24, 40, record_trees=True)
+    _same(a, b)
+    assert [t.token_ids for t in a.trees] == [t.token_ids for t in b.trees]
+    assert fast.fast_loop().redone_rounds == len(flagged) and made[0].calls >= max(flagged)
+    assert ahead[0] is False and sum(ahead) >= len(ahead) - 20   # round 1 never drafts ahead; most later ones do
+
+
 # ---------------------------------------------------------------------------- on a GPU, with graphs
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -330,7 +369,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("tree_kernel", ["auto", "grid", "torch"])
+@pytest.mark.parametrize("tree_kernel", ["auto", "grid", "grid-keys", "torch"])
 def test_graph_captured_generation_equals_plain_on_gpu(dtype, tree_kernel):
     """fp32: token for token. bf16: the two paths use different attention kernels (the plain one a
     bool mask with enable_gqa, the fast one an additive bias with the group folded), so greedy
@@ -360,10 +399,10 @@ def test_graph_captured_generation_equals_plain_on_gpu(dtype, tree_kernel):
     if tree_kernel == "auto":  # every exact builder was timed and the fastest one builds the trees
         for budget in (16, 128):
             times = loop.builder_ms[budget]
-            assert set(times) == {"triton-block", "triton-grid", "torch"}
+            assert set(times) == {"triton-block", "triton-grid", "triton-grid-keys", "torch"}
             assert loop.tree_builder(budget) == min(times, key=times.get)
     else:
-        assert loop.tree_builder(16) == {"grid": "triton-grid", "torch": "torch"}[tree_kernel]
+        assert loop.tree_builder(16) == {"grid": "triton-grid", "grid-keys": "triton-grid-keys", "torch": "torch"}[tree_kernel]
 
 
 @pytest.mark.gpu

@@ -8,17 +8,24 @@ runs), organised for a GPU:
 * a round is six stages - draft, tree build, tree compile, verify, walk, commit - each a fixed-shape
   function of those buffers (static.py, tree_static.py), captured once per (method, budget) as a
   CUDA graph and replayed (cudagraph.py); the draft graph is shared by all budgets;
-* the only host sync is reading the walk's small result vector (accepted count, path, tokens,
-  bonus); the commit (KV compaction, context gather, frontier update) is launched right after, then
-  the next round, and only then are the tokens handed to the caller, so streaming callbacks
-  overlap the GPU;
+* the only host sync is waiting for the walk's small result vector (accepted count, path, tokens,
+  bonus) to reach pinned host memory. The commit (KV compaction, context gather, frontier update)
+  reads the walk result on the device, so it is queued before that wait, and so is the next round's
+  draft (it reads only device state): while the host reads the result and queues the rest of the
+  next round, the GPU is busy drafting, instead of idling for the host (0.1-0.2 ms a round on an
+  H200). Only after queuing are the tokens handed to the caller, so streaming callbacks overlap
+  the GPU too. The draft is queued ahead only when the round after is certain to be needed (no
+  stop token aside) and, with a pruned builder, not after round 1 (see below);
 * stage times come from CUDA events between the stages (no syncs), or perf_counter on a CPU.
 
 On CUDA with Triton the layers' elementwise work runs as fused kernels (fused.py) and the tree
 build is the fastest here of three exact builders: one Triton block (tree_triton.py), ~32 small
 Triton grids (tree_grid.py) or PyTorch (tree_static.py), timed once per budget. The Triton ones
-prune candidates; their rare certificate failure comes back with the walk result and the round is
-redone with the exact PyTorch builder before anything is committed. Round 1 drafts eagerly (its context is the whole prompt); prefill is
+prune candidates; their rare certificate failure comes back with the walk result. The commit already
+queued sees the flag on the device and leaves every state buffer as it was, so the draft queued
+ahead recomputes this round's draft logits (same inputs, same slots written), the round is redone
+with the exact PyTorch builder, and only that is committed. (Round 1 drafts from the prompt, not
+from the context buffer, so no draft is queued ahead of its result.) Round 1 drafts eagerly (its context is the whole prompt); prefill is
 the plain Target.forward.
 A proposer other than the DFlash drafter (tests rig one) drafts eagerly every round.
 On a CPU the same fixed-shape code runs without capture, which is how CI checks it.
@@ -50,6 +57,10 @@ from ddtree_bench.engine.verify import GREEDY_EPS, pick
 
 ROUND_STAGES = ("draft", "tree_build", "tree_compile", "verify", "walk", "commit")
 CAPACITY_ALIGN = 64  # cache slots; keeps the attention bias rows aligned for fused SDPA kernels
+# auto never tries the one-block tree kernel above this budget: its per-depth sorts grow as B*ln(B) on
+# one SM (H200: 2.8 ms vs the grid's 1.2 ms at B = 512, 6.3 vs 2.1 at 1024), and compiling and
+# checking it there only delays the first round
+BLOCK_KERNEL_MAX_BUDGET = 256
 
 
 class Laps:
@@ -92,6 +103,7 @@ class _Bucket:
     io: dict[str, Any] = field(default_factory=dict)   # latest outputs, read by the next stage's function
     post: torch.Tensor | None = None                   # sampled picks (temperature > 0)
     host: torch.Tensor | None = None                   # pinned copy of the walk result
+    ready: Any = None                                  # CUDA event: `host` holds this round's result
     builder: Any = None                                # the tree builder (DDTree)
     fallback: "_Bucket | None" = None                  # exact PyTorch-builder twin, when the builder can flag
 
@@ -105,7 +117,7 @@ class FastLoop:
         self.device = target.lm_head.weight.device
         self.dtype = target.lm_head.weight.dtype
         self.graphs = graphs and self.device.type == "cuda"
-        self.tree_kernel = tree_kernel  # auto (the fastest exact builder on CUDA) | block | grid | torch
+        self.tree_kernel = tree_kernel  # auto (the fastest exact builder on CUDA) | block | grid | grid-keys | torch
         self.builder_ms: dict[int, dict[str, float]] = {}  # budget -> builder name -> ms per build (auto's choice)
         self.layer_ops = layer_ops      # auto (fused Triton ops on CUDA when they pass their self-test) | triton | torch
         self.redone_rounds = 0          # rounds rebuilt with the exact builder after a failed certificate
@@ -192,18 +204,20 @@ class FastLoop:
     def _builder(self, budget: int, kind: str):
         """The tree builder for a budget. kind auto: of the exact builders that pass their check here
         (tree_triton.checked_builder), the fastest as a replayed CUDA graph - the one-block kernel wins at
-        small budgets, the grid kernels at large ones, where the crossover sits depends on the GPU;
+        small budgets, the grid kernels at large ones, where the crossover sits depends on the GPU (the
+        one-block kernel is not tried above BLOCK_KERNEL_MAX_BUDGET);
         block | grid | torch force one (a Triton one that fails its check falls back to torch)."""
         from ddtree_bench.engine import tree_triton
         from ddtree_bench.engine.cudagraph import replay_ms
 
         L, V = self.L, self.target.cfg.vocab_size
         torch_builder = lambda: StaticTreeBuilder(L, V, budget, self.device)  # noqa: E731
-        if kind in ("block", "grid"):
+        if kind in tree_triton.KERNELS:
             return tree_triton.checked_builder(L, V, budget, self.device, kind) or torch_builder()
         if kind != "auto" or self.device.type != "cuda":
             return torch_builder()
-        cands = [b for b in (tree_triton.checked_builder(L, V, budget, self.device, k) for k in ("block", "grid")) if b]
+        kernels = [k for k in tree_triton.KERNELS if k != "block" or budget <= BLOCK_KERNEL_MAX_BUDGET]
+        cands = [b for b in (tree_triton.checked_builder(L, V, budget, self.device, k) for k in kernels) if b]
         if not cands:
             return torch_builder()
         cands.append(torch_builder())
@@ -253,6 +267,7 @@ class FastLoop:
             b.post = torch.zeros(b.width, dtype=torch.long, device=dev)
         n = 1 if method == "ar" else 2 * self.L + 4 + (b.fallback is not None)
         b.host = torch.zeros(n, dtype=torch.long, pin_memory=dev.type == "cuda")
+        b.ready = torch.cuda.Event() if dev.type == "cuda" else None
         self.buckets[key] = b
         return b
 
@@ -299,19 +314,31 @@ class FastLoop:
         return walked
 
     def _commit_tree(self, b: _Bucket) -> None:
+        """Keep the accepted path: its K/V moved to slots start..start+a-1, its hidden rows as the next
+        draft's context, the frontier advanced, the bonus stored. With a pruned builder the walk result
+        ends with its certificate flag; a raised flag makes the whole commit a no-op (a = 0 moves no
+        slot, the other buffers keep their values), so it can be queued before the host has read it."""
         walked = b.io["walk"]
         _, hidden = b.io["verify"]
         L = self.L
-        a, src = commit_sources(walked, L)
+        keep = walked[-1:] == 0 if b.fallback is not None else None   # [1] bool: the tree is certified
+        a, src = commit_sources(walked if keep is None else torch.cat([walked[:1] * keep, walked[1:]]), L)
         ar = torch.arange(L + 1, device=walked.device)
         dst, srcs = self.start + ar, self.start + src
         c = self.tcache
         c.k.index_copy_(2, dst, c.k.index_select(2, srcs))
         c.v.index_copy_(2, dst, c.v.index_select(2, srcs))
-        self.ctx.copy_(hidden.index_select(0, src.clamp(max=hidden.shape[0] - 1)))
-        self.ctx_start.copy_(self.start)
+        ctx = hidden.index_select(0, src.clamp(max=hidden.shape[0] - 1))
+        bonus = walked[2 * L + 3 : 2 * L + 4]
+        if keep is None:
+            self.ctx.copy_(ctx)
+            self.ctx_start.copy_(self.start)
+            self.bonus.copy_(bonus)
+        else:
+            self.ctx.copy_(torch.where(keep, ctx, self.ctx))
+            self.ctx_start.copy_(torch.where(keep[0], self.start, self.ctx_start))
+            self.bonus.copy_(torch.where(keep, bonus, self.bonus))
         self.start.add_(a.view(()))
-        self.bonus.copy_(walked[2 * L + 3 : 2 * L + 4])
 
     def _verify_ar(self):
         cols = torch.arange(self.capacity, device=self.device)
@@ -333,24 +360,40 @@ class FastLoop:
         if laps is not None:
             laps.mark(name)
 
-    def _launch(self, b: _Bucket, first: bool, host_state: dict, laps: Laps, temperature: float, top_p: float, gen) -> None:
-        """Queue draft .. walk and the copy of the walk result to the host (nothing waits here)."""
-        if b.method != "ar":
-            if self.drafter is None:
-                ctx = host_state["prefill_hidden"] if first else self.ctx[: host_state["a"]]
-                dl = self.proposer.propose(ctx, host_state["bonus"], self.dcache, host_state["draft_len"], host_state["start"])
-                self.dlogits.copy_(dl)
-            elif first:
-                self._draft(host_state["prefill_hidden"])
-            else:
-                if self.draft_stage is None:
-                    self.draft_stage = Stage(lambda: self._draft(self.ctx), self.device, self.draft_pool, self.graphs, name="draft")
-                self.draft_stage.run()
-            laps.mark("draft")
+    def _queue_draft(self, b: _Bucket, first: bool, host_state: dict, laps: Laps) -> None:
+        """Queue the draft of a speculative round (a no-op for AR): eager in round 1 (its context is the
+        whole prompt) and for proposers other than the DFlash drafter (they need host state), else the
+        captured draft stage, which reads only device buffers."""
+        if b.method == "ar":
+            return
+        if self.drafter is None:
+            ctx = host_state["prefill_hidden"] if first else self.ctx[: host_state["a"]]
+            dl = self.proposer.propose(ctx, host_state["bonus"], self.dcache, host_state["draft_len"], host_state["start"])
+            self.dlogits.copy_(dl)
+        elif first:
+            self._draft(host_state["prefill_hidden"])
+        else:
+            if self.draft_stage is None:
+                self.draft_stage = Stage(lambda: self._draft(self.ctx), self.device, self.draft_pool, self.graphs, name="draft")
+            self.draft_stage.run()
+        laps.mark("draft")
+
+    def _launch(self, b: _Bucket, first: bool, drafted: bool, ahead: bool, host_state: dict, laps: Laps,
+                temperature: float, top_p: float, gen) -> bool:
+        """Queue one round and return at once: its draft (unless `drafted`, queued ahead already), tree build
+        .. walk, the copy of the walk result to the host, the commit, and - if `ahead` and the next
+        draft needs no host state - the next round's draft. Returns whether that draft was queued."""
+        if not drafted:
+            self._queue_draft(b, first, host_state, laps)
         self._tree_and_walk(b, laps, temperature, top_p, gen)
+        self._run(b, "commit", laps)
+        if ahead and b.method != "ar" and self.drafter is not None and not (first and b.fallback is not None):
+            self._queue_draft(b, False, host_state, laps)
+            return True
+        return False
 
     def _tree_and_walk(self, b: _Bucket, laps: Laps | None, temperature: float, top_p: float, gen) -> None:
-        """Queue tree build .. walk and the copy of the walk result to the host."""
+        """Queue tree build .. walk and the copy of the walk result to the host (recording `b.ready`)."""
         if b.method != "ar":
             self._run(b, "tree_build", laps)
             self._run(b, "tree_compile", laps)
@@ -362,8 +405,16 @@ class FastLoop:
             laps.mark("verify")
         self._run(b, "walk", None)
         b.host.copy_(b.io["walk"].reshape(-1), non_blocking=True)
+        if b.ready is not None:
+            b.ready.record()
         if laps is not None:
             laps.mark("walk")
+
+    def _result(self, b: _Bucket) -> list[int]:
+        """Wait for the walk result of the round queued last on `b` (not for the stages queued after it)."""
+        if b.ready is not None:
+            b.ready.synchronize()
+        return b.host.tolist()
 
     # ------------------------------------------------------------------ generate
 
@@ -376,7 +427,7 @@ class FastLoop:
         spec = method != "ar"
         bs = self.proposer.block_size if spec else 1
         width_hint = 1 + (budget if method == "ddtree" else bs - 1) if spec else 1
-        self._ensure(P + max_new_tokens + max(width_hint, bs) + 1)
+        self._ensure(P + max_new_tokens + max(width_hint, bs) + bs + 1)  # + bs: a draft queued ahead
         greedy = temperature < GREEDY_EPS
         gen = None
         if not greedy:
@@ -384,7 +435,6 @@ class FastLoop:
             gen.manual_seed(0 if seed is None else seed)
         layers = self.proposer.target_layer_ids if spec else ()
         b = self._bucket(method, budget, greedy)
-        cuda = dev.type == "cuda"
 
         t_start = time.perf_counter_ns()
         gaps: list[float] = []
@@ -415,22 +465,25 @@ class FastLoop:
         def more() -> bool:
             return not stream.stopped and (host["start"] - P < max_new_tokens if spec else len(out) < max_new_tokens)
 
+        def ahead() -> bool:  # the round after the one being queued is needed whatever this one accepts
+            return spec and not stream.stopped and host["start"] + L + 1 - P < max_new_tokens
+
         pending = more()
+        drafted = False
         if pending:
-            self._launch(b, True, host, laps, temperature, top_p, gen)
+            drafted = self._launch(b, True, False, ahead(), host, laps, temperature, top_p, gen)
         while pending:
-            if cuda:
-                torch.cuda.current_stream().synchronize()
-            res = b.host.tolist()
+            res = self._result(b)
             r = b
             if b.fallback is not None and res[-1]:  # the pruned build could not certify its tree: redo exactly
-                self.redone_rounds += 1
+                self.redone_rounds += 1   # the queued commit saw the flag and kept every buffer as it was, and
+                # dlogits hold this round's draft (a draft queued ahead recomputed it from the same state)
                 b.builder.flag.zero_()
                 r = b.fallback
                 self._tree_and_walk(r, None, temperature, top_p, gen)
-                if cuda:
-                    torch.cuda.current_stream().synchronize()
-                res = r.host.tolist()
+                res = self._result(r)
+                self._run(r, "commit", None)
+                drafted = False
             now = time.perf_counter_ns()
             if spec:
                 a = res[0]
@@ -446,15 +499,15 @@ class FastLoop:
                 new_tokens = [res[0]]
                 if return_logit_gaps:
                     gaps.extend(_gaps(b.io["verify"]))
-            self._run(r, "commit", laps)
             accept_lengths.append(a)
             host.update(draft_len=host["start"], start=host["start"] + a, bonus=new_tokens[-1], a=a)
             stopped = stream.stopped or any(t in stream.stops for t in new_tokens)
             emitted = len(out) + len(stream.visible(new_tokens))
             pending = not stopped and (host["start"] - P < max_new_tokens if spec else emitted < max_new_tokens)
             if pending:  # queue the next round before handing tokens out, so callbacks overlap the GPU
-                self._launch(b, False, host, laps, temperature, top_p, gen)
+                drafted = self._launch(b, False, drafted, ahead(), host, laps, temperature, top_p, gen)
             stream.emit(new_tokens, now)
+        t_done = time.perf_counter_ns()   # (a draft queued ahead of a stop token may still be running)
 
         self.rounds = laps.rounds()
         totals = {"prefill": prefill_ns, "draft": 0, "tree_build": 0, "verify": 0, "commit": 0}
@@ -471,7 +524,7 @@ class FastLoop:
             stage_ns=totals,
             t_start_ns=t_start,
             t_first_token_ns=t_first,
-            t_done_ns=time.perf_counter_ns(),
+            t_done_ns=t_done,
             chunk_times_ns=stream.chunk_times_ns,
             chunk_tokens=stream.chunk_tokens,
             trees=trees,
