@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One device call for issue 8 (GPU speed): environment, GPU equality tests, bench-engine on the
-# Qwen3-8B shape (random bf16 weights) and on the bundled toy pair, and (PROBE=1) a per-kernel probe.
-# At most 7 files land under $OUT (the device tool returns 8): session.txt (everything, progress
-# lines timestamped), tests.txt, probe.txt, bench_{qwen3-8b,toy}.{json,txt}. The default timeouts add
-# up to 570 s, inside the tool's 10-minute call; SKIP_TESTS / SKIP_8B / SKIP_PAIR=1 leave parts out,
-# TEST_FILES, BUDGETS8B, ARGS8B narrow them. On an H200 (2026-11-29) the tests took ~150 s and the toy
-# bench ~200 s; the 8B bench took ~125 s before the tree kernels of run e, and did not finish in
-# 300 s after them (Triton compiles ~10 kernels per budget on a fresh machine). Run from the repo root:
+# Qwen3-8B shape (random bf16 weights) and on the bundled toy pair, and optional probes. Files under
+# $OUT: session.txt (everything, progress lines timestamped), tests.txt, bench_{qwen3-8b,toy}.{json,txt},
+# and probe.txt (PROBE=1, per-kernel probe), topk.txt (PROBE_TOPK=1, the three top-K selections),
+# firstuse.txt (FIRSTUSE=1, a cProfile of a toy bench at one fresh budget). The device tool returns at
+# most 8 files, so do not ask for all of them at once. SKIP_TESTS / SKIP_8B / SKIP_PAIR=1 leave parts
+# out; TEST_FILES, BUDGETS8B, ARGS8B, ARGSTOY narrow them; the *_TIMEOUT variables bound each part
+# (the tool's call is 10 minutes). On an H200 (2026-11-29) the tests took ~150 s and the toy bench
+# ~200 s; the 8B bench took ~125 s before the tree kernels of run E, and did not finish in 300 s
+# after them. Run from the repo root:
 #   OUT=/tmp/out bash benchmarks/gpu_session.sh
 set -u
 OUT=${OUT:-/tmp/ddtree-gpu}; mkdir -p "$OUT"
@@ -27,6 +29,20 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   echo "pytest exit $?" | tee -a "$OUT/tests.txt" "$LOG"; tail -15 "$OUT/tests.txt" >> "$LOG"
 fi
 
+if [ -n "${PROBE_TOPK:-}" ]; then
+  step top-K probe
+  timeout ${PROBE_TIMEOUT:-90} python3 benchmarks/gpu_probe_topk.py > "$OUT/topk.txt" 2>&1; echo "top-K probe exit $?" | tee -a "$LOG"
+fi
+
+if [ -n "${FIRSTUSE:-}" ]; then  # where the first rounds at a new budget spend their time, on a cold Triton cache
+  step first-use profile
+  timeout ${FIRSTUSE_TIMEOUT:-150} python3 -m cProfile -o "$OUT/firstuse.prof" -m ddtree_bench bench-engine --model toy \
+    --device cuda --budgets ${FIRSTUSE_BUDGET:-512} --rounds 3 --no-plain --no-e2e --verify-tokens 1 -q > /dev/null 2>&1
+  echo "first-use exit $?" | tee -a "$LOG"
+  python3 -c "import pstats,sys; p=pstats.Stats('$OUT/firstuse.prof', stream=sys.stdout); p.sort_stats('cumulative').print_stats(45); p.sort_stats('tottime').print_stats(25)" > "$OUT/firstuse.txt" 2>&1
+  rm -f "$OUT/firstuse.prof"
+fi
+
 if [ -n "${PROBE:-}" ]; then
   step kernel probe
   timeout ${PROBE_TIMEOUT:-60} python3 benchmarks/gpu_probe_kernels.py > "$OUT/probe.txt" 2>&1; echo "probe exit $?" >> "$LOG"
@@ -42,5 +58,5 @@ bench() {  # name, timeout, args...
 [ -n "${SKIP_8B:-}" ] || bench qwen3-8b ${BENCH8B_TIMEOUT:-220} --shape qwen3-8b --device cuda --dtype bfloat16 \
   --budgets ${BUDGETS8B:-16..1024} --prefix-len 1024 --rounds ${ROUNDS:-20} --tau "$PAPER_TAU" ${ARGS8B:-}
 [ -n "${SKIP_PAIR:-}" ] || bench toy ${BENCHTOY_TIMEOUT:-170} --model toy --device cuda --dtype float32 --budgets 16..1024 \
-  --prefix-len 512 --rounds ${ROUNDS:-20} --limit ${LIMIT:-4} --max-new-tokens ${MAXNEW:-128}
+  --prefix-len 512 --rounds ${ROUNDS:-20} --limit ${LIMIT:-4} --max-new-tokens ${MAXNEW:-128} ${ARGSTOY:-}
 step done

@@ -13,10 +13,11 @@ from ddtree_bench.engine.tree_grid import GridTreeBuilder
 from ddtree_bench.engine.tree_triton import TritonTreeBuilder
 from tests.test_fastpath import _logits
 
-kinds = sys.argv[1:] or ["block", "grid"]
+kinds = sys.argv[1:] or ["block", "grid", "grid-keys"]
 cases = [(15, 272, 16), (15, 272, 64), (4, 3, 50), (6, 5, 7), (3, 3, 20), (4, 4, 60), (5, 272, 200)]
 for name in kinds:
-    make = {"block": TritonTreeBuilder, "grid": GridTreeBuilder}[name]
+    make = {"block": TritonTreeBuilder, "grid": GridTreeBuilder,
+            "grid-keys": lambda *a: GridTreeBuilder(*a, keys_first=True)}[name]
     bad = n = 0
     for kind in ("coarse", "onehot", "random"):
         for L, V, budget in cases:

@@ -24,7 +24,7 @@ SHAPES = [(15, 272, 16), (4, 3, 50), (6, 5, 7), (5, 272, 200)] + ([(15, 272, 64)
 
 
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
-@pytest.mark.parametrize("kernel", ["block", "grid"])
+@pytest.mark.parametrize("kernel", ["block", "grid", "grid-keys"])
 def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
     """Against the exact PyTorch builder on the same device (same fp32 log-probabilities), and against
     the heap where no exact cross-depth ties can hinge on one ulp: the heap takes its log-probabilities
@@ -33,7 +33,8 @@ def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
     from ddtree_bench.engine.tree_grid import GridTreeBuilder
     from ddtree_bench.engine.tree_triton import TritonTreeBuilder
 
-    make = TritonTreeBuilder if kernel == "block" else GridTreeBuilder
+    make = {"block": TritonTreeBuilder, "grid": GridTreeBuilder,
+            "grid-keys": lambda *a: GridTreeBuilder(*a, keys_first=True)}[kernel]
     for L, V, budget in SHAPES:
         for seed in range(2):
             logits = _logits(kind, L, V, seed).to(DEV)
@@ -47,8 +48,13 @@ def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
 
 
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
-@pytest.mark.parametrize("L,V,k", [(3, 272, 16), (2, 9000, 64), (2, 4097, 64), (4, 3, 3), (2, 5000, 1)])
-def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k):
+@pytest.mark.parametrize("L,V,k,select", [(3, 272, 16, "min"), (2, 9000, 64, "min"), (2, 4097, 64, "min"), (4, 3, 3, "min"),
+                                          (2, 5000, 1, "min"), (3, 272, 16, "threshold"), (2, 4097, 200, "threshold"),
+                                          (2, 300, 272, "threshold"), (1, 9000, 1024, "threshold"),
+                                          (2, 5000, 4096, "threshold"), (4, 3, 3, "threshold")])
+def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k, select):
+    """Both selections, at K from 1 to a whole chunk, chunks cut mid-vocabulary, coarse logits (ties
+    at the threshold: the lowest token ids must win) and NaN."""
     from ddtree_bench.engine.topk_triton import topk_logprobs_fused
 
     for seed in range(2):
@@ -57,7 +63,7 @@ def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k):
             x[0, V // 2] = float("nan")   # NaN counts as -inf
         for dt in (torch.float32, torch.bfloat16):
             xd = x.to(DEV, dt)
-            lp, ids = topk_logprobs_fused(xd, k)
+            lp, ids = topk_logprobs_fused(xd, k, select=select)
             lp_ref, ids_ref = topk_logprobs(xd, k)
             assert torch.equal(ids, ids_ref) and torch.equal(lp, lp_ref)
 

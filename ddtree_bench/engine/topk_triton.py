@@ -1,14 +1,20 @@
-"""The per-depth top-K of the draft logits in two Triton launches, for the tree kernels (K <= 64).
+"""The per-depth top-K of the draft logits in Triton, for the tree kernels (K <= 4096).
 
 Same (logprobs [L, K], ids [L, K]) as `tree_static.topk_logprobs`, bit for bit: the same exact
 int64 keys (descending logit, then ascending token id; NaN counts as -inf) and the same
 log-probabilities, `logit - torch.logsumexp(...)` computed by the same PyTorch ops (so the tree
-kernels stay equal to the PyTorch builder even on exact ties). Only the selection moves: the
-vocabulary is cut into chunks of CHUNK tokens, each (depth, chunk) program pulls its K smallest keys
-by K min-reductions (`_chunk_kernel`), then one program per depth pulls the K smallest of those
-(`_merge_kernel`). On an H200 the PyTorch path (key build + int64 `topk` over 151,936 tokens) was
-most of the 0.32 ms tree build at B = 16. K iterations of a reduction only pay at small K; larger K
-go to `topk_logprobs`. Needs Triton (CUDA, or the CPU interpreter in tests).
+kernels stay equal to the PyTorch builder even on exact ties). Only the selection moves. The
+vocabulary is cut into chunks of up to CHUNK tokens; each (depth, chunk) program keeps its K best
+keys, then the best K of those are taken per depth. Two ways to take a chunk's K best:
+* "min": K min-reductions (`_chunk_kernel`), merged by one program per depth (`_merge_kernel`).
+  Cheap at small K, linear in K.
+* "threshold": a binary search over the 32-bit score key for the chunk's K-th best score t (32
+  counting passes whatever K), then everything better than t plus the lowest token ids scoring
+  exactly t, compacted with a prefix sum (`_select_kernel`); the C*K survivors per depth are
+  merged by one exact `torch.topk` over their composite keys. Cost nearly flat in K.
+On an H200 the PyTorch path (key build + int64 `topk` over 151,936 tokens) was most of the 0.32 ms
+tree build at B = 16; `SELECT_MIN_UP_TO` says where "min" stops paying (measured: see
+docs/gpu-performance.md). Needs Triton (CUDA, or the CPU interpreter in tests).
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ import torch
 from ddtree_bench.engine.tree_static import fp32_logits, logprobs_at, topk_logprobs
 from ddtree_bench.engine.tree_triton import _pow2, tl, triton
 
-MAX_K = 64
+MAX_K = 4096          # = CHUNK: the largest K a chunk can hold
 CHUNK = 4096
+SELECT_MIN_UP_TO = 64  # K up to this: K min-reductions; above: the threshold search
 
 if triton is not None:
     from ddtree_bench.engine.tree_triton import _desc
@@ -49,16 +56,55 @@ if triton is not None:
             key = tl.where(key == best, 9223372036854775807, key)
 
 
-def topk_logprobs_fused(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """tree_static.topk_logprobs with the selection in Triton (k <= MAX_K; otherwise that function)."""
+    @triton.jit
+    def _select_kernel(x_ptr, out_ptr, V, stride, C, K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr,
+                       VB: tl.constexpr):
+        """(depth, chunk): the chunk's K smallest keys (fewer, padded with int64 max, if it holds fewer
+        tokens), unordered, at out[depth, chunk, :K]."""
+        d = tl.program_id(0)
+        c = tl.program_id(1)
+        i = c * CH + tl.arange(0, CH)
+        m = i < V
+        x = tl.load(x_ptr + d * stride + i, mask=m, other=float("-inf")).to(tl.float32)
+        x = tl.where(x != x, float("-inf"), x)
+        s = tl.where(m, _desc(x), 4294967296)            # score key in [0, 2^32), padding past it
+        k = tl.minimum(tl.sum(m.to(tl.int32), axis=0), K)
+        lo = tl.zeros((), tl.int64)
+        hi = tl.full((), 4294967295, tl.int64)
+        for _ in range(32):                               # smallest t with #(s <= t) >= k
+            mid = (lo + hi) // 2
+            enough = tl.sum((s <= mid).to(tl.int32), axis=0) >= k
+            hi = tl.where(enough, mid, hi)
+            lo = tl.where(enough, lo, mid + 1)
+        eq = s == lo
+        need = k - tl.sum((s < lo).to(tl.int32), axis=0)  # ties at t: the lowest token ids
+        sel = (s < lo) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+        pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        base = out_ptr + (d * C + c) * K
+        tl.store(base + pos, (s << VB) | i.to(tl.int64), mask=sel)
+        j = tl.arange(0, KP)
+        tl.store(base + j, tl.full([KP], 9223372036854775807, tl.int64), mask=(j >= k) & (j < K))
+
+
+def topk_logprobs_fused(draft_logits: torch.Tensor, k: int, select: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """tree_static.topk_logprobs with the selection in Triton (k <= MAX_K; otherwise that function).
+    select: "min" | "threshold" | None (by k: SELECT_MIN_UP_TO)."""
     L, V = draft_logits.shape
     if triton is None or k > MAX_K or k > V:
         return topk_logprobs(draft_logits, k)
+    select = select or ("min" if k <= SELECT_MIN_UP_TO else "threshold")
     x = draft_logits.contiguous()
-    C = triton.cdiv(V, CHUNK)
+    ch = min(CHUNK, _pow2(V))
+    C = triton.cdiv(V, ch)
     VB = max(1, (V - 1).bit_length())
     cand = torch.empty(L, C, k, dtype=torch.long, device=x.device)
-    ids = torch.empty(L, k, dtype=torch.long, device=x.device)
-    _chunk_kernel[(L, C)](x, cand, V, x.stride(0), C, K=k, CH=CHUNK, VB=VB)
-    _merge_kernel[(L,)](cand, ids, C, K=k, NP=_pow2(C * k), VB=VB)
+    if select == "min":
+        ids = torch.empty(L, k, dtype=torch.long, device=x.device)
+        _chunk_kernel[(L, C)](x, cand, V, x.stride(0), C, K=k, CH=ch, VB=VB)
+        _merge_kernel[(L,)](cand, ids, C, K=k, NP=_pow2(C * k), VB=VB)
+    elif select == "threshold":
+        _select_kernel[(L, C)](x, cand, V, x.stride(0), C, K=k, KP=_pow2(k), CH=ch, VB=VB, num_warps=8 if ch >= 2048 else 4)
+        ids = torch.topk(cand.view(L, C * k), k, dim=-1, largest=False, sorted=True).values & ((1 << VB) - 1)
+    else:
+        raise ValueError(f"unknown top-K selection {select!r}: min | threshold")
     return logprobs_at(fp32_logits(draft_logits), ids), ids

@@ -253,8 +253,12 @@ def pruned_regions(L: int, V: int, budget: int) -> tuple[int, list[int], list[tu
     return K, counts, regions, bounds
 
 
+KERNELS = ("block", "grid", "grid-keys")
+
+
 def checked_builder(L: int, V: int, budget: int, device, kernel: str = "block"):
-    """A Triton builder (kernel "block": TritonTreeBuilder, "grid": tree_grid.GridTreeBuilder) for this
+    """A Triton builder (kernel "block": TritonTreeBuilder, "grid" / "grid-keys": tree_grid.GridTreeBuilder
+    without / with keys_first) for this
     (L, V, budget) that compiled, ran and matched the PyTorch builder on random logits here, or None
     (with a warning) - so a kernel that cannot build at some size (resources, a Triton version) costs
     speed, never a crash or a wrong tree."""
@@ -265,7 +269,10 @@ def checked_builder(L: int, V: int, budget: int, device, kernel: str = "block"):
         from ddtree_bench.engine.tree_static import StaticTreeBuilder
 
         logits = torch.randn(L, V, generator=torch.Generator().manual_seed(budget)).to(device) * 3
-        tb = (TritonTreeBuilder if kernel == "block" else GridTreeBuilder)(L, V, budget, device)
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown tree kernel {kernel!r}: {' | '.join(KERNELS)}")
+        tb = (TritonTreeBuilder(L, V, budget, device) if kernel == "block"
+              else GridTreeBuilder(L, V, budget, device, keys_first=kernel == "grid-keys"))
         got = tb(logits)
         ref = StaticTreeBuilder(L, V, budget, device)(logits)
         if tb.flag.item() == 0 and all(torch.equal(a, b) for a, b in zip(got, ref)):

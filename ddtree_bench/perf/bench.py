@@ -209,7 +209,7 @@ def build_times(V: int, L: int, budgets: list[int], device: torch.device, reps: 
             from ddtree_bench.engine import tree_triton
 
             heap_tok = build_tree(logits_cpu, B).token_ids.tolist()
-            for kernel in ("block", "grid"):
+            for kernel in tree_triton.KERNELS:
                 tb = tree_triton.checked_builder(L, V, B, device, kernel)
                 if tb is None:
                     row[f"{kernel}_error"] = tree_triton._SELF_TEST.get("error") or "unusable at this budget"

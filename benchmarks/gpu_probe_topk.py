@@ -1,0 +1,30 @@
+"""GPU probe: the per-depth top-K of the draft logits three ways, as replayed CUDA graphs, at the
+Qwen3 vocabulary (L = 15 depths, V = 151,936, bf16) and the toy's (V = 272, fp32). Prints one line
+per K: PyTorch (`tree_static.topk_logprobs`: composite keys + int64 topk), Triton "min" (K
+min-reductions per chunk, K <= 64 in the engine) and Triton "threshold" (binary search for the
+chunk's K-th score, then torch.topk over the survivors), each checked equal to PyTorch first.
+It is what `topk_triton.SELECT_MIN_UP_TO` is set from. Run: python benchmarks/gpu_probe_topk.py
+"""
+
+import torch
+
+from ddtree_bench.engine.cudagraph import replay_ms
+from ddtree_bench.engine.topk_triton import topk_logprobs_fused
+from ddtree_bench.engine.tree_static import topk_logprobs
+
+dev = torch.device("cuda")
+for V, dtype in ((151936, torch.bfloat16), (272, torch.float32)):
+    x = (torch.randn(15, V, generator=torch.Generator().manual_seed(0)) * 3).to(dev, dtype)
+    print(f"V={V} {dtype}: ms per call (graph replay, median of 20)")
+    for k in (1, 8, 16, 32, 64, 128, 256, 512, 1024):
+        if k > V:
+            continue
+        ref = topk_logprobs(x, k)
+        line = f"  K={k:5d} torch={replay_ms(lambda: topk_logprobs(x, k)):.4f}"
+        for sel in ("min", "threshold"):
+            if sel == "min" and k > 256:
+                continue
+            got = topk_logprobs_fused(x, k, select=sel)
+            same = all(torch.equal(a, b) for a, b in zip(got, ref))
+            line += f" {sel}={replay_ms(lambda: topk_logprobs_fused(x, k, select=sel)):.4f}{'' if same else ' (DIFFERS)'}"
+        print(line, flush=True)
