@@ -3,7 +3,8 @@ Qwen3 vocabulary (L = 15 depths, V = 151,936, bf16) and the toy's (V = 272, fp32
 per K: PyTorch (`tree_static.topk_logprobs`: composite keys + int64 topk), Triton "min" (K
 min-reductions per chunk, K <= 64 in the engine) and Triton "threshold" (binary search for the
 chunk's K-th score, then torch.topk over the survivors), each checked equal to PyTorch first.
-It is what `topk_triton.SELECT_MIN_UP_TO` is set from. Run: python benchmarks/gpu_probe_topk.py
+At the Qwen3 vocabulary it also times both selections at chunks of 4,096 / 8,192 / 16,384 tokens.
+It is what `topk_triton.SELECT_MIN_UP_TO` and `CHUNK` are set from. Run: python benchmarks/gpu_probe_topk.py
 """
 
 import torch
@@ -28,3 +29,18 @@ for V, dtype in ((151936, torch.bfloat16), (272, torch.float32)):
             same = all(torch.equal(a, b) for a, b in zip(got, ref))
             line += f" {sel}={replay_ms(lambda: topk_logprobs_fused(x, k, select=sel)):.4f}{'' if same else ' (DIFFERS)'}"
         print(line, flush=True)
+
+x = (torch.randn(15, 151936, generator=torch.Generator().manual_seed(0)) * 3).to(dev, torch.bfloat16)
+print("V=151936 bf16, by chunk size: ms per call (graph replay)")
+for k in (1, 16, 32, 64, 128, 256, 1024):
+    ref = topk_logprobs(x, k)
+    line = f"  K={k:5d}"
+    for sel in ("min", "threshold"):
+        for ch in (4096, 8192, 16384):
+            if sel == "min" and k > 128:
+                continue
+            got = topk_logprobs_fused(x, k, select=sel, chunk=ch)
+            same = all(torch.equal(a, b) for a, b in zip(got, ref))
+            ms = replay_ms(lambda: topk_logprobs_fused(x, k, select=sel, chunk=ch))
+            line += f" {sel}@{ch}={ms:.4f}{'' if same else '(DIFFERS)'}"
+    print(line, flush=True)

@@ -14,8 +14,10 @@ runs), organised for a GPU:
   draft (it reads only device state): while the host reads the result and queues the rest of the
   next round, the GPU is busy drafting, instead of idling for the host (0.1-0.2 ms a round on an
   H200). Only after queuing are the tokens handed to the caller, so streaming callbacks overlap
-  the GPU too. The draft is queued ahead only when the round after is certain to be needed (no
-  stop token aside) and, with a pruned builder, not after round 1 (see below);
+  the GPU too. The draft is queued ahead whenever another round may follow, so a generation's
+  last round usually leaves one unneeded draft running (its tokens are out; the GPU finishes it
+  before the next request's prefill); with a pruned builder it is never queued after round 1
+  (see below);
 * stage times come from CUDA events between the stages (no syncs), or perf_counter on a CPU.
 
 On CUDA with Triton the layers' elementwise work runs as fused kernels (fused.py) and the tree
@@ -465,8 +467,8 @@ class FastLoop:
         def more() -> bool:
             return not stream.stopped and (host["start"] - P < max_new_tokens if spec else len(out) < max_new_tokens)
 
-        def ahead() -> bool:  # the round after the one being queued is needed whatever this one accepts
-            return spec and not stream.stopped and host["start"] + L + 1 - P < max_new_tokens
+        def ahead() -> bool:  # the round after the one being queued may be needed (it accepts >= 1 token)
+            return spec and not stream.stopped and host["start"] + 1 - P < max_new_tokens
 
         pending = more()
         drafted = False

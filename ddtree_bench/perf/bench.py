@@ -165,6 +165,7 @@ def round_times(target, drafter, method: str, budget: int, prefix_len: int, roun
         loop = fast.fast_loop()
         out["fast"]["tree_builder"] = loop.tree_builder(budget)
         out["fast"]["builder_ms"] = loop.builder_ms.get(budget)   # auto's timing of each exact builder
+        out["fast"]["redone_rounds"] = loop.redone_rounds          # failed certificates (warmup included)
     if plain:
         p = Engine(target, d, sync_stages=True)
         p.generate(prompt, method, budget, n_new)
@@ -244,6 +245,7 @@ def end_to_end(target, drafter, tokenizer, spec: BenchSpec, progress: Callable[[
         for name, eng in engines.items():
             progress(f"e2e {name} {method} {budget or ''}")
             eng.generate(ids[0], method, budget, 16)  # warmup (graph capture)
+            redone = eng.fast_loop().redone_rounds if name == "fast" else 0
             toks, ns, acc, outs = 0, 0, [], []
             for p in ids:
                 g = eng.generate(p, method, budget, spec.max_new_tokens)
@@ -252,7 +254,9 @@ def end_to_end(target, drafter, tokenizer, spec: BenchSpec, progress: Callable[[
                 acc += g.accept_lengths
                 outs.append(g.output_ids)
             row[name] = {"tok_s": toks / (ns / 1e9) if ns else float("nan"), "tau": sum(acc) / max(1, len(acc)),
-                         "tokens": toks}
+                         "tokens": toks, "rounds": len(acc)}
+            if name == "fast":   # rounds rebuilt by the exact builder after a failed certificate
+                row[name]["redone_rounds"] = eng.fast_loop().redone_rounds - redone
             if method == "ar":
                 ref[name] = outs
             # greedy: every method must emit AR's tokens (a mismatch is a near-tie or a bug: see compare)
