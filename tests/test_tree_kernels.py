@@ -107,3 +107,39 @@ def test_compile_and_walk_kernels_equal_their_twins(dtype):
                 assert torch.equal(got.cpu(), want), (L, V, budget, seed, node)
                 accepted.add(int(want[0]))
     assert len(accepted) >= 4 and max(accepted) >= 5   # the cases cover short and deep accepted paths
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("guard", [False, True])
+def test_commit_kernel_equals_its_twin(dtype, guard):
+    """commit_tree (two launches) against tree_static.commit_static: the K/V rows of every layer and
+    head (overlapping moves included), the gathered context rows, the frontier, ctx_start and the
+    bonus - for chains, sibling paths and the root alone, and (guard) a raised certificate flag,
+    which must leave everything as it was."""
+    from ddtree_bench.engine.tree_static import commit_static
+    from ddtree_bench.engine.tree_verify_triton import commit_tree
+
+    L, layers, hkv, S, D, T, C = 6, 3, 2, 48, 24, 20, 37
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(5)
+    cases = [[0, 1, 2, 3, 4, 5, 6], [0, 2, 5, 9], [0, 3, 4, 11, 17, 18, 19], [0]]
+    for path in cases:
+        for flag in ([0, 1] if guard else [None]):
+            a = len(path)
+            walked = [a] + path + [0] * (L + 1 - a) + torch.randint(0, 50, (L + 2,), generator=g).tolist()
+            walked = torch.tensor(walked + ([flag] if guard else []), device=DEV)
+            state = dict(start=torch.tensor(9, device=DEV), ctx_start=torch.tensor(2, device=DEV),
+                         bonus=torch.tensor([7], device=DEV),
+                         k=torch.randn(layers, hkv, S, D, generator=g).to(DEV, dt),
+                         v=torch.randn(layers, hkv, S, D, generator=g).to(DEV, dt),
+                         hidden=torch.randn(T, C, generator=g).to(DEV, dt),
+                         ctx=torch.randn(L + 1, C, generator=g).to(DEV, dt))
+            ref = {n: t.clone() for n, t in state.items()}
+            before = {n: t.clone() for n, t in state.items()}
+            commit_static(walked, L, guard, ref["start"], ref["ctx_start"], ref["bonus"], ref["k"], ref["v"], ref["hidden"], ref["ctx"])
+            commit_tree(walked, L, guard, state["start"], state["ctx_start"], state["bonus"], state["k"], state["v"],
+                        state["hidden"], state["ctx"])
+            for n in state:
+                assert torch.equal(state[n], ref[n]), (path, flag, n)
+            changed = not torch.equal(ref["k"], before["k"]) or int(ref["start"]) != 9
+            assert changed == (flag != 1)

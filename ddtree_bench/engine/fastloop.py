@@ -54,7 +54,7 @@ from ddtree_bench.engine.static import (
     target_forward,
     visible_bias,
 )
-from ddtree_bench.engine.tree_static import StaticTreeBuilder, ancestors, chain, commit_sources, verify_visible, walk_static
+from ddtree_bench.engine.tree_static import StaticTreeBuilder, ancestors, chain, commit_static, verify_visible, walk_static
 from ddtree_bench.engine.verify import GREEDY_EPS, pick
 
 ROUND_STAGES = ("draft", "tree_build", "tree_compile", "verify", "walk", "commit")
@@ -316,31 +316,17 @@ class FastLoop:
         return walked
 
     def _commit_tree(self, b: _Bucket) -> None:
-        """Keep the accepted path: its K/V moved to slots start..start+a-1, its hidden rows as the next
-        draft's context, the frontier advanced, the bonus stored. With a pruned builder the walk result
-        ends with its certificate flag; a raised flag makes the whole commit a no-op (a = 0 moves no
-        slot, the other buffers keep their values), so it can be queued before the host has read it."""
-        walked = b.io["walk"]
+        """Keep the accepted path (tree_static.commit_static, or its one-launch twin commit_tree): K/V moved
+        to slots start..start+a-1, hidden rows as the next draft's context, frontier advanced, bonus
+        stored. With a pruned builder the walk result ends with its certificate flag, and a raised flag
+        makes the whole commit a no-op, so it can be queued before the host has read it."""
         _, hidden = b.io["verify"]
-        L = self.L
-        keep = walked[-1:] == 0 if b.fallback is not None else None   # [1] bool: the tree is certified
-        a, src = commit_sources(walked if keep is None else torch.cat([walked[:1] * keep, walked[1:]]), L)
-        ar = torch.arange(L + 1, device=walked.device)
-        dst, srcs = self.start + ar, self.start + src
-        c = self.tcache
-        c.k.index_copy_(2, dst, c.k.index_select(2, srcs))
-        c.v.index_copy_(2, dst, c.v.index_select(2, srcs))
-        ctx = hidden.index_select(0, src.clamp(max=hidden.shape[0] - 1))
-        bonus = walked[2 * L + 3 : 2 * L + 4]
-        if keep is None:
-            self.ctx.copy_(ctx)
-            self.ctx_start.copy_(self.start)
-            self.bonus.copy_(bonus)
+        if self.fused_tree_ops:
+            from ddtree_bench.engine.tree_verify_triton import commit_tree as commit
         else:
-            self.ctx.copy_(torch.where(keep, ctx, self.ctx))
-            self.ctx_start.copy_(torch.where(keep[0], self.start, self.ctx_start))
-            self.bonus.copy_(torch.where(keep, bonus, self.bonus))
-        self.start.add_(a.view(()))
+            commit = commit_static
+        commit(b.io["walk"], self.L, b.fallback is not None, self.start, self.ctx_start, self.bonus,
+               self.tcache.k, self.tcache.v, hidden, self.ctx)
 
     def _verify_ar(self):
         cols = torch.arange(self.capacity, device=self.device)

@@ -175,3 +175,29 @@ def commit_sources(walked: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Te
     idx = walked[1 : L + 2]
     ar = torch.arange(L + 1, device=walked.device)
     return a, torch.where(ar < a, idx, ar)
+
+
+def commit_static(walked: torch.Tensor, L: int, guard: bool, start: torch.Tensor, ctx_start: torch.Tensor,
+                  bonus: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor, ctx: torch.Tensor) -> None:
+    """Commit a walked round in place. walked: walk_static's vector (+ the builder's certificate flag
+    at the end when `guard`); k, v [layers, Hkv, S, D] cache; hidden [T, C] the verify rows' context
+    features; ctx [L+1, C]. Moves the accepted path's K/V rows to slots start..start+L (the others
+    move onto themselves), gathers its hidden rows into ctx, sets ctx_start = start, advances start
+    by a and stores the bonus. With guard and a raised flag nothing changes (a counts as 0)."""
+    keep = walked[-1:] == 0 if guard else None   # [1] bool: the tree is certified
+    a, src = commit_sources(walked if keep is None else torch.cat([walked[:1] * keep, walked[1:]]), L)
+    ar = torch.arange(L + 1, device=walked.device)
+    dst, srcs = start + ar, start + src
+    k.index_copy_(2, dst, k.index_select(2, srcs))
+    v.index_copy_(2, dst, v.index_select(2, srcs))
+    rows = hidden.index_select(0, src.clamp(max=hidden.shape[0] - 1))
+    new_bonus = walked[2 * L + 3 : 2 * L + 4]
+    if keep is None:
+        ctx.copy_(rows)
+        ctx_start.copy_(start)
+        bonus.copy_(new_bonus)
+    else:
+        ctx.copy_(torch.where(keep, rows, ctx))
+        ctx_start.copy_(torch.where(keep[0], start, ctx_start))
+        bonus.copy_(torch.where(keep, new_bonus, bonus))
+    start.add_(a.view(()))

@@ -1,9 +1,9 @@
-"""Tree compile (verify inputs) and tree walk as one Triton launch each, for the CUDA fast path.
+"""Tree compile (verify inputs), tree walk and commit as one or two Triton launches each, for the CUDA fast path.
 
-The PyTorch versions (`tree_static.ancestors` / `verify_visible` / `static.visible_bias` and
-`tree_static.walk_static`) are the twins: same outputs, bit for bit, tested against each other. In
-a CUDA graph they cost ~45 and ~15 small launches a round (0.09-0.18 ms and 0.06-0.24 ms on an H200
-with the Qwen3-8B shape, most of it launch cost); here each is one launch.
+The PyTorch versions (`tree_static.ancestors` / `verify_visible` / `static.visible_bias`,
+`tree_static.walk_static` and `tree_static.commit_static`) are the twins: same outputs, bit for
+bit, tested against each other. In a CUDA graph they cost ~45, ~15 and ~17 small launches a round
+(0.09-0.18, 0.06-0.24 and ~0.08 ms on an H200 with the Qwen3-8B shape, most of it launch cost).
 * `compile_tree`: one program per tree row i (root = 0) and tile of cache columns. It walks i's parent pointers once and
   stores its path (node at each depth 0..L; `path`, [T, L+1]); node j is an ancestor-or-self of i
   iff depth(j) <= depth(i) and path[i, depth(j)] == j. From that it writes the verify ids and
@@ -13,6 +13,9 @@ with the Qwen3-8B shape, most of it launch cost); here each is one launch.
 * `walk_tree`: one program. A node matches when its token is the target's pick at its parent; it
   is accepted when every node on its path matches (read from `path`); the accepted nodes form one
   path, written out as `walk_static`'s vector [a, node at depth 0..L, token at depth 0..L, bonus].
+* `commit_tree`: one program per (layer, KV head) moves the accepted path's K/V rows down to the
+  frontier, more programs gather its context rows; then one program advances the frontier. A
+  raised certificate flag (the last walk element, when guarded) makes both no-ops.
 Needs Triton (CUDA, or the CPU interpreter in tests); knows nothing of models.
 """
 
@@ -98,6 +101,56 @@ if triton is not None:
         last = tl.load(out_ptr + 1 + a - 1)
         tl.store(out_ptr + 2 * L + 3, tl.load(post_ptr + last))
 
+    @triton.jit
+    def _commit_rows_kernel(k_ptr, v_ptr, hidden_ptr, ctx_ptr, walked_ptr, start_ptr, S, NLH, T, CW, hstride, FLAG,
+                            L: tl.constexpr, LP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BCW: tl.constexpr,
+                            GUARD: tl.constexpr):
+        """Programs 0..NLH-1: one (layer, KV head) each, moves the kept K/V rows down (all loads before any
+        store: sources and destinations overlap). The rest: one block of BCW context columns each,
+        gathers the kept hidden rows into ctx. A raised flag (GUARD) moves nothing, writes no ctx."""
+        pid = tl.program_id(0)
+        i = tl.arange(0, LP)
+        mi = i < L + 1
+        a = tl.load(walked_ptr)
+        ok = a >= 0
+        if GUARD:
+            ok = tl.load(walked_ptr + FLAG) == 0
+            a = tl.where(ok, a, 0)
+        idx = tl.load(walked_ptr + 1 + i, mask=mi, other=0)
+        src = tl.where(i < a, idx, i)
+        if pid < NLH:
+            start = tl.load(start_ptr)
+            dd = tl.arange(0, DP)
+            m2 = mi[:, None] & (dd < D)[None, :]
+            base = pid.to(tl.int64) * S * D
+            so = base + (start + src)[:, None] * D + dd[None, :]
+            kk = tl.load(k_ptr + so, mask=m2)
+            vv = tl.load(v_ptr + so, mask=m2)
+            tl.debug_barrier()
+            do = base + (start + i)[:, None] * D + dd[None, :]
+            tl.store(k_ptr + do, kk, mask=m2)
+            tl.store(v_ptr + do, vv, mask=m2)
+        else:
+            c = (pid - NLH) * BCW + tl.arange(0, BCW)
+            m2 = mi[:, None] & (c < CW)[None, :] & ok
+            rows = tl.minimum(src, T - 1).to(tl.int64)
+            h = tl.load(hidden_ptr + rows[:, None] * hstride + c[None, :], mask=m2)
+            tl.store(ctx_ptr + i[:, None] * CW + c[None, :], h, mask=m2)
+
+    @triton.jit
+    def _commit_state_kernel(walked_ptr, start_ptr, ctx_start_ptr, bonus_ptr, FLAG, BONUS: tl.constexpr,
+                             GUARD: tl.constexpr):
+        """After the rows (stream order): ctx_start = start, bonus, start += a - unless the flag is raised."""
+        a = tl.load(walked_ptr)
+        ok = a >= 0
+        if GUARD:
+            ok = tl.load(walked_ptr + FLAG) == 0
+            a = tl.where(ok, a, 0)
+        start = tl.load(start_ptr)
+        tl.store(ctx_start_ptr, start, mask=ok)
+        tl.store(bonus_ptr, tl.load(walked_ptr + BONUS), mask=ok)
+        tl.store(start_ptr, start + a)
+
 
 def compile_tree(bonus: torch.Tensor, tok: torch.Tensor, par: torch.Tensor, dep: torch.Tensor, start: torch.Tensor,
                  capacity: int, dtype: torch.dtype, group: int, L: int):
@@ -125,6 +178,20 @@ def walk_tree(ids: torch.Tensor, par: torch.Tensor, dep: torch.Tensor, path: tor
     return out[: 2 * L + 4]
 
 
+def commit_tree(walked: torch.Tensor, L: int, guard: bool, start: torch.Tensor, ctx_start: torch.Tensor,
+                bonus: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor, ctx: torch.Tensor) -> None:
+    """tree_static.commit_static in two launches (the rows, then the frontier state); same arguments."""
+    layers, hkv, S, D = k.shape
+    T, CW = hidden.shape
+    assert k.is_contiguous() and v.is_contiguous() and ctx.is_contiguous() and hidden.stride(1) == 1
+    BCW = 1024
+    grid = (layers * hkv + triton.cdiv(CW, BCW),)
+    flag = walked.numel() - 1
+    _commit_rows_kernel[grid](k, v, hidden, ctx, walked, start, S, layers * hkv, T, CW, hidden.stride(0), flag,
+                              L=L, LP=_pow2(L + 1), D=D, DP=_pow2(D), BCW=BCW, GUARD=guard)
+    _commit_state_kernel[(1,)](walked, start, ctx_start, bonus, flag, BONUS=2 * L + 3, GUARD=guard)
+
+
 _CHECKED: dict[str, str | None] = {}
 
 
@@ -148,7 +215,7 @@ def available(device) -> bool:
 
 def _self_test(dev: torch.device) -> str | None:
     from ddtree_bench.engine.static import visible_bias
-    from ddtree_bench.engine.tree_static import StaticTreeBuilder, ancestors, verify_visible, walk_static
+    from ddtree_bench.engine.tree_static import StaticTreeBuilder, ancestors, commit_static, verify_visible, walk_static
 
     L, V, B, cap = 6, 5, 20, 64
     tok, par, dep = StaticTreeBuilder(L, V, B, dev)(torch.randn(L, V, generator=torch.Generator().manual_seed(0)).to(dev))
@@ -158,6 +225,16 @@ def _self_test(dev: torch.device) -> str | None:
     if not (torch.equal(anc, anc_ref) and torch.equal(bias, visible_bias(verify_visible(anc_ref, start, cap), torch.float32, 2))):
         return "compile_tree differs from the PyTorch twin"
     post = torch.cat([tok[:4], torch.zeros(ids.numel() - 4, dtype=torch.long, device=dev)])  # accepts a path of depth >= 1
-    if not torch.equal(walk_tree(ids, par, dep, path, post, L), walk_static(ids, par, dep, anc_ref, post, L)):
+    walked = walk_static(ids, par, dep, anc_ref, post, L)
+    if not torch.equal(walk_tree(ids, par, dep, path, post, L), walked):
         return "walk_tree differs from walk_static"
+    g = torch.Generator().manual_seed(1)
+    state = [torch.tensor(5, device=dev), torch.tensor(1, device=dev), torch.tensor([2], device=dev),
+             *(torch.randn(2, 2, cap, 8, generator=g).to(dev) for _ in range(2)),
+             torch.randn(ids.numel(), 12, generator=g).to(dev), torch.randn(L + 1, 12, generator=g).to(dev)]
+    twin = [t.clone() for t in state]
+    commit_tree(walked, L, False, *state)
+    commit_static(walked, L, False, *twin)
+    if not all(torch.equal(a, b) for a, b in zip(state, twin)):
+        return "commit_tree differs from commit_static"
     return None
