@@ -34,6 +34,7 @@ def bench_engine_cmd(
     layer_ops: Annotated[str, typer.Option("--layer-ops", help="Fast engine's layer ops: auto (fused Triton kernels on CUDA when they pass their self-test) | triton | torch (unfused twin).")] = "auto",
     plain: Annotated[bool, typer.Option("--plain/--no-plain", help="Also time the plain (eager, synchronising) engine.")] = True,
     e2e: Annotated[bool, typer.Option("--e2e/--no-e2e", help="End-to-end tok/s on suite prompts (pairs with a tokenizer: not --shape).")] = True,
+    build_table: Annotated[bool, typer.Option("--build-table/--no-build-table", help="Time every tree builder per budget (CPU heap and vectorised; on CUDA also the Triton kernels, each compiled at each budget).")] = True,
     suite: O.Suite = D.SUITE,
     limit: Annotated[int, typer.Option("--limit", help="Prompts for the end-to-end runs.")] = D.BENCH_E2E_PROMPTS,
     max_new_tokens: O.MaxNewTokens = D.BENCH_E2E_MAX_NEW_TOKENS,
@@ -77,7 +78,7 @@ def bench_engine_cmd(
     if shape is not None and shape not in SHAPES:
         raise UsageError(f"unknown --shape {shape!r}; expected one of {', '.join(SHAPES)}")
     spec = BenchSpec(model=model, draft=draft, shape=shape, budgets=spec_budgets, prefix_len=prefix_len, device=device,
-                     dtype=dtype, rounds=rounds, verify_tokens=vt, graphs=graphs, layer_ops=layer_ops, plain=plain, e2e=e2e, suite=suite,
+                     dtype=dtype, rounds=rounds, verify_tokens=vt, graphs=graphs, layer_ops=layer_ops, plain=plain, e2e=e2e, build_table=build_table, suite=suite,
                      limit=limit, max_new_tokens=max_new_tokens, tau=parse_points(tau, "--tau") if tau else None)
     say = (lambda s: None) if quiet else (lambda s: print(f"[bench-engine] {s}", file=sys.stderr, flush=True))
     result = run_bench(spec, say)

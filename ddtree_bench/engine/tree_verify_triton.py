@@ -121,21 +121,21 @@ if triton is not None:
         if pid < NLH:
             start = tl.load(start_ptr)
             dd = tl.arange(0, DP)
-            m2 = mi[:, None] & (dd < D)[None, :]
+            mkv = mi[:, None] & (dd < D)[None, :]   # (names differ per branch: Triton unifies same-named values)
             base = pid.to(tl.int64) * S * D
             so = base + (start + src)[:, None] * D + dd[None, :]
-            kk = tl.load(k_ptr + so, mask=m2)
-            vv = tl.load(v_ptr + so, mask=m2)
+            kk = tl.load(k_ptr + so, mask=mkv)
+            vv = tl.load(v_ptr + so, mask=mkv)
             tl.debug_barrier()
             do = base + (start + i)[:, None] * D + dd[None, :]
-            tl.store(k_ptr + do, kk, mask=m2)
-            tl.store(v_ptr + do, vv, mask=m2)
+            tl.store(k_ptr + do, kk, mask=mkv)
+            tl.store(v_ptr + do, vv, mask=mkv)
         else:
             c = (pid - NLH) * BCW + tl.arange(0, BCW)
-            m2 = mi[:, None] & (c < CW)[None, :] & ok
+            mctx = mi[:, None] & (c < CW)[None, :] & ok
             rows = tl.minimum(src, T - 1).to(tl.int64)
-            h = tl.load(hidden_ptr + rows[:, None] * hstride + c[None, :], mask=m2)
-            tl.store(ctx_ptr + i[:, None] * CW + c[None, :], h, mask=m2)
+            h = tl.load(hidden_ptr + rows[:, None] * hstride + c[None, :], mask=mctx)
+            tl.store(ctx_ptr + i[:, None] * CW + c[None, :], h, mask=mctx)
 
     @triton.jit
     def _commit_state_kernel(walked_ptr, start_ptr, ctx_start_ptr, bonus_ptr, FLAG, BONUS: tl.constexpr,

@@ -47,6 +47,7 @@ class BenchSpec:
     layer_ops: str = "auto"           # fast engine's layer ops: auto | triton (fused kernels) | torch (the twin)
     plain: bool = True                # also time the plain engine's rounds
     e2e: bool = True                  # end-to-end tok/s on suite prompts (pairs with a tokenizer)
+    build_table: bool = True          # time every tree builder per budget (compiles each Triton kernel at each budget)
     suite: str = D.SUITE
     limit: int = D.BENCH_E2E_PROMPTS
     max_new_tokens: int = D.BENCH_E2E_MAX_NEW_TOKENS
@@ -319,10 +320,11 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
         progress(f"rounds: {result['rounds'][-1]}")
     sync(dev)
 
-    progress("tree build")
-    L = (drafter.block_size - 1) if drafter is not None else 15
-    result["build_tree_ms"] = build_times(target.cfg.vocab_size, L, spec.budgets, dev, spec.build_reps)
-    progress(f"build: {result['build_tree_ms']}")
+    if spec.build_table:
+        progress("tree build")
+        L = (drafter.block_size - 1) if drafter is not None else 15
+        result["build_tree_ms"] = build_times(target.cfg.vocab_size, L, spec.budgets, dev, spec.build_reps)
+        progress(f"build: {result['build_tree_ms']}")
 
     has_text = spec.shape is None and drafter is not None and tokenizer is not None  # `random` has the byte tokenizer
     if spec.e2e and has_text:
