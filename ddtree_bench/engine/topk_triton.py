@@ -32,14 +32,20 @@ if triton is not None:
     from ddtree_bench.engine.tree_triton import _desc
 
     @triton.jit
+    def _chunk_scores(x_ptr, V, stride, CH: tl.constexpr):
+        """Program (depth d, chunk c): token ids i, in-vocabulary mask m, score keys _desc(logit) (NaN as -inf)."""
+        d = tl.program_id(0)
+        i = tl.program_id(1) * CH + tl.arange(0, CH)
+        m = i < V
+        x = tl.load(x_ptr + d * stride + i, mask=m, other=float("-inf")).to(tl.float32)
+        return i, m, _desc(tl.where(x != x, float("-inf"), x))
+
+    @triton.jit
     def _chunk_kernel(x_ptr, out_ptr, V, stride, C, K: tl.constexpr, CH: tl.constexpr, VB: tl.constexpr):
         d = tl.program_id(0)
         c = tl.program_id(1)
-        i = c * CH + tl.arange(0, CH)
-        m = i < V
-        x = tl.load(x_ptr + d * stride + i, mask=m, other=float("-inf")).to(tl.float32)
-        x = tl.where(x != x, float("-inf"), x)
-        key = tl.where(m, (_desc(x) << VB) | i.to(tl.int64), 9223372036854775807)
+        i, m, s = _chunk_scores(x_ptr, V, stride, CH)
+        key = tl.where(m, (s << VB) | i.to(tl.int64), 9223372036854775807)
         for k in range(K):
             best = tl.min(key, axis=0)
             tl.store(out_ptr + (d * C + c) * K + k, best)
@@ -55,7 +61,6 @@ if triton is not None:
             tl.store(ids_ptr + d * K + k, best & ((1 << VB) - 1))
             key = tl.where(key == best, 9223372036854775807, key)
 
-
     @triton.jit
     def _select_kernel(x_ptr, out_ptr, V, stride, C, K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr,
                        VB: tl.constexpr):
@@ -63,11 +68,8 @@ if triton is not None:
         tokens), unordered, at out[depth, chunk, :K]."""
         d = tl.program_id(0)
         c = tl.program_id(1)
-        i = c * CH + tl.arange(0, CH)
-        m = i < V
-        x = tl.load(x_ptr + d * stride + i, mask=m, other=float("-inf")).to(tl.float32)
-        x = tl.where(x != x, float("-inf"), x)
-        s = tl.where(m, _desc(x), 4294967296)            # score key in [0, 2^32), padding past it
+        i, m, s = _chunk_scores(x_ptr, V, stride, CH)
+        s = tl.where(m, s, 4294967296)                   # score key in [0, 2^32), padding past it
         k = tl.minimum(tl.sum(m.to(tl.int32), axis=0), K)
         lo = tl.zeros((), tl.int64)
         hi = tl.full((), 4294967295, tl.int64)

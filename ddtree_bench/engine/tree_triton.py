@@ -172,7 +172,6 @@ if triton is not None:
                      L: tl.constexpr, K: tl.constexpr, BP: tl.constexpr, RP: tl.constexpr, NP: tl.constexpr,
                      TB: tl.constexpr, JB: tl.constexpr, GB: tl.constexpr, IB: tl.constexpr, N_OUT: tl.constexpr):
         BIG: tl.constexpr = 9223372036854775807
-        lane_b = tl.arange(0, BP)
         lane_r = tl.arange(0, RP)
 
         _depth_one(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, K, BP)

@@ -1,0 +1,109 @@
+"""Compile the engine's tree kernels to PTX for sm_90 (H100/H200) on a machine without a GPU.
+
+Triton's CPU interpreter runs kernels as NumPy and does not type-check them as the compiler does:
+H200 run J's commit kernel (a mask named alike in both branches of a runtime `if`) passed every
+interpreter test and failed to compile on the GPU. This script runs the compiler's front end and
+back end (to PTX) for every tree kernel, with the argument types and compile-time constants the
+engine's own builders derive for the Qwen3-8B shape (bf16 logits; budgets 64 and 256), so that
+class of error shows up before device time is spent. It checks that each kernel compiles, not what
+it computes (the interpreter tests do that). Needs Triton importable, no GPU:
+    PYTHONPATH=/tmp/tsite:. python benchmarks/triton_ptx_check.py
+"""
+
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ddtree_bench.engine import topk_triton, tree_grid, tree_triton, tree_verify_triton
+from ddtree_bench.engine.tree_triton import _pow2
+
+TARGET = GPUTarget("cuda", 90, 32)
+L, V = 15, 151936
+TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.int64: "*i64", torch.int32: "*i32",
+         torch.int8: "*i8"}
+
+
+def t(dtype):
+    return torch.empty(1, dtype=dtype)
+
+
+def check(kernel, args: dict, consts: dict) -> bool:
+    """args: name -> tensor (pointer) or int (i32); consts: name -> compile-time constant."""
+    sig = {n: TYPES[a.dtype] if isinstance(a, torch.Tensor) else "i32" for n, a in args.items()}
+    sig.update({n: "constexpr" for n in consts})
+    name = kernel.fn.__name__
+    try:
+        triton.compile(ASTSource(kernel, sig, constexprs=consts), target=TARGET)
+        print(f"ok    {name} {consts}")
+        return True
+    except Exception as e:  # noqa: BLE001 - report every kernel, then fail
+        print(f"FAIL  {name} {consts}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
+        return False
+
+
+i64, i32, f32, bf16, i8 = (t(d) for d in (torch.int64, torch.int32, torch.float32, torch.bfloat16, torch.int8))
+ok = []
+# top-K (both selections)
+for k in (16, 256):
+    VB = (V - 1).bit_length()
+    C = triton.cdiv(V, topk_triton.CHUNK)
+    base = dict(x_ptr=bf16, out_ptr=i64, V=V, stride=V, C=C)
+    if k <= topk_triton.SELECT_MIN_UP_TO:
+        ok.append(check(topk_triton._chunk_kernel, base, dict(K=k, CH=topk_triton.CHUNK, VB=VB)))
+        ok.append(check(topk_triton._merge_kernel, dict(cand_ptr=i64, ids_ptr=i64, C=C), dict(K=k, NP=_pow2(C * k), VB=VB)))
+    else:
+        ok.append(check(topk_triton._select_kernel, base, dict(K=k, KP=_pow2(k), CH=topk_triton.CHUNK, VB=VB)))
+
+# one-block tree kernel (B = 64)
+b = tree_triton.TritonTreeBuilder(L, V, 64, "cpu")
+ok.append(check(tree_triton._tree_kernel,
+                dict(lp_ptr=f32, tok_ptr=i64, cnt_ptr=i32, regf_ptr=i32, regr_ptr=i32, bndf_ptr=i32, bndr_ptr=i32,
+                     ks_ptr=f32, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32, ls_ptr=f32, size_ptr=i32, pre_ptr=i32,
+                     nodeof_ptr=i32, flag_ptr=i32, tok_out=i64, par_out=i64, dep_out=i64),
+                dict(L=L, K=b.K, BP=b.BP, RP=b.RP, NP=b.NP, TB=b.TB, JB=b.JB, GB=b.GB, IB=b.IB, N_OUT=b.N)))
+
+# grid tree kernels (B = 256), both variants
+g = tree_grid.GridTreeBuilder(L, V, 256, "cpu")
+BI = tree_grid.BI
+ok.append(check(tree_grid._init_kernel, dict(lp_ptr=f32, ks_ptr=f32, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32, ls_ptr=f32,
+                                             size_ptr=i32), dict(K=g.K, KP=_pow2(g.K))))
+ok.append(check(tree_grid._keys_kernel, dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, ckey_ptr=i64,
+                                             d=3), dict(K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=BI)))
+for keys, bj in ((False, tree_grid.BJ), (True, tree_grid.BJ_KEYS)):
+    ok.append(check(tree_grid._rank_kernel,
+                    dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, bndf_ptr=i32, bndr_ptr=i32,
+                         ktie_ptr=i64, flag_ptr=i32, ckey_ptr=i64, d=3, Fd=256),
+                    dict(K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=BI, BJ=bj, KEYS=keys)))
+    ok.append(check(tree_grid._select_kernel,
+                    dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, node_of_ptr=i32, inv_ptr=i32, gkey_ptr=i64),
+                    dict(L=L, BP=g.BP, GB=g.GB, N=g.N, BI=BI, BJ=bj, KEYS=keys)))
+ok.append(check(tree_grid._lex_kernel, dict(ks_ptr=f32, ktie_ptr=i64, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32, ls_ptr=f32,
+                                            size_ptr=i32, d=3, Fd=256), dict(K=g.K, BP=g.BP, BI=BI, BJ=tree_grid.BJ)))
+ok.append(check(tree_grid._preorder_kernel, dict(cnt_ptr=i32, lpar_ptr=i32, size_ptr=i32, pre_ptr=i32), dict(L=L, BP=g.BP)))
+ok.append(check(tree_grid._gkeys_kernel, dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, gkey_ptr=i64),
+                dict(L=L, BP=g.BP, GB=g.GB, BI=BI)))
+ok.append(check(tree_grid._emit_kernel, dict(inv_ptr=i32, node_of_ptr=i32, lpar_ptr=i32, lr_ptr=i32, tok_ptr=i64,
+                                             tok_out=i64, par_out=i64, dep_out=i64), dict(K=g.K, BP=g.BP, N=g.N, BI=BI)))
+
+# tree compile, walk and commit (B = 256: T = 257; 8B: 4 query heads per KV head, 36 x 8 KV rows of 128)
+T = 257
+ok.append(check(tree_verify_triton._compile_kernel,
+                dict(bonus_ptr=i64, tok_ptr=i64, par_ptr=i64, dep_ptr=i64, start_ptr=i64, ids_ptr=i64, pos_ptr=i64,
+                     path_ptr=i64, anc_ptr=i8, bias_ptr=bf16, T=T, S=2112),
+                dict(L=L, G=4, TP=_pow2(T), BC=tree_verify_triton.BC, NEG=float("-inf"))))
+ok.append(check(tree_verify_triton._walk_kernel, dict(ids_ptr=i64, par_ptr=i64, dep_ptr=i64, path_ptr=i64, post_ptr=i64,
+                                                      out_ptr=i64, T=T), dict(L=L, TP=_pow2(T), LP=_pow2(L + 1))))
+for guard in (False, True):
+    ok.append(check(tree_verify_triton._commit_rows_kernel,
+                    dict(k_ptr=bf16, v_ptr=bf16, hidden_ptr=bf16, ctx_ptr=bf16, walked_ptr=i64, start_ptr=i64, S=2112,
+                         NLH=288, T=T, CW=20480, hstride=20480, FLAG=2 * L + 4),
+                    dict(L=L, LP=_pow2(L + 1), D=128, DP=128, BCW=1024, GUARD=guard)))
+    ok.append(check(tree_verify_triton._commit_state_kernel,
+                    dict(walked_ptr=i64, start_ptr=i64, ctx_start_ptr=i64, bonus_ptr=i64, FLAG=2 * L + 4),
+                    dict(BONUS=2 * L + 3, GUARD=guard)))
+
+print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
+sys.exit(0 if all(ok) else 1)
