@@ -21,14 +21,14 @@ runs), organised for a GPU:
 * stage times come from CUDA events between the stages (no syncs), or perf_counter on a CPU.
 
 On CUDA with Triton the layers' elementwise work runs as fused kernels (fused.py) and the tree
-build is the fastest here of three exact builders: one Triton block (tree_triton.py), ~32 small
-Triton grids (tree_grid.py) or PyTorch (tree_static.py), timed once per budget. The Triton ones
-prune candidates; their rare certificate failure comes back with the walk result. The commit already
-queued sees the flag on the device and leaves every state buffer as it was, so the draft queued
-ahead recomputes this round's draft logits (same inputs, same slots written), the round is redone
-with the exact PyTorch builder, and only that is committed. (Round 1 drafts from the prompt, not
-from the context buffer, so no draft is queued ahead of its result.) Round 1 drafts eagerly (its context is the whole prompt); prefill is
-the plain Target.forward.
+build is the fastest here of the exact builders: one Triton block (tree_triton.py), ~30 small
+Triton grids with or without precomputed keys (tree_grid.py), or PyTorch (tree_static.py), timed
+once per budget. The Triton ones prune candidates; their rare certificate failure comes back with
+the walk result. The commit already queued sees the flag on the device and leaves every state
+buffer as it was, so the draft queued ahead recomputes this round's draft logits (same inputs,
+same slots written), the round is redone with the exact PyTorch builder, and only that is
+committed. Round 1 drafts eagerly from the whole prompt, not from the context buffer, so no draft
+is queued ahead of its result; prefill is the plain Target.forward.
 A proposer other than the DFlash drafter (tests rig one) drafts eagerly every round.
 On a CPU the same fixed-shape code runs without capture, which is how CI checks it.
 `rounds` holds the per-round stage times (ms) of the last generate, for bench-engine.
@@ -208,7 +208,7 @@ class FastLoop:
         (tree_triton.checked_builder), the fastest as a replayed CUDA graph - the one-block kernel wins at
         small budgets, the grid kernels at large ones, where the crossover sits depends on the GPU (the
         one-block kernel is not tried above BLOCK_KERNEL_MAX_BUDGET);
-        block | grid | torch force one (a Triton one that fails its check falls back to torch)."""
+        block | grid | grid-keys | torch force one (a Triton one that fails its check falls back to torch)."""
         from ddtree_bench.engine import tree_triton
         from ddtree_bench.engine.cudagraph import replay_ms
 
@@ -316,7 +316,7 @@ class FastLoop:
         return walked
 
     def _commit_tree(self, b: _Bucket) -> None:
-        """Keep the accepted path (tree_static.commit_static, or its one-launch twin commit_tree): K/V moved
+        """Keep the accepted path (tree_static.commit_static, or its Triton twin commit_tree): K/V moved
         to slots start..start+a-1, hidden rows as the next draft's context, frontier advanced, bonus
         stored. With a pruned builder the walk result ends with its certificate flag, and a raised flag
         makes the whole commit a no-op, so it can be queued before the host has read it."""
