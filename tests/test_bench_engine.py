@@ -121,3 +121,16 @@ def test_end_to_end_timing_never_includes_a_cache_growth(monkeypatch):
     target, drafter, tok, _ = bench.load_bench_pair(spec)
     bench.end_to_end(target, drafter, tok, spec, lambda s: None)
     assert growths and not any(growths)   # it grew, and only ever in a warmup
+
+
+def test_no_plain_and_no_build_table_leave_those_parts_out(tmp_path, capsys):
+    """--no-plain skips the plain engine everywhere (rounds and end to end); --no-build-table skips the
+    per-budget builder table (on a GPU it compiles every kernel at every budget)."""
+    out = tmp_path / "b.json"
+    main(["bench-engine", "--model", "random", "--budgets", "4", "--prefix-len", "20", "--rounds", "2", "--verify-tokens", "1",
+          "--limit", "1", "--max-new-tokens", "6", "--no-plain", "--no-build-table", "--out", str(out)])
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert "build_tree_ms" not in res and "tree build (ms)" not in text
+    assert all("plain" not in r for r in res["rounds"]) and all("plain" not in r for r in res["e2e"])
+    assert all(r["fast"]["tok_s"] > 0 for r in res["e2e"])

@@ -45,7 +45,7 @@ class BenchSpec:
     verify_tokens: list[int] = field(default_factory=lambda: [int(x) for x in D.BENCH_VERIFY_TOKENS.split(",")])
     graphs: bool = True               # fast engine with CUDA graphs (on a CPU it runs eagerly anyway)
     layer_ops: str = "auto"           # fast engine's layer ops: auto | triton (fused kernels) | torch (the twin)
-    plain: bool = True                # also time the plain engine's rounds
+    plain: bool = True                # also time the plain engine (rounds and end to end)
     e2e: bool = True                  # end-to-end tok/s on suite prompts (pairs with a tokenizer)
     build_table: bool = True          # time every tree builder per budget (compiles each Triton kernel at each budget)
     suite: str = D.SUITE
@@ -229,14 +229,17 @@ def build_times(V: int, L: int, budgets: list[int], device: torch.device, reps: 
 
 @torch.inference_mode()
 def end_to_end(target, drafter, tokenizer, spec: BenchSpec, progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    """tok/s (decode: first token to last) and mean acceptance length per method/budget, fast and plain."""
+    """tok/s (decode: first token to last) and mean acceptance length per method/budget, fast engine and
+    (spec.plain) plain engine."""
     from ddtree_bench.engine.generate import Engine
     from ddtree_bench.suites import load_prompts
 
     prompts, _ = load_prompts(spec.suite, spec.limit)
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": p.turns[0]}]) for p in prompts]
     configs = [("ar", 0), ("dflash", 0)] + [("ddtree", b) for b in spec.budgets]
-    engines = {"fast": Engine(target, drafter, cuda_graphs=True), "plain": Engine(target, drafter, sync_stages=False)}
+    engines = {"fast": Engine(target, drafter, cuda_graphs=True)}
+    if spec.plain:
+        engines["plain"] = Engine(target, drafter, sync_stages=False)
     engines["fast"].fast_loop().graphs = spec.graphs and engines["fast"].device.type == "cuda"
     engines["fast"].fast_loop().layer_ops = spec.layer_ops
     rows = []

@@ -50,7 +50,7 @@ def render(result: dict[str, Any]) -> str:
         rows = []
         for r in e2e:
             name = r["method"] + (f" B={r['budget']}" if r["budget"] else "")
-            rows.append([name] + [_f(r[e][k], 2) for e in ("fast", "plain") for k in ("tok_s", "speedup", "tau")]
+            rows.append([name] + [_f(r.get(e, {}).get(k), 2) for e in ("fast", "plain") for k in ("tok_s", "speedup", "tau")]
                         + [f"{r['fast']['same_as_ar']}/{r['fast']['num_prompts']}",
                            f"{r['fast'].get('redone_rounds', 0)}/{r['fast'].get('rounds', '?')}"])
         parts.append("\nend to end (greedy; redone = fast-engine rounds rebuilt after a failed tree certificate):\n"
