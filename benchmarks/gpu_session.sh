@@ -6,9 +6,12 @@
 # firstuse.txt (FIRSTUSE=1, a cProfile of a toy bench at one fresh budget). The device tool returns at
 # most 8 files, so do not ask for all of them at once. SKIP_TESTS / SKIP_8B / SKIP_PAIR=1 leave parts
 # out; TEST_FILES, BUDGETS8B, ARGS8B, ARGSTOY narrow them; the *_TIMEOUT variables bound each part
-# (the tool's call is 10 minutes). On an H200 (2026-11-29) the tests took ~150 s and the toy bench
-# ~200 s; the 8B bench took ~125 s before the tree kernels of run E, and did not finish in 300 s
-# after them. Run from the repo root:
+# (the tool's call is 10 minutes). ARGS8B defaults to --no-build-table (the table compiles every
+# Triton builder at every budget; with it the 8B bench overran 300 s). On an H200 (2026-11-29, run
+# K; benchmarks/h200-2026-11-29g) the fast-path GPU tests took 135 s, the 8B bench with --no-plain
+# 116 s, the toy bench at B <= 256 28 s; the whole tree-kernel test file takes over 200 s on a cold
+# Triton cache. Check that every kernel compiles first, without a GPU:
+# PYTHONPATH=/tmp/tsite:. python benchmarks/triton_ptx_check.py. Run from the repo root:
 #   OUT=/tmp/out bash benchmarks/gpu_session.sh
 set -u
 OUT=${OUT:-/tmp/ddtree-gpu}; mkdir -p "$OUT"
@@ -56,7 +59,7 @@ bench() {  # name, timeout, args...
   echo "bench $name exit ${PIPESTATUS[0]}" | tee -a "$LOG"
 }
 [ -n "${SKIP_8B:-}" ] || bench qwen3-8b ${BENCH8B_TIMEOUT:-220} --shape qwen3-8b --device cuda --dtype bfloat16 \
-  --budgets ${BUDGETS8B:-16..1024} --prefix-len 1024 --rounds ${ROUNDS:-20} --tau "$PAPER_TAU" ${ARGS8B:-}
+  --budgets ${BUDGETS8B:-16..1024} --prefix-len 1024 --rounds ${ROUNDS:-20} --tau "$PAPER_TAU" ${ARGS8B:---no-build-table}
 [ -n "${SKIP_PAIR:-}" ] || bench toy ${BENCHTOY_TIMEOUT:-170} --model toy --device cuda --dtype float32 --budgets 16..1024 \
   --prefix-len 512 --rounds ${ROUNDS:-20} --limit ${LIMIT:-4} --max-new-tokens ${MAXNEW:-128} ${ARGSTOY:-}
 step done
