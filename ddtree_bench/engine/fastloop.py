@@ -15,9 +15,9 @@ runs), organised for a GPU:
   next round, the GPU is busy drafting, instead of idling for the host (0.1-0.2 ms a round on an
   H200). Only after queuing are the tokens handed to the caller, so streaming callbacks overlap
   the GPU too. The draft is queued ahead whenever another round may follow, so a generation's
-  last round usually leaves one unneeded draft running (its tokens are out; the GPU finishes it
-  before the next request's prefill); with a pruned builder it is never queued after round 1
-  (see below);
+  last round usually leaves one unneeded draft behind: its tokens are out (t_done_ns is taken
+  before it) and generate() returns once it has run (reading the stage times waits for the last
+  event); with a pruned builder it is never queued after round 1 (see below);
 * stage times come from CUDA events between the stages (no syncs), or perf_counter on a CPU.
 
 On CUDA with Triton the layers' elementwise work runs as fused kernels (fused.py) and the tree
