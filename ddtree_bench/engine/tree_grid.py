@@ -32,6 +32,7 @@ BJ_KEYS = 128  # the same, reading precomputed keys (keys_first)
 if triton is not None:
     _desc, _depth_one, _candidates = tree_triton._desc, tree_triton._depth_one, tree_triton._candidates
     _boundary_min, _sizes_and_preorder = tree_triton._boundary_min, tree_triton._sizes_and_preorder
+    _emit_nodes = tree_triton._emit_nodes
 
     @triton.jit
     def _init_kernel(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, K: tl.constexpr, KP: tl.constexpr):
@@ -135,13 +136,7 @@ if triton is not None:
         p = tl.program_id(0) * BI + tl.arange(0, BI)
         m = p < N
         g = tl.load(inv_ptr + p, mask=m, other=0)
-        d = g // BP
-        r = tl.load(lr_ptr + g, mask=m, other=0)
-        tl.store(tok_out + p, tl.load(tok_ptr + d * K + r, mask=m, other=0), mask=m)
-        tl.store(dep_out + p, (d + 1).to(tl.int64), mask=m)
-        pp = tl.load(lpar_ptr + g, mask=m, other=0)
-        par = tl.load(node_of_ptr + (d - 1) * BP + pp, mask=m & (d > 0), other=0)
-        tl.store(par_out + p, tl.where(d > 0, par, 0).to(tl.int64), mask=m)
+        _emit_nodes(p, g, m, node_of_ptr, lpar_ptr, lr_ptr, tok_ptr, tok_out, par_out, dep_out, K, BP)
 
 
 class GridTreeBuilder:

@@ -166,6 +166,19 @@ if triton is not None:
             tl.debug_barrier()
 
     @triton.jit
+    def _emit_nodes(p, g, m, nodeof_ptr, lpar_ptr, lr_ptr, tok_ptr, tok_out, par_out, dep_out, K: tl.constexpr,
+                    BP: tl.constexpr):
+        """Output rows p (pop order) from kept nodes g (flat [depth, lexicographic] index): token, depth,
+        and parent node number (node_of of the parent's slot; 0 = root) - both tree builds end here."""
+        d = g // BP
+        r = tl.load(lr_ptr + g, mask=m, other=0)
+        tl.store(tok_out + p, tl.load(tok_ptr + d * K + r, mask=m, other=0), mask=m)
+        tl.store(dep_out + p, (d + 1).to(tl.int64), mask=m)
+        pp = tl.load(lpar_ptr + g, mask=m, other=0)
+        par = tl.load(nodeof_ptr + (d - 1) * BP + pp, mask=m & (d > 0), other=0)
+        tl.store(par_out + p, tl.where(d > 0, par, 0).to(tl.int64), mask=m)
+
+    @triton.jit
     def _tree_kernel(lp_ptr, tok_ptr, cnt_ptr, regf_ptr, regr_ptr, bndf_ptr, bndr_ptr,
                      ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, pre_ptr, nodeof_ptr, flag_ptr,
                      tok_out, par_out, dep_out,
@@ -217,13 +230,7 @@ if triton is not None:
         cg = (sg & ((1 << IB) - 1)).to(tl.int32)
         tl.store(nodeof_ptr + cg, g + 1, mask=chosen)
         tl.debug_barrier()
-        cd = cg // BP
-        r = tl.load(lr_ptr + cg, mask=chosen, other=0)
-        tl.store(tok_out + g, tl.load(tok_ptr + cd * K + r, mask=chosen, other=0), mask=chosen)
-        tl.store(dep_out + g, (cd + 1).to(tl.int64), mask=chosen)
-        pp = tl.load(lpar_ptr + cg, mask=chosen, other=0)
-        par = tl.load(nodeof_ptr + (cd - 1) * BP + pp, mask=chosen & (cd > 0), other=0)
-        tl.store(par_out + g, tl.where(cd > 0, par, 0).to(tl.int64), mask=chosen)
+        _emit_nodes(g, cg, chosen, nodeof_ptr, lpar_ptr, lr_ptr, tok_ptr, tok_out, par_out, dep_out, K, BP)
 
 
 def pruned_regions(L: int, V: int, budget: int) -> tuple[int, list[int], list[tuple[list[int], list[int]]],

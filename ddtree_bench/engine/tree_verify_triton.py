@@ -102,6 +102,17 @@ if triton is not None:
         tl.store(out_ptr + 2 * L + 3, tl.load(post_ptr + last))
 
     @triton.jit
+    def _accepted(walked_ptr, FLAG, GUARD: tl.constexpr):
+        """(a, ok): accepted count and whether to commit - with GUARD, a raised certificate flag at
+        walked[FLAG] makes ok false and a 0."""
+        a = tl.load(walked_ptr)
+        ok = a >= 0
+        if GUARD:
+            ok = tl.load(walked_ptr + FLAG) == 0
+            a = tl.where(ok, a, 0)
+        return a, ok
+
+    @triton.jit
     def _commit_rows_kernel(k_ptr, v_ptr, hidden_ptr, ctx_ptr, walked_ptr, start_ptr, S, NLH, T, CW, hstride, FLAG,
                             L: tl.constexpr, LP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BCW: tl.constexpr,
                             GUARD: tl.constexpr):
@@ -111,11 +122,7 @@ if triton is not None:
         pid = tl.program_id(0)
         i = tl.arange(0, LP)
         mi = i < L + 1
-        a = tl.load(walked_ptr)
-        ok = a >= 0
-        if GUARD:
-            ok = tl.load(walked_ptr + FLAG) == 0
-            a = tl.where(ok, a, 0)
+        a, ok = _accepted(walked_ptr, FLAG, GUARD)
         idx = tl.load(walked_ptr + 1 + i, mask=mi, other=0)
         src = tl.where(i < a, idx, i)
         if pid < NLH:
@@ -141,11 +148,7 @@ if triton is not None:
     def _commit_state_kernel(walked_ptr, start_ptr, ctx_start_ptr, bonus_ptr, FLAG, BONUS: tl.constexpr,
                              GUARD: tl.constexpr):
         """After the rows (stream order): ctx_start = start, bonus, start += a - unless the flag is raised."""
-        a = tl.load(walked_ptr)
-        ok = a >= 0
-        if GUARD:
-            ok = tl.load(walked_ptr + FLAG) == 0
-            a = tl.where(ok, a, 0)
+        a, ok = _accepted(walked_ptr, FLAG, GUARD)
         start = tl.load(start_ptr)
         tl.store(ctx_start_ptr, start, mask=ok)
         tl.store(bonus_ptr, tl.load(walked_ptr + BONUS), mask=ok)
