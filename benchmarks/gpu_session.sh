@@ -3,6 +3,7 @@
 # Qwen3-8B shape (random bf16 weights) and on the bundled toy pair, and optional probes. Files under
 # $OUT: session.txt (everything, progress lines timestamped), tests.txt, bench_{qwen3-8b,toy}.{json,txt},
 # and probe.txt (PROBE=1, per-kernel probe), topk.txt (PROBE_TOPK=1, the three top-K selections),
+# build.txt (PROBE_BUILD="64 128 256", per-kernel time of the tree builders),
 # firstuse.txt (FIRSTUSE=1, a cProfile of a toy bench at one fresh budget). The device tool returns at
 # most 8 files, so do not ask for all of them at once. SKIP_TESTS / SKIP_8B / SKIP_PAIR=1 leave parts
 # out; TEST_FILES, BUDGETS8B, ARGS8B, ARGSTOY narrow them; the *_TIMEOUT variables bound each part
@@ -35,6 +36,11 @@ fi
 if [ -n "${PROBE_TOPK:-}" ]; then
   step top-K probe
   timeout ${PROBE_TIMEOUT:-90} python3 benchmarks/gpu_probe_topk.py > "$OUT/topk.txt" 2>&1; echo "top-K probe exit $?" | tee -a "$LOG"
+fi
+
+if [ -n "${PROBE_BUILD:-}" ]; then  # per-kernel time of the tree builders at PROBE_BUILD's budgets
+  step build probe
+  timeout ${PROBE_TIMEOUT:-120} python3 benchmarks/gpu_probe_build.py $PROBE_BUILD > "$OUT/build.txt" 2>&1; echo "build probe exit $?" | tee -a "$LOG"
 fi
 
 if [ -n "${FIRSTUSE:-}" ]; then  # where the first rounds at a new budget spend their time, on a cold Triton cache

@@ -1,0 +1,78 @@
+"""GPU probe: where a tree build's time goes, per kernel, at the Qwen3 vocabulary (L = 15 draft
+positions, V = 151,936, bf16 random logits as bench-engine's builder timing uses).
+
+For each budget and each Triton builder (tree_triton.KERNELS; the one-block kernel up to B = 256) it
+prints the builder's replayed-graph time, the top-K alone (topk_triton), and the kernels seen by
+torch.profiler over 10 graph replays: name, launches per build, device ms per build. The gap
+between the replay time and the summed kernel time is launch latency and idle SMs between
+dependent launches. Also times the walk's argmax over the verify logits ([B+1, V] bf16).
+Run: python benchmarks/gpu_probe_build.py [budgets...] (default 64 128 256)
+"""
+
+import sys
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ddtree_bench.engine import tree_triton
+from ddtree_bench.engine.cudagraph import replay_ms
+from ddtree_bench.engine.topk_triton import topk_logprobs_fused
+
+dev = torch.device("cuda")
+L, V = 15, 151936
+REPS = 10
+
+
+def kernel_table(fn):
+    """{kernel name: (launches, device ms)} per call of fn, from REPS replays of its CUDA graph."""
+    fn()
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPS):
+            g.replay()
+        torch.cuda.synchronize()
+    acc = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA"):
+            t = getattr(e, "device_time", None)
+            if t is None:
+                t = getattr(e, "cuda_time", 0.0)
+            acc[e.name][0] += 1
+            acc[e.name][1] += t / 1000
+    del g
+    return {k: (n / REPS, ms / REPS) for k, (n, ms) in acc.items()}
+
+
+def show(title, fn):
+    total = replay_ms(fn)
+    tab = kernel_table(fn)
+    ksum = sum(ms for _, ms in tab.values())
+    launches = sum(n for n, _ in tab.values())
+    print(f"  {title}: replay {total:.4f} ms; {launches:.0f} kernels summing {ksum:.4f} ms; gaps {total - ksum:.4f} ms")
+    for name, (n, ms) in sorted(tab.items(), key=lambda kv: -kv[1][1])[:12]:
+        print(f"      {ms:8.4f} ms  x{n:<4.0f} {name[:90]}")
+
+
+budgets = [int(a) for a in sys.argv[1:]] or [64, 128, 256]
+for B in budgets:
+    x = torch.randn(L, V, generator=torch.Generator().manual_seed(B)).to(dev, torch.bfloat16)
+    print(f"B = {B}", flush=True)
+    for kind in tree_triton.KERNELS:
+        if kind == "block" and B > 256:
+            continue
+        tb = tree_triton.checked_builder(L, V, B, dev, kind)
+        if tb is None:
+            print(f"  {kind}: unusable here")
+            continue
+        show(f"{kind} (K = {tb.K}, N = {tb.N})", lambda: tb(x))
+    show(f"top-K alone (K = {tb.K})", lambda: topk_logprobs_fused(x, tb.K))
+    logits = torch.randn(B + 1, V, device=dev, dtype=torch.bfloat16)
+    show(f"walk argmax over [{B + 1}, {V}] bf16", lambda: logits.argmax(dim=-1))
+    print(flush=True)
