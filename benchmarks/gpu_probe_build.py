@@ -5,7 +5,9 @@ For each budget and each Triton builder (tree_triton.KERNELS; the one-block kern
 prints the builder's replayed-graph time, the top-K alone (topk_triton), and the kernels seen by
 torch.profiler over 10 graph replays: name, launches per build, device ms per build. The gap
 between the replay time and the summed kernel time is launch latency and idle SMs between
-dependent launches. Also times the walk's argmax over the verify logits ([B+1, V] bf16).
+dependent launches. Then the grid builders' replay time at 16 / 32 / 64 rows per counting program
+(each checked equal to the PyTorch builder), the top-K with both survivor merges, and the walk's
+argmax over the verify logits ([B+1, V] bf16).
 Run: python benchmarks/gpu_probe_build.py [budgets...] (default 64 128 256)
 """
 
@@ -17,11 +19,15 @@ from torch.profiler import ProfilerActivity, profile
 
 from ddtree_bench.engine import tree_triton
 from ddtree_bench.engine.cudagraph import replay_ms
+from ddtree_bench.engine.argmax_triton import argmax_rows
 from ddtree_bench.engine.topk_triton import topk_logprobs_fused
+from ddtree_bench.engine.tree_grid import GridTreeBuilder
+from ddtree_bench.engine.tree_static import StaticTreeBuilder
 
 dev = torch.device("cuda")
 L, V = 15, 151936
 REPS = 10
+ROWS = (16, 32, 64)  # GridTreeBuilder rows per counting program, compared by replay time
 
 
 def kernel_table(fn):
@@ -71,8 +77,18 @@ for B in budgets:
         if tb is None:
             print(f"  {kind}: unusable here")
             continue
-        show(f"{kind} (K = {tb.K}, N = {tb.N})", lambda: tb(x))
+        show(f"{kind} (K = {tb.K}, N = {tb.N}{f', rows = {tb.rows}' if kind != 'block' else ''})", lambda: tb(x))
+    ref = StaticTreeBuilder(L, V, B, dev)(x)
+    for keys in (False, True):
+        for rows in ROWS:
+            gb = GridTreeBuilder(L, V, B, dev, keys_first=keys, rows=rows)
+            same = all(torch.equal(a, b) for a, b in zip(gb(x), ref)) and gb.flag.item() == 0
+            print(f"  {gb.name} rows = {rows}: replay {replay_ms(lambda: gb(x)):.4f} ms{'' if same else ' (DIFFERS)'}")
     show(f"top-K alone (K = {tb.K})", lambda: topk_logprobs_fused(x, tb.K))
+    if tb.K > 32:
+        show(f"top-K alone, torch merge (K = {tb.K})", lambda: topk_logprobs_fused(x, tb.K, merge="torch"))
     logits = torch.randn(B + 1, V, device=dev, dtype=torch.bfloat16)
     show(f"walk argmax over [{B + 1}, {V}] bf16", lambda: logits.argmax(dim=-1))
+    same = torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
+    show(f"walk argmax, argmax_triton{'' if same else ' (DIFFERS)'}", lambda: argmax_rows(logits))
     print(flush=True)

@@ -1,8 +1,9 @@
-"""GPU probe: the per-depth top-K of the draft logits three ways, as replayed CUDA graphs, at the
+"""GPU probe: the per-depth top-K of the draft logits several ways, as replayed CUDA graphs, at the
 Qwen3 vocabulary (L = 15 depths, V = 151,936, bf16) and the toy's (V = 272, fp32). Prints one line
 per K: PyTorch (`tree_static.topk_logprobs`: composite keys + int64 topk), Triton "min" (K
-min-reductions per chunk, K <= 64 in the engine) and Triton "threshold" (binary search for the
-chunk's K-th score, then torch.topk over the survivors), each checked equal to PyTorch first.
+min-reductions per chunk), Triton "threshold" (radix search for the chunk's K-th score, survivors
+merged by `_merge_select_kernel`) and "threshold/torch-merge" (the same, survivors merged by one
+int64 torch.topk), each checked equal to PyTorch first.
 At the Qwen3 vocabulary it also times both selections at chunks of 4,096 / 8,192 / 16,384 tokens.
 It is what `topk_triton.SELECT_MIN_UP_TO` and `CHUNK` are set from. Run: python benchmarks/gpu_probe_topk.py
 """
@@ -22,20 +23,22 @@ for V, dtype in ((151936, torch.bfloat16), (272, torch.float32)):
             continue
         ref = topk_logprobs(x, k)
         line = f"  K={k:5d} torch={replay_ms(lambda: topk_logprobs(x, k)):.4f}"
-        for sel in ("min", "threshold"):
+        for sel, merge in (("min", "triton"), ("threshold", "triton"), ("threshold", "torch")):
             if sel == "min" and k > 256:
                 continue
-            got = topk_logprobs_fused(x, k, select=sel)
+            got = topk_logprobs_fused(x, k, select=sel, merge=merge)
             same = all(torch.equal(a, b) for a, b in zip(got, ref))
-            line += f" {sel}={replay_ms(lambda: topk_logprobs_fused(x, k, select=sel)):.4f}{'' if same else ' (DIFFERS)'}"
+            ms = replay_ms(lambda: topk_logprobs_fused(x, k, select=sel, merge=merge))
+            name = sel + ("/torch-merge" if merge == "torch" else "")
+            line += f" {name}={ms:.4f}{'' if same else ' (DIFFERS)'}"
         print(line, flush=True)
 
 x = (torch.randn(15, 151936, generator=torch.Generator().manual_seed(0)) * 3).to(dev, torch.bfloat16)
 print("V=151936 bf16, by chunk size: ms per call (graph replay)")
-for k in (1, 16, 32, 64, 128, 256, 1024):
+for k in (16, 64, 128, 256, 1024):
     ref = topk_logprobs(x, k)
     line = f"  K={k:5d}"
-    for sel in ("min", "threshold"):
+    for sel in ("threshold",):
         for ch in (4096, 8192, 16384):
             if sel == "min" and k > 128:
                 continue

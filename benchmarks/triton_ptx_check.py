@@ -17,7 +17,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ddtree_bench.engine import topk_triton, tree_grid, tree_triton, tree_verify_triton
+from ddtree_bench.engine import argmax_triton, topk_triton, tree_grid, tree_triton, tree_verify_triton
 from ddtree_bench.engine.tree_triton import _pow2
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -56,6 +56,9 @@ for k in (16, 256):
         ok.append(check(topk_triton._merge_kernel, dict(cand_ptr=i64, ids_ptr=i64, C=C), dict(K=k, NP=_pow2(C * k), VB=VB)))
     else:
         ok.append(check(topk_triton._select_kernel, base, dict(K=k, KP=_pow2(k), CH=topk_triton.CHUNK, VB=VB)))
+        n = C * k
+        ok.append(check(topk_triton._merge_select_kernel, dict(cand_ptr=i64, ids_ptr=i64, sel_ptr=i64),
+                        dict(n=n, K=k, KP=_pow2(k), NB=min(_pow2(n), topk_triton.MERGE_BLOCK), VB=VB)))
 
 # one-block tree kernel (B = 64)
 b = tree_triton.TritonTreeBuilder(L, V, 64, "cpu")
@@ -72,16 +75,17 @@ ok.append(check(tree_grid._init_kernel, dict(lp_ptr=f32, ks_ptr=f32, kl_ptr=i32,
                                              size_ptr=i32), dict(K=g.K, KP=_pow2(g.K))))
 ok.append(check(tree_grid._keys_kernel, dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, ckey_ptr=i64,
                                              d=3), dict(K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=BI)))
-for keys, bj in ((False, tree_grid.BJ), (True, tree_grid.BJ_KEYS)):
+for keys, bj, rows in ((False, tree_grid.BJ, 16), (True, tree_grid.BJ_KEYS, tree_grid.ROWS)):
     ok.append(check(tree_grid._rank_kernel,
                     dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, bndf_ptr=i32, bndr_ptr=i32,
                          ktie_ptr=i64, flag_ptr=i32, ckey_ptr=i64, d=3, Fd=256),
-                    dict(K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=BI, BJ=bj, KEYS=keys)))
+                    dict(K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=rows, BJ=bj, KEYS=keys)))
     ok.append(check(tree_grid._select_kernel,
                     dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, node_of_ptr=i32, inv_ptr=i32, gkey_ptr=i64),
-                    dict(L=L, BP=g.BP, GB=g.GB, N=g.N, BI=BI, BJ=bj, KEYS=keys)))
-ok.append(check(tree_grid._lex_kernel, dict(ks_ptr=f32, ktie_ptr=i64, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32, ls_ptr=f32,
-                                            size_ptr=i32, d=3, Fd=256), dict(K=g.K, BP=g.BP, BI=BI, BJ=tree_grid.BJ)))
+                    dict(L=L, BP=g.BP, GB=g.GB, N=g.N, BI=rows, BJ=bj, KEYS=keys)))
+    ok.append(check(tree_grid._lex_kernel, dict(ks_ptr=f32, ktie_ptr=i64, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32,
+                                                ls_ptr=f32, size_ptr=i32, d=3, Fd=256),
+                    dict(K=g.K, BP=g.BP, BI=rows, BJ=tree_grid.BJ)))
 ok.append(check(tree_grid._preorder_kernel, dict(cnt_ptr=i32, lpar_ptr=i32, size_ptr=i32, pre_ptr=i32), dict(L=L, BP=g.BP)))
 ok.append(check(tree_grid._gkeys_kernel, dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, gkey_ptr=i64),
                 dict(L=L, BP=g.BP, GB=g.GB, BI=BI)))
@@ -104,6 +108,10 @@ for guard in (False, True):
     ok.append(check(tree_verify_triton._commit_state_kernel,
                     dict(walked_ptr=i64, start_ptr=i64, ctx_start_ptr=i64, bonus_ptr=i64, FLAG=2 * L + 4),
                     dict(BONUS=2 * L + 3, GUARD=guard)))
+
+# the walk's argmax over the verify logits (bf16, the Qwen3 vocabulary)
+ok.append(check(argmax_triton._argmax_kernel, dict(x_ptr=bf16, out_ptr=i64, stride=V),
+                dict(V=V, BLOCK=argmax_triton.BLOCK)))
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
 sys.exit(0 if all(ok) else 1)

@@ -1,5 +1,6 @@
 """The Triton tree kernels against their PyTorch twins: the one-block and grid tree builds
-(tree_triton, tree_grid), the fused top-K (topk_triton), tree compile and walk (tree_verify_triton).
+(tree_triton, tree_grid), the fused top-K (topk_triton), tree compile and walk (tree_verify_triton),
+the walk's argmax (argmax_triton).
 
 They run on CUDA; without a GPU they can be checked on a CPU through Triton's interpreter (slow;
 not run by CI):
@@ -51,7 +52,8 @@ def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
 @pytest.mark.parametrize("L,V,k,select", [(3, 272, 16, "min"), (2, 9000, 64, "min"), (2, 4097, 64, "min"), (4, 3, 3, "min"),
                                           (2, 5000, 1, "min"), (3, 272, 16, "threshold"), (2, 4097, 200, "threshold"),
                                           (2, 300, 272, "threshold"), (1, 9000, 1024, "threshold"),
-                                          (2, 5000, 4096, "threshold"), (4, 3, 3, "threshold")])
+                                          (2, 5000, 4096, "threshold"), (1, 13000, 4096, "threshold"),
+                                          (4, 3, 3, "threshold")])
 def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k, select):
     """Both selections, at K from 1 to a whole chunk, chunks cut mid-vocabulary, coarse logits (ties
     at the threshold: the lowest token ids must win) and NaN."""
@@ -143,3 +145,25 @@ def test_commit_kernel_equals_its_twin(dtype, guard):
                 assert torch.equal(state[n], ref[n]), (path, flag, n)
             changed = not torch.equal(ref["k"], before["k"]) or int(ref["start"]) != 9
             assert changed == (flag != 1)
+
+
+def test_argmax_kernel_equals_torch_argmax():
+    """Every rule of torch.argmax: first of equal maxima (also -0.0 vs +0.0), NaN beats all (first NaN),
+    a row of -inf, +inf; rows shorter and longer than one block, and a vocabulary cut mid-block."""
+    from ddtree_bench.engine.argmax_triton import argmax_rows
+
+    g = torch.Generator().manual_seed(0)
+    for V in (3, 272, 2048, 2049, 5000):
+        for dt in (torch.float32, torch.bfloat16):
+            x = (torch.randn(8, V, generator=g) * 3).to(dt)
+            x[1] = float("-inf")
+            x[2] = x[2].round()
+            x[3, V // 2] = x[3, V - 1] = float("nan")
+            x[4] = 0.0
+            x[4, V // 3] = -0.0
+            x[5] = 1.0
+            x[6, 0] = x[6, V - 1] = float("inf")
+            x[7] = (torch.arange(V) % 7 == 3).to(dt)
+            xd = x.to(DEV)
+            assert torch.equal(argmax_rows(xd).cpu(), x.argmax(dim=-1)), (V, dt)
+            assert torch.equal(argmax_rows(xd).cpu(), xd.argmax(dim=-1).cpu()), (V, dt)

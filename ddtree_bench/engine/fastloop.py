@@ -304,7 +304,7 @@ class FastLoop:
         tok, par, dep = b.io["tree_build"]
         ids, _, anc, _, path = b.io["tree_compile"]
         logits, _ = b.io["verify"]
-        post = logits.argmax(dim=-1) if greedy else b.post
+        post = self._argmax(logits) if greedy else b.post
         if path is not None:
             from ddtree_bench.engine.tree_verify_triton import walk_tree
 
@@ -335,7 +335,16 @@ class FastLoop:
         return logits
 
     def _walk_ar(self, b: _Bucket, greedy: bool):
-        return b.io["verify"].argmax(dim=-1) if greedy else b.post
+        return self._argmax(b.io["verify"]) if greedy else b.post
+
+    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """The target's greedy picks [T]: one Triton launch with the fused tree ops (argmax_triton), else
+        torch.argmax (its twin)."""
+        if self.fused_tree_ops:
+            from ddtree_bench.engine.argmax_triton import argmax_rows
+
+            return argmax_rows(logits)
+        return logits.argmax(dim=-1)
 
     def _commit_ar(self, b: _Bucket) -> None:
         self.bonus.copy_(b.io["walk"])

@@ -26,6 +26,7 @@ from ddtree_bench.engine.tree_triton import _pow2, tl, triton
 
 MAX_K = 4096          # = CHUNK: the largest K a chunk can hold
 CHUNK = 4096
+MERGE_BLOCK = 8192    # survivor keys per step of the merge's loops
 SELECT_MIN_UP_TO = 32  # K up to this: K min-reductions; above: the threshold search (H200, V = 151,936: min 0.133 vs 0.145 ms at K = 32, 0.208 vs 0.164 at 64)
 
 if triton is not None:
@@ -39,6 +40,28 @@ if triton is not None:
         m = i < V
         x = tl.load(x_ptr + d * stride + i, mask=m, other=float("-inf")).to(tl.float32)
         return i, m, _desc(tl.where(x != x, float("-inf"), x))
+
+    @triton.jit
+    def _radix_step(h, prefix, want):
+        """One radix pass: in the 256-bin histogram h of the next digit, the bin b holding the want-th
+        smallest key -> (prefix extended by b, want counted from the start of bin b)."""
+        c = tl.cumsum(h, axis=0)
+        b = tl.sum((c < want).to(tl.int32), axis=0)
+        want -= tl.sum(tl.where(tl.arange(0, 256) < b, h, 0), axis=0)
+        return prefix * 256 + b, want
+
+    @triton.jit
+    def _kth_smallest(s, m, k):
+        """The k-th smallest (k >= 1, at most #m) of the 32-bit keys s (int64 in [0, 2^32)) where m is
+        set: four 8-bit radix passes, each a histogram of the next digit among the keys sharing the
+        digits found so far (4 block-wide steps where a binary search takes 32)."""
+        prefix = tl.zeros((), tl.int64)
+        want = k
+        for p in tl.static_range(4):
+            match = m & ((s >> (32 - 8 * p)) == prefix)
+            h = tl.histogram(((s >> (24 - 8 * p)) & 255).to(tl.int32), 256, mask=match)
+            prefix, want = _radix_step(h, prefix, want)
+        return prefix
 
     @triton.jit
     def _chunk_kernel(x_ptr, out_ptr, V, stride, C, K: tl.constexpr, CH: tl.constexpr, VB: tl.constexpr):
@@ -71,13 +94,7 @@ if triton is not None:
         i, m, s = _chunk_scores(x_ptr, V, stride, CH)
         s = tl.where(m, s, 4294967296)                   # score key in [0, 2^32), padding past it
         k = tl.minimum(tl.sum(m.to(tl.int32), axis=0), K)
-        lo = tl.zeros((), tl.int64)
-        hi = tl.full((), 4294967295, tl.int64)
-        for _ in range(32):                               # smallest t with #(s <= t) >= k
-            mid = (lo + hi) // 2
-            enough = tl.sum((s <= mid).to(tl.int32), axis=0) >= k
-            hi = tl.where(enough, mid, hi)
-            lo = tl.where(enough, lo, mid + 1)
+        lo = _kth_smallest(s, m, k)                       # smallest t with #(s <= t) >= k
         eq = s == lo
         need = k - tl.sum((s < lo).to(tl.int32), axis=0)  # ties at t: the lowest token ids
         sel = (s < lo) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
@@ -87,12 +104,51 @@ if triton is not None:
         j = tl.arange(0, KP)
         tl.store(base + j, tl.full([KP], 9223372036854775807, tl.int64), mask=(j >= k) & (j < K))
 
+    @triton.jit
+    def _merge_select_kernel(cand_ptr, ids_ptr, sel_ptr, n: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, NB: tl.constexpr,
+                             VB: tl.constexpr):
+        """Depth d: the K smallest of the n survivor keys cand[d] (int64 max = padding), ascending, as token
+        ids at ids[d, :K]. The same radix search on their score keys (in blocks of NB), ties by array
+        order (= token-id order: chunks in order, each compacted in id order), compacted to sel[d], then
+        one in-block sort of those K keys."""
+        BIG: tl.constexpr = 9223372036854775807
+        d = tl.program_id(0)
+        base = cand_ptr + d * n
+        prefix = tl.zeros((), tl.int64)
+        want = tl.full((), K, tl.int32)
+        for p in tl.static_range(4):
+            h = tl.zeros([256], tl.int32)
+            for j0 in range(0, n, NB):
+                j = j0 + tl.arange(0, NB)
+                key = tl.load(base + j, mask=j < n, other=BIG)
+                s = key >> VB
+                match = (key != BIG) & ((s >> (32 - 8 * p)) == prefix)
+                h += tl.histogram(((s >> (24 - 8 * p)) & 255).to(tl.int32), 256, mask=match)
+            prefix, want = _radix_step(h, prefix, want)
+        off = tl.zeros((), tl.int32)   # keys taken so far
+        eqs = tl.zeros((), tl.int32)   # keys scoring exactly the threshold seen so far
+        for j0 in range(0, n, NB):
+            j = j0 + tl.arange(0, NB)
+            key = tl.load(base + j, mask=j < n, other=BIG)
+            s = key >> VB
+            valid = key != BIG
+            eq = valid & (s == prefix)
+            take = (valid & (s < prefix)) | (eq & (eqs + tl.cumsum(eq.to(tl.int32), axis=0) <= want))
+            tl.store(sel_ptr + d * KP + off + tl.cumsum(take.to(tl.int32), axis=0) - 1, key, mask=take)
+            off += tl.sum(take.to(tl.int32), axis=0)
+            eqs += tl.sum(eq.to(tl.int32), axis=0)
+        tl.debug_barrier()
+        q = tl.arange(0, KP)
+        kept = tl.sort(tl.load(sel_ptr + d * KP + q, mask=q < K, other=BIG))
+        tl.store(ids_ptr + d * K + q, kept & ((1 << VB) - 1), mask=q < K)
+
 
 def topk_logprobs_fused(draft_logits: torch.Tensor, k: int, select: str | None = None,
-                        chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+                        chunk: int = CHUNK, merge: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
     """tree_static.topk_logprobs with the selection in Triton (k <= min(MAX_K, chunk); otherwise that
     function). select: "min" | "threshold" | None (by k: SELECT_MIN_UP_TO); chunk: tokens per
-    program (a power of two; a probe knob)."""
+    program (a power of two; a probe knob); merge: how "threshold" merges the chunks' survivors,
+    "triton" (`_merge_select_kernel`) or "torch" (one int64 `torch.topk`; a probe knob)."""
     L, V = draft_logits.shape
     if triton is None or k > min(MAX_K, chunk) or k > V:
         return topk_logprobs(draft_logits, k)
@@ -109,7 +165,17 @@ def topk_logprobs_fused(draft_logits: torch.Tensor, k: int, select: str | None =
     elif select == "threshold":
         _select_kernel[(L, C)](x, cand, V, x.stride(0), C, K=k, KP=_pow2(k), CH=ch, VB=VB,
                                num_warps=4 if ch < 2048 else (8 if ch <= 8192 else 16))
-        ids = torch.topk(cand.view(L, C * k), k, dim=-1, largest=False, sorted=True).values & ((1 << VB) - 1)
+        if merge == "triton":
+            ids = torch.empty(L, k, dtype=torch.long, device=x.device)
+            sel = torch.empty(L, _pow2(k), dtype=torch.long, device=x.device)
+            n = C * k
+            nb = min(_pow2(n), MERGE_BLOCK)
+            _merge_select_kernel[(L,)](cand, ids, sel, n=n, K=k, KP=_pow2(k), NB=nb, VB=VB,
+                                       num_warps=4 if nb <= 1024 else (8 if nb <= 4096 else 16))
+        elif merge == "torch":
+            ids = torch.topk(cand.view(L, C * k), k, dim=-1, largest=False, sorted=True).values & ((1 << VB) - 1)
+        else:
+            raise ValueError(f"unknown top-K merge {merge!r}: triton | torch")
     else:
         raise ValueError(f"unknown top-K selection {select!r}: min | threshold")
     return logprobs_at(fp32_logits(draft_logits), ids), ids

@@ -25,7 +25,8 @@ import torch
 from ddtree_bench.engine import tree_triton
 from ddtree_bench.engine.tree_triton import _pow2, pruned_inputs, pruned_scratch, tl, triton
 
-BI = 64  # rows (items ranked) per program
+BI = 64  # items per program of the one-pass kernels (keys, emit)
+ROWS = 32  # items ranked per program of the counting kernels (rank, lex, select): fewer rows, more programs
 BJ = 64  # columns (items compared against) per inner step
 BJ_KEYS = 128  # the same, reading precomputed keys (keys_first)
 
@@ -145,16 +146,18 @@ class GridTreeBuilder:
 
     keys_first: write each depth's candidate keys (and the final (score, pre-order) keys) to a buffer
     in one extra launch, so the counting loops read contiguous keys in wider blocks (BJ_KEYS) instead
-    of rebuilding them from five table lookups per block: more launches, shorter loops."""
+    of rebuilding them from five table lookups per block: more launches, shorter loops.
+    rows: items each program of the counting kernels ranks (ROWS; a probe knob). At B = 256 a depth has
+    ~1.6k candidates: 64 rows per program left 25 programs on a 132-SM GPU, each walking every column."""
 
     name = "triton-grid"
 
-    def __init__(self, L: int, V: int, budget: int, device, keys_first: bool = False):
+    def __init__(self, L: int, V: int, budget: int, device, keys_first: bool = False, rows: int = ROWS):
         pruned_scratch(self, L, V, budget, device, lambda r: -(-max(1, r) // BJ) * BJ)
         BP = self.BP
         if 32 + self.TB > 63 or 32 + self.GB > 63:
             raise ValueError(f"budget {budget} is too large for the grid tree kernels")
-        self.keys_first = keys_first
+        self.keys_first, self.rows = keys_first, rows
         if keys_first:
             self.name = "triton-grid-keys"
         self.bj = BJ_KEYS if keys_first else BJ
@@ -169,23 +172,23 @@ class GridTreeBuilder:
         L, K, BP, RP, TB = self.L, self.K, self.BP, self.RP, self.TB
         lp, tok, (tok_out, par_out, dep_out) = pruned_inputs(self, draft_logits)
         _init_kernel[(1,)](lp, self.ks, self.kl, self.lpar, self.lr, self.ls, self.size, K=K, KP=_pow2(K))
-        keys, bj = self.keys_first, self.bj
+        keys, bj, rows = self.keys_first, self.bj, self.rows
         for d in range(1, L):
             R, Fd = self.R[d], self.counts[d]
             if keys:
                 _keys_kernel[(triton.cdiv(RP, BI),)](self.regf, self.regr, self.ks, self.kl, lp, self.ckey, d,
                                                      K=K, RP=RP, BP=BP, TB=TB, BI=BI)
-            _rank_kernel[(triton.cdiv(R, BI),)](self.regf, self.regr, self.ks, self.kl, lp, self.bndf, self.bndr,
-                                                self.ktie, self.flag, self.ckey, d, Fd, K=K, RP=RP, BP=BP, TB=TB,
-                                                BI=BI, BJ=bj, KEYS=keys)
-            _lex_kernel[(triton.cdiv(Fd, BI),)](self.ks, self.ktie, self.kl, self.lpar, self.lr, self.ls, self.size,
-                                               d, Fd, K=K, BP=BP, BI=BI, BJ=BJ)
+            _rank_kernel[(triton.cdiv(R, rows),)](self.regf, self.regr, self.ks, self.kl, lp, self.bndf, self.bndr,
+                                                  self.ktie, self.flag, self.ckey, d, Fd, K=K, RP=RP, BP=BP, TB=TB,
+                                                  BI=rows, BJ=bj, KEYS=keys)
+            _lex_kernel[(triton.cdiv(Fd, rows),)](self.ks, self.ktie, self.kl, self.lpar, self.lr, self.ls, self.size,
+                                                 d, Fd, K=K, BP=BP, BI=rows, BJ=BJ)
         _preorder_kernel[(1,)](self.cnt, self.lpar, self.size, self.pre, L=L, BP=BP, num_warps=self.pre_warps)
         G = L * BP
         if keys:
             _gkeys_kernel[(triton.cdiv(G, BI),)](self.cnt, self.ls, self.pre, self.gkey, L=L, BP=BP, GB=self.GB, BI=BI)
-        _select_kernel[(triton.cdiv(G, BI),)](self.cnt, self.ls, self.pre, self.node_of, self.inv, self.gkey,
-                                              L=L, BP=BP, GB=self.GB, N=self.N, BI=BI, BJ=bj, KEYS=keys)
+        _select_kernel[(triton.cdiv(G, rows),)](self.cnt, self.ls, self.pre, self.node_of, self.inv, self.gkey,
+                                                L=L, BP=BP, GB=self.GB, N=self.N, BI=rows, BJ=bj, KEYS=keys)
         _emit_kernel[(triton.cdiv(self.N, BI),)](self.inv, self.node_of, self.lpar, self.lr, tok, tok_out, par_out,
                                                 dep_out, K=K, BP=BP, N=self.N, BI=BI)
         return tok_out, par_out, dep_out

@@ -199,8 +199,9 @@ _CHECKED: dict[str, str | None] = {}
 
 
 def available(device) -> bool:
-    """Triton is installed, the device is CUDA, and on a small random tree both kernels equal their
-    PyTorch twins (checked once per device; a failure warns and keeps the twins)."""
+    """Triton is installed, the device is CUDA, and on a small random tree the compile, walk and commit
+    kernels (and the walk's argmax, argmax_triton) equal their PyTorch twins (checked once per device;
+    a failure warns and keeps the twins)."""
     dev = torch.device(device)
     if triton is None or dev.type != "cuda":
         return False
@@ -240,4 +241,9 @@ def _self_test(dev: torch.device) -> str | None:
     commit_static(walked, L, False, *twin)
     if not all(torch.equal(a, b) for a, b in zip(state, twin)):
         return "commit_tree differs from commit_static"
+    from ddtree_bench.engine.argmax_triton import argmax_rows
+
+    logits = torch.randn(3, 5000, generator=g).round().to(dev, torch.bfloat16)  # with ties
+    if not torch.equal(argmax_rows(logits), logits.argmax(dim=-1)):
+        return "argmax_rows differs from torch.argmax"
     return None
