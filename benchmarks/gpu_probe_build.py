@@ -5,7 +5,7 @@ For each budget and each Triton builder (tree_triton.KERNELS; the one-block kern
 prints the builder's replayed-graph time, the top-K alone (topk_triton), and the kernels seen by
 torch.profiler over 10 graph replays: name, launches per build, device ms per build. The gap
 between the replay time and the summed kernel time is launch latency and idle SMs between
-dependent launches. Then the grid builders' replay time at 16 / 32 / 64 rows per counting program
+dependent launches. First the top-K's two selections at K = 16 / 32 / 64 (replay time). Then the grid builders' replay time at 16 / 32 / 64 rows per counting program
 (each checked equal to the PyTorch builder), the top-K with both survivor merges, and the walk's
 argmax over the verify logits ([B+1, V] bf16).
 Run: python benchmarks/gpu_probe_build.py [budgets...] (default 64 128 256)
@@ -27,7 +27,7 @@ from ddtree_bench.engine.tree_static import StaticTreeBuilder
 dev = torch.device("cuda")
 L, V = 15, 151936
 REPS = 10
-ROWS = (16, 32, 64)  # GridTreeBuilder rows per counting program, compared by replay time
+ROWS = (8, 16, 32)  # GridTreeBuilder rows per counting program, compared by replay time
 
 
 def kernel_table(fn):
@@ -65,6 +65,13 @@ def show(title, fn):
     for name, (n, ms) in sorted(tab.items(), key=lambda kv: -kv[1][1])[:12]:
         print(f"      {ms:8.4f} ms  x{n:<4.0f} {name[:90]}")
 
+
+x = torch.randn(L, V, generator=torch.Generator().manual_seed(0)).to(dev, torch.bfloat16)
+for k in (16, 32, 64):
+    line = f"top-K at K = {k}:"
+    for sel in ("min", "threshold"):
+        line += f" {sel} {replay_ms(lambda: topk_logprobs_fused(x, k, select=sel)):.4f} ms"
+    print(line, flush=True)
 
 budgets = [int(a) for a in sys.argv[1:]] or [64, 128, 256]
 for B in budgets:

@@ -55,10 +55,12 @@ for k in (16, 256):
         ok.append(check(topk_triton._chunk_kernel, base, dict(K=k, CH=topk_triton.CHUNK, VB=VB)))
         ok.append(check(topk_triton._merge_kernel, dict(cand_ptr=i64, ids_ptr=i64, C=C), dict(K=k, NP=_pow2(C * k), VB=VB)))
     else:
-        ok.append(check(topk_triton._select_kernel, base, dict(K=k, KP=_pow2(k), CH=topk_triton.CHUNK, VB=VB)))
-        n = C * k
-        ok.append(check(topk_triton._merge_select_kernel, dict(cand_ptr=i64, ids_ptr=i64, sel_ptr=i64),
-                        dict(n=n, K=k, KP=_pow2(k), NB=min(_pow2(n), topk_triton.MERGE_BLOCK), VB=VB)))
+        for half in (True, False):
+            ok.append(check(topk_triton._select_kernel, base, dict(K=k, KP=_pow2(k), CH=topk_triton.CHUNK, VB=VB,
+                                                                   HALF=half)))
+            n = C * k
+            ok.append(check(topk_triton._merge_select_kernel, dict(cand_ptr=i64, ids_ptr=i64, sel_ptr=i64),
+                            dict(n=n, K=k, KP=_pow2(k), NP=_pow2(n), VB=VB, HALF=half)))
 
 # one-block tree kernel (B = 64)
 b = tree_triton.TritonTreeBuilder(L, V, 64, "cpu")
@@ -110,8 +112,9 @@ for guard in (False, True):
                     dict(BONUS=2 * L + 3, GUARD=guard)))
 
 # the walk's argmax over the verify logits (bf16, the Qwen3 vocabulary)
-ok.append(check(argmax_triton._argmax_kernel, dict(x_ptr=bf16, out_ptr=i64, stride=V),
-                dict(V=V, BLOCK=argmax_triton.BLOCK)))
+ok.append(check(argmax_triton._span_kernel, dict(x_ptr=bf16, part_ptr=i64, stride=V),
+                dict(V=V, SPAN=38912, S=4, BLOCK=argmax_triton.BLOCK)))
+ok.append(check(argmax_triton._pick_kernel, dict(part_ptr=i64, out_ptr=i64), dict(S=4, SP=4)))
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
 sys.exit(0 if all(ok) else 1)

@@ -9,9 +9,13 @@ keys, then the best K of those are taken per depth. Two ways to take a chunk's K
 * "min": K min-reductions (`_chunk_kernel`), merged by one program per depth (`_merge_kernel`).
   Cheap at small K, linear in K.
 * "threshold": a binary search over the 32-bit score key for the chunk's K-th best score t (32
-  counting passes whatever K), then everything better than t plus the lowest token ids scoring
-  exactly t, compacted with a prefix sum (`_select_kernel`); the C*K survivors per depth are
-  merged by one exact `torch.topk` over their composite keys. Cost nearly flat in K.
+  counting steps whatever K; 16 for bf16 logits, whose keys' low 16 bits follow from their high
+  16), then everything better than t plus the lowest token ids scoring exactly t, compacted with a
+  prefix sum (`_select_kernel`); the C*K survivors per depth are merged the same way by one
+  program per depth and sorted (`_merge_select_kernel`; one exact `torch.topk` over their
+  composite keys above MERGE_MAX). Cost nearly flat in K.
+A radix select (four 256-bin `tl.histogram` passes instead of 32 counting steps) was tried and was
+slower on an H200: 0.075-0.081 ms against 0.045 for the chunk selection at K = 64-256.
 On an H200 the PyTorch path (key build + int64 `topk` over 151,936 tokens) was most of the 0.32 ms
 tree build at B = 16; `SELECT_MIN_UP_TO` says where "min" stops paying (measured: see
 docs/gpu-performance.md). Needs Triton (CUDA, or the CPU interpreter in tests).
@@ -26,7 +30,7 @@ from ddtree_bench.engine.tree_triton import _pow2, tl, triton
 
 MAX_K = 4096          # = CHUNK: the largest K a chunk can hold
 CHUNK = 4096
-MERGE_BLOCK = 8192    # survivor keys per step of the merge's loops
+MERGE_MAX = 16384     # survivors per depth the Triton merge holds in registers; more: one int64 torch.topk
 SELECT_MIN_UP_TO = 32  # K up to this: K min-reductions; above: the threshold search (H200, V = 151,936: min 0.133 vs 0.145 ms at K = 32, 0.208 vs 0.164 at 64)
 
 if triton is not None:
@@ -42,26 +46,30 @@ if triton is not None:
         return i, m, _desc(tl.where(x != x, float("-inf"), x))
 
     @triton.jit
-    def _radix_step(h, prefix, want):
-        """One radix pass: in the 256-bin histogram h of the next digit, the bin b holding the want-th
-        smallest key -> (prefix extended by b, want counted from the start of bin b)."""
-        c = tl.cumsum(h, axis=0)
-        b = tl.sum((c < want).to(tl.int32), axis=0)
-        want -= tl.sum(tl.where(tl.arange(0, 256) < b, h, 0), axis=0)
-        return prefix * 256 + b, want
-
-    @triton.jit
-    def _kth_smallest(s, m, k):
-        """The k-th smallest (k >= 1, at most #m) of the 32-bit keys s (int64 in [0, 2^32)) where m is
-        set: four 8-bit radix passes, each a histogram of the next digit among the keys sharing the
-        digits found so far (4 block-wide steps where a binary search takes 32)."""
-        prefix = tl.zeros((), tl.int64)
-        want = k
-        for p in tl.static_range(4):
-            match = m & ((s >> (32 - 8 * p)) == prefix)
-            h = tl.histogram(((s >> (24 - 8 * p)) & 255).to(tl.int32), 256, mask=match)
-            prefix, want = _radix_step(h, prefix, want)
-        return prefix
+    def _kth_smallest(s, k, HALF: tl.constexpr):
+        """The smallest t with #(s <= t) >= k, for 32-bit score keys s (int64; padding >= 2^32 never
+        counts): a binary search, 32 block-wide counting steps - or 16 when HALF (bf16 logits: a key's
+        low 16 bits follow from its high 16, so searching the high half and taking the smallest key
+        there is exact)."""
+        if HALF:
+            hs = s >> 16
+            lo = tl.zeros((), tl.int64)
+            hi = tl.full((), 65535, tl.int64)
+            for _ in range(16):
+                mid = (lo + hi) // 2
+                enough = tl.sum((hs <= mid).to(tl.int32), axis=0) >= k
+                hi = tl.where(enough, mid, hi)
+                lo = tl.where(enough, lo, mid + 1)
+            t = tl.min(tl.where(hs == lo, s, 9223372036854775807), axis=0)
+        else:
+            t = tl.zeros((), tl.int64)
+            top = tl.full((), 4294967295, tl.int64)
+            for _ in range(32):
+                mid = (t + top) // 2
+                enough = tl.sum((s <= mid).to(tl.int32), axis=0) >= k
+                top = tl.where(enough, mid, top)
+                t = tl.where(enough, t, mid + 1)
+        return t
 
     @triton.jit
     def _chunk_kernel(x_ptr, out_ptr, V, stride, C, K: tl.constexpr, CH: tl.constexpr, VB: tl.constexpr):
@@ -86,7 +94,7 @@ if triton is not None:
 
     @triton.jit
     def _select_kernel(x_ptr, out_ptr, V, stride, C, K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr,
-                       VB: tl.constexpr):
+                       VB: tl.constexpr, HALF: tl.constexpr):
         """(depth, chunk): the chunk's K smallest keys (fewer, padded with int64 max, if it holds fewer
         tokens), unordered, at out[depth, chunk, :K]."""
         d = tl.program_id(0)
@@ -94,7 +102,7 @@ if triton is not None:
         i, m, s = _chunk_scores(x_ptr, V, stride, CH)
         s = tl.where(m, s, 4294967296)                   # score key in [0, 2^32), padding past it
         k = tl.minimum(tl.sum(m.to(tl.int32), axis=0), K)
-        lo = _kth_smallest(s, m, k)                       # smallest t with #(s <= t) >= k
+        lo = _kth_smallest(s, k, HALF)                    # smallest t with #(s <= t) >= k
         eq = s == lo
         need = k - tl.sum((s < lo).to(tl.int32), axis=0)  # ties at t: the lowest token ids
         sel = (s < lo) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
@@ -105,50 +113,34 @@ if triton is not None:
         tl.store(base + j, tl.full([KP], 9223372036854775807, tl.int64), mask=(j >= k) & (j < K))
 
     @triton.jit
-    def _merge_select_kernel(cand_ptr, ids_ptr, sel_ptr, n: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, NB: tl.constexpr,
-                             VB: tl.constexpr):
+    def _merge_select_kernel(cand_ptr, ids_ptr, sel_ptr, n: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                             NP: tl.constexpr, VB: tl.constexpr, HALF: tl.constexpr):
         """Depth d: the K smallest of the n survivor keys cand[d] (int64 max = padding), ascending, as token
-        ids at ids[d, :K]. The same radix search on their score keys (in blocks of NB), ties by array
-        order (= token-id order: chunks in order, each compacted in id order), compacted to sel[d], then
-        one in-block sort of those K keys."""
+        ids at ids[d, :K]. The chunks' search again on their score keys, held in registers (n <= NP),
+        ties by array order (= token-id order: chunks in order, each compacted in id order), compacted
+        to sel[d], then one in-block sort of those K keys."""
         BIG: tl.constexpr = 9223372036854775807
         d = tl.program_id(0)
-        base = cand_ptr + d * n
-        prefix = tl.zeros((), tl.int64)
-        want = tl.full((), K, tl.int32)
-        for p in tl.static_range(4):
-            h = tl.zeros([256], tl.int32)
-            for j0 in range(0, n, NB):
-                j = j0 + tl.arange(0, NB)
-                key = tl.load(base + j, mask=j < n, other=BIG)
-                s = key >> VB
-                match = (key != BIG) & ((s >> (32 - 8 * p)) == prefix)
-                h += tl.histogram(((s >> (24 - 8 * p)) & 255).to(tl.int32), 256, mask=match)
-            prefix, want = _radix_step(h, prefix, want)
-        off = tl.zeros((), tl.int32)   # keys taken so far
-        eqs = tl.zeros((), tl.int32)   # keys scoring exactly the threshold seen so far
-        for j0 in range(0, n, NB):
-            j = j0 + tl.arange(0, NB)
-            key = tl.load(base + j, mask=j < n, other=BIG)
-            s = key >> VB
-            valid = key != BIG
-            eq = valid & (s == prefix)
-            take = (valid & (s < prefix)) | (eq & (eqs + tl.cumsum(eq.to(tl.int32), axis=0) <= want))
-            tl.store(sel_ptr + d * KP + off + tl.cumsum(take.to(tl.int32), axis=0) - 1, key, mask=take)
-            off += tl.sum(take.to(tl.int32), axis=0)
-            eqs += tl.sum(eq.to(tl.int32), axis=0)
+        j = tl.arange(0, NP)
+        key = tl.load(cand_ptr + d * n + j, mask=j < n, other=BIG)
+        s = tl.where(key != BIG, key >> VB, 4294967296)
+        t = _kth_smallest(s, K, HALF)
+        eq = s == t
+        need = K - tl.sum((s < t).to(tl.int32), axis=0)
+        take = (s < t) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+        tl.store(sel_ptr + d * KP + tl.cumsum(take.to(tl.int32), axis=0) - 1, key, mask=take)
         tl.debug_barrier()
         q = tl.arange(0, KP)
         kept = tl.sort(tl.load(sel_ptr + d * KP + q, mask=q < K, other=BIG))
         tl.store(ids_ptr + d * K + q, kept & ((1 << VB) - 1), mask=q < K)
-
 
 def topk_logprobs_fused(draft_logits: torch.Tensor, k: int, select: str | None = None,
                         chunk: int = CHUNK, merge: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
     """tree_static.topk_logprobs with the selection in Triton (k <= min(MAX_K, chunk); otherwise that
     function). select: "min" | "threshold" | None (by k: SELECT_MIN_UP_TO); chunk: tokens per
     program (a power of two; a probe knob); merge: how "threshold" merges the chunks' survivors,
-    "triton" (`_merge_select_kernel`) or "torch" (one int64 `torch.topk`; a probe knob)."""
+    "triton" (`_merge_select_kernel`, up to MERGE_MAX survivors per depth, else as "torch") or "torch"
+    (one int64 `torch.topk`; a probe knob)."""
     L, V = draft_logits.shape
     if triton is None or k > min(MAX_K, chunk) or k > V:
         return topk_logprobs(draft_logits, k)
@@ -163,16 +155,16 @@ def topk_logprobs_fused(draft_logits: torch.Tensor, k: int, select: str | None =
         _chunk_kernel[(L, C)](x, cand, V, x.stride(0), C, K=k, CH=ch, VB=VB, num_warps=4 if ch <= 4096 else 8)
         _merge_kernel[(L,)](cand, ids, C, K=k, NP=_pow2(C * k), VB=VB)
     elif select == "threshold":
-        _select_kernel[(L, C)](x, cand, V, x.stride(0), C, K=k, KP=_pow2(k), CH=ch, VB=VB,
+        half = x.dtype == torch.bfloat16
+        _select_kernel[(L, C)](x, cand, V, x.stride(0), C, K=k, KP=_pow2(k), CH=ch, VB=VB, HALF=half,
                                num_warps=4 if ch < 2048 else (8 if ch <= 8192 else 16))
-        if merge == "triton":
+        n = C * k
+        if merge == "triton" and n <= MERGE_MAX:
             ids = torch.empty(L, k, dtype=torch.long, device=x.device)
             sel = torch.empty(L, _pow2(k), dtype=torch.long, device=x.device)
-            n = C * k
-            nb = min(_pow2(n), MERGE_BLOCK)
-            _merge_select_kernel[(L,)](cand, ids, sel, n=n, K=k, KP=_pow2(k), NB=nb, VB=VB,
-                                       num_warps=4 if nb <= 1024 else (8 if nb <= 4096 else 16))
-        elif merge == "torch":
+            _merge_select_kernel[(L,)](cand, ids, sel, n=n, K=k, KP=_pow2(k), NP=_pow2(n), VB=VB, HALF=half,
+                                       num_warps=4 if n <= 2048 else (8 if n <= 4096 else 16))
+        elif merge in ("triton", "torch"):
             ids = torch.topk(cand.view(L, C * k), k, dim=-1, largest=False, sorted=True).values & ((1 << VB) - 1)
         else:
             raise ValueError(f"unknown top-K merge {merge!r}: triton | torch")
