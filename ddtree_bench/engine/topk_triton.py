@@ -31,7 +31,7 @@ from ddtree_bench.engine.tree_triton import _pow2, tl, triton
 MAX_K = 4096          # = CHUNK: the largest K a chunk can hold
 CHUNK = 4096
 MERGE_MAX = 16384     # survivors per depth the Triton merge holds in registers; more: one int64 torch.topk
-SELECT_MIN_UP_TO = 32  # K up to this: K min-reductions; above: the threshold search (H200, V = 151,936: min 0.133 vs 0.145 ms at K = 32, 0.208 vs 0.164 at 64)
+SELECT_MIN_UP_TO = 16  # K up to this: K min-reductions; above: the threshold search (H200, V = 151,936: min 0.096 vs 0.116 ms at K = 16, 0.133 vs 0.116 at 32)
 
 if triton is not None:
     from ddtree_bench.engine.tree_triton import _desc

@@ -26,7 +26,7 @@ from ddtree_bench.engine import tree_triton
 from ddtree_bench.engine.tree_triton import _pow2, pruned_inputs, pruned_scratch, tl, triton
 
 BI = 64  # items per program of the one-pass kernels (keys, emit)
-ROWS = 16  # items ranked per program of the counting kernels (rank, lex, select): fewer rows, more programs (H200: 16 beat 32 and 64 at B = 64-256)
+ROWS = 8  # items ranked per program of the counting kernels (rank, lex, select): fewer rows, more programs (H200, B = 64-256: 8 beat 16 by 5-6%, 16 beat 32 by 4-24%)
 BJ = 64  # columns (items compared against) per inner step
 BJ_KEYS = 128  # the same, reading precomputed keys (keys_first)
 
