@@ -8,10 +8,10 @@
 # most 8 files, so do not ask for all of them at once. SKIP_TESTS / SKIP_8B / SKIP_PAIR=1 leave parts
 # out; TEST_FILES, BUDGETS8B, ARGS8B, ARGSTOY narrow them; the *_TIMEOUT variables bound each part
 # (the tool's call is 10 minutes). ARGS8B defaults to --no-build-table (the table compiles every
-# Triton builder at every budget; with it the 8B bench overran 300 s). On an H200 (2026-11-29, run
-# K; benchmarks/h200-2026-11-29g) the fast-path GPU tests took 135 s, the 8B bench with --no-plain
-# 116 s, the toy bench at B <= 256 28 s; the whole tree-kernel test file takes over 200 s on a cold
-# Triton cache. Check that every kernel compiles first, without a GPU:
+# Triton builder at every budget; with it the 8B bench overran 300 s). On an H200 (2026-11-29, runs
+# K and O; benchmarks/h200-2026-11-29g, -29h) the fast-path GPU tests took 135 s, the 8B bench with
+# --no-plain 79-116 s, the toy bench at every budget with --no-plain 19 s; the whole tree-kernel
+# test file takes over 230 s on a cold Triton cache (split it over calls by node id). Check that every kernel compiles first, without a GPU:
 # PYTHONPATH=/tmp/tsite:. python benchmarks/triton_ptx_check.py. Run from the repo root:
 #   OUT=/tmp/out bash benchmarks/gpu_session.sh
 set -u

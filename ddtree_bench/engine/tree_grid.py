@@ -11,9 +11,11 @@ two launches: rank the candidates (`_rank_kernel`), then rank the kept ones by t
 tie to get the trie order (`_lex_kernel`). Then one block computes subtree sizes and pre-order
 indices (as the one-block kernel does), a grid ranks all kept nodes by (score, pre-order) and a
 last grid writes the best N in pop order with their parents.
-Counting is O(n^2) work but n is small (<= ~7.7k candidates at B = 1024) and spread over the GPU;
-the launches cost ~2-3 us each inside a CUDA graph, which is why small budgets use the one-block
-kernel (the engine times both and takes the faster; fastloop).
+Counting is O(n^2) work but n is small (<= ~7.7k candidates at B = 1024) and spread over the GPU:
+each counting program ranks only ROWS items, so even B = 64's few hundred candidates fill dozens
+of SMs. The launches cost ~2-3 us each inside a CUDA graph, which is why the smallest budgets use
+the one-block kernel (the engine times both and takes the faster; fastloop; on an H200 the
+one-block kernel wins up to B = 32).
 Scratch lives in preallocated device buffers; every launch has fixed shapes (graph-capturable).
 Needs Triton and a CUDA device (or Triton's CPU interpreter, which the tests use).
 """

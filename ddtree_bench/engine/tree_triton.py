@@ -15,7 +15,7 @@ index in the trie of kept prefixes). What makes one block enough:
   order), then subtree sizes (atomic adds, bottom-up) and pre-order indices (scans), then one sort
   of all kept nodes for the global best B.
 Scratch lives in preallocated device buffers; the launch has fixed shapes (graph-capturable).
-The per-depth top-K of the draft logits comes first, from `topk_triton` (two launches, K <= 64) or
+The per-depth top-K of the draft logits comes first, from `topk_triton` (two launches, K <= 4096) or
 PyTorch (`tree_static.topk_logprobs`).
 The pieces the grid build (tree_grid.py) shares live here: `pruned_regions` / `pruned_scratch`
 (candidate tables, scratch arrays) and the jit helpers `_depth_one`, `_candidates`, `_boundary_min`
