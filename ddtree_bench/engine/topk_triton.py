@@ -46,29 +46,28 @@ if triton is not None:
         return i, m, _desc(tl.where(x != x, float("-inf"), x))
 
     @triton.jit
+    def _bisect(v, k, top, STEPS: tl.constexpr):
+        """The smallest t in [0, top] with #(v <= t) >= k: STEPS block-wide counting steps (top < 2^STEPS)."""
+        lo = tl.zeros((), tl.int64)
+        hi = tl.full((), top, tl.int64)
+        for _ in range(STEPS):
+            mid = (lo + hi) // 2
+            enough = tl.sum((v <= mid).to(tl.int32), axis=0) >= k
+            hi = tl.where(enough, mid, hi)
+            lo = tl.where(enough, lo, mid + 1)
+        return lo
+
+    @triton.jit
     def _kth_smallest(s, k, HALF: tl.constexpr):
         """The smallest t with #(s <= t) >= k, for 32-bit score keys s (int64; padding >= 2^32 never
         counts): a binary search, 32 block-wide counting steps - or 16 when HALF (bf16 logits: a key's
         low 16 bits follow from its high 16, so searching the high half and taking the smallest key
         there is exact)."""
         if HALF:
-            hs = s >> 16
-            lo = tl.zeros((), tl.int64)
-            hi = tl.full((), 65535, tl.int64)
-            for _ in range(16):
-                mid = (lo + hi) // 2
-                enough = tl.sum((hs <= mid).to(tl.int32), axis=0) >= k
-                hi = tl.where(enough, mid, hi)
-                lo = tl.where(enough, lo, mid + 1)
-            t = tl.min(tl.where(hs == lo, s, 9223372036854775807), axis=0)
+            high = _bisect(s >> 16, k, 65535, 16)
+            t = tl.min(tl.where((s >> 16) == high, s, 9223372036854775807), axis=0)
         else:
-            t = tl.zeros((), tl.int64)
-            top = tl.full((), 4294967295, tl.int64)
-            for _ in range(32):
-                mid = (t + top) // 2
-                enough = tl.sum((s <= mid).to(tl.int32), axis=0) >= k
-                top = tl.where(enough, mid, top)
-                t = tl.where(enough, t, mid + 1)
+            t = _bisect(s, k, 4294967295, 32)
         return t
 
     @triton.jit
