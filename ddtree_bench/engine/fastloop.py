@@ -338,7 +338,7 @@ class FastLoop:
         return self._argmax(b.io["verify"]) if greedy else b.post
 
     def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        """The target's greedy picks [T]: one Triton launch with the fused tree ops (argmax_triton), else
+        """The target's greedy picks [T]: two Triton launches with the fused tree ops (argmax_triton), else
         torch.argmax (its twin)."""
         if self.fused_tree_ops:
             from ddtree_bench.engine.argmax_triton import argmax_rows
