@@ -71,6 +71,16 @@ if triton is not None:
         return t
 
     @triton.jit
+    def _best_k(s, k, HALF: tl.constexpr):
+        """Which of the score keys s are the k best (every key below the k-th smallest, then the first
+        ones equal to it, in array order = token-id order), and each kept key's slot 0..k-1."""
+        t = _kth_smallest(s, k, HALF)
+        eq = s == t
+        need = k - tl.sum((s < t).to(tl.int32), axis=0)
+        take = (s < t) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+        return take, tl.cumsum(take.to(tl.int32), axis=0) - 1
+
+    @triton.jit
     def _chunk_kernel(x_ptr, out_ptr, V, stride, C, K: tl.constexpr, CH: tl.constexpr, VB: tl.constexpr):
         d = tl.program_id(0)
         c = tl.program_id(1)
@@ -101,11 +111,7 @@ if triton is not None:
         i, m, s = _chunk_scores(x_ptr, V, stride, CH)
         s = tl.where(m, s, 4294967296)                   # score key in [0, 2^32), padding past it
         k = tl.minimum(tl.sum(m.to(tl.int32), axis=0), K)
-        lo = _kth_smallest(s, k, HALF)                    # smallest t with #(s <= t) >= k
-        eq = s == lo
-        need = k - tl.sum((s < lo).to(tl.int32), axis=0)  # ties at t: the lowest token ids
-        sel = (s < lo) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
-        pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        sel, pos = _best_k(s, k, HALF)
         base = out_ptr + (d * C + c) * K
         tl.store(base + pos, (s << VB) | i.to(tl.int64), mask=sel)
         j = tl.arange(0, KP)
@@ -123,15 +129,13 @@ if triton is not None:
         j = tl.arange(0, NP)
         key = tl.load(cand_ptr + d * n + j, mask=j < n, other=BIG)
         s = tl.where(key != BIG, key >> VB, 4294967296)
-        t = _kth_smallest(s, K, HALF)
-        eq = s == t
-        need = K - tl.sum((s < t).to(tl.int32), axis=0)
-        take = (s < t) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
-        tl.store(sel_ptr + d * KP + tl.cumsum(take.to(tl.int32), axis=0) - 1, key, mask=take)
+        take, pos = _best_k(s, K, HALF)
+        tl.store(sel_ptr + d * KP + pos, key, mask=take)
         tl.debug_barrier()
         q = tl.arange(0, KP)
         kept = tl.sort(tl.load(sel_ptr + d * KP + q, mask=q < K, other=BIG))
         tl.store(ids_ptr + d * K + q, kept & ((1 << VB) - 1), mask=q < K)
+
 
 def topk_logprobs_fused(draft_logits: torch.Tensor, k: int, select: str | None = None,
                         chunk: int = CHUNK, merge: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
