@@ -46,6 +46,10 @@ SERVE_MAX_QUEUE = 128              # requests waiting for the batch-1 engine bef
 SERVE_MAX_BODY_BYTES = 8 * 1024 * 1024  # larger request bodies get 413
 SERVE_SHUTDOWN_GRACE_S = 10.0      # on SIGTERM in-flight requests get this long to finish, then are cut
 SERVE_COMPLETIONS_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's, SGLang's and vLLM's default)
+SERVE_READ_TIMEOUT_S = 60.0        # a request head (from connect or the last response) and its body must each arrive
+                                   # within this, a stalled stream write too; also the idle keep-alive limit
+SERVE_MAX_JSON_DEPTH = 64          # request bodies nesting deeper get 400 (vLLM's bodies nest 4 levels)
+SERVE_CPU_WORKERS = 2              # threads that decode, validate and tokenize request bodies off the event loop
 NULL_CHUNK_TOKENS = 4              # the null engine's tokens per streamed chunk (a "round")
 HTTP_PROBE_TIMEOUT_S = 10.0        # client: reaching the server before the first request
 # `ddtree-bench bench-engine` (perf/bench.py)
@@ -54,3 +58,13 @@ BENCH_ROUNDS = 20                  # measured rounds per method and budget, afte
 BENCH_VERIFY_TOKENS = "1,16,64,128,256,512,1024"  # query-token counts of the verify-cost curve
 BENCH_E2E_PROMPTS = 4              # suite prompts for the end-to-end tok/s runs
 BENCH_E2E_MAX_NEW_TOKENS = 128
+# Confidence intervals on speed figures (stats.py) and sweep repeats (sweep/order.py, noise/)
+CI_LEVEL = 0.95                    # two-sided confidence level of every interval
+CI_RESAMPLES = 2000                # percentile-bootstrap resamples
+CI_SEED = 0                        # the bootstrap's numpy PCG64 seed (intervals reproduce bit for bit)
+CI_MAX_REPEATS_ESTIMATE = 100      # "repeats to separate" beyond this is reported as "more than 100"
+SWEEP_ORDERS = ("interleaved", "as-listed", "rounds")
+SWEEP_ORDER = "interleaved"        # with --repeats N: rounds of every point, shuffled per round (per server group)
+HEAVY_LOAD_PER_CORE = 1.0          # fallback without /proc/stat: 1-min load average / CPU cores before a point above this = heavy
+ENV_PROBE_TIMEOUT_S = 5.0          # nvidia-smi query of GPU clocks and utilisation
+HEAVY_OTHER_CORES_SHARE = 0.5      # other processes busy on more than this share of the cores during a point = heavy load

@@ -19,6 +19,10 @@ DFlash papers and vLLM do):
 * speedup_vs_ar = sum over paired requests of AR e2e / sum of the method's e2e, for requests that
   exist (ok) in both runs and produced the same number of output tokens when greedy; see
   `speedup_vs_ar`.
+* intervals (`speedup_vs_ar_interval`, `output_throughput_interval`; methods in `stats.py`): the
+  speedup's is a percentile bootstrap over paired prompts (two-way over repeats and prompts when
+  there are several), tok/s's a Student t interval over repeats (>= 2). Level, resamples and seed
+  are `defaults.CI_*`.
 
 Errored requests count in num_requests / num_errors only. Undefined values are None, never NaN.
 """
@@ -168,16 +172,14 @@ def stage_ms_totals(records: Sequence[RequestRecord]) -> dict[str, float] | None
     return totals or None
 
 
-def speedup_vs_ar(records: Sequence[RequestRecord], ar_records: Sequence[RequestRecord]) -> float | None:
-    """Paired speedup over AR: sum of AR e2e / sum of the method's e2e over requests present and ok in both.
+def speedup_pairs(records: Sequence[RequestRecord], ar_records: Sequence[RequestRecord]) -> dict[tuple[str, int], tuple[float, float]]:
+    """{(prompt_id, turn): (AR time on the method's token count, method e2e)} for requests ok in both runs.
 
-    Pairs are keyed by (prompt_id, turn). Each side's e2e is normalised per output token first, so
-    pairs whose lengths differ (T > 0, or a divergence) still compare time per token:
-    speedup = sum_p (e2e_AR,p / n_AR,p) * w_p / sum_p (e2e_m,p / n_m,p) * w_p with w_p = n_m,p,
-    which for equal lengths is exactly sum e2e_AR / sum e2e_m.
+    Each pair's numerator is e2e_AR,p / n_AR,p * n_m,p (AR's time per token times the method's
+    tokens) and its denominator e2e_m,p, both in ms; `speedup_vs_ar` is their sum ratio.
     """
     ar = {(r.prompt_id, r.turn): r for r in ar_records if r.ok}
-    num = den = 0.0
+    out: dict[tuple[str, int], tuple[float, float]] = {}
     for r in records:
         a = ar.get((r.prompt_id, r.turn))
         if not r.ok or a is None:
@@ -186,9 +188,62 @@ def speedup_vs_ar(records: Sequence[RequestRecord], ar_records: Sequence[Request
         n_m, n_a = r.num_output_tokens or 0, a.num_output_tokens or 0
         if e_m is None or e_a is None or n_m <= 0 or n_a <= 0:
             continue
-        num += e_a / n_a * n_m
-        den += e_m
+        out[(r.prompt_id, r.turn)] = (e_a / n_a * n_m, e_m)
+    return out
+
+
+def speedup_vs_ar(records: Sequence[RequestRecord], ar_records: Sequence[RequestRecord]) -> float | None:
+    """Paired speedup over AR: sum of AR e2e / sum of the method's e2e over requests present and ok in both.
+
+    Pairs are keyed by (prompt_id, turn). Each side's e2e is normalised per output token first, so
+    pairs whose lengths differ (T > 0, or a divergence) still compare time per token:
+    speedup = sum_p (e2e_AR,p / n_AR,p) * w_p / sum_p (e2e_m,p / n_m,p) * w_p with w_p = n_m,p,
+    which for equal lengths is exactly sum e2e_AR / sum e2e_m.
+    """
+    pairs = speedup_pairs(records, ar_records)
+    num = sum(a for a, _ in pairs.values())
+    den = sum(m for _, m in pairs.values())
     return num / den if den > 0 else None
+
+
+def speedup_vs_ar_interval(records_by_repeat: Sequence[Sequence[RequestRecord]],
+                           ar_records_by_repeat: Sequence[Sequence[RequestRecord]], *, level: float | None = None,
+                           resamples: int | None = None, seed: int | None = None):
+    """`speedup_vs_ar` pooled over repeats, with its confidence interval (a `stats.Interval`, or None).
+
+    Repeat r of the method pairs with repeat r of AR (same settings, same seed), prompt by prompt,
+    as in `speedup_pairs`; the estimate is sum over repeats and prompts of the AR side / sum of the
+    method side (for one repeat exactly `speedup_vs_ar`). The interval is the percentile bootstrap
+    over prompts, two-way over repeats and prompts when there are several
+    (`stats.paired_ratio_interval`; defaults CI_LEVEL = 0.95, CI_RESAMPLES = 2000, CI_SEED = 0 in
+    defaults.py). None with fewer than 2 paired prompts.
+    """
+    from ddtree_bench import defaults as D
+    from ddtree_bench.stats import paired_ratio_interval
+
+    if len(records_by_repeat) != len(ar_records_by_repeat):
+        raise ValueError("one AR repeat per method repeat")
+    per_repeat = [speedup_pairs(m, a) for m, a in zip(records_by_repeat, ar_records_by_repeat)]
+    keys = sorted({k for d in per_repeat for k in d}, key=lambda k: (str(k[0]), k[1]))
+    num = [[d[k][0] if k in d else None for k in keys] for d in per_repeat]
+    den = [[d[k][1] if k in d else None for k in keys] for d in per_repeat]
+    return paired_ratio_interval(num, den, level=D.CI_LEVEL if level is None else level,
+                                 resamples=D.CI_RESAMPLES if resamples is None else resamples,
+                                 seed=D.CI_SEED if seed is None else seed)
+
+
+def output_throughput_interval(records_by_repeat: Sequence[Sequence[RequestRecord]], *, level: float | None = None):
+    """Mean over repeats of `output_throughput_tok_s`, with the Student t interval over repeats.
+
+    mean ± t_{(1+level)/2, R-1} · s / sqrt(R) over the R repeats' tok/s (`stats.repeat_mean_interval`;
+    level CI_LEVEL = 0.95). Throughput is one number per repeat, so its spread comes from repeats
+    only: None below 2 repeats with a throughput.
+    """
+    from ddtree_bench import defaults as D
+    from ddtree_bench.stats import repeat_mean_interval
+
+    return repeat_mean_interval([output_throughput_tok_s(rs) for rs in records_by_repeat],
+                                level=D.CI_LEVEL if level is None else level)
 
 
 def summarize(records: Sequence[RequestRecord], block_size: int = DEFAULT_BLOCK_SIZE) -> dict[str, Any]:
