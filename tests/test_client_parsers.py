@@ -166,3 +166,87 @@ def test_histogram_garbage_is_ignored():
     assert accept_lengths_from_stats({"acceptance_histogram": [1, -1]}) == (None, None)
     assert accept_lengths_from_stats({"acceptance_lengths": [0, 2]}) == (None, None)
     assert accept_lengths_from_stats(None) == (None, None)
+
+
+# ---------------------------------------------------------------------------- cumulative usage on the last chunk (issue 15)
+
+
+def _text_stream(pieces, final_text="", usage_tokens=None):
+    """transformers serve's chat stream shape: a role chunk, text-only deltas (several characters
+    each), then a last chunk that still has a choice, its finish_reason and the cumulative usage."""
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant"}}]}]
+    chunks += [{"choices": [{"index": 0, "delta": {"content": p}}]} for p in pieces]
+    last = {"index": 0, "delta": {"content": final_text} if final_text else {}, "finish_reason": "length"}
+    chunks.append({"choices": [last], "usage": {"prompt_tokens": 31, "completion_tokens": usage_tokens, "total_tokens": 31 + usage_tokens}})
+    return chunks
+
+
+def test_cumulative_usage_on_the_last_chunk_with_choices_is_not_credited_again():
+    # 64 generated tokens reach the client as 50 text chunks; usage (64) arrives once, on the finish chunk.
+    pieces = ["ab"] * 14 + ["c"] * 36
+    st, counts = fold(_text_stream(pieces, usage_tokens=64))
+    assert sum(counts) == 50, "the finish chunk was credited the cumulative usage on top of the text chunks"
+    assert counts[0] == 0 and counts[-1] == 0 and set(counts[1:-1]) == {1}
+    assert st.token_count_source == "text-chunks" and st.usage_completion_tokens == 64 and st.finish_reason == "length"
+
+
+def test_cumulative_usage_on_a_last_chunk_that_carries_text_counts_that_text_only():
+    st, counts = fold(_text_stream(["a", "b"], final_text="c", usage_tokens=3))
+    assert counts == [0, 1, 1, 1] and st.text == "abc"
+
+
+def test_continuous_usage_from_the_first_chunk_still_counts_by_growth():
+    chunks = [{"choices": [{"index": 0, "delta": {"content": "ab"}}], "usage": {"completion_tokens": 2}},
+              {"choices": [{"index": 0, "delta": {"content": "cde"}}], "usage": {"completion_tokens": 5}},
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": {"completion_tokens": 5}}]
+    st, counts = fold(chunks)
+    assert counts == [2, 3, 0] and st.token_count_source == "usage"
+
+
+def test_one_body_with_usage_is_one_chunk_of_all_its_tokens():
+    st = parse_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": "abc"}, "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 3, "completion_tokens": 3}})
+    assert st.text == "abc" and st.output_ids == [] and not st.saw_token_ids and st.finish_reason == "stop"
+
+
+# ---------------------------------------------------------------------------- SGLang chat token ids
+
+
+def test_sglang_streamed_chat_ids_come_whole_in_the_sglext_chunk():
+    # return_output_ids_in_sglext / return_input_ids_in_sglext (serving_chat.py): per-chunk counts from
+    # the continuous usage, the ids once, in a choices: [] chunk; output_ids is one list per choice.
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "usage": {"completion_tokens": 0}},
+        {"choices": [{"index": 0, "delta": {"content": "Hel"}}], "usage": {"completion_tokens": 2}},
+        {"choices": [{"index": 0, "delta": {"content": "lo!"}, "finish_reason": "stop"}], "usage": {"completion_tokens": 4}},
+        {"choices": [], "sglext": {"input_ids": [1, 2, 3], "output_ids": [[10, 11, 12, 13]],
+                                   "spec_tokens_details": {"spec_verify_ct": 2, "spec_correct_drafts_histogram": [0, 1, 1]}}},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
+    ]
+    st, counts = fold(chunks)
+    assert counts == [0, 2, 2, 0, 0]
+    assert st.saw_token_ids and st.output_ids == [10, 11, 12, 13] and st.prompt_ids == [1, 2, 3]
+    assert st.text == "Hello!" and st.finish_reason == "stop" and st.stats["source"] == "sglang-sglext"
+
+
+def test_sglang_nonstreaming_chat_response_token_ids_and_prompt_ids():
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length",
+                         "prompt_token_ids": [4, 5], "response_token_ids": [7, 8]}],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 2}}
+    st = parse_response(body)
+    assert st.output_ids == [7, 8] and st.saw_token_ids and st.prompt_ids == [4, 5] and st.token_count_source == "token_ids"
+
+
+def test_sglang_nonstreaming_chat_ids_in_sglext_only():
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "sglext": {"input_ids": [4, 5], "output_ids": [[7, 8, 9]]}, "usage": {"prompt_tokens": 2, "completion_tokens": 3}}
+    st = StreamState()
+    assert st.feed(body).num_tokens == 3
+    assert st.output_ids == [7, 8, 9] and st.prompt_ids == [4, 5]
+
+
+def test_sglext_chunk_replaces_ids_already_streamed_instead_of_doubling_them():
+    chunks = [{"choices": [{"index": 0, "text": "ab", "token_ids": [1, 2]}]},
+              {"choices": [], "sglext": {"output_ids": [[1, 2]]}}]
+    st, counts = fold(chunks)
+    assert counts == [2, 0] and st.output_ids == [1, 2]

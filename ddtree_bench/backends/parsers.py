@@ -6,7 +6,13 @@ Two jobs, both pure functions over parsed JSON (no I/O, no timing):
   body) into text, token ids, per-chunk token counts, usage and finish reason. A chunk's token
   count is, in order of preference: the length of its `token_ids` delta (`return_token_ids`), the
   growth of `usage.completion_tokens` (`stream_options.continuous_usage_stats`), else 1 per chunk
-  that carries text (flagged, since a speculative chunk may carry many tokens).
+  that carries text (flagged, since a speculative chunk may carry many tokens). Usage growth
+  counts only while every earlier counted chunk was counted by usage too: a cumulative usage that
+  first appears on the last chunk (transformers serve, vLLM without continuous stats) already
+  covers the chunks counted by text, so that chunk is not credited the whole total again.
+  Token ids also come whole: SGLang's `choices[].response_token_ids` (chat, non-streaming) and
+  `sglext.output_ids` / `sglext.input_ids` (chat, `return_output_ids_in_sglext`; streamed once,
+  in a `choices: []` chunk near the end; one id list per choice).
 * `spec_stats(obj)` finds per-request speculative-decoding stats wherever an engine puts them, and
   `accept_lengths_from_stats` turns them into per-round acceptance lengths a_r (root/bonus counted):
     - ours (`metrics.speculative_decoding.acceptance_lengths`): the exact rounds -> "rounds";
@@ -183,12 +189,23 @@ class StreamState:
             else:                                            # completions
                 upd.text = ch.get("text") or ""
             ids = ch.get("token_ids")
+            if not isinstance(ids, list):
+                ids = ch.get("response_token_ids")           # SGLang chat, non-streaming
             if isinstance(ids, list):
                 upd.token_ids = ids
             if isinstance(ch.get("prompt_token_ids"), list):  # vLLM completions: in the choice
                 self.prompt_ids = list(ch["prompt_token_ids"])
             if ch.get("finish_reason"):
                 self.finish_reason = ch["finish_reason"]
+        ext_prompt, ext_output = _sglext_ids(obj)
+        if ext_prompt is not None:
+            self.prompt_ids = ext_prompt
+        if ext_output is not None and upd.token_ids is None:
+            if ch is not None:                               # a whole body: the chunk carries them
+                upd.token_ids = ext_output
+            else:                                            # the stream's ids chunk: whole, not a delta
+                self.output_ids = list(ext_output)
+                self.saw_token_ids = True
         usage = obj.get("usage")
         new_usage_tokens = None
         if isinstance(usage, dict):
@@ -200,7 +217,7 @@ class StreamState:
             self.output_ids.extend(upd.token_ids)
             upd.num_tokens = len(upd.token_ids)
             self.token_count_source = "token_ids"
-        elif choices and new_usage_tokens is not None and self.token_count_source != "token_ids":
+        elif choices and new_usage_tokens is not None and self.token_count_source in (None, "usage"):
             upd.num_tokens = max(0, new_usage_tokens - self._usage_tokens)
             self.token_count_source = "usage"
         elif choices and upd.text and self.token_count_source in (None, "text-chunks"):
@@ -220,6 +237,20 @@ class StreamState:
     def usage_prompt_tokens(self) -> int | None:
         v = (self.usage or {}).get("prompt_tokens")
         return v if isinstance(v, int) else None
+
+
+def _sglext_ids(obj: dict[str, Any]) -> tuple[list[int] | None, list[int] | None]:
+    """(prompt ids, output ids of choice 0) from SGLang's `sglext.input_ids` / `sglext.output_ids`
+    (one list per choice, even for n = 1; a flat list is read as choice 0's); (None, None) if absent."""
+    ext = obj.get("sglext")
+    if not isinstance(ext, dict):
+        return None, None
+    prompt, out = ext.get("input_ids"), ext.get("output_ids")
+    prompt = list(prompt) if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) else None
+    if isinstance(out, list) and out and isinstance(out[0], list):
+        out = out[0]
+    out = list(out) if isinstance(out, list) and all(isinstance(t, int) for t in out) else None
+    return prompt, out
 
 
 def parse_response(body: dict[str, Any]) -> StreamState:
