@@ -26,6 +26,10 @@ PORT = 8000
 GREEDY_EPS = 1e-5             # temperature below this is greedy (both engines and the papers)
 NEAR_TIE_GAP = 1.0            # logit gap below which a greedy divergence counts as a near-tie
                               # (~2.4x the largest bf16 gap perturbation measured: docs/ci-gate.md §4)
+SERVER_NEAR_TIE_GAP = 2.0     # the same for baselines recorded from a server's logprobs (bf16 on both sides:
+                              # 2.4 x (run's + baseline's own bf16 perturbation, 2 x 0.418); docs/explain.md)
+EXPLAIN_MATCH_RMS = 0.03      # explain: per-depth curves this close (RMS over depths) reproduce each other
+EXPLAIN_AMBIGUOUS_RATIO = 1.5 # explain: a runner-up within this factor of the best variant's distance is as likely
 
 # `ddtree-bench sweep` with no arguments (the embedded default sweep; must finish < 10 min on 2 CPU cores)
 SWEEP_METHODS = ("ar", "dflash", "ddtree")

@@ -14,6 +14,12 @@ One call drafts a block [anchor, mask x (block_size-1)]:
   the query's, within the sliding window.
 The block's own K/V land in cache slots start.. and are simply overwritten by the next call (the
 caller's frontier moves to `start`), which is z-lab's `crop(start)`.
+
+`DFlashDrafter.variant` (None = z-lab's drafter) is a `draft_variants.DraftVariant`: a documented
+way an engine can deviate (forced causality, a context window, another sliding window, shifted
+block positions, context keys normed with another layer's k_norm, no hidden_norm). The hooks
+below read it; the proposer-side deviations (layer ids, mask token, draft length, bonus feeding)
+live in `draft_variants.VariantProposer`.
 """
 
 from __future__ import annotations
@@ -38,17 +44,17 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def kv(self, x, cos, sin):
+    def kv(self, x, cos, sin, k_norm=None):
         T = x.shape[0]
-        k = self.k_norm(self.k_proj(x).view(T, self.n_kv, self.head_dim))
+        k = (k_norm or self.k_norm)(self.k_proj(x).view(T, self.n_kv, self.head_dim))
         v = self.v_proj(x).view(T, self.n_kv, self.head_dim)
         return apply_rope(k.transpose(0, 1), cos, sin), v.transpose(0, 1)
 
-    def forward(self, x, ctx, cos, sin, cache: KVCache, layer: int, ctx_start: int, start: int, mask):
+    def forward(self, x, ctx, cos, sin, cache: KVCache, layer: int, ctx_start: int, start: int, mask, ctx_k_norm=None):
         # x: [Tb, H] block rows (normed); ctx: [C, H] new context features; cos/sin: [C + Tb, D]
         C, Tb = ctx.shape[0], x.shape[0]
         if C:
-            k_ctx, v_ctx = self.kv(ctx, cos[:C], sin[:C])
+            k_ctx, v_ctx = self.kv(ctx, cos[:C], sin[:C], ctx_k_norm)
             cache.write(layer, ctx_start, k_ctx, v_ctx)
         k_blk, v_blk = self.kv(x, cos[C:], sin[C:])
         cache.write(layer, start, k_blk, v_blk)
@@ -66,8 +72,8 @@ class DraftBlock(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, ctx, cos, sin, cache, layer, ctx_start, start, mask):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, cos, sin, cache, layer, ctx_start, start, mask)
+    def forward(self, x, ctx, cos, sin, cache, layer, ctx_start, start, mask, ctx_k_norm=None):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, cos, sin, cache, layer, ctx_start, start, mask, ctx_k_norm)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -80,6 +86,7 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DraftBlock(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.rope, cfg.head_dim)
+        self.variant = None  # a draft_variants.DraftVariant; None = z-lab's drafter
 
     @property
     def block_size(self) -> int:
@@ -101,7 +108,11 @@ class DFlashDrafter(nn.Module):
     def layer_mask(self, layer: int, start: int, Tb: int, device) -> torch.Tensor | None:
         """[Tb, start + Tb] bool for causal / sliding layers; None (all visible) for full non-causal layers."""
         causal, window = self.cfg.layer_causal[layer], self.cfg.layer_window[layer]
-        if not causal and window is None:
+        v = self.variant
+        if v is not None:
+            causal, window = v.layer_attention(causal, window)
+        ctx_window = v.context_window if v is not None else None
+        if not causal and window is None and ctx_window is None:
             return None
         q = torch.arange(start, start + Tb, device=device)[:, None]
         k = torch.arange(start + Tb, device=device)[None, :]
@@ -112,6 +123,8 @@ class DFlashDrafter(nn.Module):
             ok &= (q - k) < window
             if not causal:
                 ok &= (k - q) < window
+        if ctx_window is not None:  # context positions older than start - ctx_window are hidden
+            ok &= k >= start - ctx_window
         return ok
 
     def forward(self, target_hidden: torch.Tensor, block_emb: torch.Tensor, cache: KVCache, ctx_start: int, start: int) -> torch.Tensor:
@@ -119,11 +132,16 @@ class DFlashDrafter(nn.Module):
         block_emb: [Tb, H] for positions start .. start+Tb-1. Returns normed hidden states [Tb, H]."""
         C, Tb = target_hidden.shape[0], block_emb.shape[0]
         assert ctx_start + C == start, "drafter context must end where the block starts"
-        ctx = self.hidden_norm(self.fc(target_hidden))
+        v = self.variant
+        ctx = self.fc(target_hidden)
+        ctx = self.hidden_norm(ctx) if v is None or v.context_hidden_norm else ctx
         positions = torch.arange(ctx_start, start + Tb, device=block_emb.device)
+        if v is not None and v.block_position_offset:
+            positions[C:] += v.block_position_offset
         cos, sin = self.rotary(positions, block_emb.dtype)
+        knorm = self.layers[v.context_k_norm_layer].self_attn.k_norm if v is not None and v.context_k_norm_layer is not None else None
         x = block_emb
         for i, layer in enumerate(self.layers):
             mask = self.layer_mask(i, start, Tb, x.device)
-            x = layer(x, ctx, cos, sin, cache, i, ctx_start, start, mask)
+            x = layer(x, ctx, cos, sin, cache, i, ctx_start, start, mask, knorm)
         return self.norm(x)

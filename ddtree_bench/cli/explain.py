@@ -1,0 +1,50 @@
+"""`ddtree-bench explain RUN`: why a server's DFlash/DDTree acceptance differs from z-lab's drafter.
+
+Prints the verdict and writes explain.json (in the run directory, or --out). Exit 0 when the
+instrument ran (whatever it found), 2 on bad input. See docs/explain.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ddtree_bench import defaults as D
+from ddtree_bench.cli import options as O
+from ddtree_bench.cli.app import app
+
+
+@app.command("explain")
+def explain_cmd(
+    run: Annotated[Path, typer.Argument(help="A run directory of a greedy dflash/ddtree run (run.json + records.jsonl).", show_default=False)],
+    model: Annotated[Optional[str], typer.Option("--model", help="Target the reference engine loads (default: the run's --model).")] = None,
+    draft: O.Draft = None,
+    server_draft: Annotated[Optional[str], typer.Option("--server-draft", help="The drafter directory the server was launched with, when it may differ from --draft: its config is diffed against the reference's.")] = None,
+    variants: Annotated[Optional[str], typer.Option("--variants", help="Comma-separated drafter variants to try (default: the catalog; docs/explain.md lists the names).")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Replay only the run's first N requests.")] = None,
+    dtype: O.Dtype = D.DTYPE,
+    device: O.Device = D.DEVICE,
+    out: Annotated[Optional[Path], typer.Option("--out", help="JSON file to write (default: RUN/explain.json).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the JSON document instead of the text report.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Explain an acceptance gap: replay the run on the reference engine under known drafter variants and name the one that reproduces the server."""
+    import json
+
+    from ddtree_bench.explain.analyse import explain, format_text
+    from ddtree_bench.records import json_safe
+    from ddtree_bench.results import check_out_parent, write_json_atomic
+
+    target = out if out is not None else Path(run) / "explain.json"
+    if out is not None:
+        check_out_parent(out)
+    names = [v for v in (variants or "").split(",") if v.strip()] if variants is not None else None
+    res = explain(run, model, draft, server_draft, names, limit, dtype, device, progress=not quiet)
+    write_json_atomic(target, res)
+    if json_out:
+        typer.echo(json.dumps(json_safe(res), ensure_ascii=False, allow_nan=False))
+    else:
+        typer.echo(format_text(res))
+        typer.echo(f"explain: {target}")
