@@ -334,6 +334,11 @@ def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_g
                          hint="record a baseline with the run's --model, --suite and --subset")
     block = int(baseline.header.get("block_size") or run_fact(run_info, "block_size") or metrics.DEFAULT_BLOCK_SIZE)
     run_paired = [run_by_key[e.key] for e in paired]
+    n_retok = sum(1 for r in run_paired if r.token_source == "retokenized")
+    if n_retok:  # --backend openai against a server that sends text only (records.py: token_source)
+        warnings.append(f"judged by re-tokenized text: {n_retok} of {len(run_paired)} run outputs are the server's text "
+                        "tokenized with the local tokenizer (the server sent no token ids), so a difference can come "
+                        "from tokenization and a stop token the server left out of its text shows as eos_stripped")
     acceptance = acceptance_block(run_paired, [e.as_record() for e in paired], max(block, 2))
     h = baseline.header
     return Comparison(
@@ -343,7 +348,8 @@ def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_g
         not_in_baseline=[_key(k) for k in run_by_key if k not in base_by_key],
         acceptance=acceptance, warnings=warnings,
         run_info={**{k: spec.get(k) for k in ("backend", "model", "method", "budget", "suite", "temperature", "device", "max_new_tokens")},
-                  "dtype": run_fact(run_info, "dtype")},
+                  "dtype": run_fact(run_info, "dtype"),
+                  "token_source": "retokenized" if n_retok else next((r.token_source for r in run_paired if r.token_source), None)},
         baseline_info={"source": h.get("source"), "method": h.get("method"), "model": h.get("model"), "dtype": h.get("dtype"),
                        "suite": h.get("suite"), "temperature": baseline.temperature, "has_logit_gaps": baseline.has_gaps,
                        "accept_method": h.get("accept_method"), "budget": h.get("budget")},

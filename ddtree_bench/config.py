@@ -17,7 +17,7 @@ from typing import Any
 from ddtree_bench import defaults as D
 from ddtree_bench.errors import UsageError
 
-BACKENDS = ("inprocess", "standalone", "sglang", "vllm")
+BACKENDS = ("inprocess", "standalone", "sglang", "vllm", "openai")  # openai: any OpenAI-compatible server
 DTYPES = ("float32", "bfloat16", "float16")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
@@ -46,6 +46,7 @@ class RunSpec:
     request_rate: float | None = None
     warmup: int = D.WARMUP_REQUESTS
     endpoint: str = "chat"                  # chat | completions (HTTP backends)
+    stream: bool = True                     # HTTP backends: SSE streams (False: one JSON body per request, no ITL)
     timeout_s: float = D.REQUEST_TIMEOUT_S
     stop_ids: list[int] | None = None       # None = the model's generation_config eos ids
     api_key: str | None = field(default=None, repr=False)

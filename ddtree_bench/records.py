@@ -55,6 +55,10 @@ class RequestRecord:
     per-round list), "histogram" (rebuilt from an engine histogram, order lost) or None.
     Timestamps are `perf_counter_ns()` readings on the client; `chunk_times_ns[i]` is when chunk i
     arrived and `chunk_tokens[i]` how many tokens it carried.
+    `token_source` says where `output_ids` came from: "server" (the server sent the ids),
+    "retokenized" (the server sent text only; the client tokenized it with the model's local
+    tokenizer, so a difference can come from tokenization) or None (the in-process engine's own
+    ids, no ids at all, or a record written before the field existed: run.json version 1).
     """
 
     prompt_id: str
@@ -78,6 +82,7 @@ class RequestRecord:
     # When the request actually left the client. Equal to t_send_ns except in open-loop runs, where
     # t_send_ns is the scheduled Poisson arrival and the difference is the client's own lag.
     t_dispatch_ns: int | None = None
+    token_source: str | None = None         # "server" | "retokenized" | None (see the class docstring)
 
     @property
     def ok(self) -> bool:

@@ -47,7 +47,7 @@ def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backe
     with RunWriter(out) as writer:
         info = {
             "kind": "ddtree-bench-run",
-            "version": 1,
+            "version": 2,  # 2: records carry token_source, the spec `stream` (1 is read the same, without them)
             "spec": spec.public_dict(),
             "suite": suite_info.to_dict(),
             "backend": backend.describe(),

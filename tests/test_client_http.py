@@ -172,7 +172,7 @@ def test_each_failure_kind_becomes_a_per_request_error():
         recs = {r.prompt_id: r for r in drive_sync(backend(s.url, timeout_s=1.0), [Prompt(k, [k]) for k in kinds], concurrency=4)}
     assert recs["http400"].error == "http 400: max_tokens is too large"
     assert recs["http503"].error == "http 503: overloaded"
-    assert recs["truncated"].error.startswith("truncated stream: the response ended without [DONE] after 1 tokens")
+    assert recs["truncated"].error.startswith("truncated stream: the response ended without [DONE] or a finish_reason after 1 tokens")
     assert recs["cut"].error.startswith("truncated stream")
     assert recs["error-event"].error == "server error: CUDA out of memory"
     assert recs["garbage"].error.startswith("bad response")
@@ -260,3 +260,211 @@ def test_wrong_api_key_and_unknown_model_are_usage_errors():
     with ThreadedServer(fake_app(handler, served=["x", "y"])) as s:
         with pytest.raises(UsageError, match="serves x, y, not 'm'"):
             drive_sync(backend(s.url), [Prompt("p", ["q"])])
+
+
+# ---------------------------------------------------------------------------- issue 15: servers we do not know, SGLang chat, labels
+
+
+# The top-level request fields of the OpenAI API (chat + legacy completions) that ddtree-bench may send
+# to a server it does not know.
+STANDARD_FIELDS = {"model", "messages", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed"}
+
+
+def strict_app(handler, model="m", done=False):
+    """A server in the manner of `transformers serve`: 422 for any field outside the standard set
+    (and for vendor keys inside stream_options), usage on the finish chunk, no [DONE] unless `done`."""
+    async def strict(request, body, i):
+        extra = set(body) - STANDARD_FIELDS
+        if body.get("stream_options") and set(body["stream_options"]) - {"include_usage"}:
+            extra |= {"stream_options." + k for k in set(body["stream_options"]) - {"include_usage"}}
+        if extra:
+            return web.json_response({"detail": f"Unexpected fields in the request: {sorted(extra)}"}, status=422)
+        return await handler(request, body, i)
+
+    return fake_app(strict, model=model)
+
+
+def _text_chunks(pieces, finish="length", usage=None, chat=True):
+    out = [{"choices": [{"index": 0, "delta": {"role": "assistant"}}]}] if chat else []
+    for piece in pieces:
+        out.append({"choices": [{"index": 0, **({"delta": {"content": piece}} if chat else {"text": piece})}]})
+    last = {"index": 0, "finish_reason": finish, **({"delta": {}} if chat else {"text": ""})}
+    out.append({"choices": [last], "usage": {"prompt_tokens": 5, "completion_tokens": usage, "total_tokens": 5 + usage}})
+    return out
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_openai_backend_sends_standard_fields_only_and_retokenizes_text(endpoint):
+    from ddtree_bench import metrics
+    from ddtree_bench.backends.client import local_tokenizer
+
+    tok = local_tokenizer("toy")
+    answer = "The answer is 5, and then some more words."
+    pieces = [answer[i:i + 3] for i in range(0, len(answer), 3)]  # 3 characters per chunk
+    n_tokens = len(tok.encode(answer))
+
+    async def handler(request, body, i):
+        return await stream(request, _text_chunks(pieces, usage=n_tokens, chat=endpoint == "chat"), done=False)
+
+    app = strict_app(handler)
+    prompts = [Prompt(f"p{k}", ["What is 2+3?"]) for k in range(8)]
+    with ThreadedServer(app) as s:
+        recs = drive_sync(backend(s.url, "openai", model="toy", endpoint=endpoint, stop_ids=[258]), prompts,
+                          max_new_tokens=64, warmup=0)
+    for path, _, body in app[SEEN]:
+        assert set(body) <= STANDARD_FIELDS, set(body) - STANDARD_FIELDS
+        assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    body = app[SEEN][0][2]
+    if endpoint == "completions":  # text, rendered by the local chat template (the standard prompt type)
+        assert isinstance(body["prompt"], str) and body["prompt"].endswith("assistant\n")
+    for rec in recs:
+        assert rec.ok, rec.error  # finish_reason, no [DONE]: complete (as the official openai client reads it)
+        assert rec.finish_reason == "length" and rec.output_text == answer
+        assert rec.token_source == "retokenized" and rec.output_ids == tok.encode(answer)
+        assert sum(rec.chunk_tokens) == n_tokens == rec.num_output_tokens  # not the text chunks + the usage again
+        assert rec.server_stats["chunk_token_counts_from"] == "retokenized-text"
+    itl = [x for r in recs for x in metrics.itl_samples_ms(r)]
+    assert len(itl) == sum(r.num_output_tokens - r.chunk_tokens[0] for r in recs)  # one ITL sample per token after the first chunk
+
+
+def test_openai_backend_nonstreaming_and_server_ids_win_over_retokenizing():
+    async def handler(request, body, i):
+        assert body["stream"] is False and "stream_options" not in body
+        choice = {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+        if i == 1:  # this server does send ids (vLLM's chat shape, asked nothing)
+            choice["token_ids"] = [104, 105, 258]
+        return web.json_response({"choices": [choice], "usage": {"prompt_tokens": 4, "completion_tokens": 3}})
+
+    app = strict_app(handler)
+    with ThreadedServer(app) as s:
+        recs = drive_sync(backend(s.url, "openai", model="toy", stream=False), [Prompt("a", ["q"]), Prompt("b", ["q"])], warmup=0)
+    a, b = sorted(recs, key=lambda r: r.prompt_id)
+    assert a.ok and a.token_source == "retokenized" and a.output_ids == [104, 105] and a.chunk_tokens == [3]
+    assert a.t_first_token_ns == a.t_done_ns  # one body: no stream timing to report
+    assert a.server_stats["token_count_mismatch"] == {"usage_completion_tokens": 3, "token_ids": 2}  # the stop token is not in the text
+    assert b.ok and b.token_source == "server" and b.output_ids == [104, 105, 258]
+
+
+def test_known_backends_are_refused_by_a_strict_server_but_openai_is_not():
+    async def handler(request, body, i):
+        return await stream(request, _text_chunks(["ok"], usage=2), done=False)
+
+    with ThreadedServer(strict_app(handler, model="toy")) as s:
+        (vllm,) = drive_sync(backend(s.url, "vllm", model="toy"), [Prompt("p", ["q"])], warmup=0)
+        (generic,) = drive_sync(backend(s.url, "openai", model="toy"), [Prompt("p", ["q"])], warmup=0)
+    assert vllm.error.startswith("http 422: Unexpected fields in the request") and "return_token_ids" in vllm.error
+    assert generic.ok and generic.output_text == "ok"
+
+
+def test_vendor_stream_with_finish_reason_but_no_done_is_complete_and_without_either_truncated():
+    async def handler(request, body, i):
+        finish = "stop" if body["messages"][0]["content"] == "finished" else None
+        return await stream(request, [content([1, 2], "ab"), content([3], "c", finish)], done=False)
+
+    with ThreadedServer(fake_app(handler)) as s:
+        recs = {r.prompt_id: r for r in drive_sync(backend(s.url), [Prompt("finished", ["finished"]), Prompt("cut", ["cut"])], warmup=0)}
+    assert recs["finished"].ok and recs["finished"].output_ids == [1, 2, 3] and recs["finished"].t_done_ns >= recs["finished"].chunk_times_ns[-1]
+    assert recs["cut"].error.startswith("truncated stream: the response ended without [DONE] or a finish_reason after 3 tokens")
+
+
+SGLANG_STREAM_IDS_400 = ("return_token_ids is not supported with streaming on /v1/chat/completions. "
+                         "Please set stream=false when using return_token_ids=true.")
+
+
+def sglang_app():
+    """SGLang 0.5.23's chat/completions id rules (serving_chat.py, serving_completions.py), as payloads."""
+    async def handler(request, body, i):
+        chat = request.path.endswith("/chat/completions")
+        if chat and body.get("stream") and body.get("return_token_ids"):
+            return web.json_response({"object": "error", "message": SGLANG_STREAM_IDS_400, "type": "BadRequest", "code": 400},
+                                     status=400)
+        details = {"spec_verify_ct": 2, "spec_correct_drafts_histogram": [0, 1, 1]}
+        if not body.get("stream"):
+            choice = {"index": 0, "finish_reason": "length"}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": "abc"}
+                if body.get("return_token_ids"):
+                    choice.update(response_token_ids=[97, 98, 99], prompt_token_ids=[1, 2])
+            else:
+                choice.update(text="abc", token_ids=[97, 98, 99] if body.get("return_token_ids") else None)
+            return web.json_response({"choices": [choice], "usage": {"prompt_tokens": 2, "completion_tokens": 3},
+                                      "sglext": {"spec_tokens_details": details}})
+        if chat:
+            events = [{"choices": [{"index": 0, "delta": {"content": "ab"}}], "usage": {"completion_tokens": 2}},
+                      {"choices": [{"index": 0, "delta": {"content": "c"}, "finish_reason": "length"}], "usage": {"completion_tokens": 3}}]
+            ext = {"spec_tokens_details": details}
+            if body.get("return_output_ids_in_sglext"):
+                ext["output_ids"] = [[97, 98, 99]]
+            if body.get("return_input_ids_in_sglext"):
+                ext["input_ids"] = [1, 2]
+            events.append({"choices": [], "sglext": ext})
+        else:
+            events = [content([97, 98], "ab", chat=False), content([99], "c", "length", chat=False),
+                      {"choices": [], "sglext": {"spec_tokens_details": details}}]
+        events.append({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3}})
+        return await stream(request, events)
+
+    return fake_app(handler, model="random")
+
+
+@pytest.mark.parametrize("endpoint,streamed", [("chat", True), ("chat", False), ("completions", True), ("completions", False)])
+def test_sglang_runs_on_every_endpoint_and_mode_with_ids(endpoint, streamed):
+    app = sglang_app()
+    with ThreadedServer(app) as s:
+        (rec,) = drive_sync(HTTPBackend("sglang", s.url, model="random", endpoint=endpoint, stream=streamed),
+                            [Prompt("p", ["q"])], max_new_tokens=3, warmup=0)
+    body = app[SEEN][0][2]
+    assert rec.ok, rec.error
+    assert rec.output_ids == [97, 98, 99] and rec.token_source == "server" and rec.output_text == "abc"
+    assert sorted(rec.accept_lengths) == [2, 3] and body["return_spec_tokens_details"] is True
+    if endpoint == "chat" and streamed:
+        assert "return_token_ids" not in body and body["return_output_ids_in_sglext"] is True
+        assert rec.prompt_ids == [1, 2] and rec.chunk_tokens == [2, 1]  # counts from the continuous usage
+    else:
+        assert body["return_token_ids"] is True and "return_output_ids_in_sglext" not in body
+
+
+def info_app(info):
+    app = fake_app(lambda request, body, i: stream(request, [content([1], "a", "stop")]), model="toy")
+
+    async def server_info(request):
+        return web.json_response(info)
+
+    app.router.add_get("/server_info", server_info)
+    return app
+
+
+def test_standalone_run_without_budget_is_labelled_from_the_server(tmp_path, capsys):
+    from ddtree_bench.cli import main
+    from ddtree_bench.results import read_json
+
+    with ThreadedServer(info_app({"server": "ddtree-bench serve", "method": "ddtree", "budget": 32, "block_size": 16})) as s:
+        base = ["run", "--backend", "standalone", "--url", s.url, "--suite", "smoke", "--limit", "1", "--warmup", "0", "--quiet"]
+        main(base + ["--out", str(tmp_path / "a")])
+        run = read_json(tmp_path / "a" / "run.json")
+        assert run["spec"]["method"] == "ddtree" and run["spec"]["budget"] == 32  # not the --budget default 64
+        assert run["spec"]["extra"]["labels_from"] == {"source": "server /server_info", "method": "ddtree", "budget": 32}
+        assert run["version"] == 2
+        assert "runs ddtree B=32" in capsys.readouterr().err
+        main(base + ["--budget", "32", "--out", str(tmp_path / "b")])  # agreeing flags are fine
+        assert read_json(tmp_path / "b" / "run.json")["spec"]["budget"] == 32
+        with pytest.raises(SystemExit) as e:
+            main(base + ["--budget", "64", "--out", str(tmp_path / "c")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "--budget 64 contradicts the server" in err and "which runs ddtree B=32" in err
+        assert not (tmp_path / "c").exists()
+        with pytest.raises(SystemExit) as e:
+            main(base + ["--method", "ar", "--out", str(tmp_path / "d")])
+        assert e.value.code == 2 and "--method ar contradicts" in capsys.readouterr().err
+
+
+def test_server_without_labels_keeps_the_flags(tmp_path):
+    from ddtree_bench.cli import main
+    from ddtree_bench.results import read_json
+
+    with ThreadedServer(info_app({"version": "9.9"})) as s:  # /server_info without method (not ddtree-bench serve)
+        main(["run", "--backend", "openai", "--url", s.url, "--method", "ar", "--suite", "smoke", "--limit", "1",
+              "--warmup", "0", "--quiet", "--out", str(tmp_path / "a")])
+    run = read_json(tmp_path / "a" / "run.json")
+    assert run["spec"]["method"] == "ar" and "labels_from" not in run["spec"]["extra"]
+    assert run["spec"]["backend"] == "openai" and run["backend"]["kind"] == "openai"

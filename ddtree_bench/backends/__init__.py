@@ -1,8 +1,10 @@
 """Backends turn a `GenerationRequest` into a `RequestRecord`, all in the same shape.
 
 `make_backend(spec)` picks one by `spec.backend`: `inprocess` (the reference engine in this
-process), or an OpenAI-compatible HTTP client for `standalone` (ddtree-bench serve), `sglang` and
-`vllm`. Backends know nothing of trees: acceptance arrives as per-round lengths or engine stats.
+process), or an OpenAI-compatible HTTP client for `standalone` (ddtree-bench serve), `sglang`,
+`vllm` and `openai` (any other OpenAI-compatible server: standard fields only, token ids from the
+server or re-tokenized text; docs/openai-compat.md). Backends know nothing of trees: acceptance
+arrives as per-round lengths or engine stats.
 """
 
 from __future__ import annotations

@@ -1,20 +1,35 @@
-"""The OpenAI-compatible streaming HTTP client: one backend for `standalone` (ddtree-bench serve),
-`sglang` and `vllm` servers.
+"""The OpenAI-compatible HTTP client: one backend for `standalone` (ddtree-bench serve), `sglang`,
+`vllm` and `openai` (any other OpenAI-compatible server) servers.
 
-Every request streams (`stream: true`, `stream_options.include_usage` and `continuous_usage_stats`)
-from `/v1/chat/completions` (messages; the server renders its chat template, with
-`chat_template_kwargs.enable_thinking = false` as the in-process engine renders it) or
-`/v1/completions` (the conversation rendered into token ids on the client with the model's local
-tokenizer, the exact-parity path). Sampling is always explicit: `temperature`, `top_p`,
-`max_tokens`, `seed`, plus `return_token_ids` so outputs compare as ids; SGLang also gets
-`return_spec_tokens_details`. One `aiohttp.ClientSession` (one keep-alive pool) serves the whole
-run. Each SSE read is stamped with `time.perf_counter_ns()`; a chunk's token count comes from its
-token ids (see `parsers`), so a k-token speculative chunk is k tokens for ITL.
+Requests stream by default (`stream: true` with `stream_options.include_usage`; `--no-stream` asks
+for one JSON body) from `/v1/chat/completions` (messages; the server renders its chat template) or
+`/v1/completions` (the conversation rendered on the client with the model's local tokenizer: token
+ids, the exact-parity path; plain text for `openai`). Sampling is always explicit: `temperature`,
+`top_p`, `max_tokens`, `seed`. What else a request carries depends on the server
+(docs/openai-compat.md has the table):
+
+* standalone, vllm: `return_token_ids` (ids per chunk), `stream_options.continuous_usage_stats`,
+  `chat_template_kwargs.enable_thinking = false`, `stop_token_ids` when set;
+* sglang: the same, plus `return_spec_tokens_details`; but SGLang refuses `return_token_ids` on
+  streamed chat (400), so streamed chat asks for `return_output_ids_in_sglext` /
+  `return_input_ids_in_sglext` instead (the ids arrive whole in one `sglext` chunk at the end;
+  per-chunk counts come from the continuous usage);
+* openai: standard fields only (servers such as `transformers serve` answer 422 to vendor fields).
+  Token ids are the server's if it sends any, else the output text tokenized with the model's
+  local tokenizer (`RequestRecord.token_source` = "retokenized"; per-chunk counts then come from
+  tokenizing the growing text, so ITL stays per token).
+
+One `aiohttp.ClientSession` (one keep-alive pool) serves the whole run. Each SSE read is stamped with
+`time.perf_counter_ns()`; a chunk's token count comes from its token ids (see `parsers`), so a
+k-token speculative chunk is k tokens for ITL. A stream is complete when it ends with `data: [DONE]`
+or after a chunk with a `finish_reason` (transformers serve sends no `[DONE]`, as the official
+`openai` client accepts); one that ends with neither is truncated.
 
 Failures of one request become its `error` ("timeout: ...", "http 503: <server message>",
 "connection: ...", "truncated stream: ...", "server error: ..."); an unreachable server at `start()`
 raises `UsageError` naming the URL. `describe()` records the served model ids and what the server
-says about itself (`/version`, `/server_info`).
+says about itself (`/version`, `/server_info`). `adopt_server_labels` takes a run's method/budget
+labels from a server that reports them (`ddtree-bench serve`'s /server_info) before the run starts.
 
 Knows HTTP and response shapes (through `parsers`); nothing of trees, suites or metrics.
 """
@@ -23,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +49,8 @@ from ddtree_bench.backends.parsers import ResponseError, StreamState, accept_len
 from ddtree_bench.errors import UsageError
 from ddtree_bench.records import GenerationRequest, RequestRecord
 
-KINDS = ("standalone", "sglang", "vllm")
+KINDS = ("standalone", "sglang", "vllm", "openai")
+VENDOR_KINDS = ("standalone", "sglang", "vllm")  # servers we know: they get their extension fields
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # What run.json keeps of SGLang's (large) /server_info.
 SGLANG_INFO_KEYS = ("version", "model_path", "served_model_name", "dtype", "tp_size", "dp_size", "attention_backend",
@@ -78,7 +95,7 @@ class HTTPBackend:
 
     def __init__(self, kind: str, url: str, *, model: str, endpoint: str = "chat", api_key: str | None = None,
                  timeout_s: float = D.REQUEST_TIMEOUT_S, stop_ids: list[int] | None = None,
-                 extra_body: dict[str, Any] | None = None):
+                 extra_body: dict[str, Any] | None = None, stream: bool = True):
         if kind not in KINDS:
             raise UsageError(f"unknown HTTP backend {kind!r}; expected one of {', '.join(KINDS)}")
         if endpoint not in ENDPOINTS:
@@ -93,6 +110,7 @@ class HTTPBackend:
         self.timeout_s = float(timeout_s)
         self.stop_ids = list(stop_ids) if stop_ids is not None else None
         self.extra_body = dict(extra_body or {})
+        self.stream = bool(stream)
         self.served_model: str | None = None
         self.block_size = 16
         self.info: dict[str, Any] = {}
@@ -105,7 +123,8 @@ class HTTPBackend:
         if not spec.url:
             raise UsageError(f"--backend {spec.backend} needs --url (the server's base URL)")
         return cls(spec.backend, spec.url, model=spec.model, endpoint=spec.endpoint, api_key=spec.api_key,
-                   timeout_s=spec.timeout_s, stop_ids=spec.stop_ids, extra_body=spec.extra.get("extra_body"))
+                   timeout_s=spec.timeout_s, stop_ids=spec.stop_ids, extra_body=spec.extra.get("extra_body"),
+                   stream=getattr(spec, "stream", True))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -139,6 +158,8 @@ class HTTPBackend:
             trace.on_connection_create_end.append(opened)
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=self._headers(),
                                                   trace_configs=[trace])
+        if self.kind == "openai" and self.tokenizer is None:
+            self.tokenizer = local_tokenizer(self.model)  # for re-tokenizing text; None: ids only if the server sends them
         if self.endpoint == "completions" and self.tokenizer is None:
             self.tokenizer = local_tokenizer(self.model)
             if self.tokenizer is None:
@@ -208,33 +229,50 @@ class HTTPBackend:
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "url": self.url, "endpoint": ENDPOINTS[self.endpoint], "model": self.model,
                 "served_model": self.served_model, "block_size": self.block_size, "stop_ids": self.stop_ids,
-                "timeout_s": self.timeout_s, "extra_body": self.extra_body or None,
+                "timeout_s": self.timeout_s, "extra_body": self.extra_body or None, "stream": self.stream,
+                "retokenize_with": str(self.tokenizer.model_dir) if self.kind == "openai" and self.tokenizer else None,
                 "connections_opened": self.connections_opened, **self.info}
 
     # ------------------------------------------------------------------ requests
 
     def payload(self, req: GenerationRequest) -> tuple[dict[str, Any], list[int] | None]:
-        """The request body for `req`, and the prompt token ids when the client rendered them."""
+        """The request body for `req`, and the prompt token ids when the client rendered them.
+
+        Standard OpenAI fields for every kind; the vendor fields only for the servers we know
+        (VENDOR_KINDS), chosen per server as the module docstring says."""
+        vendor = self.kind in VENDOR_KINDS
         body: dict[str, Any] = {
             "model": self.served_model or self.model,
-            "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "stream": self.stream,
             "max_tokens": req.max_new_tokens,
             "temperature": req.temperature,
             "top_p": req.top_p,
-            "return_token_ids": True,
         }
+        if self.stream:
+            body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True} if vendor else {"include_usage": True}
         if req.seed is not None:
             body["seed"] = req.seed
-        if self.stop_ids is not None:
+        if vendor and self.stop_ids is not None:
             body["stop_token_ids"] = self.stop_ids
         prompt_ids = None
         if self.endpoint == "chat":
             body["messages"] = req.messages
-            body["chat_template_kwargs"] = {"enable_thinking": False}
-        else:
+            if vendor:
+                body["chat_template_kwargs"] = {"enable_thinking": False}
+        elif vendor:
             prompt_ids = list(req.prompt_ids) if req.prompt_ids is not None else self.tokenizer.apply_chat_template(req.messages)
             body["prompt"] = prompt_ids
+        else:  # the standard prompt is text: the conversation rendered by the local chat template
+            text = (self.tokenizer.decode(req.prompt_ids, skip_special_tokens=False) if req.prompt_ids is not None
+                    else self.tokenizer.render(req.messages))
+            prompt_ids = self.tokenizer.encode(text)
+            body["prompt"] = text
+        if self.kind == "sglang" and self.endpoint == "chat" and self.stream:
+            # serving_chat.py: 400 "return_token_ids is not supported with streaming on /v1/chat/completions"
+            body["return_output_ids_in_sglext"] = True
+            body["return_input_ids_in_sglext"] = True
+        elif vendor:
+            body["return_token_ids"] = True
         if self.kind == "sglang":
             body["return_spec_tokens_details"] = True
         body.update(self.extra_body)
@@ -245,6 +283,7 @@ class HTTPBackend:
 
         rec = RequestRecord(prompt_id=req.prompt_id, turn=req.turn)
         state = StreamState()
+        texts: list[str] = []  # the text of each counted chunk (re-tokenized counts, `_finish`)
         try:
             body, sent_ids = self.payload(req)
         except Exception as e:  # e.g. a chat template that rejects the conversation
@@ -270,10 +309,10 @@ class HTTPBackend:
                 elif "json" in (resp.content_type or ""):  # a server that ignored stream=true
                     obj = json.loads(await resp.read())
                     rec.t_done_ns = time.perf_counter_ns()
-                    self._account(rec, state, obj, rec.t_done_ns)
+                    self._account(rec, state, obj, rec.t_done_ns, texts)
                 else:
-                    if not await self._read_stream(resp, rec, state):
-                        rec.error = (f"truncated stream: the response ended without [DONE] after "
+                    if not await self._read_stream(resp, rec, state, texts):
+                        rec.error = (f"truncated stream: the response ended without [DONE] or a finish_reason after "
                                      f"{len(state.output_ids) or sum(rec.chunk_tokens)} tokens")
         except asyncio.TimeoutError:
             rec.error = f"timeout: no complete response within {self.timeout_s:g}s"
@@ -293,25 +332,30 @@ class HTTPBackend:
             rec.error = f"bad response: {e}"
         if rec.t_done_ns is None:
             rec.t_done_ns = time.perf_counter_ns()
-        self._finish(rec, state, sent_ids)
+        self._finish(rec, state, sent_ids, texts)
         return rec
 
-    def _account(self, rec: RequestRecord, state: StreamState, obj: Any, t_ns: int) -> None:
+    def _account(self, rec: RequestRecord, state: StreamState, obj: Any, t_ns: int, texts: list[str]) -> None:
         upd = state.feed(obj)
         if upd.num_tokens > 0:
             if rec.t_first_token_ns is None:
                 rec.t_first_token_ns = t_ns
             rec.chunk_times_ns.append(t_ns)
             rec.chunk_tokens.append(upd.num_tokens)
+            texts.append(upd.text)
+        elif upd.text and texts:  # text in a chunk credited no token: it belongs to the last counted one
+            texts[-1] += upd.text
 
-    async def _read_stream(self, resp, rec: RequestRecord, state: StreamState) -> bool:
-        """Consume SSE `data:` events; True when `[DONE]` arrived. Each read is stamped once, on arrival."""
+    async def _read_stream(self, resp, rec: RequestRecord, state: StreamState, texts: list[str]) -> bool:
+        """Consume SSE `data:` events; True when the stream is complete: `[DONE]` arrived, or it
+        ended after a chunk with a finish_reason (servers that send no `[DONE]`). Each read is
+        stamped once, on arrival; without `[DONE]` the last read is the end."""
         pending = b""
-        finished = False
-        async for data in resp.content.iter_any():
-            t = time.perf_counter_ns()
-            lines = (pending + data).split(b"\n")
-            pending = lines.pop()
+        done = False
+        t_last = None
+
+        def handle(lines: list[bytes], t: int) -> None:
+            nonlocal done
             for line in lines:
                 line = line.strip()
                 if not line.startswith(b"data:"):
@@ -319,16 +363,34 @@ class HTTPBackend:
                 event = line[5:].strip()
                 if event == b"[DONE]":
                     rec.t_done_ns = t
-                    finished = True
-                    continue
-                if not finished:
-                    self._account(rec, state, json.loads(event), t)
-        return finished
+                    done = True
+                elif not done:
+                    self._account(rec, state, json.loads(event), t, texts)
 
-    def _finish(self, rec: RequestRecord, state: StreamState, sent_ids: list[int] | None) -> None:
+        async for data in resp.content.iter_any():
+            t = t_last = time.perf_counter_ns()
+            lines = (pending + data).split(b"\n")
+            pending = lines.pop()
+            handle(lines, t)
+        if pending.strip() and t_last is not None:  # a last event without its newline
+            handle([pending], t_last)
+        if not done and state.finish_reason is not None and t_last is not None:
+            rec.t_done_ns = t_last
+            return True
+        return done
+
+    def _finish(self, rec: RequestRecord, state: StreamState, sent_ids: list[int] | None, texts: list[str]) -> None:
         """Fill the record from the folded response; cross-check token counts."""
         rec.output_text = state.text
         rec.output_ids = list(state.output_ids) if state.saw_token_ids else None
+        retokenized = False
+        if rec.output_ids is not None:
+            rec.token_source = "server"
+        elif self.kind == "openai" and self.tokenizer is not None and rec.error is None:
+            rec.output_ids = self.tokenizer.encode(state.text)
+            rec.token_source = "retokenized"
+            if state.token_count_source == "text-chunks":  # exact per-chunk counts (usage) are kept
+                retokenized = self._recount_chunks(rec, texts)
         rec.prompt_ids = state.prompt_ids if state.prompt_ids is not None else sent_ids
         n_usage = state.usage_completion_tokens
         rec.num_prompt_tokens = state.usage_prompt_tokens if state.usage_prompt_tokens is not None else (
@@ -346,8 +408,87 @@ class HTTPBackend:
             k = state.stats.get("num_spec_tokens")
             if isinstance(k, int) and k + 1 > self.block_size:
                 self.block_size = k + 1
-        if state.token_count_source not in (None, "token_ids"):
+        if retokenized:
+            stats["chunk_token_counts_from"] = "retokenized-text"
+        elif state.token_count_source not in (None, "token_ids"):
             stats["chunk_token_counts_from"] = state.token_count_source
         if n_usage is not None and rec.output_ids is not None and n_usage != len(rec.output_ids):
             stats["token_count_mismatch"] = {"usage_completion_tokens": n_usage, "token_ids": len(rec.output_ids)}
         rec.server_stats = stats or None
+
+    def _recount_chunks(self, rec: RequestRecord, texts: list[str]) -> bool:
+        """Re-count a text-only stream's chunks in tokens of the re-tokenized output: chunk i carries
+        len(encode(text of chunks 0..i)) - the tokens credited before it (capped at the total; the
+        rest goes to the last chunk). Chunks left with 0 tokens (the start of a token split over
+        chunks) are dropped, their text counted with the next. False when there is nothing to
+        re-count (one body, or counts not from text)."""
+        if len(texts) != len(rec.chunk_tokens) or len(texts) < 2:
+            return False
+        total = len(rec.output_ids or [])
+        counts, prefix, credited = [], "", 0
+        for t in texts:
+            prefix += t
+            n = min(len(self.tokenizer.encode(prefix)), total)
+            counts.append(max(0, n - credited))
+            credited = max(credited, n)
+        counts[-1] += total - credited
+        keep = [i for i, c in enumerate(counts) if c > 0]
+        rec.chunk_times_ns = [rec.chunk_times_ns[i] for i in keep]
+        rec.chunk_tokens = [counts[i] for i in keep]
+        if keep:
+            rec.t_first_token_ns = rec.chunk_times_ns[0]
+        return True
+
+
+def probe_server_info(url: str, api_key: str | None = None, timeout_s: float = D.HTTP_PROBE_TIMEOUT_S) -> dict[str, Any] | None:
+    """The server's GET /server_info as a dict, or None (unreachable, no such route, not JSON)."""
+    import requests
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        resp = requests.get(normalize_url(url) + "/server_info", headers=headers, timeout=timeout_s)
+        body = resp.json() if resp.status_code == 200 else None
+    except (requests.RequestException, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def adopt_server_labels(spec, flags_given: tuple[str, ...] | list[str] | set[str] = ()) -> Any:
+    """The run's method and budget labels from the server itself, where it reports them.
+
+    An HTTP client cannot choose what the server runs: `ddtree-bench serve --budget 32` runs B = 32
+    whatever `run --budget` says. So when the server's /server_info names its `method` (and
+    `budget` for ddtree) -- ddtree-bench serve does; SGLang, vLLM and transformers serve do not --
+    the run is labelled with those values (and `spec.extra["labels_from"]` records it). A flag the
+    user gave (`flags_given` holds "method" / "budget") that contradicts the server is an error
+    (exit 2): the user meant another server. Flags left at their defaults simply yield. Returns
+    `spec` (changed in place); unchanged when the server says nothing or cannot be reached (the
+    first request then reports that).
+    """
+    if spec.backend not in ("standalone", "openai") or not spec.url:
+        return spec
+    info = probe_server_info(spec.url, spec.api_key)
+    method = (info or {}).get("method")
+    if method not in D.METHODS:
+        return spec
+    budget = info.get("budget") if method == "ddtree" else None
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
+        budget = None
+    label = method + (f" B={budget}" if budget is not None else "")
+    conflicts = []
+    if "method" in flags_given and spec.method != method:
+        conflicts.append(f"--method {spec.method}")
+    if "budget" in flags_given and method == "ddtree" and budget is not None and spec.budget != budget:
+        conflicts.append(f"--budget {spec.budget}")
+    if conflicts:
+        raise UsageError(f"{' and '.join(conflicts)} contradict{'s' if len(conflicts) == 1 else ''} the server at "
+                         f"{normalize_url(spec.url)}, which runs {label} (its /server_info)",
+                         hint="leave the flag out (the run is labelled from the server) or restart the server with it")
+    if spec.method != method or (budget is not None and spec.budget != budget):
+        print(f"note: the server at {normalize_url(spec.url)} runs {label} (its /server_info); the run is labelled so",
+              file=sys.stderr)
+    spec.method = method
+    if budget is not None:
+        spec.budget = budget
+    spec.extra = {**spec.extra, "labels_from": {"source": "server /server_info", "method": method, "budget": budget}}
+    return spec

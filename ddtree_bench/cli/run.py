@@ -13,6 +13,7 @@ from ddtree_bench.cli.app import app
 
 @app.command("run")
 def run_cmd(
+    ctx: typer.Context,
     backend: O.Backend = D.BACKEND,
     url: O.Url = None,
     api_key: O.ApiKey = None,
@@ -34,6 +35,7 @@ def run_cmd(
     request_rate: O.RequestRate = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Warmup requests before measuring (not recorded).")] = D.WARMUP_REQUESTS,
     endpoint: Annotated[str, typer.Option("--endpoint", help="chat | completions (HTTP backends).")] = "chat",
+    stream: O.Stream = True,
     out: O.Out = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table.")] = False,
 ) -> None:
@@ -46,8 +48,15 @@ def run_cmd(
         backend=backend, url=url, api_key=api_key, model=model, draft=draft, method=method, budget=budget,
         suite=suite, limit=limit, subset=subset, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
         device=device, cuda_graphs=cuda_graphs, concurrency=concurrency, request_rate=request_rate, warmup=warmup, endpoint=endpoint,
-        timeout_s=timeout,
+        timeout_s=timeout, stream=stream,
     ).validate()
+    if backend != "inprocess":  # a server's own /server_info labels the run (backends/client.py)
+        from ddtree_bench.backends.client import adopt_server_labels
+
+        # by name: typer may vendor its own click, whose ParameterSource is not click's
+        given = [n for n in ("method", "budget")
+                 if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")]
+        adopt_server_labels(spec, given)
     result = execute(spec, out, progress=not quiet)
     if not quiet and result.summary is not None:
         typer.echo(run_summary(result.summary))
