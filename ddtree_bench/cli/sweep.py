@@ -40,12 +40,15 @@ def sweep_cmd(
     limit: Annotated[Optional[int], _opt("--limit", help="Prompts per point. [default: 8]")] = None,
     max_new_tokens: Annotated[Optional[int], _opt("--max-new-tokens", help="Maximum generated tokens per turn. [default: 64]")] = None,
     repeats: Annotated[Optional[int], _opt("--repeats", help="Repeat every client-side point N times (seed + repeat). [default: 1]")] = None,
+    order: Annotated[Optional[str], _opt("--order", help="With --repeats: interleaved (rounds of every point, shuffled per round; per server group for servers) | as-listed (repeats back to back) | rounds (also cycle server groups, restarting servers). [default: interleaved]")] = None,
+    order_seed: Annotated[Optional[int], _opt("--order-seed", help="Seed of the per-round shuffles (recorded in sweep.json). [default: drawn]")] = None,
     dtype: Annotated[Optional[str], _opt("--dtype", help=f"float32 | bfloat16 | float16. {_L} [default: float32; bfloat16 for sglang/vllm]")] = None,
     device: Annotated[Optional[str], _opt("--device", help=f"cpu | cuda | cuda:N. {_L} [default: cpu; cuda for sglang/vllm]")] = None,
     seed: Annotated[Optional[int], _opt("--seed", help="Sampling seed. [default: 0]")] = None,
     warmup: Annotated[Optional[int], _opt("--warmup", help="Warmup requests (per point in-process, per server start otherwise). [default: 1]")] = None,
     endpoint: Annotated[Optional[str], _opt("--endpoint", help="chat | completions (HTTP backends). [default: chat]")] = None,
     profiles: Annotated[Optional[Path], _opt("--profiles", help="Directory of <backend>.yaml profiles overriding the bundled ones.")] = None,
+    server_python: Annotated[Optional[str], _opt("--server-python", help="Python of the environment that holds the serving engine (sglang/vllm), launched as PY -m <engine's server module>. [default: the first Python on PATH that can import it]")] = None,
     api_key: O.ApiKey = None,
     out: Annotated[Optional[Path], _opt("--out", help="Sweep directory (default: results/<sweep-id>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue a sweep: finished points are kept, failed and missing ones run.")] = False,
@@ -61,8 +64,8 @@ def sweep_cmd(
         "backends": backends, "models": models, "drafts": drafts, "methods": methods, "budgets": budgets,
         "spec_tokens": spec_tokens, "concurrency": concurrency, "request_rates": request_rates,
         "temperatures": temperatures, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
-        "repeats": repeats, "dtype": dtype, "device": device, "seed": seed, "warmup": warmup, "endpoint": endpoint,
-        "profiles": str(profiles) if profiles else None,
+        "repeats": repeats, "order": order, "order_seed": order_seed, "dtype": dtype, "device": device, "seed": seed, "warmup": warmup, "endpoint": endpoint,
+        "profiles": str(profiles) if profiles else None, "server_python": server_python,
     }
     if resume:
         given = [k for k, v in flags.items() if v is not None] + (["config"] if config else [])
@@ -84,12 +87,15 @@ def sweep_cmd(
         outcome = run_sweep(grid, target, api_key=api_key, progress=not quiet, echo=typer.echo)
     if outcome.auto_ar:
         typer.echo("note: the AR baseline was added to the grid (speedup_vs_ar needs it)")
-    typer.echo(final_table(outcome.rows))
+    summary = _sweep_summary(outcome.out)
+    typer.echo(final_table(summary["rows"] if summary else outcome.rows))
     typer.echo(f"results: {outcome.out}  (summary.csv, points/, sweep.json)")
     if report and outcome.rows:
         path = _report(outcome.out)
         if path is not None:
             typer.echo(f"report: {path}")
+    for t in (summary or {}).get("takeaways") or []:  # the closing line: a winner only when intervals separate
+        typer.echo("takeaway" + (f" ({t['settings']})" if t.get("settings") else "") + ": " + t["sentence"])
     if outcome.failed:
         raise RunFailed(f"{len(outcome.failed)} of {len(outcome.points)} points failed (see status.json in {outcome.out}/points/)",
                         hint=f"rerun the failed points with: ddtree-bench sweep --resume {outcome.out}")
@@ -115,26 +121,14 @@ def _report(sweep_dir: Path) -> Path | None:
         return None
 
 
+def _sweep_summary(sweep_dir: Path) -> dict[str, Any] | None:
+    from ddtree_bench.sweep.aggregate import read_summary
+
+    return read_summary(sweep_dir)
+
+
 def final_table(rows: list[dict[str, Any]]) -> str:
-    """budget, tau, tok/s, speedup vs AR, TTFT/TPOT p50 per point (columns that vary are added)."""
-    from ddtree_bench.display import table
+    """budget, tau, tok/s, speedup vs AR (with intervals), TTFT/TPOT p50 per point (`display.sweep_table`)."""
+    from ddtree_bench.display import sweep_table
 
-    if not rows:
-        return "no points ran"
-    vary = [c for c in ("backend", "model", "draft", "spec_tokens", "suite", "concurrency", "request_rate", "temperature", "repeat")
-            if len({r.get(c) for r in rows}) > 1]
-    header = ["method", "budget", *vary, "tau", "tok/s", "speedup", "TTFT p50 ms", "TPOT p50 ms", "status"]
-    body = []
-    for r in rows:
-        body.append([r["method"], r.get("budget"), *[_short(r.get(c)) for c in vary], r.get("acceptance_length_mean"),
-                     _round(r.get("output_throughput_tok_s"), 1), r.get("speedup_vs_ar"), _round(r.get("ttft_ms_p50"), 1),
-                     r.get("tpot_ms_p50"), r["status"]])
-    return table(body, header)
-
-
-def _round(v: Any, n: int) -> Any:
-    return round(v, n) if isinstance(v, float) else v
-
-
-def _short(v: Any) -> Any:
-    return Path(v).name if isinstance(v, str) and "/" in v else v
+    return sweep_table(rows)

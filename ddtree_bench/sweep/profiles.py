@@ -11,6 +11,14 @@ watch it:
     defaults: {param: value}        parameter defaults for this engine (vLLM: spec_tokens 15)
     env: {NAME: value}              extra environment (templates allowed; left out when a placeholder is unset)
     devices: [cuda]                 accepted device kinds (the part of --device before ':')
+    device_args: {cpu: [...]}       appended when the point's device kind is the key (vLLM's CPU settings)
+    device_env: {cpu: {NAME: v}}    extra environment for that device kind
+    python_module: vllm             the module the server's interpreter must import: `{server_python}` in
+                                    argv is `--server-python PY`, else the first Python on PATH that can
+                                    import it (sweep/server_python.py)
+    method_probe: {ddtree: CODE}    Python code run with `{server_python}` before the sweep: exit 0 = this
+                                    installation serves the method; otherwise its points are recorded as
+                                    `unsupported` with the method's note (not run, not failed)
     health_path                     readiness endpoint (200 = ready)
     startup_timeout_s               how long loading may take
     version: {path, key}            where the server reports its version (JSON)
@@ -18,7 +26,8 @@ watch it:
     notes: {method: text}           shown in sweep.json / server.json (e.g. "needs PR #29907")
 
 Template items are strings with `{name}` placeholders (model, draft, method, budget, spec_tokens,
-block_size = spec_tokens + 1, dtype, device, gpu = N of cuda:N, host, port, api_key, python), or
+block_size = spec_tokens + 1, dtype, device, gpu = N of cuda:N, host, port, api_key, python = this
+interpreter, server_python = the serving engine's interpreter), or
 `{json: OBJ}`, which renders OBJ as compact JSON after substituting placeholders (a leaf that is exactly "{name}" keeps
 the value's type; keys whose value is unset are dropped). Unknown keys in a profile are errors.
 
@@ -39,9 +48,11 @@ from ddtree_bench.errors import UsageError
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "profiles"
 PROFILE_KEYS = ("name", "description", "requires", "argv", "method_args", "optional_args", "defaults", "env",
-                "devices", "health_path", "startup_timeout_s", "version", "counters", "notes")
+                "devices", "device_args", "device_env", "python_module", "method_probe", "health_path",
+                "startup_timeout_s", "version", "counters", "notes")
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 SECRET_PARAMS = ("api_key",)
+SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 
 
 @dataclass
@@ -56,6 +67,10 @@ class Profile:
     defaults: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     devices: list[str] = field(default_factory=lambda: ["cpu", "cuda"])
+    device_args: dict[str, list[Any]] = field(default_factory=dict)
+    device_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    python_module: str | None = None
+    method_probe: dict[str, str] = field(default_factory=dict)
     startup_timeout_s: float | None = None
     version: dict[str, str] | None = None
     counters: str | None = None
@@ -88,6 +103,18 @@ def parse_profile(data: Any, source: str) -> Profile:
         raise UsageError(f"profile {source}: optional_args must map parameter names to lists")
     if data.get("counters") not in (None, "sglang", "vllm", "standalone"):
         raise UsageError(f"profile {source}: counters must be sglang, vllm or standalone")
+    da = data.get("device_args") or {}
+    if not isinstance(da, dict) or not all(isinstance(v, list) for v in da.values()):
+        raise UsageError(f"profile {source}: device_args must map device kinds (cpu, cuda) to lists")
+    de = data.get("device_env") or {}
+    if not isinstance(de, dict) or not all(isinstance(v, dict) for v in de.values()):
+        raise UsageError(f"profile {source}: device_env must map device kinds (cpu, cuda) to NAME: value mappings")
+    mp = data.get("method_probe") or {}
+    if not isinstance(mp, dict) or not all(k in ("ar", "dflash", "ddtree") and isinstance(v, str) for k, v in mp.items()):
+        raise UsageError(f"profile {source}: method_probe must map ar/dflash/ddtree to Python code (a string)")
+    pm = data.get("python_module")
+    if pm is not None and not (isinstance(pm, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", pm)):
+        raise UsageError(f"profile {source}: python_module must be a module name, e.g. vllm")
     v = data.get("version")
     if v is not None and not (isinstance(v, dict) and set(v) <= {"path", "key"} and "path" in v):
         raise UsageError(f"profile {source}: version must be {{path: /..., key: name}}")
@@ -97,6 +124,9 @@ def parse_profile(data: Any, source: str) -> Profile:
         requires=str(data.get("requires", "")), optional_args={k: list(v) for k, v in oa.items()},
         defaults=dict(data.get("defaults") or {}), env={str(k): str(x) for k, x in (data.get("env") or {}).items()},
         devices=[str(d) for d in (data.get("devices") or ["cpu", "cuda"])],
+        device_args={str(k): list(v) for k, v in da.items()},
+        device_env={str(k): {str(n): str(x) for n, x in v.items()} for k, v in de.items()},
+        python_module=pm, method_probe={str(k): str(v) for k, v in mp.items()},
         startup_timeout_s=float(data["startup_timeout_s"]) if data.get("startup_timeout_s") is not None else None,
         version=v, counters=data.get("counters"), notes={str(k): str(x) for k, x in (data.get("notes") or {}).items()},
         source=source,
@@ -184,6 +214,14 @@ class ServerCommand:
         """The command line with secrets masked (what server.json / run.json record)."""
         return shlex.join(mask_argv(self.argv, self.params))
 
+    def display_env(self) -> dict[str, str]:
+        """The extra environment with secrets masked (names with KEY, TOKEN, SECRET, ... in them)."""
+        return redact_env(self.env)
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: ("***" if SECRET_ENV.search(k) else v) for k, v in env.items()}
+
 
 def mask_argv(argv: list[str], params: dict[str, Any]) -> list[str]:
     secrets = {str(params[k]) for k in SECRET_PARAMS if params.get(k)}
@@ -192,8 +230,9 @@ def mask_argv(argv: list[str], params: dict[str, Any]) -> list[str]:
 
 def point_params(profile: Profile, *, model: str, draft: str | None, method: str, budget: int | None,
                  spec_tokens: int | None, dtype: str, device: str, host: str, port: int,
-                 api_key: str | None = None) -> dict[str, Any]:
-    """Template values for one server (profile defaults fill unset knobs)."""
+                 api_key: str | None = None, server_python: str | None = None) -> dict[str, Any]:
+    """Template values for one server (profile defaults fill unset knobs). `server_python` is the
+    resolved interpreter of the serving engine (`server_python.resolve`), None when the profile needs none."""
     k = spec_tokens if spec_tokens is not None else profile.defaults.get("spec_tokens")
     if method == "ar":
         k = None
@@ -201,7 +240,7 @@ def point_params(profile: Profile, *, model: str, draft: str | None, method: str
         "model": model, "draft": draft if method != "ar" else None, "method": method,
         "budget": budget if method == "ddtree" else None, "spec_tokens": k,
         "block_size": (k + 1) if k is not None else None, "dtype": dtype, "device": device,
-        "host": host, "port": port, "api_key": api_key, "python": sys.executable,
+        "host": host, "port": port, "api_key": api_key, "python": sys.executable, "server_python": server_python,
         "gpu": device.split(":", 1)[1] if device.startswith("cuda:") else None,
     }
     for key, v in profile.defaults.items():
@@ -224,6 +263,7 @@ def build_command(profile: Profile, params: dict[str, Any], extra_args: list[str
         raise UsageError(f"backend {profile.name} runs on {', '.join(profile.devices)}, not {device!r}")
     argv = _render_items(profile.argv, params, where)
     argv += _render_items(profile.method_args[method], params, f"{where} ({method})")
+    argv += _render_items(profile.device_args.get(kind, []), params, f"{where} ({kind})")
     for name, items in profile.optional_args.items():
         if name not in params:
             raise UsageError(f"{where}: optional_args names unknown parameter {name!r}")
@@ -231,7 +271,7 @@ def build_command(profile: Profile, params: dict[str, Any], extra_args: list[str
             argv += _render_items(items, params, f"{where} ({name})")
     argv += list(extra_args or [])
     env = {}
-    for k, v in profile.env.items():  # an env entry whose placeholder is unset is left out
+    for k, v in {**profile.env, **profile.device_env.get(kind, {})}.items():  # unset placeholder -> left out
         names = _PLACEHOLDER.findall(v)
         if all(params.get(n) is not None for n in names if n in params):
             env[k] = _render_str(v, params, f"{where} env")

@@ -23,6 +23,7 @@ import asyncio
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -35,8 +36,12 @@ from typing import Any
 from ddtree_bench import defaults as D
 from ddtree_bench.env import environment, now_iso
 from ddtree_bench.errors import RunFailed, UsageError
-from ddtree_bench.results import read_json, read_records, write_json_atomic
+from ddtree_bench.results import read_json, read_records, write_json_atomic, write_text_atomic
+from ddtree_bench.noise import probe
+from ddtree_bench.sweep import aggregate as A
 from ddtree_bench.sweep import counters as C
+from ddtree_bench.sweep import order as O
+from ddtree_bench.sweep import server_python
 from ddtree_bench.sweep.grid import GridSpec, Point, expand, server_groups, server_id, to_spec
 from ddtree_bench.sweep.layout import SweepDir, ar_index
 from ddtree_bench.sweep.profiles import Profile, build_command, load_profile, point_params
@@ -91,6 +96,8 @@ class _Prepared:
     prompts: dict[str, list]                     # suite -> prompts (first one is used for server warmup)
     profiles: dict[str, Profile]
     api_key: str | None
+    server_pythons: dict[str, str] = field(default_factory=dict)  # backend -> interpreter ({server_python})
+    unsupported: dict[str, str] = field(default_factory=dict)     # point id -> why this installation cannot serve it
 
 
 def prepare(grid: GridSpec, api_key: str | None = None) -> _Prepared:
@@ -102,7 +109,7 @@ def prepare(grid: GridSpec, api_key: str | None = None) -> _Prepared:
     for s, ps in prompts.items():
         if not ps:
             raise UsageError(f"suite {s!r} has no prompts")
-    profiles: dict[str, Profile] = {}
+    prep = _Prepared(points, prompts, {}, api_key)
     for p in points:
         if p.backend == "inprocess" or p.model == "toy":
             from ddtree_bench.pair import model_dirs
@@ -110,14 +117,27 @@ def prepare(grid: GridSpec, api_key: str | None = None) -> _Prepared:
             model_dirs(p.model, p.draft)  # the bundled toy pair must be installed
         if p.backend not in SERVER_BACKENDS:
             continue
-        if p.backend not in profiles:
-            profiles[p.backend] = load_profile(p.backend, grid.profiles)
-        cmd = _command(profiles[p.backend], p, grid, port=0, api_key=api_key)
+        if p.backend not in prep.profiles:
+            prof = prep.profiles[p.backend] = load_profile(p.backend, grid.profiles)
+            if prof.python_module and _uses_server_python(prof):
+                prep.server_pythons[p.backend] = server_python.resolve(prof.python_module, grid.server_python)
+        prof = prep.profiles[p.backend]
+        cmd = _command(prof, p, grid, port=0, api_key=api_key, server_python=prep.server_pythons.get(p.backend))
         exe = cmd.argv[0]
         if not (os.path.isabs(exe) and os.access(exe, os.X_OK)) and shutil.which(exe) is None:
             raise UsageError(f"backend {p.backend}: {exe!r} is not installed (not on PATH)",
-                             hint=profiles[p.backend].requires or None)
-    return _Prepared(points, prompts, profiles, api_key)
+                             hint=prof.requires or None)
+        code = prof.method_probe.get(p.method)
+        if code:
+            ok, said = server_python.probe(prep.server_pythons.get(p.backend) or sys.executable, code)
+            if not ok:
+                prep.unsupported[p.id] = "; ".join(x for x in (f"unsupported by this {p.backend}: {said}",
+                                                                prof.notes.get(p.method)) if x)
+    return prep
+
+
+def _uses_server_python(profile: Profile) -> bool:
+    return "{server_python}" in repr(profile.argv)
 
 
 def _model_for(profile: Profile, p: Point) -> tuple[str, str | None]:
@@ -129,11 +149,12 @@ def _model_for(profile: Profile, p: Point) -> tuple[str, str | None]:
     return p.model, p.draft
 
 
-def _command(profile: Profile, p: Point, grid: GridSpec, port: int, api_key: str | None):
+def _command(profile: Profile, p: Point, grid: GridSpec, port: int, api_key: str | None,
+             server_python: str | None = None):
     model, draft = _model_for(profile, p)
     params = point_params(profile, model=model, draft=draft, method=p.method, budget=p.budget,
                           spec_tokens=p.spec_tokens, dtype=p.dtype, device=p.device, host=D.HOST, port=port,
-                          api_key=api_key)
+                          api_key=api_key, server_python=server_python)
     return build_command(profile, params, grid.server_args.get(p.backend), grid.server_env)
 
 
@@ -212,6 +233,8 @@ class _Sweep:
                 msg += f"  ({row['num_errors']} request errors)"
             if row.get("acceptance_crosscheck_agree") is False:
                 msg += f"  [server acceptance {row['server_acceptance_length']:.2f} disagrees]"
+        elif row["status"] == "unsupported":
+            msg = f"unsupported: {str(row.get('error') or '')[:200]}"
         else:
             self.failed.append(p.id)
             msg = f"FAILED: {str(row.get('error') or '')[:160]}"
@@ -277,13 +300,15 @@ class _Sweep:
         for p in todo:
             spec = to_spec(p, self.grid)
             backend = InProcessBackend(pair, p.method, spec.budget, spec)
+            window = probe.start()  # machine load, CPU/GPU clocks before and after (noise.probe)
             err = self._execute(p, spec, backend)
+            noise = window.finish()
             k = pair.engine.block_size - 1 if p.method != "ar" and pair.engine.block_size > 1 else None
             if err is None:
                 self._annotate_run(p, {"engine_shared": True})
-                self._status(p, spec_tokens=k)
+                self._status(p, spec_tokens=k, noise=noise)
             else:
-                self.sdir.mark_failed(p.id, err, spec_tokens=k)
+                self.sdir.mark_failed(p.id, err, spec_tokens=k, noise=noise)
             self._finish(p)
 
     # ------------------------------------------------------------------ servers
@@ -291,7 +316,8 @@ class _Sweep:
     def _start_server(self, p: Point, restarts: int) -> tuple[ServerProcess, dict[str, Any]]:
         profile = self.prep.profiles[p.backend]
         port = free_port(D.HOST)
-        cmd = _command(profile, p, self.grid, port=port, api_key=self.prep.api_key)
+        cmd = _command(profile, p, self.grid, port=port, api_key=self.prep.api_key,
+                       server_python=self.prep.server_pythons.get(p.backend))
         log = self.sdir.servers_dir / f"{server_id(p)}-{restarts}.log"
         timeout = self.grid.startup_timeout_s or profile.startup_timeout_s or D.SERVER_STARTUP_TIMEOUT_S
         srv = ServerProcess(cmd.argv, port=port, log_path=log, health_path=profile.health_path, env=cmd.env,
@@ -306,7 +332,8 @@ class _Sweep:
                 if obj is not None:
                     version = obj.get(profile.version.get("key", "version"))
             info = {"backend": p.backend, "profile": profile.source, "requires": profile.requires,
-                    "note": profile.notes.get(p.method), "command": cmd.display(), "env": cmd.env,
+                    "note": profile.notes.get(p.method), "command": cmd.display(), "env": cmd.display_env(),
+                    "server_python": self.prep.server_pythons.get(p.backend),
                     "version": version, "restarts": restarts, "started_at": now_iso(), **srv.describe()}
             try:
                 self._warmup(p, srv)
@@ -341,6 +368,11 @@ class _Sweep:
 
     def run_server_group(self, group: list[Point]) -> None:
         todo = [p for p in group if not self.sdir.finished(p.id)]
+        if todo and todo[0].id in self.prep.unsupported:  # one server-side config: all or none unsupported
+            for p in todo:
+                self.sdir.mark_unsupported(p.id, self.prep.unsupported[p.id])
+                self._finish(p)
+            return
         srv: ServerProcess | None = None
         info: dict[str, Any] = {}
         restarts = 0
@@ -371,13 +403,18 @@ class _Sweep:
         api_key = self.prep.api_key
         spec = to_spec(p, self.grid, url=srv.url, api_key=api_key)
         spec.warmup = 0  # the server was warmed up once when it started
-        before = C.scrape(kind, srv.url, api_key=api_key)
+        before, before_text = C.scrape_with_text(kind, srv.url, api_key=api_key)
+        window = probe.start([srv.pid] if srv.pid else None)  # the server's CPU is not "other load"
         err = self._execute(p, spec)
+        noise = window.finish()
         died = not srv.alive()
-        after = C.scrape(kind, srv.url, api_key=api_key) if not died else {}
+        after, after_text = C.scrape_with_text(kind, srv.url, api_key=api_key) if not died else ({}, None)
         log_end = srv.log_size()
         pdir = self.sdir.point_dir(p.id)
         pdir.mkdir(parents=True, exist_ok=True)
+        for name, text in (("metrics_before.prom", before_text), ("metrics_after.prom", after_text)):
+            if text is not None:  # the server's own /metrics around the point, verbatim
+                write_text_atomic(pdir / name, text)
         (pdir / "server.log").write_bytes(srv.log_slice(log_start, log_end))
         write_json_atomic(pdir / "server.json", info)
         tail = srv.log_tail() if (died or err) else None
@@ -395,9 +432,9 @@ class _Sweep:
                                                        "server_counters": server_side, "per_request": per_req,
                                                        "crosscheck": cross})
             self._annotate_run(p, {"server": info, "server_warmup_requests": self.grid.warmup})
-            self._status(p, server_version=info.get("version"), spec_tokens=p.spec_tokens)
+            self._status(p, server_version=info.get("version"), spec_tokens=p.spec_tokens, noise=noise)
         else:
-            self.sdir.mark_failed(p.id, err, tail, server_version=info.get("version"))
+            self.sdir.mark_failed(p.id, err, tail, server_version=info.get("version"), noise=noise)
         self._finish(p)
         return log_end
 
@@ -414,7 +451,8 @@ class _Sweep:
             self.bar = None
         engines: dict = {}
         try:
-            for _, group in server_groups(self.points):
+            for batch in O.schedule_for(self.grid, self.points):  # rounds of repeats (sweep/order.py)
+                group = batch.points
                 if group[0].backend == "inprocess":
                     self.run_inprocess(group, engines)
                 else:
@@ -443,7 +481,9 @@ def run_sweep(grid: GridSpec, out: Path, *, resume: bool = False, api_key: str |
         if stored != [p.id for p in prep.points]:
             raise UsageError(f"{sdir.sweep_json}: its points no longer match its grid (made by another version?)")
     else:
-        sdir.create({"kind": "ddtree-bench-sweep", "version": 1, "sweep_id": sdir.id, "created_at": now_iso(),
+        O.fix_seed(grid)
+        sdir.create({"kind": "ddtree-bench-sweep", "version": 2, "schedule": O.describe_for(grid, prep.points),
+                     "sweep_id": sdir.id, "created_at": now_iso(),
                      "grid": grid.to_dict(), "auto_ar": auto_ar, "points": [p.to_dict() for p in prep.points],
                      "profiles": {b: pr.to_dict() for b, pr in prep.profiles.items()}, **environment(None)})
     skipped = sum(1 for p in prep.points if sdir.finished(p.id))
@@ -454,7 +494,9 @@ def run_sweep(grid: GridSpec, out: Path, *, resume: bool = False, api_key: str |
             sweep.run()
     finally:
         rows = sdir.rows(prep.points)
-        sdir.rewrite_csv(rows)
+        aggregates = A.aggregate_rows(sdir, prep.points, rows)  # `repeat` = `all` rows with the intervals
+        sdir.rewrite_csv(rows + aggregates)
+        A.write_summary(sdir, rows, aggregates, O.describe_for(grid, prep.points))
         sdir.update(last_run_at=now_iso(), complete=all(sdir.finished(p.id) for p in prep.points))
-    failed = [r["point_id"] for r in rows if r["status"] != "ok"]
+    failed = [r["point_id"] for r in rows if r["status"] not in ("ok", "unsupported")]
     return SweepOutcome(out, prep.points, rows, failed, skipped, auto_ar)
