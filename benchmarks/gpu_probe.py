@@ -10,7 +10,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ddtree_bench.engine.layers import attend
-from ddtree_bench.engine.static import grouped_attend, visible_bias
+from ddtree_bench.engine.gpu.forward import grouped_attend, visible_bias
 from ddtree_bench.perf.timing import time_fn
 
 dev = torch.device("cuda")

@@ -1,8 +1,8 @@
 """GPU probe: where a tree build's time goes, per kernel, at the Qwen3 vocabulary (L = 15 draft
 positions, V = 151,936, bf16 random logits as bench-engine's builder timing uses).
 
-For each budget and each Triton builder (tree_triton.KERNELS; the one-block kernel up to B = 256) it
-prints the builder's replayed-graph time, the top-K alone (topk_triton), and the kernels seen by
+For each budget and each Triton builder (builders.KERNELS; the one-block kernel up to B = 256) it
+prints the builder's replayed-graph time, the top-K alone (kernels/topk.py), and the kernels seen by
 torch.profiler over 10 graph replays: name, launches per build, device ms per build. The gap
 between the replay time and the summed kernel time is launch latency and idle SMs between
 dependent launches. First the top-K's two selections at K = 16 / 32 / 64 (replay time). Then the grid builders' replay time at 16 / 32 / 64 rows per counting program
@@ -17,12 +17,11 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ddtree_bench.engine import tree_triton
-from ddtree_bench.engine.cudagraph import replay_ms
-from ddtree_bench.engine.argmax_triton import argmax_rows
-from ddtree_bench.engine.topk_triton import topk_logprobs_fused
-from ddtree_bench.engine.tree_grid import GridTreeBuilder
-from ddtree_bench.engine.tree_static import StaticTreeBuilder
+from ddtree_bench.engine.gpu import _probe, builders
+from ddtree_bench.engine.gpu.graphs import replay_ms
+from ddtree_bench.engine.gpu.kernels.argmax import argmax_rows
+from ddtree_bench.engine.gpu.kernels.topk import topk_logprobs_fused
+from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
 dev = torch.device("cuda")
 L, V = 15, 151936
@@ -70,17 +69,17 @@ x = torch.randn(L, V, generator=torch.Generator().manual_seed(0)).to(dev, torch.
 for k in (16, 32, 64):
     line = f"top-K at K = {k}:"
     for sel in ("min", "threshold"):
-        line += f" {sel} {replay_ms(lambda: topk_logprobs_fused(x, k, select=sel)):.4f} ms"
+        line += f" {sel} {replay_ms(lambda: _probe.topk(x, k, select=sel)):.4f} ms"
     print(line, flush=True)
 
 budgets = [int(a) for a in sys.argv[1:]] or [64, 128, 256]
 for B in budgets:
     x = torch.randn(L, V, generator=torch.Generator().manual_seed(B)).to(dev, torch.bfloat16)
     print(f"B = {B}", flush=True)
-    for kind in tree_triton.KERNELS:
+    for kind in builders.KERNELS:
         if kind == "block" and B > 256:
             continue
-        tb = tree_triton.checked_builder(L, V, B, dev, kind)
+        tb = builders.checked_builder(L, V, B, dev, kind)
         if tb is None:
             print(f"  {kind}: unusable here")
             continue
@@ -88,14 +87,14 @@ for B in budgets:
     ref = StaticTreeBuilder(L, V, B, dev)(x)
     for keys in (False, True):
         for rows in ROWS:
-            gb = GridTreeBuilder(L, V, B, dev, keys_first=keys, rows=rows)
+            gb = _probe.grid_builder(L, V, B, dev, keys_first=keys, rows=rows)
             same = all(torch.equal(a, b) for a, b in zip(gb(x), ref)) and gb.flag.item() == 0
             print(f"  {gb.name} rows = {rows}: replay {replay_ms(lambda: gb(x)):.4f} ms{'' if same else ' (DIFFERS)'}")
     show(f"top-K alone (K = {tb.K})", lambda: topk_logprobs_fused(x, tb.K))
     if tb.K > 32:
-        show(f"top-K alone, torch merge (K = {tb.K})", lambda: topk_logprobs_fused(x, tb.K, merge="torch"))
+        show(f"top-K alone, torch merge (K = {tb.K})", lambda: _probe.topk(x, tb.K, merge="torch"))
     logits = torch.randn(B + 1, V, device=dev, dtype=torch.bfloat16)
     show(f"walk argmax over [{B + 1}, {V}] bf16", lambda: logits.argmax(dim=-1))
     same = torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
-    show(f"walk argmax, argmax_triton{'' if same else ' (DIFFERS)'}", lambda: argmax_rows(logits))
+    show(f"walk argmax, kernels/argmax.py{'' if same else ' (DIFFERS)'}", lambda: argmax_rows(logits))
     print(flush=True)

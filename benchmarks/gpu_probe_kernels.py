@@ -10,9 +10,9 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ddtree_bench.engine.fused import TORCH_OPS, merge_projections, ops_for
-from ddtree_bench.engine.static import StaticKV, group_size, target_forward, visible_bias
-from ddtree_bench.engine.tree_static import verify_visible
+from ddtree_bench.engine.gpu.fused import TORCH_OPS, merge_projections, ops_for
+from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
+from ddtree_bench.engine.gpu.tree_ops import verify_visible
 from ddtree_bench.perf.timing import time_fn
 
 dev = torch.device("cuda")

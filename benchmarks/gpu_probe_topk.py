@@ -1,18 +1,18 @@
 """GPU probe: the per-depth top-K of the draft logits several ways, as replayed CUDA graphs, at the
 Qwen3 vocabulary (L = 15 depths, V = 151,936, bf16) and the toy's (V = 272, fp32). Prints one line
-per K: PyTorch (`tree_static.topk_logprobs`: composite keys + int64 topk), Triton "min" (K
+per K: PyTorch (`tree_vector.topk_logprobs`: composite keys + int64 topk), Triton "min" (K
 min-reductions per chunk), Triton "threshold" (radix search for the chunk's K-th score, survivors
 merged by `_merge_select_kernel`) and "threshold/torch-merge" (the same, survivors merged by one
 int64 torch.topk), each checked equal to PyTorch first.
 At the Qwen3 vocabulary it also times the threshold selection at chunks of 4,096 and 8,192 tokens.
-It is what `topk_triton.SELECT_MIN_UP_TO` and `CHUNK` are set from. Run: python benchmarks/gpu_probe_topk.py
+It is what `kernels/topk.SELECT_MIN_UP_TO` and `CHUNK` are set from. Run: python benchmarks/gpu_probe_topk.py
 """
 
 import torch
 
-from ddtree_bench.engine.cudagraph import replay_ms
-from ddtree_bench.engine.topk_triton import topk_logprobs_fused
-from ddtree_bench.engine.tree_static import topk_logprobs
+from ddtree_bench.engine.gpu.graphs import replay_ms
+from ddtree_bench.engine.gpu import _probe
+from ddtree_bench.engine.tree_vector import topk_logprobs
 
 dev = torch.device("cuda")
 for V, dtype in ((151936, torch.bfloat16), (272, torch.float32)):
@@ -26,9 +26,9 @@ for V, dtype in ((151936, torch.bfloat16), (272, torch.float32)):
         for sel, merge in (("min", "triton"), ("threshold", "triton"), ("threshold", "torch")):
             if sel == "min" and k > 256:
                 continue
-            got = topk_logprobs_fused(x, k, select=sel, merge=merge)
+            got = _probe.topk(x, k, select=sel, merge=merge)
             same = all(torch.equal(a, b) for a, b in zip(got, ref))
-            ms = replay_ms(lambda: topk_logprobs_fused(x, k, select=sel, merge=merge))
+            ms = replay_ms(lambda: _probe.topk(x, k, select=sel, merge=merge))
             name = sel + ("/torch-merge" if merge == "torch" else "")
             line += f" {name}={ms:.4f}{'' if same else ' (DIFFERS)'}"
         print(line, flush=True)
@@ -42,8 +42,8 @@ for k in (128, 256):
         for ch in (4096, 8192):
             if sel == "min" and k > 128:
                 continue
-            got = topk_logprobs_fused(x, k, select=sel, chunk=ch)
+            got = _probe.topk(x, k, select=sel, chunk=ch)
             same = all(torch.equal(a, b) for a, b in zip(got, ref))
-            ms = replay_ms(lambda: topk_logprobs_fused(x, k, select=sel, chunk=ch))
+            ms = replay_ms(lambda: _probe.topk(x, k, select=sel, chunk=ch))
             line += f" {sel}@{ch}={ms:.4f}{'' if same else '(DIFFERS)'}"
     print(line, flush=True)

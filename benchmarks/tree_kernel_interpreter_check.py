@@ -9,8 +9,8 @@ Triton on the path:
 import sys
 
 from ddtree_bench.engine.tree import build_tree
-from ddtree_bench.engine.tree_grid import GridTreeBuilder
-from ddtree_bench.engine.tree_triton import TritonTreeBuilder
+from ddtree_bench.engine.gpu.kernels.tree_grid import GridTreeBuilder
+from ddtree_bench.engine.gpu.kernels.tree_block import TritonTreeBuilder
 from tests.test_fastpath import _logits
 
 kinds = sys.argv[1:] or ["block", "grid", "grid-keys"]

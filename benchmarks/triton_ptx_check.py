@@ -17,8 +17,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ddtree_bench.engine import argmax_triton, topk_triton, tree_grid, tree_triton, tree_verify_triton
-from ddtree_bench.engine.tree_triton import _pow2
+from ddtree_bench.engine.gpu.kernels import argmax as argmax_triton, topk as topk_triton, tree_block as tree_triton, tree_grid
+from ddtree_bench.engine.gpu.kernels import tree_verify as tree_verify_triton
+from ddtree_bench.engine.gpu.kernels.common import _pow2
 
 TARGET = GPUTarget("cuda", 90, 32)
 L, V = 15, 151936

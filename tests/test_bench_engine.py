@@ -97,7 +97,7 @@ def test_end_to_end_timing_never_includes_a_cache_growth(monkeypatch):
     """A growing cache drops and recaptures every graph of the fast engine; inside the timed
     generations that cost landed in tok/s (seen on an H200: the toy's B = 128 at 1.63x measured vs
     2.32x predicted). The warmup must leave a cache big enough for every timed prompt."""
-    from ddtree_bench.engine.fastloop import FastLoop
+    from ddtree_bench.engine.gpu.loop import FastLoop
     from ddtree_bench.perf import bench
 
     growths, timed = [], {}

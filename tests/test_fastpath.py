@@ -18,7 +18,7 @@ import torch
 from ddtree_bench.engine.generate import Engine
 from ddtree_bench.engine.loading import random_pair
 from ddtree_bench.engine.model import Target
-from ddtree_bench.engine.static import StaticKV, draft_forward, draft_visible, group_size, target_forward, visible_bias
+from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visible, group_size, target_forward, visible_bias
 from ddtree_bench.engine.tree import (
     _topk_logprobs,
     ancestor_matrix_slow,
@@ -26,14 +26,8 @@ from ddtree_bench.engine.tree import (
     build_tree_fast,
     verify_mask,
 )
-from ddtree_bench.engine.tree_static import (
-    StaticTreeBuilder,
-    ancestors,
-    commit_sources,
-    topk_logprobs,
-    verify_visible,
-    walk_static,
-)
+from ddtree_bench.engine.gpu.tree_ops import ancestors, commit_sources, verify_visible, walk_static
+from ddtree_bench.engine.tree_vector import StaticTreeBuilder, topk_logprobs
 from ddtree_bench.engine.verify import walk
 
 VOCAB = 272
@@ -301,7 +295,7 @@ class _FlakyBuilder(StaticTreeBuilder):
 
 
 def test_a_flagged_tree_is_rebuilt_exactly_before_commit(pair, monkeypatch):
-    from ddtree_bench.engine.fastloop import FastLoop
+    from ddtree_bench.engine.gpu.loop import FastLoop
 
     target, _ = pair
     prompt = [5, 17, 101, 33, 2, 250]
@@ -331,7 +325,7 @@ def test_flagged_rounds_with_the_dflash_drafter_queued_ahead(pair, monkeypatch, 
     the draft queued ahead must recompute the same draft logits, and only the exact rebuild may be
     committed - including in round 1, whose draft came from the prompt, and on consecutive flags.
     A commit that went through anyway would advance the frontier twice and change the tokens."""
-    from ddtree_bench.engine.fastloop import FastLoop
+    from ddtree_bench.engine.gpu.loop import FastLoop
 
     target, drafter = pair
     made = []
@@ -423,7 +417,7 @@ def test_no_gc_keeps_the_collector_off_during_a_capture_and_restores_it():
     the captured function raises."""
     import gc
 
-    from ddtree_bench.engine.cudagraph import no_gc
+    from ddtree_bench.engine.gpu.graphs import no_gc
 
     assert gc.isenabled()
     with pytest.raises(RuntimeError):

@@ -13,10 +13,10 @@ import os
 import pytest
 import torch
 
-from ddtree_bench.engine import fused
-from ddtree_bench.engine.fused import TORCH_OPS, merge_projections
-from ddtree_bench.engine.static import StaticKV, group_size, target_forward, visible_bias
-from ddtree_bench.engine.tree_static import verify_visible
+from ddtree_bench.engine.gpu import fused
+from ddtree_bench.engine.gpu.fused import TORCH_OPS, merge_projections
+from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
+from ddtree_bench.engine.gpu.tree_ops import verify_visible
 from ddtree_bench.engine.loading import random_pair
 
 VOCAB = 97

@@ -1,6 +1,6 @@
 """The Triton tree kernels against their PyTorch twins: the one-block and grid tree builds
-(tree_triton, tree_grid), the fused top-K (topk_triton), tree compile and walk (tree_verify_triton),
-the walk's argmax (argmax_triton).
+(engine/gpu/kernels/tree_block.py, tree_grid.py), the fused top-K (kernels/topk.py), tree compile,
+walk and commit (kernels/tree_verify.py), the walk's argmax (kernels/argmax.py).
 
 They run on CUDA; without a GPU they can be checked on a CPU through Triton's interpreter (slow;
 not run by CI):
@@ -13,9 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree_bench.engine.static import visible_bias
+from ddtree_bench.engine.gpu.forward import visible_bias
 from ddtree_bench.engine.tree import build_tree
-from ddtree_bench.engine.tree_static import StaticTreeBuilder, ancestors, chain, topk_logprobs, verify_visible, walk_static
+from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, verify_visible, walk_static
+from ddtree_bench.engine.tree_vector import StaticTreeBuilder, topk_logprobs
 from tests.test_fastpath import _logits
 from tests.test_fused import DEV, triton_only
 
@@ -31,8 +32,8 @@ def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
     the heap where no exact cross-depth ties can hinge on one ulp: the heap takes its log-probabilities
     from a CPU logsumexp, which can differ from a GPU's in the last bit, and with coarse logits that
     alone reorders exact ties (seen on an H200: (L, V, B) = (4, 3, 50))."""
-    from ddtree_bench.engine.tree_grid import GridTreeBuilder
-    from ddtree_bench.engine.tree_triton import TritonTreeBuilder
+    from ddtree_bench.engine.gpu.kernels.tree_grid import GridTreeBuilder
+    from ddtree_bench.engine.gpu.kernels.tree_block import TritonTreeBuilder
 
     make = {"block": TritonTreeBuilder, "grid": GridTreeBuilder,
             "grid-keys": lambda *a: GridTreeBuilder(*a, keys_first=True)}[kernel]
@@ -57,7 +58,7 @@ def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
 def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k, select):
     """Both selections, at K from 1 to a whole chunk, chunks cut mid-vocabulary, coarse logits (ties
     at the threshold: the lowest token ids must win) and NaN."""
-    from ddtree_bench.engine.topk_triton import topk_logprobs_fused
+    from ddtree_bench.engine.gpu import _probe
 
     for seed in range(2):
         x = _logits(kind, L, V, seed)
@@ -65,7 +66,7 @@ def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k, select):
             x[0, V // 2] = float("nan")   # NaN counts as -inf
         for dt in (torch.float32, torch.bfloat16):
             xd = x.to(DEV, dt)
-            lp, ids = topk_logprobs_fused(xd, k, select=select)
+            lp, ids = _probe.topk(xd, k, select=select)
             lp_ref, ids_ref = topk_logprobs(xd, k)
             assert torch.equal(ids, ids_ref) and torch.equal(lp, lp_ref)
 
@@ -82,7 +83,7 @@ def _forced_post(ids: torch.Tensor, par: torch.Tensor, V: int, node: int, g: tor
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_compile_and_walk_kernels_equal_their_twins(dtype):
-    from ddtree_bench.engine.tree_verify_triton import compile_tree, walk_tree
+    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree, walk_tree
 
     dt = getattr(torch, dtype)
     accepted = set()
@@ -114,12 +115,12 @@ def test_compile_and_walk_kernels_equal_their_twins(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("guard", [False, True])
 def test_commit_kernel_equals_its_twin(dtype, guard):
-    """commit_tree (two launches) against tree_static.commit_static: the K/V rows of every layer and
+    """commit_tree (two launches) against tree_ops.commit_static: the K/V rows of every layer and
     head (overlapping moves included), the gathered context rows, the frontier, ctx_start and the
     bonus - for chains, sibling paths and the root alone, and (guard) a raised certificate flag,
     which must leave everything as it was."""
-    from ddtree_bench.engine.tree_static import commit_static
-    from ddtree_bench.engine.tree_verify_triton import commit_tree
+    from ddtree_bench.engine.gpu.tree_ops import commit_static
+    from ddtree_bench.engine.gpu.kernels.tree_verify import commit_tree
 
     L, layers, hkv, S, D, T, C = 6, 3, 2, 48, 24, 20, 37
     dt = getattr(torch, dtype)
@@ -150,7 +151,7 @@ def test_commit_kernel_equals_its_twin(dtype, guard):
 def test_argmax_kernel_equals_torch_argmax():
     """Every rule of torch.argmax: first of equal maxima (also -0.0 vs +0.0), NaN beats all (first NaN),
     a row of -inf, +inf; rows shorter and longer than one block, and a vocabulary cut mid-block."""
-    from ddtree_bench.engine.argmax_triton import argmax_rows
+    from ddtree_bench.engine.gpu.kernels.argmax import argmax_rows
 
     g = torch.Generator().manual_seed(0)
     for V in (3, 272, 2048, 2049, 5000):

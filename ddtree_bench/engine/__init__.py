@@ -1,11 +1,16 @@
 """The reference in-process engine: Qwen3 / Llama targets, the z-lab DFlash drafter, and AR, DFlash
-and DDTree generation, in plain PyTorch.
+and DDTree generation, in plain PyTorch - plus its GPU fast path in gpu/.
 
 It knows token ids, tensors and HF model directories; it knows nothing of HTTP, suites, chat
-messages or results files. Start at `generate.Engine`; `loading.load_pair` builds one from disk.
+messages or results files. Start at `generate.Engine`; `ddtree_bench.pair.load_pair` builds one
+from disk (with `loading.load_target` / `loading.load_drafter`).
 
-Files: config (HF config.json -> dataclasses), layers (norm, rope, attention, MLP), model (target),
-draft (DFlash drafter), cache (preallocated position-indexed KV cache + compaction), tree (best-first
-tree build, slow heap twin and fast vectorised path, verify inputs), verify (sampling and the tree
-walk, slow and fast), generate (the AR / DFlash / DDTree loops), loading (directories, safetensors).
+Reference files: config (HF config.json -> dataclasses), layers (norm, rope, attention, MLP), model
+(target), draft (DFlash drafter), proposer (the drafter as a round's step 1), cache (preallocated
+position-indexed KV cache + compaction), tree (best-first tree build: the heap and the vectorised
+build, verify inputs), tree_vector (the vectorised build's exact keys and `StaticTreeBuilder`),
+verify (sampling and the tree walk, slow and fast), generate (the reference loop and the `Engine`
+dispatcher), interface (what both halves share: Generation, OutputStream, RoundTrace, the proposer
+protocol, the walk-result layout), loading (directories, safetensors).
+gpu/ is the CUDA-graph loop and everything only it uses (see gpu/__init__.py).
 """

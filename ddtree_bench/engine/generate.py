@@ -25,90 +25,18 @@ emit the same tokens (tests/test_engine_lossless.py). Knows nothing of HTTP, tex
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from ddtree_bench.engine.draft import DFlashDrafter
+from ddtree_bench.engine.interface import METHODS, STAGES, Generation, OutputStream, RoundTrace, logit_gaps
 from ddtree_bench.engine.model import Target
+from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.tree import build_tree, build_tree_fast, chain_tree, compile_tree, verify_mask
 from ddtree_bench.engine.verify import pick, walk, walk_fast
 
-METHODS = ("ar", "dflash", "ddtree")
-STAGES = ("prefill", "draft", "tree_build", "verify", "commit")
-
-
-@dataclass
-class RoundTrace:
-    """One DDTree/DFlash round, for debugging and plots: the tree and which nodes were accepted."""
-
-    token_ids: list[int]
-    parents: list[int]
-    depths: list[int]
-    accepted: list[int]
-
-
-@dataclass
-class Generation:
-    output_ids: list[int]                 # generated tokens only, cut at stop / max_new_tokens
-    accept_lengths: list[int]             # a_r per verify round (root counted); all 1 for AR
-    finish_reason: str                    # "stop" | "length"
-    num_prompt_tokens: int
-    stage_ns: dict[str, int]              # totals per stage
-    t_start_ns: int
-    t_first_token_ns: int
-    t_done_ns: int
-    chunk_times_ns: list[int] = field(default_factory=list)   # when each chunk of tokens was emitted
-    chunk_tokens: list[int] = field(default_factory=list)     # how many tokens each chunk carried
-    trees: list[RoundTrace] | None = None
-    logit_gaps: list[float] | None = None  # per output token: target top-1 minus top-2 logit where it was picked
-
-
-class OutputStream:
-    """The generated tokens as the caller sees them: cut at max_new_tokens and after the first stop
-    token (inclusive), each chunk's emission time and size, forwarded to an optional callback.
-    `stopped` is set once any round produced a stop token (anywhere in its tokens, as the authors
-    check), which ends generation even when the stop falls beyond max_new_tokens."""
-
-    def __init__(self, max_new_tokens: int, stop_ids, on_chunk: Callable[[list[int]], None] | None = None):
-        self.max_new_tokens = max_new_tokens
-        self.stops = set(int(s) for s in stop_ids)
-        self.on_chunk = on_chunk
-        self.out: list[int] = []
-        self.chunk_times_ns: list[int] = []
-        self.chunk_tokens: list[int] = []
-        self.stopped = False
-
-    def visible(self, tokens: list[int]) -> list[int]:
-        """The part of `tokens` that `emit` would append."""
-        take = tokens[: max(0, self.max_new_tokens - len(self.out))]
-        for i, t in enumerate(take):
-            if t in self.stops:
-                return take[: i + 1]
-        return take
-
-    def emit(self, tokens: list[int], now_ns: int) -> None:
-        take = self.visible(tokens)
-        self.stopped = self.stopped or any(t in self.stops for t in tokens)
-        if take:
-            self.out.extend(take)
-            self.chunk_times_ns.append(now_ns)
-            self.chunk_tokens.append(len(take))
-            if self.on_chunk is not None:
-                self.on_chunk(take)
-
-    @property
-    def finish_reason(self) -> str:
-        return "stop" if self.out and self.out[-1] in self.stops else "length"
-
-
-def _gaps(logits: torch.Tensor) -> list[float]:
-    """Top-1 minus top-2 logit per row (inf when the vocabulary has one entry)."""
-    if logits.shape[-1] < 2:
-        return [float("inf")] * logits.shape[0]
-    top2 = torch.topk(logits.float(), 2, dim=-1).values
-    return (top2[:, 0] - top2[:, 1]).tolist()
+__all__ = ["Engine", "PlainLoop", "DFlashProposer", "Generation", "OutputStream", "RoundTrace", "METHODS", "STAGES"]
 
 
 class _Clock:
@@ -128,66 +56,22 @@ class _Clock:
         return now
 
 
-class DFlashProposer:
-    """Step 1 of a round behind one method, so tests can swap in a rigged proposer.
+class PlainLoop:
+    """The reference loop over one target and an optional proposer, with caches sized to the longest
+    request seen. `fast` picks the vectorised twins (GPU tree build, tensor walk) or the slow ones."""
 
-    propose(ctx, bonus, cache, draft_len, start) -> draft logits [L, V] for depths 1..L, where ctx
-    are the target hidden states [start - draft_len, n*H] of positions draft_len .. start-1, the
-    bonus token sits at position `start`, and `cache` is the proposer's own cache (`new_cache`).
-    """
-
-    def __init__(self, drafter: DFlashDrafter, target: Target):
-        self.drafter, self.target = drafter, target
-
-    @property
-    def block_size(self) -> int:
-        return self.drafter.block_size
-
-    @property
-    def target_layer_ids(self) -> tuple[int, ...]:
-        return self.drafter.target_layer_ids
-
-    def new_cache(self, capacity: int):
-        return self.drafter.new_cache(capacity)
-
-    def propose(self, ctx: torch.Tensor, bonus: int, cache, draft_len: int, start: int) -> torch.Tensor:
-        dev = ctx.device
-        block = torch.full((self.block_size,), self.drafter.mask_token_id, dtype=torch.long, device=dev)
-        block[0] = bonus
-        h = self.drafter(ctx, self.target.embed(block), cache, draft_len, start)
-        return self.target.lm_head(h[1:])  # [L, V]
-
-
-class Engine:
-    """One target, an optional DFlash drafter (or any proposer), and caches sized to the longest request seen."""
-
-    def __init__(self, target: Target, drafter: DFlashDrafter | None = None, fast: bool | None = None, sync_stages: bool = True,
-                 proposer=None, cuda_graphs: bool = False):
-        self.target = target.eval()
-        self.drafter = drafter.eval() if drafter is not None else None
-        self.proposer = proposer if proposer is not None else (DFlashProposer(self.drafter, self.target) if drafter is not None else None)
+    def __init__(self, target: Target, proposer=None, fast: bool | None = None, sync_stages: bool = True):
+        self.target, self.proposer = target, proposer
         self.device = target.lm_head.weight.device
         # The vectorised tree build pays off on GPUs; on CPUs the heap is faster (README, bench-engine).
         self.fast_walk = True if fast is None else fast
         self.fast_build = (self.device.type == "cuda") if fast is None else fast
         self.sync_stages = sync_stages
         self._tcache = self._dcache = None
-        # cuda_graphs: run fastloop.FastLoop (fixed shapes, CUDA graphs, one sync a round; on a CPU
-        # the same fixed-shape code without capture). Same tokens as this loop.
-        self.cuda_graphs = cuda_graphs
-        self._fast_loop = None
 
     @property
     def block_size(self) -> int:
         return self.proposer.block_size if self.proposer is not None else 1
-
-    def fast_loop(self):
-        """The FastLoop behind cuda_graphs=True (made on first use; holds its own caches and graphs)."""
-        if self._fast_loop is None:
-            from ddtree_bench.engine.fastloop import FastLoop
-
-            self._fast_loop = FastLoop(self.target, self.proposer)
-        return self._fast_loop
 
     def _caches(self, capacity: int):
         if self._tcache is None or self._tcache.capacity < capacity:
@@ -197,31 +81,9 @@ class Engine:
         return self._tcache, self._dcache
 
     @torch.inference_mode()
-    def generate(
-        self,
-        prompt_ids: list[int],
-        method: str = "ddtree",
-        budget: int = 64,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop_ids: list[int] | tuple[int, ...] = (),
-        on_chunk: Callable[[list[int]], None] | None = None,
-        record_trees: bool = False,
-        return_logit_gaps: bool = False,
-    ) -> Generation:
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}")
-        if method != "ar" and self.proposer is None:
-            raise ValueError(f"method {method!r} needs a drafter")
-        if not prompt_ids:
-            raise ValueError("empty prompt")
-        if max_new_tokens <= 0:
-            raise ValueError("max_new_tokens must be positive")
-        if self.cuda_graphs and self.fast_loop().supports(method, budget):
-            return self.fast_loop().generate(prompt_ids, method, budget, max_new_tokens, temperature, top_p, seed, stop_ids,
-                                             on_chunk, record_trees, return_logit_gaps)
+    def generate(self, prompt_ids: list[int], method: str, budget: int, max_new_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int | None = None, stop_ids=(), on_chunk: Callable[[list[int]], None] | None = None,
+                 record_trees: bool = False, return_logit_gaps: bool = False) -> Generation:
         dev = self.device
         P = len(prompt_ids)
         gen = None
@@ -244,7 +106,7 @@ class Engine:
         logits, ctx = self.target(ids, torch.arange(P, device=dev), tcache, 0, hidden_layers=layers, last_logits_only=True)
         bonus = int(pick(logits, temperature, top_p, gen)[0])
         if return_logit_gaps:
-            gaps.extend(_gaps(logits))
+            gaps.extend(logit_gaps(logits))
         t_first = clock.lap("prefill")
         emit([bonus], t_first)
 
@@ -257,7 +119,7 @@ class Engine:
                 clock.lap("verify")
                 bonus = int(pick(logits, temperature, top_p, gen)[0])
                 if return_logit_gaps:
-                    gaps.extend(_gaps(logits))
+                    gaps.extend(logit_gaps(logits))
                 start += 1
                 accept_lengths.append(1)
                 emit([bonus], clock.lap("commit"))
@@ -295,7 +157,7 @@ class Engine:
             keep = torch.tensor(accepted, device=dev)
             ctx = hidden[keep]
             if return_logit_gaps:  # each emitted token was picked from its parent's row
-                gaps.extend(_gaps(logits[keep]))
+                gaps.extend(logit_gaps(logits[keep]))
             new_tokens = vids[keep[1:]].tolist() + [new_bonus]
             accept_lengths.append(a)
             if trees is not None:
@@ -319,3 +181,63 @@ class Engine:
             trees=trees,
             logit_gaps=gaps[: len(out)] if return_logit_gaps else None,
         )
+
+
+class Engine:
+    """One target, an optional DFlash drafter (or any proposer): checks a request and hands it to the
+    reference loop (PlainLoop) or, with cuda_graphs, to the GPU loop (gpu.loop.FastLoop: fixed
+    shapes, CUDA graphs, one sync a round; on a CPU the same fixed-shape code without capture).
+    Both emit the same tokens."""
+
+    def __init__(self, target: Target, drafter: DFlashDrafter | None = None, fast: bool | None = None, sync_stages: bool = True,
+                 proposer=None, cuda_graphs: bool = False):
+        self.target = target.eval()
+        self.drafter = drafter.eval() if drafter is not None else None
+        self.proposer = proposer if proposer is not None else (DFlashProposer(self.drafter, self.target) if drafter is not None else None)
+        self.device = target.lm_head.weight.device
+        self.plain = PlainLoop(self.target, self.proposer, fast, sync_stages)
+        self.cuda_graphs = cuda_graphs
+        self._fast_loop = None
+
+    @property
+    def block_size(self) -> int:
+        return self.plain.block_size
+
+    @property
+    def _tcache(self):
+        """The reference loop's target cache (tests read it)."""
+        return self.plain._tcache
+
+    def fast_loop(self):
+        """The FastLoop behind cuda_graphs=True (made on first use; holds its own caches and graphs)."""
+        if self._fast_loop is None:
+            from ddtree_bench.engine.gpu.loop import FastLoop
+
+            self._fast_loop = FastLoop(self.target, self.proposer)
+        return self._fast_loop
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        method: str = "ddtree",
+        budget: int = 64,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_ids: list[int] | tuple[int, ...] = (),
+        on_chunk: Callable[[list[int]], None] | None = None,
+        record_trees: bool = False,
+        return_logit_gaps: bool = False,
+    ) -> Generation:
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}")
+        if method != "ar" and self.proposer is None:
+            raise ValueError(f"method {method!r} needs a drafter")
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if max_new_tokens <= 0:
+            raise ValueError("max_new_tokens must be positive")
+        loop = self.fast_loop() if self.cuda_graphs and self.fast_loop().supports(method, budget) else self.plain
+        return loop.generate(prompt_ids, method, budget, max_new_tokens, temperature, top_p, seed, stop_ids,
+                             on_chunk, record_trees, return_logit_gaps)

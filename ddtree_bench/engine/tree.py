@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ddtree_bench.engine.tree_vector import SortedTreeBuilder, _topk_logprobs
+
 
 @dataclass
 class Tree:
@@ -62,22 +64,6 @@ def chain_tree(tokens: torch.Tensor) -> Tree:
     n = tokens.numel()
     ar = torch.arange(n, device=tokens.device)
     return Tree(tokens.long().clone(), ar.clone(), ar + 1)
-
-
-def _topk_logprobs(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-depth top-k of log_softmax in fp32: (logprobs [L, k], token ids [L, k]), descending.
-
-    A stable sort, so equal logits rank by token id on every device (torch.topk leaves ties in an
-    unspecified order, and a one-hot drafter makes almost every logit a tie). NaN logits (an
-    overflowing half-precision drafter) and NaN log-probabilities (rows with no finite mass) count
-    as -inf: any valid tree keeps decoding lossless, but NaN scores broke build_tree_fast's order
-    and hung deep nodes off the root."""
-    logits = draft_logits.float()
-    logits = torch.where(torch.isnan(logits), float("-inf"), logits)
-    vals, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
-    vals, ids = vals[:, :k], ids[:, :k]
-    lp = vals - torch.logsumexp(logits, dim=-1, keepdim=True)
-    return torch.where(torch.isnan(lp), float("-inf"), lp), ids
 
 
 # ---------------------------------------------------------------------------- slow twin: the heap
@@ -117,49 +103,6 @@ def build_tree(draft_logits: torch.Tensor, budget: int) -> Tree:
 # ---------------------------------------------------------------------------- fast path: vectorised
 
 
-def _desc_key(scores: torch.Tensor) -> torch.Tensor:
-    """Map fp32 scores to int64 in [0, 2^32) so that a higher score gives a smaller key (exactly)."""
-    s = scores.float() + 0.0  # -0.0 -> +0.0, so the two zeros tie as they do in Python
-    i = s.view(torch.int32).to(torch.int64)
-    ordinal = torch.where(i >= 0, i, i ^ 0x7FFFFFFF)  # increases with the float value
-    return (2**31 - 1) - ordinal
-
-
-def _rank_of(order: torch.Tensor) -> torch.Tensor:
-    """Inverse permutation: rank[order[i]] = i."""
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel(), device=order.device)
-    return rank
-
-
-def preorder(parent: list, lexrank: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Pre-order index of every kept prefix in the trie they form = its lexicographic rank among all
-    of them. parent[d][i]: index of entry i's parent among depth d-1's entries (unused at d = 0);
-    lexrank[d]: lexicographic rank of each entry among its own depth's. Subtree sizes bottom-up, then
-    pre(x) = pre(parent) + 1 + sizes of x's earlier siblings, top-down; all vectorised per depth."""
-    L = len(lexrank)
-    sizes = [torch.ones_like(r) for r in lexrank]
-    for d in range(L - 1, 0, -1):
-        sizes[d - 1] = sizes[d - 1].index_add(0, parent[d], sizes[d])
-    pre: list[torch.Tensor] = []
-    for d in range(L):
-        order = torch.argsort(lexrank[d])                             # grouped by parent, r ascending
-        sz = sizes[d][order]
-        before = sz.cumsum(0) - sz
-        if d == 0:
-            earlier, base = before, 0
-        else:
-            par_sorted = parent[d][order]
-            first = torch.ones_like(par_sorted, dtype=torch.bool)
-            first[1:] = par_sorted[1:] != par_sorted[:-1]
-            earlier = before - torch.cummax(torch.where(first, before, torch.zeros_like(before)), 0).values
-            base = pre[d - 1][par_sorted] + 1
-        p = torch.empty_like(sz)
-        p[order] = base + earlier
-        pre.append(p)
-    return pre
-
-
 def build_tree_fast(draft_logits: torch.Tensor, budget: int) -> Tree:
     """Same tree as `build_tree`, vectorised with static shapes; runs on the logits' device.
 
@@ -172,9 +115,7 @@ def build_tree_fast(draft_logits: torch.Tensor, budget: int) -> Tree:
     L, V = draft_logits.shape
     if budget <= 0 or L == 0:
         return empty_tree(draft_logits.device)
-    from ddtree_bench.engine.tree_static import StaticTreeBuilder  # the one implementation (also graph-captured)
-
-    token_ids, parents, depths = StaticTreeBuilder(L, V, budget, draft_logits.device, full_sort=True)(draft_logits)
+    token_ids, parents, depths = SortedTreeBuilder(L, V, budget, draft_logits.device)(draft_logits)
     return Tree(token_ids, parents, depths)
 
 

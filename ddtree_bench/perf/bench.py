@@ -28,7 +28,7 @@ import torch
 from ddtree_bench import defaults as D
 from ddtree_bench.config import parse_budgets
 from ddtree_bench.costmodel import CostModel, Curve, best
-from ddtree_bench.engine.fastloop import ROUND_STAGES
+from ddtree_bench.engine.gpu.loop import ROUND_STAGES
 from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
 
 
@@ -94,10 +94,10 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     """ms of one static-shape target forward over n tokens (a chain tree) after prefix_len tokens:
     "graph" (replayed, with `layer_ops`), "eager" (the same, not captured) and, when those ops are the
     fused kernels, "graph_unfused" (replayed with the PyTorch twin ops: what fusion saves)."""
-    from ddtree_bench.engine.fastloop import CAPACITY_ALIGN
-    from ddtree_bench.engine.fused import TORCH_OPS, merge_projections, ops_for
-    from ddtree_bench.engine.static import StaticKV, group_size, target_forward, visible_bias
-    from ddtree_bench.engine.tree_static import verify_visible
+    from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN
+    from ddtree_bench.engine.gpu.fused import TORCH_OPS, merge_projections, ops_for
+    from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
+    from ddtree_bench.engine.gpu.tree_ops import verify_visible
 
     ops = ops_for(device, target.lm_head.weight.dtype, layer_ops)
     merge_projections(target)   # before any capture: the merge allocates
@@ -191,7 +191,8 @@ def round_times(target, drafter, method: str, budget: int, prefix_len: int, roun
 def build_times(V: int, L: int, budgets: list[int], device: torch.device, reps: int) -> list[dict[str, Any]]:
     """ms per tree build for each budget: heap (CPU), vectorised (CPU and device), static (device, eager/graph)."""
     from ddtree_bench.engine.tree import build_tree, build_tree_fast
-    from ddtree_bench.engine.tree_static import StaticTreeBuilder
+    from ddtree_bench.engine.gpu import _probe
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
     cpu = torch.device("cpu")
     logits_cpu = torch.randn(L, V, generator=torch.Generator().manual_seed(0)) * 3
@@ -206,15 +207,16 @@ def build_times(V: int, L: int, budgets: list[int], device: torch.device, reps: 
             sb = StaticTreeBuilder(L, V, B, device)
             row["static_gpu_eager"] = time_fn(lambda: sb(logits_dev), device, reps=reps, warmup=2)
             row["static_gpu_graph"] = graph_time_fn(lambda: sb(logits_dev), reps=max(reps, 10))
-            full = StaticTreeBuilder(L, V, B, device, full_sort=True)
+            full = _probe.sorted_builder(L, V, B, device)
             row["static_gpu_graph_fullsort"] = graph_time_fn(lambda: full(logits_dev), reps=max(reps, 10))
-            from ddtree_bench.engine import tree_triton
+            from ddtree_bench.engine.gpu import builders
+            from ddtree_bench.engine.gpu.kernels import tree_block
 
             heap_tok = build_tree(logits_cpu, B).token_ids.tolist()
-            for kernel in tree_triton.KERNELS:
-                tb = tree_triton.checked_builder(L, V, B, device, kernel)
+            for kernel in builders.KERNELS:
+                tb = builders.checked_builder(L, V, B, device, kernel)
                 if tb is None:
-                    row[f"{kernel}_error"] = tree_triton._SELF_TEST.get("error") or "unusable at this budget"
+                    row[f"{kernel}_error"] = tree_block._SELF_TEST.get("error") or "unusable at this budget"
                     continue
                 row[f"{kernel}_gpu_eager"] = time_fn(lambda: tb(logits_dev), device, reps=reps, warmup=2)
                 row[f"{kernel}_gpu_graph"] = graph_time_fn(lambda: tb(logits_dev), reps=max(reps, 10))
@@ -308,7 +310,7 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
         result["gpu"] = torch.cuda.get_device_name(dev)
 
     progress("verify curve")
-    from ddtree_bench.engine.fused import ops_for
+    from ddtree_bench.engine.gpu.fused import ops_for
 
     result["layer_ops"] = ops_for(dev, target.lm_head.weight.dtype, spec.layer_ops).name
     curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs, layer_ops=spec.layer_ops)

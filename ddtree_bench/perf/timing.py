@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from ddtree_bench.engine.cudagraph import replay_ms as graph_time_fn  # noqa: F401 (re-exported)
+from ddtree_bench.engine.gpu.graphs import replay_ms as graph_time_fn  # noqa: F401 (re-exported)
 
 
 def sync(device: torch.device) -> None:

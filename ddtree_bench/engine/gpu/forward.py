@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from ddtree_bench.engine.cache import KVCache
-from ddtree_bench.engine.fused import TORCH_OPS, TorchOps, ensure_merged
+from ddtree_bench.engine.gpu.fused import ensure_merged
+from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
 
 NEG_INF = float("-inf")
 

@@ -1,4 +1,4 @@
-"""Fused layer ops for the fixed-shape forwards (static.py): Triton kernels on CUDA, PyTorch as their twin.
+"""Fused layer ops for the fixed-shape forwards (forward.py): Triton kernels on CUDA, PyTorch as their twin.
 
 Unfused, one decoder layer of the static forward launches about 58 kernels (82 aten calls, counted
 in docs/gpu-performance.md): four RMSNorms of ~7 elementwise kernels each, RoPE as cat/neg/mul/add,
@@ -18,8 +18,8 @@ still pays a few microseconds for each small kernel, which is what kept the Qwen
 The Triton kernels round where PyTorch rounds: after every op PyTorch runs in the activation dtype
 (bf16 products and sums round to bf16; fp32 statistics stay fp32), so they agree with the twin
 except for the summation order of RMSNorm's mean of squares and the fp32 exp/rsqrt of the
-hardware, a few fp32 ulps before rounding. `TorchOps` is that twin: the same functions in plain
-PyTorch, which CPUs (and CI) run. `ops_for(device)` returns `TritonOps` only where Triton is
+hardware, a few fp32 ulps before rounding. `TorchOps` (ops.py) is that twin: the same functions in
+plain PyTorch, which CPUs (and CI) run; `TritonOps` lives in kernels/layer_ops.py. `ops_for(device)` returns `TritonOps` only where Triton is
 installed, the device is CUDA and a self-test against the twin passes; otherwise `TorchOps`, with a
 warning if Triton was there but failed.
 Knows nothing of trees, rounds or graphs; the KV cache it writes is one layer's [Hkv, S, D] tensors.
@@ -30,17 +30,13 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ddtree_bench.engine.layers import apply_rope, rms_norm
+from ddtree_bench.engine.gpu.kernels.common import triton
+from ddtree_bench.engine.gpu.kernels.layer_ops import TritonOps
+from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
 
-try:  # Triton ships with CUDA builds of PyTorch; CPU installs may lack it
-    import triton
-    import triton.language as tl
-except Exception:  # pragma: no cover - depends on the install
-    triton = None
-    tl = None
+__all__ = ["merge_projections", "ensure_merged", "ops_for", "self_test", "TorchOps", "TORCH_OPS", "TritonOps", "triton"]
 
 
 # ---------------------------------------------------------------------------- merged projections
@@ -84,184 +80,6 @@ def ensure_merged(model: nn.Module) -> None:
     first = next((m for m in model.modules() if hasattr(m, "q_proj")), None)
     if first is not None and not _merged(getattr(first, "qkv_weight", None), first.q_proj):
         merge_projections(model)
-
-
-# ---------------------------------------------------------------------------- the PyTorch twin
-
-
-class TorchOps:
-    """The fused ops written as the unfused PyTorch sequence the plain forwards run."""
-
-    name = "torch"
-
-    def rmsnorm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        """x: [..., N] -> w * (x / rms(x)) with fp32 statistics (layers.rms_norm)."""
-        return rms_norm(x, w, eps)
-
-    def add_rmsnorm(self, x: torch.Tensor, d: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, d: [T, N] -> (x + d, rmsnorm(x + d))."""
-        x = x + d
-        return x, self.rmsnorm(x, w, eps)
-
-    def qkv_rope(self, qkv: torch.Tensor, n_q: int, n_kv: int, q_w: torch.Tensor | None, k_w: torch.Tensor | None,
-                 eps: float, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 start: torch.Tensor) -> torch.Tensor | None:
-        """qkv: [T, (n_q + 2 n_kv) D] rows [q heads | k heads | v heads] (n_q may be 0); q_w, k_w: [D] q/k
-        RMSNorm weights or None (no q/k norm); cos, sin: [T, D]; k_cache, v_cache: one layer's [Hkv, S, D];
-        start: 0-d long. Writes the rows' K/V to slots start .. start+T-1; returns q [n_q, T, D] (None if n_q == 0)."""
-        T, D = qkv.shape[0], k_cache.shape[-1]
-        q, k, v = qkv.split([n_q * D, n_kv * D, n_kv * D], dim=-1)
-        k = k.view(T, n_kv, D)
-        if k_w is not None:
-            k = self.rmsnorm(k, k_w, eps)
-        slots = start + torch.arange(T, device=qkv.device)
-        k_cache.index_copy_(1, slots, apply_rope(k.transpose(0, 1), cos, sin))
-        v_cache.index_copy_(1, slots, v.view(T, n_kv, D).transpose(0, 1))
-        if not n_q:
-            return None
-        q = q.view(T, n_q, D)
-        if q_w is not None:
-            q = self.rmsnorm(q, q_w, eps)
-        return apply_rope(q.transpose(0, 1), cos, sin).contiguous()
-
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """gate_up: [T, 2 I] = [gate | up] -> silu(gate) * up [T, I]."""
-        g, u = gate_up.chunk(2, dim=-1)
-        return F.silu(g) * u
-
-
-TORCH_OPS = TorchOps()
-
-
-# ---------------------------------------------------------------------------- Triton kernels
-
-if triton is not None:
-
-    @triton.jit
-    def _rmsnorm_kernel(X, R, W, Y, XO, N, eps, sx, sr, sy, sxo, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        cols = tl.arange(0, BLOCK)
-        m = cols < N
-        x = tl.load(X + row * sx + cols, mask=m, other=0.0)
-        if HAS_RES:
-            r = tl.load(R + row * sr + cols, mask=m, other=0.0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(XO.dtype.element_ty)
-            tl.store(XO + row * sxo + cols, x, mask=m)
-        h = x.to(tl.float32)
-        var = tl.sum(h * h, axis=0) / N
-        h = (h * tl.rsqrt(var + eps)).to(X.dtype.element_ty).to(tl.float32)
-        w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
-        tl.store(Y + row * sy + cols, (w * h).to(Y.dtype.element_ty), mask=m)
-
-    @triton.jit
-    def _head_norm(x1, x2, W, i, m, eps, HALF: tl.constexpr):
-        """RMSNorm of one head given as its two halves (fp32 statistics, rounded as RMSNorm rounds)."""
-        dt = x1.dtype
-        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-        r = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / (2 * HALF) + eps)
-        w1 = tl.load(W + i, mask=m, other=0.0).to(tl.float32)
-        w2 = tl.load(W + HALF + i, mask=m, other=0.0).to(tl.float32)
-        return (w1 * (f1 * r).to(dt).to(tl.float32)).to(dt), (w2 * (f2 * r).to(dt).to(tl.float32)).to(dt)
-
-    @triton.jit
-    def _qkv_rope_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, Q, KC, VC, sch, scs_slot, START, T, n_q, n_kv, eps,
-                         HALF: tl.constexpr, HB: tl.constexpr, HAS_NORM: tl.constexpr):
-        t = tl.program_id(0)
-        h = tl.program_id(1)               # q heads 0..n_q-1, then k heads; k head h sits at column h*D too
-        i = tl.arange(0, HB)
-        m = i < HALF
-        row = QKV + t * sqkv + h * (2 * HALF)
-        x1 = tl.load(row + i, mask=m, other=0.0)
-        x2 = tl.load(row + HALF + i, mask=m, other=0.0)
-        dt = x1.dtype
-        if HAS_NORM:
-            if h < n_q:
-                x1, x2 = _head_norm(x1, x2, QW, i, m, eps, HALF)
-            else:
-                x1, x2 = _head_norm(x1, x2, KW, i, m, eps, HALF)
-        c1 = tl.load(COS + t * scs + i, mask=m, other=0.0).to(tl.float32)
-        c2 = tl.load(COS + t * scs + HALF + i, mask=m, other=0.0).to(tl.float32)
-        s1 = tl.load(SIN + t * scs + i, mask=m, other=0.0).to(tl.float32)
-        s2 = tl.load(SIN + t * scs + HALF + i, mask=m, other=0.0).to(tl.float32)
-        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-        # x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]; each product and the sum round to dt
-        o1 = ((f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)).to(dt)
-        o2 = ((f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)).to(dt)
-        if h < n_q:
-            out = Q + (h * T + t) * (2 * HALF)
-            tl.store(out + i, o1, mask=m)
-            tl.store(out + HALF + i, o2, mask=m)
-        else:
-            slot = tl.load(START) + t
-            kb = KC + (h - n_q) * sch + slot * scs_slot
-            tl.store(kb + i, o1, mask=m)
-            tl.store(kb + HALF + i, o2, mask=m)
-            vrow = row + n_kv * (2 * HALF)
-            vb = VC + (h - n_q) * sch + slot * scs_slot
-            tl.store(vb + i, tl.load(vrow + i, mask=m, other=0.0), mask=m)
-            tl.store(vb + HALF + i, tl.load(vrow + HALF + i, mask=m, other=0.0), mask=m)
-
-    @triton.jit
-    def _silu_mul_kernel(GU, Y, I, sgu, sy, BLOCK: tl.constexpr):
-        t = tl.program_id(0)
-        j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        m = j < I
-        g = tl.load(GU + t * sgu + j, mask=m, other=0.0)
-        u = tl.load(GU + t * sgu + I + j, mask=m, other=0.0).to(tl.float32)
-        gf = g.to(tl.float32)
-        s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)   # PyTorch's silu: fp32 math, one rounding
-        tl.store(Y + t * sy + j, (s * u).to(Y.dtype.element_ty), mask=m)
-
-
-def _warps(block: int) -> int:
-    return max(1, min(16, block // 256))
-
-
-class TritonOps(TorchOps):
-    """The fused kernels; same signatures and (up to a few fp32 ulps) the same values as TorchOps."""
-
-    name = "triton"
-
-    def rmsnorm(self, x, w, eps):
-        if x.dim() != 2 or x.stride(-1) != 1:
-            return super().rmsnorm(x, w, eps)
-        y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, w.dtype), device=x.device)
-        B = triton.next_power_of_2(x.shape[1])
-        _rmsnorm_kernel[(x.shape[0],)](x, x, w, y, x, x.shape[1], eps, x.stride(0), 0, y.stride(0), 0,
-                                       HAS_RES=False, BLOCK=B, num_warps=_warps(B))
-        return y
-
-    def add_rmsnorm(self, x, d, w, eps):
-        if x.dtype != d.dtype or x.stride(-1) != 1 or d.stride(-1) != 1:
-            return super().add_rmsnorm(x, d, w, eps)
-        xo = torch.empty_like(x)
-        y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, w.dtype), device=x.device)
-        B = triton.next_power_of_2(x.shape[1])
-        _rmsnorm_kernel[(x.shape[0],)](x, d, w, y, xo, x.shape[1], eps, x.stride(0), d.stride(0), y.stride(0), xo.stride(0),
-                                       HAS_RES=True, BLOCK=B, num_warps=_warps(B))
-        return xo, y
-
-    def qkv_rope(self, qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start):
-        T, D = qkv.shape[0], k_cache.shape[-1]
-        if (D % 2 or qkv.stride(-1) != 1 or cos.stride(-1) != 1 or cos.stride() != sin.stride()
-                or k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1 or (q_w is None) != (k_w is None)):
-            return super().qkv_rope(qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start)
-        q = torch.empty((n_q, T, D), dtype=qkv.dtype, device=qkv.device) if n_q else None
-        norm = k_w is not None
-        _qkv_rope_kernel[(T, n_q + n_kv)](
-            qkv, qkv.stride(0), q_w if norm else qkv, k_w if norm else qkv, cos, sin, cos.stride(0),
-            q if n_q else qkv, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), start, T, n_q, n_kv, eps,
-            HALF=D // 2, HB=triton.next_power_of_2(D // 2), HAS_NORM=norm, num_warps=1)
-        return q
-
-    def silu_mul(self, gate_up):
-        if gate_up.stride(-1) != 1:
-            return super().silu_mul(gate_up)
-        T, I = gate_up.shape[0], gate_up.shape[1] // 2
-        y = torch.empty((T, I), dtype=gate_up.dtype, device=gate_up.device)
-        B = 1024
-        _silu_mul_kernel[(T, triton.cdiv(I, B))](gate_up, y, I, gate_up.stride(0), y.stride(0), BLOCK=B, num_warps=4)
-        return y
 
 
 # ---------------------------------------------------------------------------- choosing

@@ -1,13 +1,13 @@
 """The fast generation loop: fixed shapes, preallocated buffers, CUDA graphs, one host sync a round.
 
-Same contract and same tokens as `generate.Engine.generate` (it is what `Engine(cuda_graphs=True)`
-runs), organised for a GPU:
+Same contract and same tokens as the reference loop (`generate.PlainLoop`; `Engine(cuda_graphs=True)`
+runs this one), organised for a GPU:
 * persistent state lives in device buffers: the frontier `start` and the drafter's `ctx_start` (0-d
   tensors), the bonus token, the context features of the last accepted path (`ctx`, block_size
   rows, padded), the draft logits [L, V];
 * a round is six stages - draft, tree build, tree compile, verify, walk, commit - each a fixed-shape
-  function of those buffers (static.py, tree_static.py), captured once per (method, budget) as a
-  CUDA graph and replayed (cudagraph.py); the draft graph is shared by all budgets;
+  function of those buffers (forward.py, tree_ops.py), captured once per (method, budget) as a
+  CUDA graph and replayed (graphs.py); the draft graph is shared by all budgets;
 * the only host sync is waiting for the walk's small result vector (accepted count, path, tokens,
   bonus) to reach pinned host memory. The commit (KV compaction, context gather, frontier update)
   reads the walk result on the device, so it is queued before that wait, and so is the next round's
@@ -21,9 +21,8 @@ runs), organised for a GPU:
 * stage times come from CUDA events between the stages (no syncs), or perf_counter on a CPU.
 
 On CUDA with Triton the layers' elementwise work runs as fused kernels (fused.py) and the tree
-build is the fastest here of the exact builders: one Triton block (tree_triton.py), ~30 small
-Triton grids with or without precomputed keys (tree_grid.py), or PyTorch (tree_static.py), timed
-once per budget. The Triton ones prune candidates; their rare certificate failure comes back with
+build is the fastest here of the exact builders (builders.py: one Triton block, ~30 small Triton
+grids with or without precomputed keys, or PyTorch), timed once per budget. The Triton ones prune candidates; their rare certificate failure comes back with
 the walk result. The commit already queued sees the flag on the device and leaves every state
 buffer as it was, so the draft queued ahead recomputes this round's draft logits (same inputs,
 same slots written), the round is redone with the exact PyTorch builder, and only that is
@@ -43,26 +42,17 @@ from typing import Any, Callable
 
 import torch
 
-from ddtree_bench.engine.cudagraph import Pool, Stage
-from ddtree_bench.engine.fused import merge_projections, ops_for
-from ddtree_bench.engine.generate import DFlashProposer, Generation, OutputStream, RoundTrace, _gaps
-from ddtree_bench.engine.static import (
-    StaticKV,
-    draft_forward,
-    draft_visible,
-    group_size,
-    target_forward,
-    visible_bias,
-)
-from ddtree_bench.engine.tree_static import StaticTreeBuilder, ancestors, chain, commit_static, verify_visible, walk_static
+from ddtree_bench.engine.gpu import builders
+from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visible, group_size, target_forward, visible_bias
+from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
+from ddtree_bench.engine.gpu.graphs import Pool, Stage
+from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, commit_static, verify_visible, walk_static
+from ddtree_bench.engine.interface import Generation, OutputStream, RoundTrace, logit_gaps
+from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.verify import GREEDY_EPS, pick
 
 ROUND_STAGES = ("draft", "tree_build", "tree_compile", "verify", "walk", "commit")
 CAPACITY_ALIGN = 64  # cache slots; keeps the attention bias rows aligned for fused SDPA kernels
-# auto never tries the one-block tree kernel above this budget: its per-depth sorts grow as B*ln(B) on
-# one SM (H200: 2.8 ms vs the grid's 1.2 ms at B = 512, 6.3 vs 2.1 at 1024), and compiling and
-# checking it there only delays the first round
-BLOCK_KERNEL_MAX_BUDGET = 256
 
 
 class Laps:
@@ -204,32 +194,12 @@ class FastLoop:
         self.dlogits.copy_(self.target.lm_head(h[1:]))
 
     def _builder(self, budget: int, kind: str):
-        """The tree builder for a budget. kind auto: of the exact builders that pass their check here
-        (tree_triton.checked_builder), the fastest as a replayed CUDA graph - the one-block kernel wins at
-        small budgets, the grid kernels at large ones, where the crossover sits depends on the GPU (the
-        one-block kernel is not tried above BLOCK_KERNEL_MAX_BUDGET);
-        block | grid | grid-keys | torch force one (a Triton one that fails its check falls back to torch)."""
-        from ddtree_bench.engine import tree_triton
-        from ddtree_bench.engine.cudagraph import replay_ms
-
-        L, V = self.L, self.target.cfg.vocab_size
-        torch_builder = lambda: StaticTreeBuilder(L, V, budget, self.device)  # noqa: E731
-        if kind in tree_triton.KERNELS:
-            return tree_triton.checked_builder(L, V, budget, self.device, kind) or torch_builder()
-        if kind != "auto" or self.device.type != "cuda":
-            return torch_builder()
-        kernels = [k for k in tree_triton.KERNELS if k != "block" or budget <= BLOCK_KERNEL_MAX_BUDGET]
-        cands = [b for b in (tree_triton.checked_builder(L, V, budget, self.device, k) for k in kernels) if b]
-        if not cands:
-            return torch_builder()
-        cands.append(torch_builder())
-        probe = torch.randn(L, V, generator=torch.Generator().manual_seed(budget)).to(self.device, self.dtype)
-        times = {b.name: replay_ms(lambda b=b: b(probe), reps=10) for b in cands}
-        self.builder_ms[budget] = times
-        for b in cands:
-            if hasattr(b, "flag"):
-                b.flag.zero_()
-        return min(cands, key=lambda b: times[b.name])
+        """The tree builder for a budget (builders.choose: auto times every exact builder that passes its
+        check here and takes the fastest); auto's timings land in builder_ms."""
+        choice = builders.choose(self.L, self.target.cfg.vocab_size, budget, self.device, self.dtype, kind)
+        if choice.times_ms:
+            self.builder_ms[budget] = choice.times_ms
+        return choice.builder
 
     def _bucket(self, method: str, budget: int, greedy: bool, kind: str | None = None, graphs: bool | None = None) -> _Bucket:
         kind = self.tree_kernel if kind is None else kind
@@ -278,15 +248,15 @@ class FastLoop:
     @property
     def fused_tree_ops(self) -> bool:
         """Tree compile and walk as one Triton launch each (tree_verify_triton) - unless tree_kernel is torch."""
-        from ddtree_bench.engine import tree_verify_triton
+        from ddtree_bench.engine.gpu.kernels import tree_verify
 
-        return self.tree_kernel != "torch" and tree_verify_triton.available(self.device)
+        return self.tree_kernel != "torch" and tree_verify.available(self.device)
 
     def _compile(self, b: _Bucket):
         """-> ids [T], pos [T], anc [T, T], bias [g*T, capacity], path [T, L+1] (fused) or None."""
         tok, par, dep = b.io["tree_build"]
         if self.fused_tree_ops:
-            from ddtree_bench.engine.tree_verify_triton import compile_tree
+            from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
 
             return compile_tree(self.bonus, tok, par, dep, self.start, self.capacity, self.dtype, self.tgroup, self.L)
         ids = torch.cat([self.bonus, tok])
@@ -306,7 +276,7 @@ class FastLoop:
         logits, _ = b.io["verify"]
         post = self._argmax(logits) if greedy else b.post
         if path is not None:
-            from ddtree_bench.engine.tree_verify_triton import walk_tree
+            from ddtree_bench.engine.gpu.kernels.tree_verify import walk_tree
 
             walked = walk_tree(ids, par, dep, path, post, self.L)
         else:
@@ -322,7 +292,7 @@ class FastLoop:
         makes the whole commit a no-op, so it can be queued before the host has read it."""
         _, hidden = b.io["verify"]
         if self.fused_tree_ops:
-            from ddtree_bench.engine.tree_verify_triton import commit_tree as commit
+            from ddtree_bench.engine.gpu.kernels.tree_verify import commit_tree as commit
         else:
             commit = commit_static
         commit(b.io["walk"], self.L, b.fallback is not None, self.start, self.ctx_start, self.bonus,
@@ -341,7 +311,7 @@ class FastLoop:
         """The target's greedy picks [T]: two Triton launches with the fused tree ops (argmax_triton), else
         torch.argmax (its twin)."""
         if self.fused_tree_ops:
-            from ddtree_bench.engine.argmax_triton import argmax_rows
+            from ddtree_bench.engine.gpu.kernels.argmax import argmax_rows
 
             return argmax_rows(logits)
         return logits.argmax(dim=-1)
@@ -444,7 +414,7 @@ class FastLoop:
         first_pick = pick(logits, temperature, top_p, gen)
         bonus = int(first_pick[0])
         if return_logit_gaps:
-            gaps.extend(_gaps(logits))
+            gaps.extend(logit_gaps(logits))
         self.bonus.copy_(first_pick[:1])
         self.start.fill_(P)
         self.ctx_start.fill_(0)
@@ -490,12 +460,12 @@ class FastLoop:
                     trees.append(RoundTrace(tok.tolist(), par.tolist(), dep.tolist(), res[1 : 1 + a]))
                 if return_logit_gaps:
                     keep = torch.tensor(res[1 : 1 + a], device=dev)
-                    gaps.extend(_gaps(r.io["verify"][0].index_select(0, keep)))
+                    gaps.extend(logit_gaps(r.io["verify"][0].index_select(0, keep)))
             else:
                 a = 1
                 new_tokens = [res[0]]
                 if return_logit_gaps:
-                    gaps.extend(_gaps(b.io["verify"]))
+                    gaps.extend(logit_gaps(b.io["verify"]))
             accept_lengths.append(a)
             host.update(draft_len=host["start"], start=host["start"] + a, bonus=new_tokens[-1], a=a)
             stopped = stream.stopped or any(t in stream.stops for t in new_tokens)

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_bench.engine.tree_triton import _pow2, tl, triton
+from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 
 BLOCK = 2048       # logits per lane-vector step
 PROGRAMS = 512     # aim: rows x spans >= this (an H200 has 132 SMs)
 
 if triton is not None:
-    from ddtree_bench.engine.tree_triton import _desc
+    from ddtree_bench.engine.gpu.kernels.common import _desc
 
     @triton.jit
     def _span_kernel(x_ptr, part_ptr, stride, V: tl.constexpr, SPAN: tl.constexpr, S: tl.constexpr,

@@ -1,6 +1,6 @@
 """The per-depth top-K of the draft logits in Triton, for the tree kernels (K <= 4096).
 
-Same (logprobs [L, K], ids [L, K]) as `tree_static.topk_logprobs`, bit for bit: the same exact
+Same (logprobs [L, K], ids [L, K]) as `tree_vector.topk_logprobs`, bit for bit: the same exact
 int64 keys (descending logit, then ascending token id; NaN counts as -inf) and the same
 log-probabilities, `logit - torch.logsumexp(...)` computed by the same PyTorch ops (so the tree
 kernels stay equal to the PyTorch builder even on exact ties). Only the selection moves. The
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_bench.engine.tree_static import fp32_logits, logprobs_at, topk_logprobs
-from ddtree_bench.engine.tree_triton import _pow2, tl, triton
+from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
+from ddtree_bench.engine.tree_vector import fp32_logits, logprobs_at, topk_logprobs
 
 MAX_K = 4096          # = CHUNK: the largest K a chunk can hold
 CHUNK = 4096
@@ -34,7 +34,7 @@ MERGE_MAX = 16384     # survivors per depth the Triton merge holds in registers;
 SELECT_MIN_UP_TO = 16  # K up to this: K min-reductions; above: the threshold search (H200, V = 151,936: min 0.096 vs 0.116 ms at K = 16, 0.133 vs 0.116 at 32)
 
 if triton is not None:
-    from ddtree_bench.engine.tree_triton import _desc
+    from ddtree_bench.engine.gpu.kernels.common import _desc
 
     @triton.jit
     def _chunk_scores(x_ptr, V, stride, CH: tl.constexpr):
@@ -137,13 +137,18 @@ if triton is not None:
         tl.store(ids_ptr + d * K + q, kept & ((1 << VB) - 1), mask=q < K)
 
 
-def topk_logprobs_fused(draft_logits: torch.Tensor, k: int, select: str | None = None,
-                        chunk: int = CHUNK, merge: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
-    """tree_static.topk_logprobs with the selection in Triton (k <= min(MAX_K, chunk); otherwise that
-    function). select: "min" | "threshold" | None (by k: SELECT_MIN_UP_TO); chunk: tokens per
-    program (a power of two; a probe knob); merge: how "threshold" merges the chunks' survivors,
-    "triton" (`_merge_select_kernel`, up to MERGE_MAX survivors per depth, else as "torch") or "torch"
-    (one int64 `torch.topk`; a probe knob)."""
+def topk_logprobs_fused(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """tree_vector.topk_logprobs with the selection in Triton (k <= MAX_K; otherwise that function):
+    "min" up to SELECT_MIN_UP_TO, else "threshold" with the Triton merge."""
+    return _topk(draft_logits, k)
+
+
+def _topk(draft_logits: torch.Tensor, k: int, select: str | None = None, chunk: int = CHUNK,
+          merge: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
+    """topk_logprobs_fused with its knobs (gpu/_probe.py is their one entry): select "min" | "threshold"
+    | None (by k); chunk: tokens per program (a power of two); merge: how "threshold" merges the
+    chunks' survivors, "triton" (`_merge_select_kernel`, up to MERGE_MAX survivors per depth, else as
+    "torch") or "torch" (one int64 `torch.topk`)."""
     L, V = draft_logits.shape
     if triton is None or k > min(MAX_K, chunk) or k > V:
         return topk_logprobs(draft_logits, k)

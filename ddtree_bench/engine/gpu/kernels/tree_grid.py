@@ -1,7 +1,7 @@
 """The DDTree tree build as ~32 small Triton launches that use the whole GPU, for large budgets.
 
 Same tree as `build_tree` / `StaticTreeBuilder` / the one-block kernel (`tree_triton`): same fp32
-sums, same exact int64 keys, same candidate pruning and certificate (`tree_triton.pruned_regions`),
+sums, same exact int64 keys, same candidate pruning and certificate (`tree_pruned.pruned_regions`),
 same (score, pre-order) final order. What differs is how the per-depth "keep the best F_d of the
 candidates, in key order" is done: the one-block kernel sorts ~B*ln(B) keys on one SM per depth
 (fine at B <= 128, 6 ms at B = 1024 on an H200); here every candidate finds its own rank by
@@ -24,18 +24,18 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_bench.engine import tree_triton
-from ddtree_bench.engine.tree_triton import _pow2, pruned_inputs, pruned_scratch, tl, triton
+from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
+from ddtree_bench.engine.gpu.kernels.tree_pruned import pruned_inputs, pruned_scratch
 
 BI = 64  # items per program of the one-pass kernels (keys, emit)
-ROWS = 8  # items ranked per program of the counting kernels (rank, lex, select): fewer rows, more programs (H200, B = 64-256: 8 beat 16 by 5-6%, 16 beat 32 by 4-24%)
+ROWS = 8  # items ranked per program of the counting kernels (rank, lex, select): fewer rows, more programs (docs/gpu-performance.md)
 BJ = 64  # columns (items compared against) per inner step
 BJ_KEYS = 128  # the same, reading precomputed keys (keys_first)
 
 if triton is not None:
-    _desc, _depth_one, _candidates = tree_triton._desc, tree_triton._depth_one, tree_triton._candidates
-    _boundary_min, _sizes_and_preorder = tree_triton._boundary_min, tree_triton._sizes_and_preorder
-    _emit_nodes = tree_triton._emit_nodes
+    from ddtree_bench.engine.gpu.kernels.common import _desc
+    from ddtree_bench.engine.gpu.kernels.tree_pruned import _boundary_min, _candidates, _depth_one, _emit_nodes, \
+        _sizes_and_preorder
 
     @triton.jit
     def _init_kernel(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, K: tl.constexpr, KP: tl.constexpr):
@@ -149,17 +149,16 @@ class GridTreeBuilder:
     keys_first: write each depth's candidate keys (and the final (score, pre-order) keys) to a buffer
     in one extra launch, so the counting loops read contiguous keys in wider blocks (BJ_KEYS) instead
     of rebuilding them from five table lookups per block: more launches, shorter loops.
-    rows: items each program of the counting kernels ranks (ROWS; a probe knob). At B = 256 a depth has
-    ~1.6k candidates: 64 rows per program left 25 programs on a 132-SM GPU, each walking every column."""
+    `_rows`: items each program of the counting kernels ranks (ROWS; gpu/_probe.py varies it)."""
 
     name = "triton-grid"
 
-    def __init__(self, L: int, V: int, budget: int, device, keys_first: bool = False, rows: int = ROWS):
+    def __init__(self, L: int, V: int, budget: int, device, keys_first: bool = False):
         pruned_scratch(self, L, V, budget, device, lambda r: -(-max(1, r) // BJ) * BJ)
         BP = self.BP
         if 32 + self.TB > 63 or 32 + self.GB > 63:
             raise ValueError(f"budget {budget} is too large for the grid tree kernels")
-        self.keys_first, self.rows = keys_first, rows
+        self.keys_first, self._rows = keys_first, ROWS
         if keys_first:
             self.name = "triton-grid-keys"
         self.bj = BJ_KEYS if keys_first else BJ
@@ -174,7 +173,7 @@ class GridTreeBuilder:
         L, K, BP, RP, TB = self.L, self.K, self.BP, self.RP, self.TB
         lp, tok, (tok_out, par_out, dep_out) = pruned_inputs(self, draft_logits)
         _init_kernel[(1,)](lp, self.ks, self.kl, self.lpar, self.lr, self.ls, self.size, K=K, KP=_pow2(K))
-        keys, bj, rows = self.keys_first, self.bj, self.rows
+        keys, bj, rows = self.keys_first, self.bj, self._rows
         for d in range(1, L):
             R, Fd = self.R[d], self.counts[d]
             if keys:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_bench.engine.tree_triton import _pow2, tl, triton
+from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 
 BC = 1024  # cache columns per inner step
 
@@ -218,8 +218,9 @@ def available(device) -> bool:
 
 
 def _self_test(dev: torch.device) -> str | None:
-    from ddtree_bench.engine.static import visible_bias
-    from ddtree_bench.engine.tree_static import StaticTreeBuilder, ancestors, commit_static, verify_visible, walk_static
+    from ddtree_bench.engine.gpu.forward import visible_bias
+    from ddtree_bench.engine.gpu.tree_ops import ancestors, commit_static, verify_visible, walk_static
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
     L, V, B, cap = 6, 5, 20, 64
     tok, par, dep = StaticTreeBuilder(L, V, B, dev)(torch.randn(L, V, generator=torch.Generator().manual_seed(0)).to(dev))
@@ -241,7 +242,7 @@ def _self_test(dev: torch.device) -> str | None:
     commit_static(walked, L, False, *twin)
     if not all(torch.equal(a, b) for a, b in zip(state, twin)):
         return "commit_tree differs from commit_static"
-    from ddtree_bench.engine.argmax_triton import argmax_rows
+    from ddtree_bench.engine.gpu.kernels.argmax import argmax_rows
 
     logits = torch.randn(3, 5000, generator=g).round().to(dev, torch.bfloat16)  # with ties
     if not torch.equal(argmax_rows(logits), logits.argmax(dim=-1)):

@@ -1,0 +1,45 @@
+"""What every Triton kernel module here shares: the (optional) Triton import, power-of-two padding,
+and the exact score keys.
+
+`_desc` maps an fp32 score to the int64 key tree_vector._desc_key computes (higher score -> smaller
+key, -0.0 == +0.0), so a kernel's order is the PyTorch builder's order bit for bit. Triton is
+optional (CPU installs of PyTorch lack it): `triton` and `tl` are None then, and every kernel
+module defines its kernels only `if triton is not None`. Knows nothing of trees or models.
+"""
+
+from __future__ import annotations
+
+try:  # Triton ships with CUDA builds of PyTorch; CPU installs may lack it
+    import triton
+    import triton.language as tl
+except Exception:  # pragma: no cover - depends on the install
+    triton = None
+    tl = None
+
+I64_MAX = 9223372036854775807   # the padding key: sorts after every real key
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= max(1, n)."""
+    return 1 << max(0, (max(1, n) - 1).bit_length())
+
+
+if triton is not None:
+
+    @triton.jit
+    def _desc(x):
+        """fp32 -> int64 key, higher score -> smaller key, -0.0 == +0.0 (tree._desc_key)."""
+        i = x.to(tl.int32, bitcast=True)
+        i = tl.where(i == -2147483648, 0, i)
+        ordinal = tl.where(i >= 0, i, i ^ 2147483647)
+        return 2147483647 - ordinal.to(tl.int64)
+
+    @triton.jit
+    def _undesc(k):
+        ordinal = (2147483647 - k).to(tl.int32)
+        i = tl.where(ordinal >= 0, ordinal, ordinal ^ 2147483647)
+        return i.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _max_combine(a, b):
+        return tl.maximum(a, b)

@@ -1,0 +1,58 @@
+"""The PyTorch twin of the fused layer ops: the unfused sequence the plain forwards run, behind the
+signatures the fixed-shape forwards (forward.py) call.
+
+`TorchOps` is what CPUs (and CI) run, and what the Triton kernels (kernels/layer_ops.py) are
+checked against. Knows nothing of trees, rounds or graphs; the KV cache it writes is one layer's
+[Hkv, S, D] tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ddtree_bench.engine.layers import apply_rope, rms_norm
+
+
+class TorchOps:
+    """The fused ops written as the unfused PyTorch sequence the plain forwards run."""
+
+    name = "torch"
+
+    def rmsnorm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        """x: [..., N] -> w * (x / rms(x)) with fp32 statistics (layers.rms_norm)."""
+        return rms_norm(x, w, eps)
+
+    def add_rmsnorm(self, x: torch.Tensor, d: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, d: [T, N] -> (x + d, rmsnorm(x + d))."""
+        x = x + d
+        return x, self.rmsnorm(x, w, eps)
+
+    def qkv_rope(self, qkv: torch.Tensor, n_q: int, n_kv: int, q_w: torch.Tensor | None, k_w: torch.Tensor | None,
+                 eps: float, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 start: torch.Tensor) -> torch.Tensor | None:
+        """qkv: [T, (n_q + 2 n_kv) D] rows [q heads | k heads | v heads] (n_q may be 0); q_w, k_w: [D] q/k
+        RMSNorm weights or None (no q/k norm); cos, sin: [T, D]; k_cache, v_cache: one layer's [Hkv, S, D];
+        start: 0-d long. Writes the rows' K/V to slots start .. start+T-1; returns q [n_q, T, D] (None if n_q == 0)."""
+        T, D = qkv.shape[0], k_cache.shape[-1]
+        q, k, v = qkv.split([n_q * D, n_kv * D, n_kv * D], dim=-1)
+        k = k.view(T, n_kv, D)
+        if k_w is not None:
+            k = self.rmsnorm(k, k_w, eps)
+        slots = start + torch.arange(T, device=qkv.device)
+        k_cache.index_copy_(1, slots, apply_rope(k.transpose(0, 1), cos, sin))
+        v_cache.index_copy_(1, slots, v.view(T, n_kv, D).transpose(0, 1))
+        if not n_q:
+            return None
+        q = q.view(T, n_q, D)
+        if q_w is not None:
+            q = self.rmsnorm(q, q_w, eps)
+        return apply_rope(q.transpose(0, 1), cos, sin).contiguous()
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up: [T, 2 I] = [gate | up] -> silu(gate) * up [T, I]."""
+        g, u = gate_up.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+
+TORCH_OPS = TorchOps()
