@@ -452,7 +452,7 @@ def _validate_point(p: Point, g: GridSpec) -> None:
     builtin_draft = p.model == "toy" or (p.model in BUILTIN_MODELS and p.backend in ("inprocess", "standalone"))
     if p.method in SPEC_METHODS and p.draft is None and not builtin_draft:
         raise UsageError(f"method {p.method} on model {p.model!r} needs a drafter", hint="pass --drafts DIR (one per model)")
-    if p.backend in ("sglang", "vllm") and p.model == "random":
+    if p.backend in ("sglang", "vllm", "openai") and p.model == "random":
         raise UsageError(f"--model random exists only inside ddtree-bench; {p.backend} needs a model directory or id")
     if p.spec_tokens is not None and p.backend in ("inprocess", "standalone"):
         raise UsageError(f"spec_tokens is not a knob of the {p.backend} backend (it uses the drafter's block size)",

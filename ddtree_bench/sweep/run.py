@@ -47,7 +47,7 @@ from ddtree_bench.sweep.layout import SweepDir, ar_index
 from ddtree_bench.sweep.profiles import Profile, build_command, load_profile, point_params
 from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port
 
-SERVER_BACKENDS = ("standalone", "sglang", "vllm")
+SERVER_BACKENDS = ("standalone", "sglang", "vllm", "openai")  # openai: profiles/openai.yaml (transformers serve)
 
 
 @dataclass
@@ -142,7 +142,7 @@ def _uses_server_python(profile: Profile) -> bool:
 
 def _model_for(profile: Profile, p: Point) -> tuple[str, str | None]:
     """Engines outside ddtree-bench get directories: the bundled toy pair resolves to its files."""
-    if p.backend in ("sglang", "vllm") and p.model == "toy":
+    if p.backend in ("sglang", "vllm", "openai") and p.model == "toy":
         from ddtree_bench.pair import TOY_DIR
 
         return str(TOY_DIR / "target"), p.draft or (str(TOY_DIR / "draft") if p.method != "ar" else None)
