@@ -1,8 +1,14 @@
-"""Small terminal tables for humans (the files on disk are the machine-readable output)."""
+"""Small terminal tables for humans (the files on disk are the machine-readable output).
+
+Intervals print as `estimate [low, high]` at `defaults.CI_LEVEL` (see stats.py for the methods).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
+
+from ddtree_bench import defaults as D
 
 
 def fmt(v: Any, digits: int = 2) -> str:
@@ -34,3 +40,52 @@ def run_summary(summary: dict[str, Any]) -> str:
     ]
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+
+
+def with_interval(v: Any, low: Any, high: Any, digits: int = 2) -> str:
+    """'1.52 [1.41, 1.63]', or the bare value when there is no interval, '-' when there is no value."""
+    if not isinstance(v, (int, float)):
+        return fmt(v, digits)
+    s = f"{v:.{digits}f}"
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)):
+        s += f" [{low:.{digits}f}, {high:.{digits}f}]"
+    return s
+
+
+def _short(v: Any) -> Any:
+    return Path(v).name if isinstance(v, str) and "/" in v else v
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> str:
+    """The sweep's closing table: one line per point, or per point over its repeats (the `repeat` = `all`
+    rows) when there are repeats; budget, tau, tok/s and speedup vs AR with their intervals, TTFT/TPOT p50.
+    Columns that vary across rows (backend, model, suite, load, ...) are added; `heavy` marks points
+    measured under heavy machine load (noise/probe.py)."""
+    if not rows:
+        return "no points ran"
+    agg = [r for r in rows if str(r.get("repeat")) == "all"]
+    shown = agg or rows
+    vary = [c for c in ("backend", "model", "draft", "spec_tokens", "suite", "concurrency", "request_rate", "temperature")
+            + (() if agg else ("repeat",)) if len({r.get(c) for r in shown}) > 1]
+    pct = f"{100 * D.CI_LEVEL:g}%"
+    tps_ci = any(r.get("output_throughput_tok_s_ci_low") is not None for r in shown)
+    heavy = any(r.get("heavy_load") for r in shown)
+    header = ["method", "budget", *vary, "tau", f"tok/s [{pct} CI]" if tps_ci else "tok/s", f"speedup [{pct} CI]",
+              "TTFT p50 ms", "TPOT p50 ms", *(["repeats"] if agg else []), *(["heavy load"] if heavy else []), "status"]
+    body = []
+    for r in shown:
+        ttft = r.get("ttft_ms_p50")
+        body.append([r["method"], r.get("budget"), *[_short(r.get(c)) for c in vary], r.get("acceptance_length_mean"),
+                     with_interval(r.get("output_throughput_tok_s"), r.get("output_throughput_tok_s_ci_low"),
+                                   r.get("output_throughput_tok_s_ci_high"), 1),
+                     with_interval(r.get("speedup_vs_ar"), r.get("speedup_vs_ar_ci_low"), r.get("speedup_vs_ar_ci_high")),
+                     round(ttft, 1) if isinstance(ttft, float) else ttft, r.get("tpot_ms_p50"),
+                     *([r.get("repeats_ok")] if agg else []), *(["yes" if r.get("heavy_load") else ""] if heavy else []),
+                     r["status"]])
+    out = table(body, header)
+    if agg:
+        out += (f"\n(over {max(int(r.get('repeats_ok') or 0) for r in agg)} repeats; one row per repeat in summary.csv. "
+                f"tok/s: mean, Student t interval over repeats; speedup: paired, bootstrap over repeats and prompts)")
+    else:
+        out += "\n(speedup interval: paired bootstrap over prompts; tok/s needs --repeats >= 2 for an interval)"
+    return out

@@ -236,14 +236,14 @@ def output_throughput_interval(records_by_repeat: Sequence[Sequence[RequestRecor
     """Mean over repeats of `output_throughput_tok_s`, with the Student t interval over repeats.
 
     mean ± t_{(1+level)/2, R-1} · s / sqrt(R) over the R repeats' tok/s (`stats.repeat_mean_interval`;
-    level CI_LEVEL = 0.95). Throughput is one number per repeat, so its spread comes from repeats
-    only: None below 2 repeats with a throughput.
+    level CI_LEVEL = 0.95), the lower bound clipped at 0 tok/s. Throughput is one number per repeat,
+    so its spread comes from repeats only: None below 2 repeats with a throughput.
     """
     from ddtree_bench import defaults as D
     from ddtree_bench.stats import repeat_mean_interval
 
     return repeat_mean_interval([output_throughput_tok_s(rs) for rs in records_by_repeat],
-                                level=D.CI_LEVEL if level is None else level)
+                                level=D.CI_LEVEL if level is None else level, floor=0.0)
 
 
 def summarize(records: Sequence[RequestRecord], block_size: int = DEFAULT_BLOCK_SIZE) -> dict[str, Any]:

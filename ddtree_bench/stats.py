@@ -230,8 +230,12 @@ def t_quantile(p: float, df: int) -> float:
     return 0.5 * (lo + hi)
 
 
-def repeat_mean_interval(values: Sequence[float | None], *, level: float = D.CI_LEVEL) -> Interval | None:
-    """Mean of per-repeat values with the Student t interval (module docstring); None below 2 values."""
+def repeat_mean_interval(values: Sequence[float | None], *, level: float = D.CI_LEVEL,
+                         floor: float | None = None) -> Interval | None:
+    """Mean of per-repeat values with the Student t interval (module docstring); None below 2 values.
+
+    `floor` clips the lower bound (0 for a throughput, which cannot be negative; with 2 repeats
+    t = 12.7 makes a symmetric interval reach below zero easily)."""
     _check_level(level)
     v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
     n = len(v)
@@ -240,7 +244,8 @@ def repeat_mean_interval(values: Sequence[float | None], *, level: float = D.CI_
     mean = sum(v) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1))
     h = t_quantile((1.0 + level) / 2.0, n - 1) * sd / math.sqrt(n)
-    return Interval(mean, mean - h, mean + h, level, STUDENT_T, n)
+    low = mean - h if floor is None else max(floor, mean - h)
+    return Interval(mean, low, mean + h, level, STUDENT_T, n)
 
 
 # ---------------------------------------------------------------------------- separation

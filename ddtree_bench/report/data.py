@@ -13,7 +13,15 @@ have none: it comes from `metrics.speedup_vs_ar` against an AR point with the sa
 
 Sweep rows are joined to `points/` directories by a `point_id` column when summary.csv has one,
 else by their settings (method, budget, concurrency, request rate, temperature, suite, backend,
-model).
+model). Aggregate rows (`repeat` = `all`, sweeps with repeats) become no point of their own: they
+hold the intervals of a configuration over its repeats.
+
+Configurations (`Config`): the points that differ only by their repeat, with the intervals of
+`speedup_vs_ar` and output tok/s — from the sweep's aggregate row, else the single point's
+`_ci_low`/`_ci_high` columns, else computed from the records with `metrics.speedup_vs_ar_interval`
+(paired per repeat with the AR point of the same repeat) and `metrics.output_throughput_interval`.
+A point's machine noise (load, clocks, the heavy-load flag) comes from its status.json `noise`
+(noise/probe.py) or the CSV's noise columns.
 
 Bad input (missing directory, neither a run nor a sweep, malformed JSON / JSONL / CSV) raises
 `UsageError`. This module knows nothing of HTML or plotting.
@@ -29,6 +37,7 @@ from typing import Any
 
 from ddtree_bench import metrics
 from ddtree_bench.errors import UsageError
+from ddtree_bench.stats import BOOTSTRAP, BOOTSTRAP_2WAY, STUDENT_T, Interval
 from ddtree_bench.records import RequestRecord
 from ddtree_bench.results import is_run_dir, is_sweep_dir, read_json, read_records
 
@@ -39,7 +48,10 @@ CSV_NUMBERS = (
     "budget", "spec_tokens", "concurrency", "request_rate", "temperature", "acceptance_length_mean",
     "acceptance_length_token_weighted", "output_throughput_tok_s", "speedup_vs_ar", "ttft_ms_p50",
     "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
+    "speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high", "output_throughput_tok_s_ci_low", "output_throughput_tok_s_ci_high",
+    "other_cpu_share", "load_avg_1m_before", "load_avg_1m_after", "cpu_mhz_before", "cpu_mhz_after", "repeats_ok",
 )
+AGGREGATE = "all"        # summary.csv `repeat` of a configuration's row over its repeats
 # (key in Point.values, summary.json path, summary.csv column)
 HEADLINE = (
     ("tau_mean", ("acceptance_length_mean",), "acceptance_length_mean"),
@@ -86,6 +98,7 @@ class Point:
     error: str | None = None
     values: dict[str, float | None] = field(default_factory=dict)  # headline numbers (see HEADLINE)
     compare: dict[str, Any] | None = None    # compare.json found in the directory
+    noise: dict[str, Any] | None = None      # status.json `noise` (noise/probe.py) of a sweep point
 
     @property
     def method(self) -> str:
@@ -115,6 +128,30 @@ class Point:
             return str(s["name"])
         raw = str(self.spec.get("suite") or "?")
         return Path(raw).stem if raw.endswith(".jsonl") else raw
+
+    @property
+    def repeat(self) -> int:
+        """The sweep repeat index (0 for a plain run)."""
+        sw = self.run.get("sweep") if isinstance(self.run.get("sweep"), dict) else {}
+        pt = sw.get("point") if isinstance(sw.get("point"), dict) else {}
+        r = _int_or_none(pt.get("repeat"))
+        if r is None and self.csv_row is not None:
+            r = _int_or_none(self.csv_row.get("repeat"))
+        return r or 0
+
+    @property
+    def heavy_load(self) -> bool | None:
+        """Measured under heavy machine load (noise/probe.py's rule); None when not recorded."""
+        if isinstance(self.noise, dict) and self.noise.get("heavy_load") is not None:
+            return bool(self.noise["heavy_load"])
+        v = (self.csv_row or {}).get("heavy_load")
+        return None if v in (None, "") else str(v).lower() in ("true", "1", "yes")
+
+    @property
+    def other_cpu_share(self) -> float | None:
+        if isinstance(self.noise, dict) and _num(self.noise.get("other_cpu_share")) is not None:
+            return _num(self.noise["other_cpu_share"])
+        return _num((self.csv_row or {}).get("other_cpu_share"))
 
     @property
     def ok(self) -> bool:
@@ -175,6 +212,50 @@ class Source:
     kind: str                                # "run" | "sweep"
     sweep: dict[str, Any] | None = None      # sweep.json
     points: list[Point] = field(default_factory=list)
+    aggregates: list[dict[str, Any]] = field(default_factory=list)  # summary.csv rows with repeat = all
+
+
+@dataclass
+class Config:
+    """A configuration: its points (one per repeat) and the intervals over them (module docstring)."""
+
+    label: str                               # 'ar', 'dflash', 'ddtree B=64'
+    points: list[Point]
+    speedup: Interval | None = None
+    tok_s: Interval | None = None
+    speedup_value: float | None = None       # the estimate (also without an interval)
+    tok_s_value: float | None = None
+
+    @property
+    def first(self) -> Point:
+        return self.points[0]
+
+    @property
+    def method(self) -> str:
+        return self.first.method
+
+    @property
+    def budget(self) -> int | None:
+        return self.first.budget
+
+    @property
+    def repeats(self) -> int:
+        return len(self.points)
+
+    @property
+    def heavy_points(self) -> list[Point]:
+        return [p for p in self.points if p.heavy_load]
+
+    def group_key(self) -> tuple:
+        """What the takeaways compare within: suite, temperature, load."""
+        p = self.first
+        return (p.suite, p.temperature, p.load_label)
+
+    def value(self, metric: str) -> float | None:
+        return self.speedup_value if metric == "speedup_vs_ar" else self.tok_s_value
+
+    def interval(self, metric: str) -> Interval | None:
+        return self.speedup if metric == "speedup_vs_ar" else self.tok_s
 
 
 @dataclass
@@ -201,6 +282,7 @@ class ReportData:
     sources: list[Source]
     points: list[Point]
     compares: list[CompareResult]
+    configs: list[Config] = field(default_factory=list)
 
     @property
     def ok_points(self) -> list[Point]:
@@ -267,6 +349,13 @@ def load_run(path: Path, source: str) -> Point:
                    else "no summary.json (the run did not finish)")
     if (path / "compare.json").exists():
         p.compare = _check_compare(_read_json_obj(path / "compare.json"), path / "compare.json")
+    if (path / "status.json").exists():
+        try:
+            status = _read_json_any(path / "status.json")
+        except UsageError:
+            status = None
+        if isinstance(status, dict) and isinstance(status.get("noise"), dict):
+            p.noise = status["noise"]
     _fill_values(p)
     return p
 
@@ -335,6 +424,9 @@ def load_sweep(path: Path) -> Source:
     by_id = {p.id: p for p in points}
     unmatched = list(points)
     for i, row in enumerate(rows):
+        if str(row.get("repeat")) == AGGREGATE:
+            src.aggregates.append(row)
+            continue
         p = by_id.get(str(row["point_id"])) if row.get("point_id") is not None else None
         if p is None:
             p = next((q for q in unmatched if q.csv_row is None and _row_matches(row, q)), None)
@@ -386,6 +478,7 @@ def load(paths: list[Path], compare: list[dict[str, Any]] | None = None) -> Repo
             raise UsageError(f"{path} is neither a run directory (run.json + records.jsonl) nor a sweep directory (sweep.json)")
     points = sorted((p for s in sources for p in s.points), key=Point.sort_key)
     _fill_speedups(points)
+    configs = build_configs(points, [row for s in sources for row in s.aggregates])
     compares = [CompareResult(label=f"{p.id}/compare.json", source=str(p.path / "compare.json"), data=p.compare, point=p)
                 for p in points if p.compare is not None and p.path is not None]
     for i, c in enumerate(compare or []):
@@ -393,7 +486,7 @@ def load(paths: list[Path], compare: list[dict[str, Any]] | None = None) -> Repo
             compares.append(c)
         else:
             compares.append(CompareResult(label=f"compare #{i + 1}", source="(given)", data=_check_compare(c, f"compare #{i + 1}")))
-    return ReportData(sources=sources, points=points, compares=compares)
+    return ReportData(sources=sources, points=points, compares=compares, configs=configs)
 
 
 def _fill_speedups(points: list[Point]) -> None:
@@ -401,10 +494,72 @@ def _fill_speedups(points: list[Point]) -> None:
     ar = {}
     for p in points:
         if p.method == "ar" and p.records and p.summary is not None:
-            ar.setdefault(p.settings_key(), p)
+            ar.setdefault((p.settings_key(), p.repeat), p)
     for p in points:
         if p.values.get("speedup_vs_ar") is not None or not p.records or p.summary is None:
             continue
-        partner = ar.get(p.settings_key())
+        partner = ar.get((p.settings_key(), p.repeat))
         if partner is not None:
             p.values["speedup_vs_ar"] = 1.0 if partner is p else metrics.speedup_vs_ar(p.records, partner.records)
+
+
+# ---------------------------------------------------------------------------- configurations
+
+
+def _csv_interval(row: dict[str, Any] | None, name: str, method: str, n: int) -> Interval | None:
+    if row is None:
+        return None
+    est, lo, hi = _num(row.get(name)), _num(row.get(f"{name}_ci_low")), _num(row.get(f"{name}_ci_high"))
+    if est is None or lo is None or hi is None:
+        return None
+    from ddtree_bench import defaults as D
+
+    return Interval(est, lo, hi, D.CI_LEVEL, method, n)
+
+
+def _aggregate_for(p: Point, aggregates: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The sweep's aggregate row of p's configuration: matched by point id (`<repeat-0 id>-all`), else by settings."""
+    for row in aggregates:
+        if p.repeat == 0 and str(row.get("point_id")) == f"{p.id}-{AGGREGATE}":
+            return row
+    return next((row for row in aggregates if _row_matches(row, p)), None)
+
+
+def build_configs(points: list[Point], aggregates: list[dict[str, Any]]) -> list[Config]:
+    """The ok points grouped into configurations (repeats of one setting), with their intervals."""
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        if p.ok:
+            groups.setdefault((p.source, p.settings_key(), p.method, p.budget, str(p.spec.get("spec_tokens"))), []).append(p)
+    ars: dict[tuple, Point] = {}
+    for p in points:
+        if p.ok and p.method == "ar" and p.records:
+            ars.setdefault((p.source, p.settings_key(), p.repeat), p)
+    out = []
+    for key, pts in groups.items():
+        pts = sorted(pts, key=lambda q: q.repeat)
+        c = Config(pts[0].config_label, pts)
+        agg = _aggregate_for(pts[0], aggregates) if len(pts) > 1 else None
+        if agg is not None:
+            n = int(_num(agg.get("repeats_ok")) or len(pts))
+            c.speedup = _csv_interval(agg, "speedup_vs_ar", BOOTSTRAP_2WAY, n)
+            c.tok_s = _csv_interval(agg, "output_throughput_tok_s", STUDENT_T, n)
+            c.speedup_value, c.tok_s_value = _num(agg.get("speedup_vs_ar")), _num(agg.get("output_throughput_tok_s"))
+        elif len(pts) == 1 and _csv_interval(pts[0].csv_row, "speedup_vs_ar", BOOTSTRAP, 1) is not None:
+            c.speedup = _csv_interval(pts[0].csv_row, "speedup_vs_ar", BOOTSTRAP, 1)
+        elif all(q.records for q in pts):
+            mine, theirs = [], []
+            for q in pts:
+                a = ars.get((q.source, q.settings_key(), q.repeat))
+                if a is not None:
+                    mine.append(q.records), theirs.append(a.records)
+            c.speedup = metrics.speedup_vs_ar_interval(mine, theirs) if mine else None
+            c.tok_s = metrics.output_throughput_interval([q.records for q in pts])
+        if c.speedup_value is None:
+            vals = [v for q in pts if (v := q.values.get("speedup_vs_ar")) is not None]
+            c.speedup_value = c.speedup.estimate if c.speedup else (sum(vals) / len(vals) if vals else None)
+        if c.tok_s_value is None:
+            vals = [v for q in pts if (v := q.values.get("tok_s")) is not None]
+            c.tok_s_value = c.tok_s.estimate if c.tok_s else (sum(vals) / len(vals) if vals else None)
+        out.append(c)
+    return out

@@ -22,7 +22,10 @@ from importlib import resources
 from typing import Any, Iterable
 
 from ddtree_bench import __version__, metrics
-from ddtree_bench.report.data import CompareResult, Point, ReportData, Source
+from ddtree_bench import defaults as D
+from ddtree_bench.noise.probe import HEAVY_RULE
+from ddtree_bench.noise.verdict import FORMULA, Candidate, Verdict, decide, sentence
+from ddtree_bench.report.data import CompareResult, Config, Point, ReportData, Source
 from ddtree_bench.report.plots import Figure
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -224,45 +227,87 @@ def section_metadata(data: ReportData) -> Html:
     return el("section", el("h2", "Run metadata"), el("div", el("table", *rows, class_="meta"), class_="table-wrap"), id="metadata")
 
 
-def _best_by_load(data: ReportData, include_ar: bool = True) -> dict[tuple, Point]:
-    """The fastest point per (suite, temperature, load): by speedup vs AR when every candidate has one, else tok/s."""
-    cands: dict[tuple, list[Point]] = defaultdict(list)
-    for p in data.ok_points:
-        if include_ar or p.method != "ar":
-            cands[(p.suite, p.temperature, p.load_label)].append(p)
-    best: dict[tuple, Point] = {}
-    for key, ps in cands.items():
-        metric = "speedup_vs_ar" if all(p.values.get("speedup_vs_ar") is not None for p in ps) else "tok_s"
-        scored = [p for p in ps if p.values.get(metric) is not None]
-        if scored:
-            best[key] = max(scored, key=lambda p: p.values[metric])
-    return best
+def verdicts(data: ReportData) -> list[tuple[tuple, Verdict]]:
+    """One verdict per (suite, temperature, load): by speedup vs AR when every configuration has one,
+    else by tok/s; a winner only when its interval clears the runner-up's (noise/verdict.py)."""
+    groups: dict[tuple, list[Config]] = defaultdict(list)
+    for c in data.configs:
+        groups[c.group_key()].append(c)
+    out = []
+    for key, cs in groups.items():
+        metric = "speedup_vs_ar" if all(c.speedup_value is not None for c in cs) else "output_throughput_tok_s"
+        cands = [Candidate(c.label, c.value(metric), c.interval(metric), c) for c in cs]
+        out.append((key, decide(cands, metric, max(c.repeats for c in cs))))
+    return sorted(out, key=lambda kv: kv[1].ranked[0].ref.first.sort_key() if kv[1].ranked else ())
 
 
-def _numbers(p: Point) -> str:
-    sp, tau, tok = p.values.get("speedup_vs_ar"), p.values.get("tau_mean"), p.values.get("tok_s")
-    return ", ".join(x for x in (f"{sp:.2f}\u00d7 vs AR" if sp is not None else None,
-                                 f"\u03c4 {tau:.2f}" if tau is not None else None,
-                                 f"{tok:,.1f} tok/s" if tok is not None else None) if x)
+def _winner_points(data: ReportData) -> set[int]:
+    return {id(v.winner.ref.first) for _, v in verdicts(data) if v.winner is not None and len(v.ranked) > 1}
+
+
+def _iv_text(c: Config, metric: str, digits: int, suffix: str = "") -> str:
+    v, iv = c.value(metric), c.interval(metric)
+    if v is None:
+        return "\u2014"
+    return f"{v:,.{digits}f}{suffix}" + (f" [{iv.low:,.{digits}f}, {iv.high:,.{digits}f}]" if iv else "")
+
+
+def _heavy_text(p: Point) -> str | None:
+    if not p.heavy_load:
+        return None
+    share = p.other_cpu_share
+    return "heavy machine load" + (f" (other processes used {100 * share:.0f}% of the CPU cores)" if share is not None else "")
 
 
 def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
-    """One line per load level: which configuration was fastest (AR included), with its numbers."""
-    best, best_spec = _best_by_load(data), _best_by_load(data, include_ar=False)
-    if len(data.ok_points) < 2 or not best:
+    """Per load level: the fastest configuration when the intervals say so, else which are indistinguishable
+    and how many repeats would separate them; then every configuration's intervals and the noise flags."""
+    vs = verdicts(data)
+    if len(data.ok_points) < 2 or not vs:
         return Html("")
+    pct = f"{100 * D.CI_LEVEL:g}%"
     items = []
-    for key, p in sorted(best.items(), key=lambda kv: kv[1].sort_key()):
-        suite, temp, load = key
-        head = f"{suite}, {load}" + (f", T={temp:g}" if temp else "") + ": fastest is "
-        line = [head, el("a", p.config_label, href=f"#{anchors[id(p)]}"), f" ({_numbers(p)})"]
-        alt = best_spec.get(key)
-        if p.method == "ar" and alt is not None:
-            line += ["; no speculative configuration beat AR here \u2014 the best was ",
-                     el("a", alt.config_label, href=f"#{anchors[id(alt)]}"), f" ({_numbers(alt)})"]
-        items.append(el("li", *line))
+    for (suite, temp, load), v in vs:
+        head = f"{suite}, {load}" + (f", T={temp:g}" if temp else "") + ": "
+        link = []
+        if v.winner is not None:
+            link = [" (", el("a", "row", href=f"#{anchors[id(v.winner.ref.first)]}"), ")"]
+        items.append(el("li", head, sentence(v), *link))
+    rows = []
+    for (_, _, _), v in vs:
+        for c in v.ranked:
+            cfg: Config = c.ref
+            heavy = cfg.heavy_points
+            rows.append(el("tr", el("td", el("a", cfg.label, href=f"#{anchors[id(cfg.first)]}")),
+                           el("td", cfg.first.load_label), el("td", cfg.repeats, class_="num"),
+                           el("td", _iv_text(cfg, "speedup_vs_ar", 2, "\u00d7"), class_="num"),
+                           el("td", _iv_text(cfg, "output_throughput_tok_s", 1), class_="num"),
+                           el("td", f"{len(heavy)} of {cfg.repeats}" if heavy else "", class_="num"),
+                           class_="best" if v.winner is c and len(v.ranked) > 1 else None))
+    head = el("tr", *[el("th", h) for h in ("configuration", "load", "repeats", f"speedup vs AR [{pct} CI]",
+                                            f"tok/s [{pct} CI]", "heavy-load repeats")])
+    table = el("div", el("table", el("thead", head), el("tbody", *rows), class_="grid"), class_="table-wrap")
+    method = el("p", (
+        f"Intervals are {pct} confidence intervals. Speedup vs AR: paired per prompt with the AR point of the same "
+        f"repeat, percentile bootstrap over prompts ({D.CI_RESAMPLES} resamples, seed {D.CI_SEED}), two-way over "
+        "repeats and prompts when there are several. Output tok/s: one figure per repeat, so its interval needs "
+        "--repeats \u2265 2 (Student t over repeats, lower bound clipped at 0). A configuration is named fastest only "
+        "when its interval lies wholly above the runner-up's; otherwise the repeats that would separate them are "
+        f"estimated as {FORMULA} (h: the half-widths facing each other, \u0394: the gap of the estimates, assuming "
+        "the half-widths shrink as 1/\u221an; for the speedup a lower bound, since prompt-to-prompt spread does not "
+        "shrink with repeats)."), class_="muted")
+    heavy_pts = [p for p in data.ok_points if p.heavy_load]
+    noise = []
+    if heavy_pts:
+        noise.append(el("p", el("strong", f"{len(heavy_pts)} of {len(data.ok_points)} points ran under heavy load"),
+                        f" ({HEAVY_RULE}); they are marked in the headline table. Their times include waiting for "
+                        "the CPU, so compare them with care.", class_="warn"))
+    recorded = [p for p in data.ok_points if p.noise]
+    if recorded and not heavy_pts:
+        noise.append(el("p", f"Machine load was recorded for {len(recorded)} points; none ran under heavy load "
+                             f"({HEAVY_RULE}).", class_="muted"))
     note = el("p", "Measured on these inputs only; check the curves below for how sharp the optimum is.", class_="muted")
-    return el("section", el("h2", "Takeaways"), el("ul", *items), note, id="takeaways")
+    return el("section", el("h2", "Takeaways"), el("ul", *items), *noise, table, method, note, id="takeaways")
 
 
 # (header, tooltip, cell, css class, kept even when every row has the same value)
@@ -278,21 +323,32 @@ _HEADLINE_COLUMNS: tuple[tuple[str, str | None, Any, str | None, bool], ...] = (
      lambda p, v: fmt(v.get("tau_mean")), "num", True),
     ("\u03c4 tok-wtd", "acceptance length pooled over all rounds", lambda p, v: fmt(v.get("tau_token_weighted")), "num", True),
     ("tok/s", "output throughput", lambda p, v: fmt(v.get("tok_s"), 1), "num", True),
-    ("speedup", "vs AR at the same settings, paired per prompt", lambda p, v: fmt(v.get("speedup_vs_ar"), 2, "\u00d7"), "num", True),
+    ("speedup", "vs AR at the same settings, paired per prompt; [95% interval: bootstrap over prompts]",
+     lambda p, v: _point_speedup(p, v), "num", True),
     ("TTFT p50 / p99 ms", None, lambda p, v: f"{fmt(v.get('ttft_ms_p50'), 1)} / {fmt(v.get('ttft_ms_p99'), 1)}", "num", True),
     ("TPOT p50 / p99 ms", None, lambda p, v: f"{fmt(v.get('tpot_ms_p50'), 2)} / {fmt(v.get('tpot_ms_p99'), 2)}", "num", True),
     ("requests (errors)", None, lambda p, v: f"{int(v['num_requests'])} ({int(v.get('num_errors') or 0)})"
      if v.get("num_requests") is not None else "\u2014", "num", True),
-    ("note", None, lambda p, v: _clip(p.error, MAX_CELL), "err", False),
+    ("note", None, lambda p, v: _clip("; ".join(x for x in (p.error, _heavy_text(p)) if x), MAX_CELL), "err", False),
 )
+
+
+def _point_speedup(p: Point, v: dict[str, Any]) -> str:
+    sp = v.get("speedup_vs_ar")
+    row = p.csv_row or {}
+    lo, hi = row.get("speedup_vs_ar_ci_low"), row.get("speedup_vs_ar_ci_high")
+    if sp is None:
+        return "\u2014"
+    return fmt(sp, 2, "\u00d7") + (f" [{lo:.2f}, {hi:.2f}]" if isinstance(lo, float) and isinstance(hi, float) else "")
 
 
 def section_headline(data: ReportData, anchors: dict[int, str]) -> Html:
     """One row per point; columns whose value is the same on every row (e.g. one suite) are left to the metadata."""
-    best = {id(p) for p in _best_by_load(data).values()}
+    best = _winner_points(data)
     cells = [[(col, col[2](p, p.values)) for col in _HEADLINE_COLUMNS] for p in data.points]
     keep = [i for i, col in enumerate(_HEADLINE_COLUMNS)
-            if col[4] or len({str(r[i][1]) for r in cells}) > 1 or (col[0] == "note" and any(p.error for p in data.points))]
+            if col[4] or len({str(r[i][1]) for r in cells}) > 1
+            or (col[0] == "note" and any(p.error or p.heavy_load for p in data.points))]
     head = el("tr", *[el("th", _HEADLINE_COLUMNS[i][0], title=_HEADLINE_COLUMNS[i][1]) for i in keep])
     rows = []
     for p, row in zip(data.points, cells):
@@ -300,11 +356,12 @@ def section_headline(data: ReportData, anchors: dict[int, str]) -> Html:
         tds = []
         for i in keep:
             col, value = row[i]
-            tds.append(el("td", value, class_=col[3], title=p.error if col[0] == "note" else None))
+            tds.append(el("td", value, class_=col[3], title=(p.error or _heavy_text(p)) if col[0] == "note" else None))
         rows.append(el("tr", *tds, id=anchors[id(p)], class_=cls))
     legend = el("p", "One row per run or grid point. \u03c4 counts the bonus token; the speedup is against the AR point "
-                     "at the same settings (blank when there is none). Bold rows: the fastest configuration per load "
-                     "level. Failed points are listed with their error and left out of the plots. Settings shared by "
+                     "at the same settings (blank when there is none), with its interval over prompts where known. Bold "
+                     "rows: the fastest configuration per load level, only where its interval clears the runner-up's "
+                     "(see Takeaways). Failed points are listed with their error and left out of the plots. Settings shared by "
                      "every row are in the metadata above.", class_="muted")
     return el("section", el("h2", "Headline numbers"), legend,
               el("div", el("table", el("thead", head), el("tbody", *rows), class_="grid"), class_="table-wrap"), id="headline")

@@ -174,6 +174,12 @@ def _config_colour_map(entries: list[tuple[str, list[Point]]]) -> dict[str, Any]
     return out
 
 
+def _configs_of(data: ReportData, points: list[Point]) -> list:
+    """The distinct configurations (data.configs) the given points belong to."""
+    ids = {id(p) for p in points}
+    return [c for c in data.configs if any(id(q) in ids for q in c.points)]
+
+
 def _pooled_histogram(points: list[Point]) -> dict[int, float] | None:
     """Round-weighted mean of the points' histograms (equal weights when round counts are missing)."""
     hs = [(p.histogram, p.num_rounds or 1) for p in points if p.histogram]
@@ -239,6 +245,7 @@ def fig_throughput_vs_budget(data: ReportData) -> Figure | None:
     groups, many = _groups(pts)
     groups = dict(list(groups.items())[:4])
     fig, axes = _new(len(groups), 2, w=10.5, h=3.4 * len(groups))
+    any_bars = False
     for row, (g, gp) in enumerate(groups.items()):
         loads = sorted({(p.request_rate is not None, p.request_rate or p.concurrency or 0): p.load_label for p in gp}.items())
         colours = _colours(len(loads))
@@ -247,20 +254,32 @@ def fig_throughput_vs_budget(data: ReportData) -> Figure | None:
         for ((_, _), label), col in zip(loads, colours):
             lp = [p for p in gp if p.load_label == label]
             for ax, key in ((ax_t, "tok_s"), (ax_s, "speedup_vs_ar")):
-                xs, ys = [], []
+                metric = "output_throughput_tok_s" if key == "tok_s" else key
+                xs, ys, lo, hi = [], [], [], []
                 for b in budgets:
-                    v = _mean([p.values.get(key) for p in lp if p.method == "ddtree" and p.budget == b])
+                    cs = _configs_of(data, [p for p in lp if p.method == "ddtree" and p.budget == b])
+                    v = _mean([c.value(metric) for c in cs])
                     if v is not None:
-                        xs.append(b), ys.append(v)
+                        iv = cs[0].interval(metric) if len(cs) == 1 else None
+                        xs.append(b), ys.append(v), lo.append(v - iv.low if iv else 0.0), hi.append(iv.high - v if iv else 0.0)
                 if xs:
                     ax.plot(xs, ys, "o-", color=col, label=f"DDTree {label}")
+                    if any(lo) or any(hi):
+                        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="none", ecolor=col, elinewidth=1.0, capsize=3)
+                        any_bars = True
                     any_speedup |= key == "speedup_vs_ar"
-                d = _mean([p.values.get(key) for p in lp if p.method == "dflash"])
-                if d is not None:
-                    ax.axhline(d, color=col, ls="--", lw=1.1, label=f"DFlash {label}")
-            a = _mean([p.values.get("tok_s") for p in lp if p.method == "ar"])
-            if a is not None:
-                ax_t.axhline(a, color=col, ls=":", lw=1.1, label=f"AR {label}")
+                for method, ls in (("dflash", "--"), ("ar", ":")):
+                    if method == "ar" and key != "tok_s":
+                        continue
+                    cs = _configs_of(data, [p for p in lp if p.method == method])
+                    d = _mean([c.value(metric) for c in cs])
+                    if d is None:
+                        continue
+                    ax.axhline(d, color=col, ls=ls, lw=1.1, label=f"{'DFlash' if method == 'dflash' else 'AR'} {label}")
+                    iv = cs[0].interval(metric) if len(cs) == 1 else None
+                    if iv is not None and iv.high > iv.low:
+                        ax.axhspan(iv.low, iv.high, color=col, alpha=0.12, lw=0)
+                        any_bars = True
         ax_s.axhline(1.0, color="#7f7f7f", ls=":", lw=1.2, label="AR (1\u00d7)")
         if not any_speedup:
             ax_s.text(0.5, 0.5, "no AR point at the same settings", transform=ax_s.transAxes, ha="center", color="#555")
@@ -283,7 +302,11 @@ def fig_throughput_vs_budget(data: ReportData) -> Figure | None:
             "completion). Right: speedup over AR at the same settings, from per-request times paired by prompt. One "
             "colour per load level (concurrency c or request rate); dashed: DFlash, dotted: AR. Pick the budget at the "
             "peak for the load you serve, and compare the peaks across loads: when verify work competes with other "
-            "requests, the best budget can move smaller."),
+            "requests, the best budget can move smaller." + (
+                " Error bars (and shaded bands around the DFlash / AR lines) are 95% confidence intervals: the speedup's "
+                "from a paired bootstrap over prompts (and repeats), tok/s's from the spread over repeats (none with one "
+                "repeat). Peaks whose bars overlap are not distinguishable on this data." if any_bars else
+                " No intervals on this data (they need records, and tok/s needs --repeats >= 2).")),
         _to_uri(fig), "Line charts of output throughput and speedup against tree budget, one line per load level")
 
 
