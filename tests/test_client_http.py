@@ -458,7 +458,7 @@ def test_standalone_run_without_budget_is_labelled_from_the_server(tmp_path, cap
         assert e.value.code == 2 and "--method ar contradicts" in capsys.readouterr().err
 
 
-def test_server_without_labels_keeps_the_flags(tmp_path):
+def test_server_without_labels_keeps_the_flags(tmp_path, capsys):
     from ddtree_bench.cli import main
     from ddtree_bench.results import read_json
 
@@ -468,3 +468,8 @@ def test_server_without_labels_keeps_the_flags(tmp_path):
     run = read_json(tmp_path / "a" / "run.json")
     assert run["spec"]["method"] == "ar" and "labels_from" not in run["spec"]["extra"]
     assert run["spec"]["backend"] == "openai" and run["backend"]["kind"] == "openai"
+    assert "does not say what it runs" not in capsys.readouterr().err  # --method was given
+    with ThreadedServer(info_app({"version": "9.9"})) as s:
+        main(["run", "--backend", "openai", "--url", s.url, "--suite", "smoke", "--limit", "1",
+              "--warmup", "0", "--quiet", "--out", str(tmp_path / "b")])
+    assert "the run is labelled ddtree B=64 (the --method default)" in capsys.readouterr().err

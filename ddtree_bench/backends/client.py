@@ -470,6 +470,10 @@ def adopt_server_labels(spec, flags_given: tuple[str, ...] | list[str] | set[str
     info = probe_server_info(spec.url, spec.api_key)
     method = (info or {}).get("method")
     if method not in D.METHODS:
+        if spec.backend == "openai" and "method" not in flags_given:
+            label = spec.method + (f" B={spec.budget}" if spec.method == "ddtree" else "")
+            print(f"note: the server does not say what it runs; the run is labelled {label} (the --method default); "
+                  "pass --method to label it", file=sys.stderr)
         return spec
     budget = info.get("budget") if method == "ddtree" else None
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
