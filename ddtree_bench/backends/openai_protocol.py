@@ -1,25 +1,43 @@
 """The OpenAI-compatible wire format of `ddtree-bench serve`: request validation and response shapes.
 
-`parse_request(obj, kind, ...)` turns a decoded JSON body into a `ServeRequest` or raises
-`ApiError` with the HTTP status and a message that names the offending field (400), the unknown
-model (404, as OpenAI and vLLM answer) or an unsupported feature (400). Unknown fields are
-ignored, as vLLM and SGLang do. The response builders produce the shapes vLLM uses, so one client
-reads every engine: completions `choices[].text`, chat `choices[].delta|message`, `token_ids` per
-choice (deltas when streaming), `prompt_token_ids` (in the choice for completions, top level for
-chat), `usage`, and `metrics.speculative_decoding` (vLLM's per-request spec metrics) extended with
-our exact per-round `acceptance_lengths`.
+`decode_body(raw)` turns the raw body into JSON values, refusing (400) what is not strict JSON:
+invalid UTF-8, `NaN` / `Infinity`, nesting deeper than `D.SERVE_MAX_JSON_DEPTH`, and strings
+holding lone UTF-16 surrogates (`"\\ud800"`, which no tokenizer can encode). `parse_request(obj,
+kind, ...)` turns a decoded body into a `ServeRequest` or raises `ApiError` with the HTTP status
+and a message that names the offending field (400), the unknown model (404, as OpenAI and vLLM
+answer) or an unsupported feature (400).
+
+Every scalar field's JSON type and range is checked in one place, the table `FIELDS` (field ->
+`Field`): integers are JSON integers (not `true`, not `5.0`) inside int64 or a tighter range,
+numbers are finite and in range, booleans are `true`/`false`. A field we do not implement (`n`,
+`logprobs`, penalties, `top_k`, ...) has `off` values: those (or `null`) are accepted, anything
+else is 400 "not supported", so a request never silently decodes differently than it asked.
+Unknown fields are ignored, as vLLM and SGLang do. `stream_options` follow vLLM: only with
+`stream: true`, and `continuous_usage_stats` only together with `include_usage`.
+
+The response builders produce the shapes vLLM uses, so one client reads every engine:
+completions `choices[].text`, chat `choices[].delta|message`, `token_ids` per choice (deltas when
+streaming), `prompt_token_ids` (in the choice for completions, top level for chat), `usage`, and
+`metrics.speculative_decoding` (vLLM's per-request spec metrics) extended with our exact
+per-round `acceptance_lengths`.
 
 Knows JSON shapes; nothing of models, sockets or timing.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from ddtree_bench import defaults as D
+
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+_SURROGATE = re.compile("[\\ud800-\\udfff]")
 
 
 class ApiError(Exception):
@@ -35,6 +53,158 @@ class ApiError(Exception):
 
 def error_body(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": status}}
+
+
+# ---------------------------------------------------------------------------- decoding
+
+
+def _reject_constant(name: str) -> Any:
+    raise ApiError(400, f"the request body is not valid JSON: {name} is not a JSON number (numbers must be finite)")
+
+
+def decode_body(raw: bytes, max_depth: int = D.SERVE_MAX_JSON_DEPTH) -> Any:
+    """Strict JSON of a request body (see the module docstring), or `ApiError` 400."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"the request body is not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ApiError(400, f"the request body nests deeper than {max_depth} levels") from None
+    except ValueError as e:  # JSONDecodeError
+        raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+    _check_tree(obj, max_depth)
+    return obj
+
+
+def _check_tree(obj: Any, max_depth: int) -> None:
+    """Depth <= max_depth and no lone surrogate in any string (keys too); iterative, O(size)."""
+    stack: list[tuple[Any, int, str]] = [(obj, 1, "")]
+    while stack:
+        v, depth, where = stack.pop()
+        if isinstance(v, str):
+            m = _SURROGATE.search(v)
+            if m:
+                raise ApiError(400, f"invalid unicode in the request body{where}: a lone surrogate "
+                               f"\\u{ord(m.group()):04x} (not a character; send UTF-8 text)", param=where.strip(" ()") or None)
+            continue
+        if not isinstance(v, (dict, list)):
+            continue
+        if depth > max_depth:
+            raise ApiError(400, f"the request body nests deeper than {max_depth} levels")
+        if isinstance(v, dict):
+            for k, x in v.items():
+                path = f" ({k})" if depth == 1 else where
+                stack.append((k, depth, path))
+                stack.append((x, depth + 1, path))
+        else:
+            stack.extend((x, depth + 1, where) for x in v)
+
+
+# ---------------------------------------------------------------------------- the field table
+
+
+@dataclass(frozen=True)
+class Field:
+    """A scalar body field: its JSON kinds ("int", "number", "bool", "str", "object"), its range
+    (`lo`..`hi`, `lo` excluded when `lo_open`) and, for a feature we do not implement, the values
+    that mean "off" (anything else is 400 `why`)."""
+
+    kinds: tuple[str, ...]
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    off: tuple[Any, ...] = ()
+    why: str = ""
+
+
+def _f(*kinds: str, **kw: Any) -> Field:
+    return Field(kinds, **kw)
+
+
+LOGPROBS = "logprobs are not supported"
+FIELDS: dict[str, Field] = {
+    "model": _f("str"),
+    "max_tokens": _f("int", lo=1, hi=INT64_MAX),
+    "max_completion_tokens": _f("int", lo=1, hi=INT64_MAX),
+    "temperature": _f("number", lo=0, hi=2),                     # OpenAI's range
+    "top_p": _f("number", lo=0, hi=1, lo_open=True),
+    "seed": _f("int", lo=INT64_MIN, hi=INT64_MAX),               # vLLM: torch.long
+    "stream": _f("bool"),
+    "stream_options": _f("object"),
+    "ignore_eos": _f("bool"),
+    "return_token_ids": _f("bool"),
+    "chat_template_kwargs": _f("object"),
+    "user": _f("str"),
+    # accepted only when off
+    "n": _f("int", lo=1, hi=INT64_MAX, off=(1,), why="only n = 1 is supported"),
+    "best_of": _f("int", lo=1, hi=INT64_MAX, off=(1,), why="best_of is not supported"),
+    "logprobs": _f("bool", "int", lo=0, hi=20, off=(False, 0), why=LOGPROBS),  # chat: bool, completions: int
+    "top_logprobs": _f("int", lo=0, hi=20, off=(0,), why=LOGPROBS),
+    "prompt_logprobs": _f("int", lo=0, hi=20, off=(0,), why=LOGPROBS),
+    "echo": _f("bool", off=(False,), why="echo is not supported"),
+    "suffix": _f("str", off=("",), why="suffix is not supported"),
+    "frequency_penalty": _f("number", lo=-2, hi=2, off=(0,), why="frequency_penalty is not supported"),
+    "presence_penalty": _f("number", lo=-2, hi=2, off=(0,), why="presence_penalty is not supported"),
+    "repetition_penalty": _f("number", lo=0, hi=INT64_MAX, lo_open=True, off=(1,), why="repetition_penalty is not supported"),
+    "top_k": _f("int", lo=-1, hi=INT64_MAX, off=(-1, 0), why="top_k is not supported"),
+    "min_p": _f("number", lo=0, hi=1, off=(0,), why="min_p is not supported"),
+}
+STREAM_OPTIONS: dict[str, Field] = {"include_usage": _f("bool"), "continuous_usage_stats": _f("bool")}
+CHAT_TEMPLATE_KWARGS: dict[str, Field] = {"enable_thinking": _f("bool")}
+KIND_NAMES = {"int": "an integer", "number": "a number", "bool": "a boolean", "str": "a string", "object": "an object"}
+
+
+def _kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "number"
+    return {str: "str", dict: "object", list: "list"}.get(type(v), type(v).__name__)
+
+
+def _show(v: Any) -> str:
+    """A short, safe rendering of a JSON value for an error message (containers by kind only)."""
+    if isinstance(v, (dict, list)):
+        return "an object" if isinstance(v, dict) else "a list"
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _bound(x: float) -> str:
+    return {INT64_MAX: "2^63 - 1", INT64_MIN: "-2^63"}.get(x, f"{x:g}" if isinstance(x, float) else str(x))
+
+
+def _range_text(f: Field) -> str:
+    if (f.lo, f.hi) == (INT64_MIN, INT64_MAX):
+        return "a 64-bit signed integer"
+    if f.hi == INT64_MAX:
+        return f"> {_bound(f.lo)}" if f.lo_open else f">= {_bound(f.lo)}"
+    return f"in {'(' if f.lo_open else '['}{_bound(f.lo)}, {_bound(f.hi)}]"
+
+
+def check_field(obj: dict[str, Any], key: str, table: dict[str, Field] = FIELDS, where: str = "") -> Any:
+    """The value of `obj[key]` checked against `table[key]`, or None when absent or null."""
+    f, v = table[key], obj.get(key)
+    name = f"{where}{key}"
+    if v is None:
+        return None
+    kind = _kind(v)
+    ok_kind = kind in f.kinds or (kind == "int" and "number" in f.kinds)
+    if not ok_kind:
+        what = " or ".join(KIND_NAMES[k] for k in f.kinds)
+        raise ApiError(400, f"'{name}' must be {what}, got {_show(v)}", param=name)
+    if kind in ("int", "number") and f.lo is not None:
+        x = float(v) if kind == "number" else v
+        if (kind == "number" and not math.isfinite(x)) or x < f.lo or x > f.hi or (f.lo_open and x == f.lo):
+            raise ApiError(400, f"'{name}' must be {_range_text(f)}, got {_show(v)}", param=name)
+    if f.off and not any(v == o and (type(v) is type(o) or _kind(o) in ("int", "number") and kind in ("int", "number"))
+                         for o in f.off):
+        raise ApiError(400, f.why, param=name)
+    return v
 
 
 @dataclass
@@ -60,30 +230,27 @@ class ServeRequest:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
+    def prompt_bytes(self) -> int | None:
+        """UTF-8 bytes of the prompt text the tokenizer will see (message contents for chat), or None for ids."""
+        if self.messages is not None:
+            return sum(len(m["content"].encode("utf-8")) for m in self.messages)
+        if self.prompt_text is not None:
+            return len(self.prompt_text.encode("utf-8"))
+        return None
+
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _opt(obj: dict[str, Any], key: str, check, what: str, default: Any = None) -> Any:
-    v = obj.get(key)
-    if v is None:
-        return default
-    if not check(v):
-        raise ApiError(400, f"'{key}' must be {what}, got {type(v).__name__} {str(v)[:60]!r}", param=key)
-    return v
-
-
 def _token_list(v: Any, vocab_size: int, key: str) -> list[int]:
-    if not all(_is_int(t) for t in v):
-        raise ApiError(400, f"'{key}' token ids must be integers", param=key)
+    bad = next((t for t in v if not _is_int(t)), None) if isinstance(v, list) else v
+    if not isinstance(v, list) or bad is not None:
+        raise ApiError(400, f"'{key}' must be a list of integer token ids, got {_show(bad)} in it"
+                       if isinstance(v, list) else f"'{key}' must be a list of integer token ids, got {_show(v)}", param=key)
     bad = next((t for t in v if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise ApiError(400, f"'{key}' has token id {bad}, outside the vocabulary [0, {vocab_size})", param=key)
+        raise ApiError(400, f"'{key}' has token id {_show(bad)}, outside the vocabulary [0, {vocab_size})", param=key)
     return list(v)
 
 
@@ -101,73 +268,64 @@ def _message_content(m: dict[str, Any], i: int) -> str:
         return "".join(parts)
     if c is None and m.get("role") == "assistant":
         return ""
-    raise ApiError(400, f"'messages[{i}].content' must be a string or a list of text parts", param="messages")
+    raise ApiError(400, f"'messages[{i}].content' must be a string or a list of text parts, got {_show(c)}", param="messages")
+
+
+UNSUPPORTED_SHAPES = {  # non-scalar fields we do not implement: (values that mean "off", message)
+    "tools": ((None, []), "tools are not supported"),
+    "stop": ((None, [], ""), "stop strings are not supported; use stop_token_ids"),
+    "logit_bias": ((None, {}), "logit_bias is not supported"),
+    "response_format": ((None, {"type": "text"}), "response_format other than {\"type\": \"text\"} is not supported"),
+}
 
 
 def parse_request(obj: Any, kind: str, served_model: str, vocab_size: int) -> ServeRequest:
     """Validate a decoded request body for `kind` ("chat" | "completions")."""
     if not isinstance(obj, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {type(obj).__name__}")
-    model = obj.get("model", served_model)
-    if model is None:
-        model = served_model
-    if not isinstance(model, str):
-        raise ApiError(400, "'model' must be a string", param="model")
+        raise ApiError(400, f"the request body must be a JSON object, got {_show(obj)}")
+    for key in FIELDS:  # every scalar field's type and range, once
+        check_field(obj, key)
+    model = obj.get("model") or served_model
     if model != served_model:
         raise ApiError(404, f"the model '{model}' does not exist; this server serves '{served_model}'",
                        type_="NotFoundError", param="model")
-    n = _opt(obj, "n", _is_int, "an integer", 1)
-    if n != 1:
-        raise ApiError(400, "only n = 1 is supported", param="n")
-    unsupported = {  # field: (values that mean "off", message)
-        "logprobs": ((None, False), "logprobs are not supported"),
-        "top_logprobs": ((None, 0), "logprobs are not supported"),
-        "best_of": ((None, 1), "best_of is not supported"),
-        "echo": ((None, False), "echo is not supported"),
-        "suffix": ((None, ""), "suffix is not supported"),
-        "tools": ((None, []), "tools are not supported"),
-        "stop": ((None, [], ""), "stop strings are not supported; use stop_token_ids"),
-    }
-    for key, (off, why) in unsupported.items():
+    for key, (off, why) in UNSUPPORTED_SHAPES.items():
         if key in obj and not any(obj[key] == v and type(obj[key]) is type(v) for v in off):
             raise ApiError(400, why, param=key)
 
     if kind == "chat":
-        max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens"))
         key = "max_completion_tokens" if obj.get("max_completion_tokens") is not None else "max_tokens"
         default_max = D.MAX_NEW_TOKENS
     else:
-        max_tokens, key, default_max = obj.get("max_tokens"), "max_tokens", D.SERVE_COMPLETIONS_MAX_TOKENS
+        key, default_max = "max_tokens", D.SERVE_COMPLETIONS_MAX_TOKENS
+    max_tokens = obj.get(key)
     if max_tokens is None:
         max_tokens = default_max
-    if not _is_int(max_tokens) or max_tokens <= 0:
-        raise ApiError(400, f"'{key}' must be a positive integer, got {max_tokens!r}", param=key)
-
-    temperature = _opt(obj, "temperature", _is_num, "a number", 1.0)
-    if temperature < 0:
-        raise ApiError(400, f"'temperature' must be >= 0, got {temperature}", param="temperature")
-    top_p = _opt(obj, "top_p", _is_num, "a number", 1.0)
-    if not 0 < top_p <= 1:
-        raise ApiError(400, f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
-    seed = _opt(obj, "seed", _is_int, "an integer")
-    stream = _opt(obj, "stream", lambda v: isinstance(v, bool), "a boolean", False)
-    so = _opt(obj, "stream_options", lambda v: isinstance(v, dict), "an object", {})
-    include_usage = so.get("include_usage", False)
-    continuous = so.get("continuous_usage_stats", False)
-    if not isinstance(include_usage, bool) or not isinstance(continuous, bool):
-        raise ApiError(400, "'stream_options' fields must be booleans", param="stream_options")
-    stop_ids = _opt(obj, "stop_token_ids", lambda v: isinstance(v, list), "a list of token ids")
+    temperature = obj.get("temperature")
+    top_p = obj.get("top_p")
+    stream = obj.get("stream") is True
+    so = obj.get("stream_options") or {}
+    if so and not stream:  # vLLM: "Stream options can only be defined when `stream=True`."
+        raise ApiError(400, "'stream_options' can only be given with 'stream': true", param="stream_options")
+    for k in STREAM_OPTIONS:
+        check_field(so, k, STREAM_OPTIONS, "stream_options.")
+    include_usage = so.get("include_usage") is True
+    continuous = so.get("continuous_usage_stats") is True
+    if continuous and not include_usage:  # as vLLM refuses it (issue 15)
+        raise ApiError(400, "'stream_options.continuous_usage_stats' requires 'stream_options.include_usage': true",
+                       param="stream_options")
+    stop_ids = obj.get("stop_token_ids")
     if stop_ids is not None:
         stop_ids = _token_list(stop_ids, vocab_size, "stop_token_ids")
-    ignore_eos = _opt(obj, "ignore_eos", lambda v: isinstance(v, bool), "a boolean", False)
-    ret_ids = _opt(obj, "return_token_ids", lambda v: isinstance(v, bool), "a boolean", False)
-    ctk = _opt(obj, "chat_template_kwargs", lambda v: isinstance(v, dict), "an object", {})
-    enable_thinking = bool(ctk.get("enable_thinking", False))
+    ctk = obj.get("chat_template_kwargs") or {}
+    check_field(ctk, "enable_thinking", CHAT_TEMPLATE_KWARGS, "chat_template_kwargs.")
 
-    req = ServeRequest(kind=kind, model=served_model, max_tokens=max_tokens, temperature=float(temperature),
-                       top_p=float(top_p), seed=seed, stream=stream, include_usage=include_usage,
-                       continuous_usage=continuous, return_token_ids=ret_ids, stop_token_ids=stop_ids,
-                       ignore_eos=ignore_eos, enable_thinking=enable_thinking)
+    req = ServeRequest(kind=kind, model=served_model, max_tokens=max_tokens,
+                       temperature=1.0 if temperature is None else float(temperature),
+                       top_p=1.0 if top_p is None else float(top_p), seed=obj.get("seed"), stream=stream,
+                       include_usage=include_usage, continuous_usage=continuous,
+                       return_token_ids=obj.get("return_token_ids") is True, stop_token_ids=stop_ids,
+                       ignore_eos=obj.get("ignore_eos") is True, enable_thinking=ctk.get("enable_thinking") is True)
     if kind == "chat":
         msgs = obj.get("messages")
         if msgs is None:
@@ -179,7 +337,9 @@ def parse_request(obj: Any, kind: str, served_model: str, vocab_size: int) -> Se
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise ApiError(400, f"'messages[{i}]' must be an object with a string 'role'", param="messages")
             if m["role"] not in ("system", "user", "assistant", "developer"):
-                raise ApiError(400, f"'messages[{i}].role' {m['role']!r} is not supported (system, user, assistant)", param="messages")
+                raise ApiError(400, f"'messages[{i}].role' {_show(m['role'])} is not supported (system, user, assistant)", param="messages")
+            if m.get("name") is not None and not isinstance(m["name"], str):
+                raise ApiError(400, f"'messages[{i}].name' must be a string, got {_show(m['name'])}", param="messages")
             out.append({"role": m["role"], "content": _message_content(m, i)})
         req.messages = out
     else:
@@ -216,6 +376,9 @@ def spec_decoding_metrics(method: str, accept_lengths: list[int], block_size: in
     num_draft_tokens = R x tree nodes per round (DDTree: budget; DFlash: block_size - 1; AR: 0);
     mean_acceptance_length = 1 + accepted / R = mean a_r; draft_acceptance_rate = accepted / drafted;
     acceptance_histogram[j] = rounds that accepted exactly j drafts, j = 0..block_size-1.
+
+    The two ratios are floats, as in vLLM's schema; a ratio whose denominator is 0 (no rounds; no
+    drafts, e.g. AR) is left out of the object, never sent as null (so is `tree_budget` off DDTree).
     """
     rounds = len(accept_lengths)
     accepted = sum(a - 1 for a in accept_lengths)
@@ -225,18 +388,19 @@ def spec_decoding_metrics(method: str, accept_lengths: list[int], block_size: in
     hist = [0] * width
     for a in accept_lengths:
         hist[a - 1] += 1
-    return {
-        "method": method,
-        "mean_acceptance_length": (1 + accepted / rounds) if rounds else None,
-        "draft_acceptance_rate": (accepted / drafted) if drafted else None,
+    out: dict[str, Any] = {"method": method}
+    if rounds:
+        out["mean_acceptance_length"] = float(1 + accepted / rounds)
+    if drafted:
+        out["draft_acceptance_rate"] = float(accepted / drafted)
+    return out | {
         "acceptance_histogram": hist,
         "num_spec_steps": rounds,
         "num_draft_tokens": drafted,
         "num_accepted_draft_tokens": accepted,
         "num_spec_tokens": block_size - 1,
-        "tree_budget": budget if method == "ddtree" else None,
         "acceptance_lengths": list(accept_lengths),
-    }
+    } | ({"tree_budget": budget} if method == "ddtree" else {})
 
 
 def stream_chunk(req: ServeRequest, text: str, token_ids: list[int] | None, *, finish_reason: str | None = None,

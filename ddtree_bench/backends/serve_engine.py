@@ -12,6 +12,11 @@ finish reason, stage times), "error" or "cancelled".
   `max_tokens` letters in chunks of `chunk_tokens` (one "round" each, a_r = chunk_tokens),
   concurrently (`serial = False`). It exists to measure the HTTP client and driver's own overhead.
 
+`Scheduler` decides when a job runs: on a serial source one job at a time in arrival order, at
+most `max_queue` waiting (more raise `QueueFull`); a waiting job whose caller is cancelled (its
+client went away) leaves the queue at once and frees its place. A concurrent source runs every
+job at once. (Batching several jobs per engine step would replace `Scheduler.turn`.)
+
 Knows the engine's `generate` call and the toy byte tokenizer; nothing of HTTP.
 """
 
@@ -21,9 +26,10 @@ import asyncio
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from ddtree_bench import defaults as D
 
@@ -41,6 +47,7 @@ class Job:
     seed: int | None = None
     stop_ids: list[int] = field(default_factory=list)
     cancelled: bool = False  # set by the server; the source stops at its next round
+    outcome: str | None = None  # the finish reason the server counted for it (once)
 
 
 @dataclass
@@ -52,6 +59,51 @@ class Event:
     finish_reason: str | None = None           # done
     stage_ns: dict[str, int] | None = None     # done
     error: str | None = None                   # error
+
+
+class QueueFull(Exception):
+    """No place left in the queue of a serial source."""
+
+    def __init__(self, waiting: int, max_queue: int):
+        super().__init__(f"the queue is full ({waiting} requests waiting, --max-queue {max_queue})")
+
+
+class Scheduler:
+    """When jobs run (see the module docstring). `on_change(waiting, running)` sees every change."""
+
+    def __init__(self, serial: bool, max_queue: int, on_change: Callable[[int, int], None] | None = None):
+        self.serial = serial
+        self.max_queue = max_queue
+        self.waiting = 0
+        self.running = 0
+        self._lock = asyncio.Lock()  # FIFO: asyncio wakes waiters in arrival order
+        self._on_change = on_change or (lambda waiting, running: None)
+
+    def _changed(self) -> None:
+        self._on_change(self.waiting, self.running)
+
+    @asynccontextmanager
+    async def turn(self):
+        """Wait for this job's turn (cancellable: a cancelled waiter leaves the queue), then hold it."""
+        if self.serial:
+            if (self._lock.locked() or self.waiting) and self.waiting >= self.max_queue:
+                raise QueueFull(self.waiting, self.max_queue)
+            self.waiting += 1
+            self._changed()
+            try:
+                await self._lock.acquire()
+            finally:
+                self.waiting -= 1
+                self._changed()
+        self.running += 1
+        self._changed()
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self._changed()
+            if self.serial:
+                self._lock.release()
 
 
 class EngineSource:

@@ -103,6 +103,10 @@ class ServerMetrics:
         with self._lock:
             self._gauges[name] += delta
 
+    def gauge_set(self, name: str, value: float) -> None:
+        with self._lock:
+            self._gauges[name] = value
+
     def observe(self, name: str, seconds: float, n: int = 1) -> None:
         with self._lock:
             self._hists[name].observe(seconds, n)

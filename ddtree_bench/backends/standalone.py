@@ -6,11 +6,24 @@ Endpoints: `GET /health` (200, or 503 while shutting down; never needs a key), `
 `POST /v1/chat/completions` (SSE streaming with `stream_options.include_usage` /
 `continuous_usage_stats`, or one JSON body). Wire shapes and validation are in `openai_protocol`.
 
-Scheduling: the engine is batch-1, so requests run one at a time in arrival order (a fair lock);
-at most `max_queue` may wait, beyond that 503. Streaming sends each verify round's tokens as one
-SSE chunk as soon as the engine commits them (text held back only while a UTF-8 character is
-incomplete, so the concatenated text equals the decoded ids). A client that disconnects, and a
-shutdown past its grace period, stop the generation at its next round.
+A generation request, in order: the API key (401; compared as bytes, so any header bytes are a
+401, never a 500); the body, read within `read_timeout_s` (408) and at most `max_body_bytes`
+(413); then, on a small thread pool and never on the event loop, strict JSON decoding, field
+validation, a context check on the prompt's byte length (a prompt of B UTF-8 bytes has at least
+B / (4 x the longest token in bytes) tokens, so a hopeless prompt is refused before tokenizing),
+chat-template rendering and tokenization, and the exact context check (400); then its turn at
+the engine (`serve_engine.Scheduler`: batch-1, arrival order, at most `max_queue` waiting, 503
+beyond). Streaming sends each verify round's tokens as one SSE chunk as soon as the engine commits
+them (text held back only while a UTF-8 character is incomplete, so the concatenated text equals
+the decoded ids).
+
+Disconnects: aiohttp cancels the handler of a request whose client went away (queued, running,
+streaming or not); a queued request leaves the queue, a running one stops the engine at its next
+round. A stream write that cannot proceed for `read_timeout_s` (a client that stopped reading)
+counts the same. Such requests are counted `request_success{finished_reason="abort"}` and
+`http_requests{status="499"}` (nginx's "client closed request"), never as 500, with no traceback.
+Slow connections: a request head must arrive within `read_timeout_s` of connecting (or of the
+previous response on a keep-alive connection), else aiohttp closes the connection.
 
 Shutdown on SIGTERM/SIGINT: /health turns 503, new and queued requests get 503, the listening
 socket closes, in-flight requests get `grace_s` to finish and are then cut (their streams end
@@ -24,11 +37,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import signal
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -36,33 +52,54 @@ from aiohttp import web
 from ddtree_bench import __version__
 from ddtree_bench import defaults as D
 from ddtree_bench.backends.openai_protocol import (
-    ApiError, ServeRequest, error_body, final_usage_chunk, full_response, parse_request, spec_decoding_metrics,
-    stream_chunk, usage,
+    ApiError, ServeRequest, decode_body, error_body, final_usage_chunk, full_response, parse_request,
+    spec_decoding_metrics, stream_chunk, usage,
 )
-from ddtree_bench.backends.serve_engine import Job
+from ddtree_bench.backends.serve_engine import Job, QueueFull, Scheduler
 from ddtree_bench.backends.server_metrics import ServerMetrics
 from ddtree_bench.errors import UsageError
 
 READY_PREFIX = "ddtree-bench serve: ready at "
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 OPEN_PATHS = ("/health", "/version")  # answered without an API key
+TOKENIZER_MARGIN = 4  # a token may cover up to 4x its own UTF-8 length of input text (normalisers)
 
 
 class IncrementalText:
-    """Text deltas of a growing id sequence whose concatenation equals `decode(all ids)`."""
+    """Text deltas of a growing id sequence whose concatenation equals `decode(all ids)`.
+
+    Each `add` decodes only a window, not every id so far (which made a 8k-token stream cost
+    seconds of event-loop time): the text of ids[:base] is committed once a cut at `base` is seen
+    to split the decoding, decode(ids[a:n]) == decode(ids[a:cut]) + decode(ids[cut:n]) with the
+    left part ending in a whole character; a cut that does not split cleanly (inside a UTF-8
+    character, a decoder that strips a leading space) is simply not taken. Text is held back only
+    while it ends in an incomplete character. `flush` returns the rest against one full decode.
+    """
+
+    WINDOW = 64  # ids past `base` before a commit is tried
+    KEEP = 16    # ids left after the cut, as context for the next decodes
 
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.ids: list[int] = []
+        self.base = 0
+        self.base_text = ""
         self.sent = ""
 
     def add(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        stable = self.tok.decode(self.ids).rstrip("\ufffd")  # hold back a possibly incomplete character
-        if not stable.startswith(self.sent):
-            return ""
-        delta, self.sent = stable[len(self.sent):], stable
+        stable = (self.base_text + self.tok.decode(self.ids[self.base:])).rstrip("\ufffd")  # hold back a partial char
+        delta = ""
+        if stable.startswith(self.sent):
+            delta, self.sent = stable[len(self.sent):], stable
+        if len(self.ids) - self.base > self.WINDOW:
+            self._commit(len(self.ids) - self.KEEP)
         return delta
+
+    def _commit(self, cut: int) -> None:
+        left, right = self.tok.decode(self.ids[self.base:cut]), self.tok.decode(self.ids[cut:])
+        if left + right == self.tok.decode(self.ids[self.base:]) and not left.endswith("\ufffd"):
+            self.base_text += left
+            self.base = cut
 
     def flush(self) -> str:
         text = self.tok.decode(self.ids)
@@ -71,28 +108,73 @@ class IncrementalText:
         return delta
 
 
+def max_token_bytes(tokenizer) -> int | None:
+    """The longest token's UTF-8 length over the whole vocabulary (added tokens too), or None if unknown."""
+    vocab_of = getattr(getattr(tokenizer, "tok", None), "get_vocab", None)
+    if vocab_of is None:
+        return None
+    return max((len(t.encode("utf-8", "surrogatepass")) for t in vocab_of(with_added_tokens=True)), default=None)
+
+
+class PromptTooLong(Exception):
+    def __init__(self, n_tokens: int):
+        super().__init__(n_tokens)
+        self.n_tokens = n_tokens
+
+
+def encode(tokenizer, text: str, limit: int | None = None) -> list[int]:
+    """`tokenizer.encode(text)` (as `ChatTokenizer.apply_chat_template` encodes a rendered prompt), through
+    `tokenizers`' `encode_batch`, which releases the GIL, so a 7 MB prompt does not stall the event loop.
+    More than `limit` tokens raise `PromptTooLong` before the id list is built."""
+    batch = getattr(getattr(tokenizer, "tok", None), "encode_batch", None)
+    if batch is None:
+        ids = tokenizer.encode(text)
+        if limit is not None and len(ids) > limit:
+            raise PromptTooLong(len(ids))
+        return ids
+    enc = batch([text], add_special_tokens=False)[0]
+    if limit is not None and len(enc) > limit:
+        raise PromptTooLong(len(enc))
+    return list(enc.ids)
+
+
 class ServerState:
-    def __init__(self, source, api_key: str | None, max_queue: int):
+    def __init__(self, source, api_key: str | None, max_queue: int, read_timeout_s: float, cpu_workers: int):
         self.source = source
         self.api_key = api_key
+        self.key_bytes = f"Bearer {api_key}".encode("utf-8") if api_key else b""
         self.max_queue = max_queue
+        self.read_timeout_s = read_timeout_s
         self.metrics = ServerMetrics(source.model_id, source.block_size)
-        self.lock = asyncio.Lock()
-        self.waiting = 0
+        self.scheduler = Scheduler(source.serial, max_queue, self._gauges)
+        self.cpu = ThreadPoolExecutor(cpu_workers, thread_name_prefix="ddtree-serve-cpu")
+        self.max_token_bytes = max_token_bytes(source.tokenizer)
         self.draining = False
         self.jobs: set[Job] = set()
         self.started = time.time()
+
+    def _gauges(self, waiting: int, running: int) -> None:
+        self.metrics.gauge_set("num_requests_waiting", waiting)
+        self.metrics.gauge_set("num_requests_running", running)
+
+    def authorized(self, request: web.Request) -> bool:
+        got = request.headers.get("Authorization", "")  # aiohttp: UTF-8 with surrogateescape, so this is the raw bytes
+        return hmac.compare_digest(got.encode("utf-8", "surrogateescape"), self.key_bytes)
 
     def server_info(self) -> dict[str, Any]:
         s = self.source
         return {"version": __version__, "server": "ddtree-bench serve", "model": s.model_id, "method": s.method,
                 "budget": s.budget if s.method == "ddtree" else None, "block_size": s.block_size,
                 "max_model_len": s.max_model_len, "stop_ids": s.stop_ids, "max_queue": self.max_queue,
-                "auth": bool(self.api_key), "started": int(self.started), **s.info}
+                "read_timeout_s": self.read_timeout_s, "auth": bool(self.api_key), "started": int(self.started), **s.info}
 
 
 STATE = web.AppKey("state", ServerState)
 MAX_BODY = web.AppKey("max_body_bytes", int)
+
+
+class _ClientGone(Exception):
+    """A write to the client failed or stalled past the read timeout."""
 
 
 def _sse(obj: Any) -> bytes:
@@ -108,13 +190,16 @@ async def _middleware(request: web.Request, handler):
     st: ServerState = request.app[STATE]
     path = request.path
     endpoint = path if request.match_info.route.resource is not None else "other"  # bounded label set
-    if st.api_key and path not in OPEN_PATHS:
-        got = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(got.encode(), f"Bearer {st.api_key}".encode()):
-            st.metrics.inc("http_requests", endpoint=endpoint, status="401")
-            return _error(401, "invalid or missing API key (send 'Authorization: Bearer KEY')", "authentication_error")
+    if st.api_key and path not in OPEN_PATHS and not st.authorized(request):
+        st.metrics.inc("http_requests", endpoint=endpoint, status="401")
+        return _error(401, "invalid or missing API key (send 'Authorization: Bearer KEY')", "authentication_error")
     try:
         resp = await handler(request)
+    except asyncio.CancelledError:  # the client went away (or a shutdown cut the request)
+        st.metrics.inc("http_requests", endpoint=endpoint, status="499")
+        raise
+    except _ClientGone:
+        resp = _error(499, "the client went away", "client_closed_request")
     except ApiError as e:
         resp = web.json_response(e.body(), status=e.status)
     except web.HTTPException as e:  # 404/405 routes, 413 bodies: OpenAI-style JSON
@@ -160,67 +245,116 @@ async def _metrics(request: web.Request) -> web.Response:
                         headers={"X-Prometheus-Format": "0.0.4"})
 
 
+# ---------------------------------------------------------------------------- preparing a request (CPU pool)
+
+
+@dataclass
+class Prepared:
+    """A validated request with its prompt tokenized and the stop ids it generates against."""
+
+    req: ServeRequest
+    prompt_ids: list[int]
+    stop_ids: list[int]
+
+
+def _context_error(n_tokens: str, req: ServeRequest, limit: int) -> ApiError:
+    return ApiError(400, f"prompt ({n_tokens} tokens) + max_tokens ({req.max_tokens}) exceeds the model's context of "
+                    f"{limit} tokens", param="max_tokens")
+
+
+def prepare(st: ServerState, raw: bytes, kind: str) -> Prepared:
+    """Decode, validate and tokenize one body (CPU work: runs on `st.cpu`, never on the event loop)."""
+    src = st.source
+    req = parse_request(decode_body(raw), kind, src.model_id, src.vocab_size)
+    limit = src.max_model_len
+    if req.max_tokens >= limit:
+        raise _context_error("at least 1", req, limit)
+    nbytes = req.prompt_bytes()
+    if nbytes is not None and st.max_token_bytes:  # a lower bound on the token count, before tokenizing
+        at_least = -(-nbytes // (TOKENIZER_MARGIN * st.max_token_bytes))
+        if at_least + req.max_tokens > limit:
+            raise _context_error(f"at least {at_least}: {nbytes} bytes of text", req, limit)
+    tok = src.tokenizer
+    room = limit - req.max_tokens  # prompt tokens that fit
+    try:
+        if req.kind == "chat":
+            try:
+                text = tok.render(req.messages, add_generation_prompt=True, enable_thinking=req.enable_thinking)
+            except UsageError as e:  # the template's raise_exception (e.g. roles out of order)
+                raise ApiError(400, f"cannot render the chat template: {e}", param="messages") from None
+            ids = encode(tok, text, room)
+        else:
+            ids = req.prompt_ids if req.prompt_ids is not None else encode(tok, req.prompt_text, room)
+    except PromptTooLong as e:
+        raise _context_error(str(e.n_tokens), req, limit) from None
+    if not ids:
+        raise ApiError(400, "the prompt is empty after tokenization", param="prompt")
+    if len(ids) + req.max_tokens > limit:
+        raise _context_error(str(len(ids)), req, limit)
+    stop = list(req.stop_token_ids or []) + ([] if req.ignore_eos else src.stop_ids)
+    return Prepared(req, ids, stop)
+
+
+async def _read_body(request: web.Request, st: ServerState) -> bytes:
+    try:  # over client_max_size -> HTTPRequestEntityTooLarge -> 413
+        return await asyncio.wait_for(request.read(), st.read_timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {st.read_timeout_s:g} s", "timeout_error") from None
+    except ConnectionError as e:  # the client went away mid-body (wait_for may surface this instead of the cancel)
+        raise _ClientGone(type(e).__name__) from None
+
+
 # ---------------------------------------------------------------------------- generation
 
 
-def _prompt_ids(st: ServerState, req: ServeRequest) -> list[int]:
-    tok = st.source.tokenizer
-    if req.kind == "chat":
-        try:
-            ids = tok.apply_chat_template(req.messages, enable_thinking=req.enable_thinking)
-        except UsageError as e:  # the template's raise_exception (e.g. roles out of order)
-            raise ApiError(400, f"cannot render the chat template: {e}", param="messages") from None
-    else:
-        ids = req.prompt_ids if req.prompt_ids is not None else tok.encode(req.prompt_text)
-    if not ids:
-        raise ApiError(400, "the prompt is empty after tokenization", param="prompt")
-    limit = st.source.max_model_len
-    if len(ids) + req.max_tokens > limit:
-        raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the model's "
-                       f"context of {limit} tokens", param="max_tokens")
-    return ids
+def _count(st: ServerState, job: Job, reason: str) -> None:
+    """Count a request's outcome once (a cancellation after the last chunk does not recount it)."""
+    if job.outcome is None:
+        job.outcome = reason
+        st.metrics.inc("request_success", finished_reason=reason)
 
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     t_arrival = time.perf_counter_ns()
     st: ServerState = request.app[STATE]
-    src = st.source
-    raw = await request.read()  # over client_max_size -> HTTPRequestEntityTooLarge -> 413
-    try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON ({e})") from None
-    req = parse_request(obj, kind, src.model_id, src.vocab_size)
-    prompt_ids = _prompt_ids(st, req)
-    stop = list(req.stop_token_ids or []) + ([] if req.ignore_eos else src.stop_ids)
+    raw = await _read_body(request, st)
+    prep = await asyncio.get_running_loop().run_in_executor(st.cpu, prepare, st, raw, kind)
     if st.draining:
         return _error(503, "the server is shutting down", "server_error")
-    if src.serial and st.lock.locked() and st.waiting >= st.max_queue:
-        return _error(503, f"the queue is full ({st.waiting} requests waiting, --max-queue {st.max_queue})", "server_error")
-
-    job = Job(prompt_ids, req.max_tokens, req.temperature, req.top_p, req.seed, stop)
-    st.waiting += 1
-    st.metrics.gauge_add("num_requests_waiting", 1)
+    req = prep.req
+    job = Job(prep.prompt_ids, req.max_tokens, req.temperature, req.top_p, req.seed, prep.stop_ids)
     try:
-        if src.serial:
-            await st.lock.acquire()
-    finally:
-        st.waiting -= 1
-        st.metrics.gauge_add("num_requests_waiting", -1)
-    try:
-        if st.draining:
-            return _error(503, "the server is shutting down", "server_error")
-        st.metrics.observe("request_queue_time_seconds", (time.perf_counter_ns() - t_arrival) / 1e9)
-        st.metrics.gauge_add("num_requests_running", 1)
-        try:
+        async with st.scheduler.turn():
+            if st.draining:
+                return _error(503, "the server is shutting down", "server_error")
+            st.metrics.observe("request_queue_time_seconds", (time.perf_counter_ns() - t_arrival) / 1e9)
             st.jobs.add(job)
-            return await _run(request, st, req, job, t_arrival)
-        finally:
-            st.jobs.discard(job)
-            st.metrics.gauge_add("num_requests_running", -1)
-    finally:
-        if src.serial:
-            st.lock.release()
+            try:
+                return await _run(request, st, req, job, t_arrival)
+            finally:
+                st.jobs.discard(job)
+    except QueueFull as e:
+        return _error(503, str(e), "server_error")
+    except asyncio.CancelledError:  # the client went away, queued or running: the engine stops at its next round
+        job.cancelled = True
+        _count(st, job, "abort")
+        raise
+
+
+async def _write(st: ServerState, resp: web.StreamResponse, data: bytes) -> None:
+    try:
+        await asyncio.wait_for(resp.write(data), st.read_timeout_s)
+    except (asyncio.TimeoutError, ConnectionError, RuntimeError) as e:  # RuntimeError: aiohttp's closed transport
+        raise _ClientGone(type(e).__name__) from None
+
+
+async def _open_stream(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    try:
+        await resp.prepare(request)
+    except (ConnectionError, RuntimeError) as e:
+        raise _ClientGone(type(e).__name__) from None
+    return resp
 
 
 async def _run(request: web.Request, st: ServerState, req: ServeRequest, job: Job, t_arrival: int) -> web.StreamResponse:
@@ -231,67 +365,67 @@ async def _run(request: web.Request, st: ServerState, req: ServeRequest, job: Jo
     resp: web.StreamResponse | None = None
     t_last: int | None = None
     done = None
-    async with aclosing(src.stream(job)) as events:
-        async for ev in events:
-            if ev.kind == "tokens":
+    try:
+        async with aclosing(src.stream(job)) as events:
+            async for ev in events:
+                if ev.kind != "tokens":
+                    done = ev
+                    continue
                 out_ids.extend(ev.tokens)
                 delta = text.add(ev.tokens)
                 if req.stream:
                     first = resp is None
                     if first:
-                        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-                        await resp.prepare(request)
+                        resp = await _open_stream(request)
                     chunk = stream_chunk(req, delta, ev.tokens, first=first, prompt_ids=job.prompt_ids,
                                          usage_now=usage(P, len(out_ids)) if req.continuous_usage else None)
-                    try:
-                        await resp.write(_sse(chunk))
-                    except (ConnectionError, RuntimeError):  # the client went away: stop generating
-                        job.cancelled = True
-                        st.metrics.inc("request_success", finished_reason="abort")
-                        return resp
+                    await _write(st, resp, _sse(chunk))
                 now = time.perf_counter_ns()  # the tokens are on their way (streaming) or buffered
                 if t_last is None:
                     st.metrics.observe("time_to_first_token_seconds", (now - t_arrival) / 1e9)
                 else:
                     st.metrics.observe("inter_token_latency_seconds", (now - t_last) / 1e9 / len(ev.tokens), len(ev.tokens))
                 t_last = now
-            else:
-                done = ev
+    except _ClientGone:  # the client stopped reading or went away: stop generating
+        job.cancelled = True
+        _count(st, job, "abort")
+        return resp if resp is not None else _error(499, "the client went away", "client_closed_request")
     if done is None or done.kind == "cancelled":
-        st.metrics.inc("request_success", finished_reason="abort")
+        _count(st, job, "abort")
         if resp is None:
             return _error(503, "the request was cancelled (server shutting down)", "server_error")
         return resp  # cut: no [DONE]
     if done.kind == "error":
         print(f"ddtree-bench serve: engine error: {done.error}", file=sys.stderr, flush=True)
-        st.metrics.inc("request_success", finished_reason="error")
+        _count(st, job, "error")
         if resp is None:
             return _error(500, f"engine error: {done.error}", "server_error")
-        await resp.write(_sse(error_body(500, f"engine error: {done.error}", "server_error")))
-        await resp.write(b"data: [DONE]\n\n")
+        try:
+            await _write(st, resp, _sse(error_body(500, f"engine error: {done.error}", "server_error")))
+            await _write(st, resp, b"data: [DONE]\n\n")
+        except _ClientGone:
+            pass
         return resp
 
     tail = text.flush()
     spec = spec_decoding_metrics(src.method, done.accept_lengths or [], src.block_size, src.budget)
     u = usage(P, len(out_ids))
-    st.metrics.inc("request_success", finished_reason=done.finish_reason)
+    _count(st, job, done.finish_reason)
     st.metrics.inc("prompt_tokens", P)
     st.metrics.inc("generation_tokens", len(out_ids))
     st.metrics.observe("e2e_request_latency_seconds", (time.perf_counter_ns() - t_arrival) / 1e9)
     st.metrics.spec_request(src.method, done.accept_lengths or [], len(done.accept_lengths or []) * src.draft_tokens_per_round())
     if not req.stream:
         return web.json_response(full_response(req, text.sent, out_ids, job.prompt_ids, done.finish_reason, u, spec))
-    if resp is None:  # nothing was generated (cannot happen with max_tokens >= 1, but stay well-formed)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
     try:
-        await resp.write(_sse(stream_chunk(req, tail, [], finish_reason=done.finish_reason, first=not out_ids,
-                                           prompt_ids=job.prompt_ids,
-                                           usage_now=u if req.continuous_usage else None)))
+        if resp is None:  # nothing was generated (cannot happen with max_tokens >= 1, but stay well-formed)
+            resp = await _open_stream(request)
+        await _write(st, resp, _sse(stream_chunk(req, tail, [], finish_reason=done.finish_reason, first=not out_ids,
+                                                 prompt_ids=job.prompt_ids, usage_now=u if req.continuous_usage else None)))
         if req.include_usage:
-            await resp.write(_sse(final_usage_chunk(req, u, spec)))
-        await resp.write(b"data: [DONE]\n\n")
-    except (ConnectionError, RuntimeError):
+            await _write(st, resp, _sse(final_usage_chunk(req, u, spec)))
+        await _write(st, resp, b"data: [DONE]\n\n")
+    except _ClientGone:
         pass
     return resp
 
@@ -304,12 +438,42 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "chat")
 
 
+class _OneLine(logging.Formatter):
+    """aiohttp's own log lines (malformed HTTP it answers 400 itself) without their tracebacks."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        exc = record.exc_info[1] if record.exc_info else None
+        msg = record.getMessage() + (f": {type(exc).__name__}: {' '.join(str(exc).split())[:300]}" if exc else "")
+        return f"ddtree-bench serve: {msg}"
+
+
+def _quiet_aiohttp_logs() -> None:
+    log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(h.formatter, _OneLine) for h in log.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(_OneLine())
+        log.addHandler(h)
+        log.propagate = False
+
+
 def build_app(source, *, api_key: str | None = None, max_queue: int = D.SERVE_MAX_QUEUE,
-              max_body_bytes: int = D.SERVE_MAX_BODY_BYTES) -> web.Application:
-    """The aiohttp application around a token source (`serve_engine.EngineSource` or `NullSource`)."""
-    app = web.Application(middlewares=[_middleware], client_max_size=max_body_bytes)
-    app[STATE] = ServerState(source, api_key, max_queue)
+              max_body_bytes: int = D.SERVE_MAX_BODY_BYTES, read_timeout_s: float = D.SERVE_READ_TIMEOUT_S,
+              cpu_workers: int = D.SERVE_CPU_WORKERS) -> web.Application:
+    """The aiohttp application around a token source (`serve_engine.EngineSource` or `NullSource`).
+
+    Its handler arguments make any runner cancel the handler of a vanished client and close a
+    connection whose request head does not arrive within `read_timeout_s`."""
+    _quiet_aiohttp_logs()
+    app = web.Application(middlewares=[_middleware], client_max_size=max_body_bytes,
+                          handler_args={"handler_cancellation": True, "keepalive_timeout": read_timeout_s})
+    st = ServerState(source, api_key, max_queue, read_timeout_s, cpu_workers)
+    app[STATE] = st
     app[MAX_BODY] = max_body_bytes
+
+    async def close_pool(_app) -> None:
+        st.cpu.shutdown(wait=False, cancel_futures=True)
+
+    app.on_cleanup.append(close_pool)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/version", _version)
@@ -326,9 +490,11 @@ def url_for(host: str, port: int) -> str:
 
 async def serve(source, *, host: str = D.HOST, port: int = D.PORT, api_key: str | None = None,
                 max_queue: int = D.SERVE_MAX_QUEUE, grace_s: float = D.SERVE_SHUTDOWN_GRACE_S,
-                max_body_bytes: int = D.SERVE_MAX_BODY_BYTES, on_ready=None) -> None:
+                max_body_bytes: int = D.SERVE_MAX_BODY_BYTES, read_timeout_s: float = D.SERVE_READ_TIMEOUT_S,
+                on_ready=None) -> None:
     """Serve until SIGTERM/SIGINT; then drain (see the module docstring) and return."""
-    app = build_app(source, api_key=api_key, max_queue=max_queue, max_body_bytes=max_body_bytes)
+    app = build_app(source, api_key=api_key, max_queue=max_queue, max_body_bytes=max_body_bytes,
+                    read_timeout_s=read_timeout_s)
     st: ServerState = app[STATE]
     runner = web.AppRunner(app, shutdown_timeout=grace_s, access_log=None)
     await runner.setup()

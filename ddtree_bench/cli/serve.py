@@ -1,4 +1,9 @@
-"""`ddtree-bench serve`: the OpenAI-compatible server on the reference engine (or the null engine)."""
+"""`ddtree-bench serve`: the OpenAI-compatible server on the reference engine (or the null engine).
+
+Refuses (exit 2, before loading anything) a non-loopback `--host` without `--api-key` unless
+`--insecure` is given: loopback is 127.0.0.0/8, ::1 (also as ::ffff:127.x.y.z) and a name that
+resolves only to those (`localhost`).
+"""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ def serve_cmd(
     dtype: O.Dtype = D.DTYPE,
     device: O.Device = D.DEVICE,
     cuda_graphs: O.CudaGraphs = False,
-    host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default; other addresses want --api-key).")] = D.HOST,
+    host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default; another address needs --api-key or --insecure).")] = D.HOST,
     port: Annotated[int, typer.Option("--port", help="Port to bind (0 = any free port; the ready line says which).")] = D.PORT,
     api_key: O.ApiKey = None,
     max_queue: Annotated[int, typer.Option("--max-queue", help="Requests that may wait for the batch-1 engine; more get 503.")] = D.SERVE_MAX_QUEUE,
@@ -29,9 +34,12 @@ def serve_cmd(
     null_delay_ms: Annotated[float, typer.Option("--null-delay-ms", help="Null engine: pause before each chunk after the first (0 = instant).")] = 0.0,
     served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="Model id in /v1/models (default: the --model value, or 'null').")] = None,
     shutdown_grace: Annotated[float, typer.Option("--shutdown-grace", help="Seconds in-flight requests get to finish after SIGTERM.")] = D.SERVE_SHUTDOWN_GRACE_S,
+    read_timeout: Annotated[float, typer.Option("--read-timeout", help="Seconds a request head or body may take to arrive (slow connections are dropped), a stalled stream write may wait, a keep-alive connection may idle.")] = D.SERVE_READ_TIMEOUT_S,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback --host without --api-key (anyone who can reach the port can use the model).")] = False,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics until SIGTERM."""
     import asyncio
+    import math
     import sys
 
     from ddtree_bench.errors import UsageError
@@ -46,19 +54,25 @@ def serve_cmd(
         raise UsageError(f"--max-queue must be >= 0, got {max_queue}")
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {port}")
-    if shutdown_grace < 0:
-        raise UsageError(f"--shutdown-grace must be >= 0, got {shutdown_grace}")
+    if not 0 <= shutdown_grace < math.inf:
+        raise UsageError(f"--shutdown-grace must be a finite number >= 0, got {shutdown_grace}")
     if null_chunk_tokens < 1:
         raise UsageError(f"--null-chunk-tokens must be >= 1, got {null_chunk_tokens}")
-    if null_delay_ms < 0:
-        raise UsageError(f"--null-delay-ms must be >= 0, got {null_delay_ms}")
+    if not 0 <= null_delay_ms < math.inf:
+        raise UsageError(f"--null-delay-ms must be a finite number >= 0, got {null_delay_ms}")
+    if not 0 < read_timeout < math.inf:
+        raise UsageError(f"--read-timeout must be a finite number > 0, got {read_timeout}")
+    if not api_key and not is_loopback(host):
+        if not insecure:
+            raise UsageError(f"--host {host} is not a loopback address and there is no --api-key: anyone who can "
+                             "reach the port could use the model",
+                             hint="give --api-key KEY (or env DDTREE_BENCH_API_KEY), or --insecure to serve openly")
+        print(f"warning: serving on {host} without --api-key (--insecure): anyone who can reach this port can use "
+              "the model", file=sys.stderr, flush=True)
 
     from ddtree_bench.backends.serve_engine import EngineSource, NullSource
-    from ddtree_bench.backends.standalone import LOOPBACK, READY_PREFIX, serve
+    from ddtree_bench.backends.standalone import READY_PREFIX, serve
 
-    if host not in LOOPBACK and not api_key:
-        print(f"warning: serving on {host} without --api-key: anyone who can reach this port can use the model",
-              file=sys.stderr, flush=True)
     if method == "null":
         source = NullSource(served_model_name or "null", null_chunk_tokens, null_delay_ms / 1000)
         what = f"null engine, {null_chunk_tokens} tokens per chunk"
@@ -74,4 +88,25 @@ def serve_cmd(
         print(f"{READY_PREFIX}{url} ({what})", flush=True)
 
     asyncio.run(serve(source, host=host, port=port, api_key=api_key, max_queue=max_queue, grace_s=shutdown_grace,
-                      on_ready=ready))
+                      read_timeout_s=read_timeout, on_ready=ready))
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address `host` names is a loopback address (a name that does not resolve is not)."""
+    import ipaddress
+    import socket
+
+    def loop(addr: str) -> bool:
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+        mapped = getattr(ip, "ipv4_mapped", None)
+        return (mapped or ip).is_loopback
+
+    try:
+        return loop(host.strip("[]"))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(loop(info[4][0]) for info in infos)
