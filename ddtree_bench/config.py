@@ -57,8 +57,7 @@ class RunSpec:
             raise UsageError(f"unknown --backend {self.backend!r}; expected one of {', '.join(BACKENDS)}")
         if self.method not in D.METHODS:
             raise UsageError(f"unknown --method {self.method!r}; expected one of {', '.join(D.METHODS)}")
-        if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 0:
-            raise UsageError(f"--budget must be an integer >= 0, got {self.budget!r}")
+        check_budget(self.budget)
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
             raise UsageError(f"--max-new-tokens must be a positive integer, got {self.max_new_tokens!r}")
         if self.limit is not None and self.limit <= 0:
@@ -96,10 +95,20 @@ class RunSpec:
         return d
 
 
+def check_budget(b: Any, what: str = "--budget") -> int:
+    """A tree budget: an integer in [0, defaults.MAX_BUDGET] (UsageError naming `what` otherwise)."""
+    if not isinstance(b, int) or isinstance(b, bool) or b < 0:
+        raise UsageError(f"{what} must be an integer >= 0, got {b!r}")
+    if b > D.MAX_BUDGET:
+        raise UsageError(f"{what} is above the largest tree budget, {D.MAX_BUDGET}", hint="see defaults.MAX_BUDGET for why")
+    return b
+
+
 def parse_budgets(text: str) -> list[int]:
     """'16..1024' = powers of two from 16 to 1024 inclusive; '16,48,100' = that list; '64' = [64].
 
-    Both ends of a range must be powers of two with lo <= hi. Raises UsageError otherwise.
+    Both ends of a range must be powers of two with lo <= hi <= MAX_BUDGET; list items are integers in
+    [0, MAX_BUDGET] and none may be empty ('16,,32'). Raises UsageError otherwise.
     """
     text = str(text).strip()
     if ".." in text:
@@ -112,6 +121,9 @@ def parse_budgets(text: str) -> list[int]:
             raise UsageError(f"bad budget range {text!r}: both ends must be powers of two (e.g. 16..1024)")
         if lo > hi:
             raise UsageError(f"bad budget range {text!r}: {lo} > {hi}")
+        if hi > D.MAX_BUDGET:
+            raise UsageError(f"bad budget range {text!r}: {hi} is above the largest tree budget, {D.MAX_BUDGET}",
+                             hint="see defaults.MAX_BUDGET for why")
         out, b = [], lo
         while b <= hi:
             out.append(b)
@@ -121,13 +133,12 @@ def parse_budgets(text: str) -> list[int]:
     for part in text.split(","):
         part = part.strip()
         if not part:
-            continue
+            raise UsageError(f"bad budgets {text!r}: empty item (two commas, or a comma at an end)")
         try:
             b = int(part)
         except ValueError:
             raise UsageError(f"bad budget {part!r} in {text!r}: expected integers >= 0") from None
-        if b < 0:
-            raise UsageError(f"bad budget {b} in {text!r}: must be >= 0")
+        check_budget(b, f"budget {b} in {text!r}")
         out.append(b)
     if not out:
         raise UsageError(f"no budgets in {text!r}")
@@ -144,8 +155,14 @@ def read_yaml_mapping(path: str | Path, label: str, expect: str) -> dict[str, An
         raise UsageError(f"{label} does not exist")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{label}: not UTF-8 text (a binary file?) at byte {e.start}") from None
     except yaml.YAMLError as e:
         raise UsageError(f"{label}: malformed YAML ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise UsageError(f"{label}: YAML nested too deeply") from None
+    except OSError as e:
+        raise UsageError(f"{label}: cannot read ({e.strerror or e})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -10,6 +10,10 @@ MODEL = "toy"                 # the bundled trained pair (ddtree_bench/models/to
 METHOD = "ddtree"             # ar | dflash | ddtree
 METHODS = ("ar", "dflash", "ddtree")
 BUDGET = 64                   # DDTree tree budget: nodes, not counting the root
+MAX_BUDGET = 16384            # the largest budget a flag or grid accepts. A tree of B nodes is verified in one
+                              # forward of B + 1 query tokens whose ancestor mask is (B + 1)^2 entries (256 Mi at
+                              # 16384) and the whole tree must fit the model's context beside the prompt; the
+                              # papers' sweeps stop at 1024. Larger values are typos (16..2^40 never ends).
 SWEEP_BUDGETS = "16..1024"    # powers of two, inclusive
 SUITE = "gsm8k"
 MAX_NEW_TOKENS = 256          # the papers use 2048; 256 keeps the CPU toy runs quick

@@ -3,10 +3,13 @@
 A run directory holds `run.json` (the full spec, versions, device, hashes, start/end),
 `records.jsonl` (one `RequestRecord` per line) and `summary.json` (`metrics.summarize`).
 
-`RunWriter` stages everything in a hidden sibling directory `.NAME.partial/` and moves it into
-place only when the run finishes, so a failed or interrupted command never leaves a half-written
-run where a finished one is expected, and never leaves a `summary.json` behind. Records are
-appended one line per write (line-atomic), so a crash leaves readable JSONL in the staging dir.
+`RunWriter` stages everything in a hidden sibling directory `.NAME.partial-HOST-PID-RANDOM/` (its
+own: two writers never share one) and moves it into place only when the run finishes, so a failed
+or interrupted command never leaves a half-written run where a finished one is expected, and never
+leaves a `summary.json` behind. Records are appended one line per write (line-atomic), so a crash
+leaves readable JSONL in the staging dir. A finished run is replaced only when asked
+(`check_run_out`, `run --overwrite`). `read_run_info` refuses a run.json of another kind or of a
+newer version (exit 2); every version this project wrote reads.
 
 `load(DIR)` returns pandas DataFrames for a run or a sweep directory.
 This module knows nothing of models or backends.
@@ -14,51 +17,77 @@ This module knows nothing of models or backends.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
+import secrets
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddtree_bench.errors import UsageError
 from ddtree_bench.jsonl import iter_jsonl
+from ddtree_bench.outpaths import atomic_write_text, check_output_dir, check_output_file, make_dirs, unique_sibling
 from ddtree_bench.records import RequestRecord, json_safe
 
 
+RUN_KIND = "ddtree-bench-run"
+RUN_VERSION = 2   # run.json: 2 = records carry token_source, the spec `stream`; 1 is read the same
+RESULT_DIR_MARKERS = ("run.json", "status.json")  # a directory holding one of these was written by ddtree-bench
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to `path` via a temporary file and rename (readers never see half a file)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(json_safe(obj), indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write JSON to `path` via a unique temporary file and rename (readers never see half a file)."""
+    atomic_write_text(path, json.dumps(json_safe(obj), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write text to `path` via a temporary file and rename (readers never see half a file)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Write text to `path` via a unique temporary file and rename (readers never see half a file)."""
+    atomic_write_text(path, text)
 
 
 def check_out_parent(out: Path) -> None:
-    """Make sure the directory that will hold `out` exists and is writable (UsageError otherwise)."""
-    parent = Path(out).resolve().parent
-    if not parent.exists():
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"cannot create the directory of --out {out}: {e.strerror}") from None
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"--out {out}: directory {parent} is not writable")
+    """The file `out` can be written: its nearest existing ancestor is a writable directory (UsageError otherwise)."""
+    check_output_file(out)
 
 
 def check_out_dir(out: Path) -> Path:
     """Validate an output directory argument before any work starts (exit 2 on a file or unwritable parent)."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a directory")
-    check_out_parent(out)
+    return check_output_dir(out)
+
+
+def check_run_out(out: Path, overwrite: bool = False) -> Path:
+    """`run --out DIR`: a new or empty directory; one holding a finished run only with `overwrite`.
+
+    With `overwrite` only directories ddtree-bench wrote (run.json or status.json inside) are
+    replaced; anything else is refused, so a typo never deletes a user's directory."""
+    out = check_output_dir(out)
+    if out.is_dir() and any(out.iterdir()):
+        ours = any((out / m).exists() for m in RESULT_DIR_MARKERS)
+        if not ours:
+            raise UsageError(f"--out {out} exists and is not a ddtree-bench results directory; refusing to replace it",
+                             hint="give a new or empty directory")
+        if not overwrite:
+            what = "a finished run" if (out / "summary.json").exists() else "an earlier run"
+            raise UsageError(f"--out {out} already holds {what}", hint="pass --overwrite to replace it, or give another --out")
     return out
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", socket.gethostname())[:32] or "host"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class RunWriter:
@@ -68,16 +97,29 @@ class RunWriter:
         w.write_run(info); w.append(record) ...; w.commit(summary)
     Leaving the block with an exception (or without commit) removes the staging directory.
     `commit(None)` finalises without a summary.json (a run whose every request failed).
+
+    The staging directory `.NAME.partial-HOST-PID-RANDOM` belongs to this writer alone: it never
+    removes another process's staging (only those of dead processes on this host) and never
+    truncates another writer's records. `overwrite` as in `check_run_out`.
     """
 
-    def __init__(self, out: Path):
-        self.out = check_out_dir(Path(out))
-        self.staging = self.out.parent / f".{self.out.name}.partial"
-        if self.staging.exists():
-            shutil.rmtree(self.staging)
-        self.staging.mkdir(parents=True)
-        self._records = open(self.staging / "records.jsonl", "w", encoding="utf-8")
+    def __init__(self, out: Path, overwrite: bool = False):
+        self.out = check_run_out(Path(out), overwrite)
+        self.overwrite = overwrite
+        make_dirs(self.out.parent)
+        self._clean_dead_staging()
+        self.staging = self.out.parent / f".{self.out.name}.partial-{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.staging.mkdir()
+        self._records = open(self.staging / "records.jsonl", "x", encoding="utf-8")
         self.committed = False
+
+    def _clean_dead_staging(self) -> None:
+        prefix = f".{self.out.name}.partial-{_host()}-"
+        for d in self.out.parent.glob(f".{glob.escape(self.out.name)}.partial-*"):
+            rest = d.name[len(prefix):] if d.name.startswith(prefix) else ""
+            pid = rest.split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                shutil.rmtree(d, ignore_errors=True)
 
     def write_run(self, info: dict[str, Any]) -> None:
         write_json_atomic(self.staging / "run.json", info)
@@ -93,20 +135,22 @@ class RunWriter:
         self._records.flush()
 
     def write_file(self, name: str, text: str) -> None:
-        (self.staging / name).write_text(text, encoding="utf-8")
+        atomic_write_text(self.staging / name, text)
 
     def commit(self, summary: dict[str, Any] | None) -> Path:
         self._records.close()
         if summary is not None:
             write_json_atomic(self.staging / "summary.json", summary)
-        old = self.out.parent / f".{self.out.name}.old"
-        if old.exists():
-            shutil.rmtree(old)
+        if self.out.is_dir() and any(self.out.iterdir()) and not self.overwrite:
+            self.committed = True  # keep the staging directory: it holds this run's results
+            raise UsageError(f"--out {self.out} was filled by another process while this run ran; "
+                             f"this run's results are kept in {self.staging}")
+        old = unique_sibling(self.out, "old")
         if self.out.exists():
             os.replace(self.out, old)
         os.replace(self.staging, self.out)
         if old.exists():
-            shutil.rmtree(old)
+            shutil.rmtree(old, ignore_errors=True)
         self.committed = True
         return self.out
 
@@ -144,13 +188,45 @@ def read_records(path: Path) -> list[RequestRecord]:
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """A JSON file; missing, unreadable, binary (not UTF-8) or malformed files raise UsageError."""
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path} does not exist")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text (a binary file?) at byte {e.start}") from None
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}: malformed JSON ({e})") from None
+    except RecursionError:
+        raise UsageError(f"{path}: JSON nested too deeply") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def check_run_info(info: Any, path: Path | str) -> dict[str, Any]:
+    """A run.json's contents: refuse another kind, a version newer than RUN_VERSION, or no spec.
+    Every version this project wrote (1, 2) reads the same; missing fields default."""
+    if not isinstance(info, dict):
+        raise UsageError(f"{path}: expected a JSON object (a ddtree-bench run.json)")
+    kind = info.get("kind", RUN_KIND)
+    if kind != RUN_KIND:
+        raise UsageError(f"{path}: kind {kind!r} is not a ddtree-bench run ({RUN_KIND!r})")
+    version = info.get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise UsageError(f"{path}: run.json has no valid \"version\" (got {version!r})")
+    if version > RUN_VERSION:
+        raise UsageError(f"{path}: run.json version {version} is newer than this ddtree-bench reads (up to {RUN_VERSION})",
+                         hint="upgrade ddtree-bench")
+    if not isinstance(info.get("spec", {}), dict):
+        raise UsageError(f"{path}: \"spec\" must be an object")
+    return info
+
+
+def read_run_info(run_dir: Path | str) -> dict[str, Any]:
+    """run.json of a run directory, checked by `check_run_info`."""
+    path = Path(run_dir) / "run.json"
+    return check_run_info(read_json(path), path)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -213,7 +289,7 @@ def load(path: str | Path) -> Loaded:
     row = {"run": str(path)}
     if (path / "summary.json").exists():
         row.update(_flat_summary(read_json(path / "summary.json")))
-    spec = read_json(path / "run.json").get("spec", {})
+    spec = read_run_info(path).get("spec", {})
     for k in ("backend", "model", "method", "budget", "suite", "temperature", "concurrency"):
         if k in spec:
             row[k] = spec[k]

@@ -17,7 +17,7 @@ from ddtree_bench.config import RunSpec
 from ddtree_bench.env import environment, now_iso
 from ddtree_bench.errors import RunFailed
 from ddtree_bench.records import RequestRecord
-from ddtree_bench.results import RunWriter, check_out_dir
+from ddtree_bench.results import RUN_KIND, RUN_VERSION, RunWriter, check_run_out
 
 
 @dataclass
@@ -31,23 +31,28 @@ def default_out(spec: RunSpec, root: Path = Path("results")) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     budget = f"-b{spec.budget}" if spec.method == "ddtree" else ""
     suite = Path(spec.suite).stem if spec.suite.endswith(".jsonl") else spec.suite
-    return root / f"{stamp}-{spec.backend}-{spec.method}{budget}-{suite}"
+    base = root / f"{stamp}-{spec.backend}-{spec.method}{budget}-{suite}"
+    out, n = base, 2
+    while out.exists():  # two runs started in the same second get two directories
+        out, n = Path(f"{base}-{n}"), n + 1
+    return out
 
 
-def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backend=None) -> RunResult:
-    """Run `spec` and write its results directory. `backend` may be passed in (sweeps reuse one)."""
+def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backend=None, overwrite: bool = False) -> RunResult:
+    """Run `spec` and write its results directory. `backend` may be passed in (sweeps reuse one).
+    An `out` that already holds a run is refused (UsageError) unless `overwrite` (`results.check_run_out`)."""
     from ddtree_bench import load, metrics, suites
     from ddtree_bench.backends import make_backend
 
     spec.validate()
-    out = check_out_dir(out or default_out(spec))
+    out = check_run_out(out or default_out(spec), overwrite)
     prompts, suite_info = suites.load_prompts(spec.suite, spec.limit, subset=spec.subset)
     if backend is None:
         backend = make_backend(spec)
-    with RunWriter(out) as writer:
+    with RunWriter(out, overwrite) as writer:
         info = {
-            "kind": "ddtree-bench-run",
-            "version": 2,  # 2: records carry token_source, the spec `stream` (1 is read the same, without them)
+            "kind": RUN_KIND,
+            "version": RUN_VERSION,  # results.RUN_VERSION says what each version added
             "spec": spec.public_dict(),
             "suite": suite_info.to_dict(),
             "backend": backend.describe(),

@@ -249,6 +249,8 @@ def load_spec_file(path: Path) -> SuiteSpec:
 
     try:
         text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"suite file {path}: not UTF-8 text (a binary file?) at byte {e.start}") from None
     except OSError as e:
         raise UsageError(f"cannot read suite file {path}: {e.strerror or e}") from None
     try:

@@ -37,6 +37,7 @@ def run_cmd(
     endpoint: Annotated[str, typer.Option("--endpoint", help="chat | completions (HTTP backends).")] = "chat",
     stream: O.Stream = True,
     out: O.Out = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run already in --out (refused otherwise).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table.")] = False,
 ) -> None:
     """Run one configuration over one suite and write run.json, records.jsonl and summary.json."""
@@ -57,7 +58,11 @@ def run_cmd(
         given = [n for n in ("method", "budget")
                  if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")]
         adopt_server_labels(spec, given)
-    result = execute(spec, out, progress=not quiet)
+    from ddtree_bench.results import check_run_out
+
+    if out is not None:
+        check_run_out(out, overwrite)  # before the model loads (execute checks again)
+    result = execute(spec, out, progress=not quiet, overwrite=overwrite)
     if not quiet and result.summary is not None:
         typer.echo(run_summary(result.summary))
     typer.echo(f"results: {result.out}")

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from ddtree_bench import defaults as D
 from ddtree_bench.cli import options as O
 from ddtree_bench.cli.app import app
 
@@ -27,25 +28,25 @@ def _opt(*names: str, help: str):
 def sweep_cmd(
     sweep_dir: Annotated[Optional[Path], typer.Argument(help="With --resume: the sweep directory to continue (default: the latest under results/).", show_default=False)] = None,
     config: Annotated[Optional[Path], _opt("--config", help="Grid YAML (keys as in docs/serving-ddtree.md; unknown keys are errors). Flags override it.")] = None,
-    backends: Annotated[Optional[str], _opt("--backends", "--backend", help=f"inprocess | standalone | sglang | vllm. {_L} [default: inprocess]")] = None,
-    models: Annotated[Optional[str], _opt("--models", "--model", help=f"'toy', 'random' or model directories / ids. {_L} [default: toy]")] = None,
+    backends: Annotated[Optional[str], _opt("--backends", "--backend", help=f"inprocess | standalone | sglang | vllm. {_L} [default: {D.BACKEND}]")] = None,
+    models: Annotated[Optional[str], _opt("--models", "--model", help=f"'toy', 'random' or model directories / ids. {_L} [default: {D.MODEL}]")] = None,
     drafts: Annotated[Optional[str], _opt("--drafts", "--draft", help=f"DFlash drafters, one per model (or one for all). {_L}")] = None,
-    methods: Annotated[Optional[str], _opt("--methods", "--method", help=f"ar, dflash, ddtree (AR is always added as the baseline). {_L} [default: ar,dflash,ddtree]")] = None,
-    budgets: Annotated[Optional[str], _opt("--budgets", help="DDTree budgets: LO..HI = powers of two inclusive, or a comma list. [default: 16..1024]")] = None,
+    methods: Annotated[Optional[str], _opt("--methods", "--method", help=f"ar, dflash, ddtree (AR is always added as the baseline). {_L} [default: {','.join(D.SWEEP_METHODS)}]")] = None,
+    budgets: Annotated[Optional[str], _opt("--budgets", help=f"DDTree budgets: LO..HI = powers of two inclusive, or a comma list; at most {D.MAX_BUDGET}. [default: {D.SWEEP_BUDGETS}]")] = None,
     spec_tokens: Annotated[Optional[str], _opt("--spec-tokens", help=f"Drafted tokens per round = block size - 1 (sglang/vllm only; default: the drafter's / the profile's). {_L}")] = None,
-    concurrency: Annotated[Optional[str], _opt("--concurrency", help=f"Closed-loop concurrency levels. {_L} [default: 1]")] = None,
+    concurrency: Annotated[Optional[str], _opt("--concurrency", help=f"Closed-loop concurrency levels. {_L} [default: {D.CONCURRENCY}]")] = None,
     request_rates: Annotated[Optional[str], _opt("--request-rates", "--request-rate", help=f"Open-loop Poisson rates per second; 'closed' = the closed-loop points. {_L} [default: closed]")] = None,
-    temperatures: Annotated[Optional[str], _opt("--temperatures", "--temperature", help=f"{_L} [default: 0]")] = None,
-    suites: Annotated[Optional[str], _opt("--suites", "--suite", help=f"Suite names or JSONL files. {_L} [default: gsm8k]")] = None,
-    limit: Annotated[Optional[int], _opt("--limit", help="Prompts per point. [default: 8]")] = None,
-    max_new_tokens: Annotated[Optional[int], _opt("--max-new-tokens", help="Maximum generated tokens per turn. [default: 64]")] = None,
-    repeats: Annotated[Optional[int], _opt("--repeats", help="Repeat every client-side point N times (seed + repeat). [default: 1]")] = None,
+    temperatures: Annotated[Optional[str], _opt("--temperatures", "--temperature", help=f"{_L} [default: {D.TEMPERATURE:g}]")] = None,
+    suites: Annotated[Optional[str], _opt("--suites", "--suite", help=f"Suite names or JSONL files. {_L} [default: {D.SWEEP_SUITE}]")] = None,
+    limit: Annotated[Optional[int], _opt("--limit", help=f"Prompts per point. [default: {D.SWEEP_LIMIT}]")] = None,
+    max_new_tokens: Annotated[Optional[int], _opt("--max-new-tokens", help=f"Maximum generated tokens per turn. [default: {D.SWEEP_MAX_NEW_TOKENS}]")] = None,
+    repeats: Annotated[Optional[int], _opt("--repeats", help=f"Repeat every client-side point N times (seed + repeat). [default: {D.SWEEP_REPEATS}]")] = None,
     order: Annotated[Optional[str], _opt("--order", help="With --repeats: interleaved (rounds of every point, shuffled per round; per server group for servers) | as-listed (repeats back to back) | rounds (also cycle server groups, restarting servers). [default: interleaved]")] = None,
     order_seed: Annotated[Optional[int], _opt("--order-seed", help="Seed of the per-round shuffles (recorded in sweep.json). [default: drawn]")] = None,
-    dtype: Annotated[Optional[str], _opt("--dtype", help=f"float32 | bfloat16 | float16. {_L} [default: float32; bfloat16 for sglang/vllm]")] = None,
-    device: Annotated[Optional[str], _opt("--device", help=f"cpu | cuda | cuda:N. {_L} [default: cpu; cuda for sglang/vllm]")] = None,
-    seed: Annotated[Optional[int], _opt("--seed", help="Sampling seed. [default: 0]")] = None,
-    warmup: Annotated[Optional[int], _opt("--warmup", help="Warmup requests (per point in-process, per server start otherwise). [default: 1]")] = None,
+    dtype: Annotated[Optional[str], _opt("--dtype", help=f"float32 | bfloat16 | float16. {_L} [default: {D.DTYPE}; {D.EXTERNAL_DTYPE} for sglang/vllm]")] = None,
+    device: Annotated[Optional[str], _opt("--device", help=f"cpu | cuda | cuda:N. {_L} [default: {D.DEVICE}; {D.EXTERNAL_DEVICE} for sglang/vllm]")] = None,
+    seed: Annotated[Optional[int], _opt("--seed", help=f"Sampling seed. [default: {D.SEED}]")] = None,
+    warmup: Annotated[Optional[int], _opt("--warmup", help=f"Warmup requests (per point in-process, per server start otherwise). [default: {D.WARMUP_REQUESTS}]")] = None,
     endpoint: Annotated[Optional[str], _opt("--endpoint", help="chat | completions (HTTP backends). [default: chat]")] = None,
     profiles: Annotated[Optional[Path], _opt("--profiles", help="Directory of <backend>.yaml profiles overriding the bundled ones.")] = None,
     server_python: Annotated[Optional[str], _opt("--server-python", help="Python of the environment that holds the serving engine (sglang/vllm), launched as PY -m <engine's server module>. [default: the first Python on PATH that can import it]")] = None,

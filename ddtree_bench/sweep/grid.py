@@ -85,7 +85,8 @@ GRID_KEYS = tuple(f.name for f in dataclasses.fields(GridSpec))
 
 
 def _items(value: Any, key: str) -> list[Any]:
-    """A YAML list, a scalar, or a comma string -> list of items (strings stripped)."""
+    """A YAML list, a scalar, or a comma string -> list of items (strings stripped; an empty item,
+    as in `16,,32` or `ar,`, is a UsageError rather than silently dropped)."""
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
@@ -94,10 +95,22 @@ def _items(value: Any, key: str) -> list[Any]:
             out.extend(_items(v, key) if isinstance(v, str) and "," in v else [v])
         return out
     if isinstance(value, str):
-        return [p.strip() for p in value.split(",") if p.strip()]
+        parts = [p.strip() for p in value.split(",")]
+        if any(not p for p in parts):
+            raise UsageError(f"{key}: empty item in {value!r} (two commas, or a comma at an end)")
+        return parts
     if isinstance(value, (int, float)):
         return [value]
     raise UsageError(f"{key}: expected a list or a comma-separated string, got {type(value).__name__}")
+
+
+def _profiles_dir(value: Any) -> str:
+    """`profiles`: an existing directory (a typo must not silently fall back to the bundled profiles)."""
+    d = Path(str(value)).expanduser()
+    if not d.is_dir():
+        raise UsageError(f"--profiles {value}: not a directory" + (" (it is a file)" if d.exists() else " (it does not exist)"),
+                         hint="give a directory holding <backend>.yaml profiles")
+    return str(value)
 
 
 def _num(v: Any, key: str, kind: Callable[[Any], Any]) -> Any:
@@ -230,7 +243,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "startup_timeout_s": lambda v: None if v is None else parse_float_list(v, "startup_timeout_s", 0.0, strict=True)[0],
     "server_args": lambda v: _str_map_list(v, "server_args"),
     "server_env": lambda v: _env_map(v),
-    "profiles": lambda v: None if v is None else str(v),
+    "profiles": lambda v: None if v is None else _profiles_dir(v),
     "order": _order,
     "order_seed": lambda v: _opt_int(v, "order_seed", 0),
     "server_python": lambda v: None if v is None else str(v),

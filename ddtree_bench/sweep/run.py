@@ -36,6 +36,7 @@ from typing import Any
 from ddtree_bench import defaults as D
 from ddtree_bench.env import environment, now_iso
 from ddtree_bench.errors import RunFailed, UsageError
+from ddtree_bench.outpaths import check_output_dir, make_dirs
 from ddtree_bench.results import read_json, read_records, write_json_atomic, write_text_atomic
 from ddtree_bench.noise import probe
 from ddtree_bench.sweep import aggregate as A
@@ -45,7 +46,8 @@ from ddtree_bench.sweep import server_python
 from ddtree_bench.sweep.grid import GridSpec, Point, expand, server_groups, server_id, to_spec
 from ddtree_bench.sweep.layout import SweepDir, ar_index
 from ddtree_bench.sweep.profiles import Profile, build_command, load_profile, point_params
-from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port
+from ddtree_bench.sweep.lock import LOCK_NAME, SweepLock, describe_holder
+from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port, reap_recorded
 
 SERVER_BACKENDS = ("standalone", "sglang", "vllm", "openai")  # openai: profiles/openai.yaml (transformers serve)
 
@@ -263,7 +265,7 @@ class _Sweep:
         from ddtree_bench.runner import execute
 
         try:
-            execute(spec, self.sdir.point_dir(p.id), progress=self.progress, backend=backend)
+            execute(spec, self.sdir.point_dir(p.id), progress=self.progress, backend=backend, overwrite=True)
             return None
         except (RunFailed, UsageError) as e:
             return str(e)
@@ -322,6 +324,7 @@ class _Sweep:
         timeout = self.grid.startup_timeout_s or profile.startup_timeout_s or D.SERVER_STARTUP_TIMEOUT_S
         srv = ServerProcess(cmd.argv, port=port, log_path=log, health_path=profile.health_path, env=cmd.env,
                             startup_timeout_s=timeout, api_key=self.prep.api_key)
+        srv.record_dir = self.sdir.servers_dir  # pid + start time, so a later --resume can reap it if we die
         self._write(f"starting {p.backend} server for {self._label(p).split(' [')[0]} on port {port} (log: {log})")
         srv.start()
         try:
@@ -466,13 +469,49 @@ class _Sweep:
 
 def run_sweep(grid: GridSpec, out: Path, *, resume: bool = False, api_key: str | None = None, progress: bool = True,
               echo: Callable[[str], None] = print) -> SweepOutcome:
-    """Run (or resume) a sweep into `out`. Raises UsageError before any work on bad input."""
+    """Run (or resume) a sweep into `out`. Raises UsageError before any work on bad input.
+
+    The driver holds `SweepLock(out)` for the sweep's whole life: a second sweep or --resume on the
+    same directory is exit 2 naming the holder; a lock left by a driver that died is taken over
+    with a note. --resume first reaps servers an earlier, killed driver left running."""
     out = Path(out)
     sdir = SweepDir(out)
+    if resume and not out.is_dir():
+        raise UsageError(f"{out} is not a sweep directory (it does not exist)")
+    check_output_dir(out)
+    created = not out.exists()
+    make_dirs(out)
+    lock = SweepLock(out)
+    try:
+        lock.acquire(warn=echo)
+    except UsageError:
+        if created:
+            _rmdir_if_empty(out)
+        raise
+    try:
+        if lock.taken_over:
+            echo(f"note: took over the lock of a sweep that died: {describe_holder(lock.taken_over)}")
+        return _run_locked(grid, out, sdir, resume, api_key, progress, echo)
+    finally:
+        lock.release()
+        if created:
+            _rmdir_if_empty(out)  # bad input found before anything was written: leave no empty directory
+
+
+def _rmdir_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()  # fails (harmlessly) unless empty
+    except OSError:
+        pass
+
+
+def _run_locked(grid: GridSpec, out: Path, sdir: SweepDir, resume: bool, api_key: str | None, progress: bool,
+                echo: Callable[[str], None]) -> SweepOutcome:
     if resume:
         info = sdir.read()
         grid = GridSpec.from_dict(info["grid"])
-    elif out.exists() and any(out.iterdir()):
+        reap_recorded(sdir.servers_dir, echo)
+    elif any(f.name != LOCK_NAME for f in out.iterdir()):
         raise UsageError(f"{out} already exists and is not empty", hint=f"continue it with: ddtree-bench sweep --resume {out}")
     prep = prepare(grid, api_key)
     auto_ar = "ar" not in grid.methods

@@ -8,6 +8,14 @@
 * stop: SIGTERM to the whole group, SIGKILL after a grace period, then reap; also run on errors,
   Ctrl-C (the `with` block), SIGTERM to the sweep (see `sweep.run`) and interpreter exit (atexit),
   so no server or grandchild outlives the sweep.
+* a SIGKILLed launcher: on Linux the server's leader is started with PR_SET_PDEATHSIG = SIGKILL
+  (`preexec_fn`), so it dies with the thread that launched it (the sweep's main thread) even when
+  nothing in that process could run; the group is still its own. Children the server spawned in
+  its group survive that, so `record_dir` keeps one `<log>.pid.json` per live server (pid = pgid,
+  host, boot id, the kernel's start time of the pid) and `reap_recorded(dir)` - run by
+  `sweep --resume` - kills a recorded group only after checking that it is that same process
+  (same boot, same start time; or the leader gone but its group still alive, which Linux never
+  lets a new process join), so a pid reused by an unrelated process is never signalled.
 
 `free_port()` picks a free TCP port on the host. Knows nothing of profiles, grids or results.
 """
@@ -15,10 +23,12 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -85,6 +95,8 @@ class ServerProcess:
         self.grace_s = grace_s
         self.api_key = api_key
         self.proc: subprocess.Popen | None = None
+        self.record_dir: Path | None = None   # where start() records pid/start time (sweep dir servers/)
+        self._record: Path | None = None
         self._log = None
         self.started_at: float | None = None
         self.ready_after_s: float | None = None
@@ -108,12 +120,15 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **self.env}, start_new_session=True, close_fds=True,
+                preexec_fn=_die_with_parent(),
             )
         except OSError as e:
             self._log.close()
             raise ServerError(f"cannot start {self.argv[0]!r}: {e.strerror or e}") from None
         self.started_at = time.monotonic()
         _LIVE.add(self)
+        if self.record_dir is not None:
+            self._record = write_record(self.record_dir / f"{self.log_path.stem}.pid.json", self.proc.pid, self.argv)
         return self
 
     def wait_ready(self) -> "ServerProcess":
@@ -199,6 +214,9 @@ class ServerProcess:
             time.sleep(0.05)
         if self._log is not None and not self._log.closed:
             self._log.close()
+        if self._record is not None:
+            self._record.unlink(missing_ok=True)
+            self._record = None
         _LIVE.discard(self)
         return proc.returncode
 
@@ -241,6 +259,121 @@ class ServerProcess:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+# --------------------------------------------------------------------------- dying with the launcher
+
+
+def _die_with_parent():
+    """preexec_fn for Linux: SIGKILL this child when the launching thread dies (PR_SET_PDEATHSIG);
+    None elsewhere. If the launcher died before prctl took effect, the child exits at once."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, pgid, start time in clock ticks since boot) of a pid, from /proc; None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    try:
+        return fields[0], int(fields[2]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def write_record(path: Path, pid: int, argv: list[str]) -> Path:
+    """Record a launched server (pid = its pgid) so a later `--resume` can reap it if we die."""
+    from ddtree_bench.outpaths import atomic_write_text
+
+    st = _proc_stat(pid)
+    rec = {"pid": pid, "pgid": pid, "host": socket.gethostname(), "boot_id": _boot_id(),
+           "start_ticks": st[2] if st else None, "argv": argv, "launcher_pid": os.getpid()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(rec) + "\n")
+    return path
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if d.name.isdigit():
+            st = _proc_stat(int(d.name))
+            if st is not None and st[0] != "Z" and st[1] == pgid:
+                out.append(int(d.name))
+    return out
+
+
+def reap_recorded(record_dir: Path, echo=print, grace_s: float = D.SERVER_STOP_GRACE_S) -> list[int]:
+    """Kill the servers recorded in `record_dir` that are still the processes we launched; remove
+    every record. Returns the pgids killed. Records of another host are left alone (and kept)."""
+    killed = []
+    for rec_path in sorted(Path(record_dir).glob("*.pid.json")) if Path(record_dir).is_dir() else []:
+        try:
+            rec = json.loads(rec_path.read_text(encoding="utf-8"))
+            pgid, ticks = int(rec["pgid"]), rec.get("start_ticks")
+        except (OSError, ValueError, KeyError, TypeError):
+            rec_path.unlink(missing_ok=True)
+            continue
+        if rec.get("host") != socket.gethostname():
+            echo(f"note: {rec_path.name}: a server recorded on host {rec.get('host')} (pid {pgid}); not checked from here")
+            continue
+        same_boot = rec.get("boot_id") is None or rec.get("boot_id") == _boot_id()
+        leader = _proc_stat(pgid)
+        ours = False
+        if same_boot and leader is not None:
+            ours = ticks is not None and leader[2] == ticks and leader[1] == pgid
+        elif same_boot and leader is None:
+            ours = bool(_group_members(pgid))  # the group outlived its leader: nobody new can join it
+        if ours:
+            echo(f"stopping a server left running by an earlier sweep (pid {pgid}: {' '.join(rec.get('argv') or [])[:120]})")
+            _kill_group(pgid, grace_s)
+            killed.append(pgid)
+        rec_path.unlink(missing_ok=True)
+    return killed
+
+
+def _kill_group(pgid: int, grace_s: float) -> None:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and _group_members(pgid):
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end and _group_members(pgid):
+        time.sleep(0.05)
 
 
 @atexit.register
