@@ -116,7 +116,8 @@ def _check_records(recs: list[dict], tokenizer) -> None:
         assert r["output_ids"] == tokenizer.encode(r["output_text"]) and r["output_ids"], where
         assert 0 < r["num_output_tokens"] <= MAX_NEW_TOKENS, where   # the server's usage
         assert sum(r["chunk_tokens"]) == len(r["output_ids"]), where  # per-chunk counts add up, not usage on top
-        assert r["t_send_ns"] < r["t_first_token_ns"] <= r["t_done_ns"], where
+        if r["t_first_token_ns"] is not None:  # None for --no-stream: one body, no first-token time
+            assert r["t_send_ns"] < r["t_first_token_ns"] <= r["t_done_ns"], where
 
 
 def _check_parity(out: Path) -> dict:
@@ -156,7 +157,9 @@ def test_other_endpoints_and_modes_equal_the_reference(tserve, tmp_path, endpoin
     assert len(recs) == 2
     _check_records(recs, local_tokenizer(str(TARGET)))
     if not stream:
-        assert all(len(r["chunk_tokens"]) == 1 for r in recs)  # one body
+        assert all(len(r["chunk_tokens"]) == 1 and r["t_first_token_ns"] is None for r in recs)  # one body
+    else:
+        assert all(r["t_first_token_ns"] is not None and len(r["chunk_tokens"]) > 1 for r in recs)
     if endpoint == "completions":
         assert all(r["prompt_ids"] for r in recs)  # the text we sent, as the local tokenizer reads it
         assert all(r["num_prompt_tokens"] == len(r["prompt_ids"]) for r in recs)  # the server read it the same

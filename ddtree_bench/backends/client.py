@@ -164,7 +164,7 @@ class HTTPBackend:
             self.tokenizer = local_tokenizer(self.model)
             if self.tokenizer is None:
                 raise UsageError(
-                    f"--endpoint completions renders prompts into token ids on the client, and --model {self.model!r} "
+                    f"--endpoint completions renders prompts on the client with the model's chat template, and --model {self.model!r} "
                     "is not a local model directory with tokenizer.json",
                     hint="pass --model /path/to/a/local/copy/of/the/served/model, or use --endpoint chat")
         probe = min(D.HTTP_PROBE_TIMEOUT_S, self.timeout_s)
@@ -310,6 +310,8 @@ class HTTPBackend:
                     obj = json.loads(await resp.read())
                     rec.t_done_ns = time.perf_counter_ns()
                     self._account(rec, state, obj, rec.t_done_ns, texts)
+                    if not self.stream:  # asked for one body: no first-token time to report (TTFT/TPOT stay unknown)
+                        rec.t_first_token_ns = None
                 else:
                     if not await self._read_stream(resp, rec, state, texts):
                         rec.error = (f"truncated stream: the response ended without [DONE] or a finish_reason after "
