@@ -473,3 +473,20 @@ def test_server_without_labels_keeps_the_flags(tmp_path, capsys):
         main(["run", "--backend", "openai", "--url", s.url, "--suite", "smoke", "--limit", "1",
               "--warmup", "0", "--quiet", "--out", str(tmp_path / "b")])
     assert "the run is labelled ddtree B=64 (the --method default)" in capsys.readouterr().err
+
+
+def test_records_of_run_json_version_1_still_read_without_token_source(tmp_path):
+    import json
+
+    from ddtree_bench.records import RequestRecord
+    from ddtree_bench.results import read_records
+
+    old = {"prompt_id": "p", "turn": 0, "prompt_ids": [1], "output_ids": [2, 3], "output_text": "ab",
+           "accept_lengths": None, "accept_lengths_source": None, "num_prompt_tokens": 1, "num_output_tokens": 2,
+           "finish_reason": "stop", "t_send_ns": 1, "t_first_token_ns": 2, "t_done_ns": 3, "chunk_times_ns": [2],
+           "chunk_tokens": [2], "stage_ms": None, "server_stats": None, "error": None, "t_dispatch_ns": 1}
+    (tmp_path / "run.json").write_text(json.dumps({"kind": "ddtree-bench-run", "version": 1, "spec": {}}))
+    (tmp_path / "records.jsonl").write_text(json.dumps(old) + "\n")
+    (rec,) = read_records(tmp_path)
+    assert rec.output_ids == [2, 3] and rec.token_source is None
+    assert json.loads(RequestRecord.from_dict(old).to_json())["token_source"] is None
