@@ -43,6 +43,7 @@ def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backe
     An `out` that already holds a run is refused (UsageError) unless `overwrite` (`results.check_run_out`)."""
     from ddtree_bench import load, metrics, suites
     from ddtree_bench.backends import make_backend
+    from ddtree_bench.engine.facts import run_facts
 
     spec.validate()
     out = check_run_out(out or default_out(spec), overwrite)
@@ -56,6 +57,7 @@ def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backe
             "spec": spec.public_dict(),
             "suite": suite_info.to_dict(),
             "backend": backend.describe(),
+            **run_facts(spec, backend),  # the drafter's attention mode and the stop-id rule (engine/facts.py)
             "started_at": now_iso(),
             **environment(spec.device if spec.backend == "inprocess" else None),
         }

@@ -156,6 +156,10 @@ def test_good_run_writes_results_and_is_lossless(capsys, tmp_path):
             assert r["error"] is None and 1 <= r["num_output_tokens"] <= 6 and r["prompt_ids"]
         run = json.loads((out / "run.json").read_text())
         assert run["spec"]["method"] == method
+        # what the run measured under: the drafter's attention (the random pair's: full, non-causal) and the stop rule
+        assert run["drafter_attention"] == (None if method == "ar" else
+                                            {"mode": "full", "layers": [{"causal": False, "window": None}] * 2})
+        assert run["stop_id_rule"]["rule"] == "tokenizer eos_token" and run["stop_id_rule"]["tokenizer_eos_id"] == 258
         outputs[method] = [(r["prompt_id"], r["turn"], r["output_ids"]) for r in records]
     capsys.readouterr()
     assert outputs["dflash"] == outputs["ar"] and outputs["ddtree"] == outputs["ar"]
