@@ -102,12 +102,13 @@ ok.append(check(tree_verify_triton._compile_kernel,
                      path_ptr=i64, anc_ptr=i8, bias_ptr=bf16, T=T, S=2112),
                 dict(L=L, G=4, TP=_pow2(T), BC=tree_verify_triton.BC, NEG=float("-inf"))))
 ok.append(check(tree_verify_triton._walk_kernel, dict(ids_ptr=i64, par_ptr=i64, dep_ptr=i64, path_ptr=i64, post_ptr=i64,
-                                                      out_ptr=i64, T=T), dict(L=L, TP=_pow2(T), LP=_pow2(L + 1))))
+                                                      out_ptr=i64, T=T), dict(L=L, TP=_pow2(T), LP=_pow2(L + 1), NODES=1, TOKENS=L + 2, BONUS=2 * L + 3,
+                                                                           STAGE=2 * L + 4)))
 for guard in (False, True):
     ok.append(check(tree_verify_triton._commit_rows_kernel,
                     dict(k_ptr=bf16, v_ptr=bf16, hidden_ptr=bf16, ctx_ptr=bf16, walked_ptr=i64, start_ptr=i64, S=2112,
                          NLH=288, T=T, CW=20480, hstride=20480, FLAG=2 * L + 4),
-                    dict(L=L, LP=_pow2(L + 1), D=128, DP=128, BCW=1024, GUARD=guard)))
+                    dict(L=L, LP=_pow2(L + 1), D=128, DP=128, BCW=1024, GUARD=guard, NODES=1)))
     ok.append(check(tree_verify_triton._commit_state_kernel,
                     dict(walked_ptr=i64, start_ptr=i64, ctx_start_ptr=i64, bonus_ptr=i64, FLAG=2 * L + 4),
                     dict(BONUS=2 * L + 3, GUARD=guard)))

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from ddtree_bench.engine.generate import Engine
+from ddtree_bench.engine.interface import WalkLayout
 from ddtree_bench.engine.loading import random_pair
 from ddtree_bench.engine.model import Target
 from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visible, group_size, target_forward, visible_bias
@@ -144,10 +145,14 @@ def test_ancestors_visibility_and_walk_match_the_slow_twins():
             post[p] = ids[c]
         acc, bonus = walk(tree, 7, post.tolist())
         res = walk_static(ids, tree.parents, tree.depths, anc, post, L).tolist()
-        a = res[0]
-        assert a == len(acc) and res[1 : 1 + a] == acc and res[-1] == bonus
-        assert res[L + 2 : L + 2 + a] == ids[acc].tolist()
-        a_t, src = commit_sources(torch.tensor(res), L)
+        layout = WalkLayout(L)
+        walked = layout.read(res)
+        a = walked.a
+        assert len(res) == layout.size and res[layout.COUNT] == a
+        assert a == len(acc) and walked.accepted == acc and walked.bonus == bonus and res[-1] == bonus
+        assert [ids[0].item()] + walked.path_tokens == ids[acc].tolist()
+        assert walked.new_tokens == ids[acc[1:]].tolist() + [bonus]
+        a_t, src = commit_sources(torch.tensor(res), layout)
         assert src.tolist() == acc + list(range(a, L + 1))
 
 

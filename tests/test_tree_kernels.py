@@ -2,10 +2,10 @@
 (engine/gpu/kernels/tree_block.py, tree_grid.py), the fused top-K (kernels/topk.py), tree compile,
 walk and commit (kernels/tree_verify.py), the walk's argmax (kernels/argmax.py).
 
-They run on CUDA; without a GPU they can be checked on a CPU through Triton's interpreter (slow;
-not run by CI):
-    pip install --target /tmp/tsite triton
-    PYTHONPATH=/tmp/tsite TRITON_INTERPRET=1 python -m pytest -m gpu tests/test_tree_kernels.py
+They run on CUDA; without a GPU they run on a CPU through Triton's interpreter, at the smaller
+shapes below (the interpreter runs every program in Python: a 15-depth tree build takes minutes).
+CI does that through tests/test_triton_interpreter.py (triton is a dev dependency):
+    TRITON_INTERPRET=1 python -m pytest -m gpu tests/test_tree_kernels.py
 """
 
 from __future__ import annotations
@@ -16,13 +16,27 @@ import torch
 from ddtree_bench.engine.gpu.forward import visible_bias
 from ddtree_bench.engine.tree import build_tree
 from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, verify_visible, walk_static
+from ddtree_bench.engine.interface import WalkLayout
 from ddtree_bench.engine.tree_vector import StaticTreeBuilder, topk_logprobs
 from tests.test_fastpath import _logits
 from tests.test_fused import DEV, triton_only
 
 pytestmark = [pytest.mark.gpu, triton_only]
 
-SHAPES = [(15, 272, 16), (4, 3, 50), (6, 5, 7), (5, 272, 200)] + ([(15, 272, 64), (15, 151936, 1024)] if DEV == "cuda" else [])
+INTERPRETED = DEV == "cpu"   # Triton's CPU interpreter: the smaller cases (same code paths, same checks)
+SHAPES = ([(4, 3, 50), (6, 5, 7), (5, 24, 20)] if INTERPRETED else
+          [(15, 272, 16), (4, 3, 50), (6, 5, 7), (5, 272, 200), (15, 272, 64), (15, 151936, 1024)])
+SEEDS = range(1 if INTERPRETED else 2)
+TOPK_CASES = [(3, 272, 16, "min"), (2, 9000, 64, "min"), (2, 4097, 64, "min"), (4, 3, 3, "min"),
+              (2, 5000, 1, "min"), (3, 272, 16, "threshold"), (2, 4097, 200, "threshold"),
+              (2, 300, 272, "threshold"), (1, 9000, 1024, "threshold"),
+              (2, 5000, 4096, "threshold"), (1, 13000, 4096, "threshold"),
+              (4, 3, 3, "threshold")]
+if INTERPRETED:  # K up to 272, chunks cut mid-vocabulary, both selections
+    TOPK_CASES = [(2, 300, 16, "min"), (4, 3, 3, "min"), (2, 4097, 16, "min"), (2, 300, 16, "threshold"),
+                  (2, 4097, 40, "threshold"), (2, 300, 272, "threshold"), (4, 3, 3, "threshold")]
+VERIFY_CASES = ([(4, 3, 50, 128, 2), (6, 5, 7, 64, 1), (6, 24, 0, 64, 2), (5, 24, 20, 96, 4)] if INTERPRETED else
+                [(15, 272, 16, 128, 1), (15, 272, 64, 192, 4), (4, 3, 50, 128, 2), (6, 5, 7, 64, 1), (15, 272, 0, 128, 2)])
 
 
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
@@ -38,7 +52,7 @@ def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
     make = {"block": TritonTreeBuilder, "grid": GridTreeBuilder,
             "grid-keys": lambda *a: GridTreeBuilder(*a, keys_first=True)}[kernel]
     for L, V, budget in SHAPES:
-        for seed in range(2):
+        for seed in SEEDS:
             logits = _logits(kind, L, V, seed).to(DEV)
             tb = make(L, V, budget, DEV)
             got = [t.tolist() for t in tb(logits)]
@@ -50,11 +64,7 @@ def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
 
 
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
-@pytest.mark.parametrize("L,V,k,select", [(3, 272, 16, "min"), (2, 9000, 64, "min"), (2, 4097, 64, "min"), (4, 3, 3, "min"),
-                                          (2, 5000, 1, "min"), (3, 272, 16, "threshold"), (2, 4097, 200, "threshold"),
-                                          (2, 300, 272, "threshold"), (1, 9000, 1024, "threshold"),
-                                          (2, 5000, 4096, "threshold"), (1, 13000, 4096, "threshold"),
-                                          (4, 3, 3, "threshold")])
+@pytest.mark.parametrize("L,V,k,select", TOPK_CASES)
 def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k, select):
     """Both selections, at K from 1 to a whole chunk, chunks cut mid-vocabulary, coarse logits (ties
     at the threshold: the lowest token ids must win) and NaN."""
@@ -87,8 +97,7 @@ def test_compile_and_walk_kernels_equal_their_twins(dtype):
 
     dt = getattr(torch, dtype)
     accepted = set()
-    for L, V, budget, cap, group in [(15, 272, 16, 128, 1), (15, 272, 64, 192, 4), (4, 3, 50, 128, 2), (6, 5, 7, 64, 1),
-                                     (15, 272, 0, 128, 2)]:
+    for L, V, budget, cap, group in VERIFY_CASES:
         for seed in range(2):
             g = torch.Generator().manual_seed(seed)
             logits = _logits("random", L, V, seed)
@@ -106,7 +115,7 @@ def test_compile_and_walk_kernels_equal_their_twins(dtype):
             for node in [0] + torch.randint(1, T, (4,), generator=g).tolist():
                 post = _forced_post(ids_ref, par, V, node, g)
                 want = walk_static(ids_ref, par, dep, anc_ref, post, L)
-                got = walk_tree(ids, dev[2], dev[3], path, post.to(DEV), L)
+                got = walk_tree(ids, dev[2], dev[3], path, post.to(DEV), WalkLayout(L))
                 assert torch.equal(got.cpu(), want), (L, V, budget, seed, node)
                 accepted.add(int(want[0]))
     assert len(accepted) >= 4 and max(accepted) >= 5   # the cases cover short and deep accepted paths
@@ -139,8 +148,8 @@ def test_commit_kernel_equals_its_twin(dtype, guard):
                          ctx=torch.randn(L + 1, C, generator=g).to(DEV, dt))
             ref = {n: t.clone() for n, t in state.items()}
             before = {n: t.clone() for n, t in state.items()}
-            commit_static(walked, L, guard, ref["start"], ref["ctx_start"], ref["bonus"], ref["k"], ref["v"], ref["hidden"], ref["ctx"])
-            commit_tree(walked, L, guard, state["start"], state["ctx_start"], state["bonus"], state["k"], state["v"],
+            commit_static(walked, WalkLayout(L, guard), ref["start"], ref["ctx_start"], ref["bonus"], ref["k"], ref["v"], ref["hidden"], ref["ctx"])
+            commit_tree(walked, WalkLayout(L, guard), state["start"], state["ctx_start"], state["bonus"], state["k"], state["v"],
                         state["hidden"], state["ctx"])
             for n in state:
                 assert torch.equal(state[n], ref[n]), (path, flag, n)

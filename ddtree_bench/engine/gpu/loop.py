@@ -47,7 +47,7 @@ from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visib
 from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
 from ddtree_bench.engine.gpu.graphs import Pool, Stage
 from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, commit_static, verify_visible, walk_static
-from ddtree_bench.engine.interface import Generation, OutputStream, RoundTrace, logit_gaps
+from ddtree_bench.engine.interface import Generation, OutputStream, RoundTrace, WalkLayout, logit_gaps
 from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.verify import GREEDY_EPS, pick
 
@@ -86,13 +86,76 @@ class Laps:
 
 
 @dataclass
+class TreeOut:
+    """tree_build's output: the non-root nodes in pop order, parents 1-based (0 = root)."""
+
+    tok: torch.Tensor   # [N] long
+    par: torch.Tensor   # [N] long
+    dep: torch.Tensor   # [N] long, 1..L
+
+
+@dataclass
+class Compiled:
+    """tree_compile's output: the verify inputs."""
+
+    ids: torch.Tensor            # [T] long, root (bonus) first
+    pos: torch.Tensor            # [T] long, start + depth
+    anc: torch.Tensor            # [T, T] bool ancestor-or-self
+    bias: torch.Tensor           # [g*T, capacity] additive attention bias
+    path: torch.Tensor | None    # [T, L+1] node at each depth (the fused Triton compile), else None
+
+
+@dataclass
+class Verified:
+    """verify's output: the target's logits [T, V] and (speculative methods) the context features [T, C]."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None = None
+
+
+@dataclass
+class StageOutputs:
+    """The latest output of each stage of a bucket, read by the next stage's function (inside a graph:
+    the captured static tensors)."""
+
+    tree: TreeOut | None = None
+    compiled: Compiled | None = None
+    verified: Verified | None = None
+    walked: torch.Tensor | None = None   # the walk result (interface.WalkLayout; AR: the pick [1])
+
+    _FIELD = {"tree_build": "tree", "tree_compile": "compiled", "verify": "verified", "walk": "walked"}
+
+    def store(self, stage: str, value) -> None:
+        if stage in self._FIELD:
+            setattr(self, self._FIELD[stage], value)
+
+    def clear(self) -> None:
+        self.tree = self.compiled = self.verified = self.walked = None
+
+
+@dataclass
+class HostState:
+    """What the host knows between rounds (the device holds the same in its buffers): the frontier
+    `start` (the bonus's position), the drafter's frontier `draft_len`, the bonus token, the accepted
+    count `a` of the last round (live rows of the context buffer), and the prefill's hidden states
+    (round 1's context)."""
+
+    prefill_hidden: torch.Tensor | None
+    bonus: int
+    start: int
+    draft_len: int = 0
+    a: int = 0
+
+
+@dataclass
 class _Bucket:
     """The stages and buffers of one (method, budget, greedy) combination."""
 
     method: str
     width: int                      # verify tokens: 1 + nodes
     stages: dict[str, Stage] = field(default_factory=dict)
-    io: dict[str, Any] = field(default_factory=dict)   # latest outputs, read by the next stage's function
+    out: StageOutputs = field(default_factory=StageOutputs)
+    layout: WalkLayout | None = None                   # the walk result's layout (speculative methods)
     post: torch.Tensor | None = None                   # sampled picks (temperature > 0)
     host: torch.Tensor | None = None                   # pinned copy of the walk result
     ready: Any = None                                  # CUDA event: `host` holds this round's result
@@ -130,7 +193,7 @@ class FastLoop:
         for b in getattr(self, "buckets", {}).values():
             for stage in b.stages.values():
                 stage.release()
-            b.io.clear()
+            b.out.clear()
         if getattr(self, "draft_stage", None) is not None:
             self.draft_stage.release()
 
@@ -218,13 +281,13 @@ class FastLoop:
             L = self.L
             if method == "dflash":
                 width = 1 + L
-                build = lambda: chain(self.dlogits)  # noqa: E731
+                build = lambda: TreeOut(*chain(self.dlogits))  # noqa: E731
             else:
                 if (budget, kind) not in self._builders:  # builders outlive cache growth: no re-check, re-timing
                     self._builders[(budget, kind)] = self._builder(budget, kind)
                 builder = self._builders[(budget, kind)]
                 width = 1 + builder.N
-                build = lambda: builder(self.dlogits)  # noqa: E731
+                build = lambda: TreeOut(*builder(self.dlogits))  # noqa: E731
             b = _Bucket(method, width)
             if method == "ddtree":
                 b.builder = builder
@@ -237,7 +300,9 @@ class FastLoop:
             b.stages["commit"] = Stage(lambda: self._commit_tree(b), dev, pool, g, idempotent=False, name="commit")
         if not greedy:
             b.post = torch.zeros(b.width, dtype=torch.long, device=dev)
-        n = 1 if method == "ar" else 2 * self.L + 4 + (b.fallback is not None)
+        if method != "ar":
+            b.layout = WalkLayout(self.L, guard=b.fallback is not None)
+        n = 1 if method == "ar" else b.layout.size_guarded
         b.host = torch.zeros(n, dtype=torch.long, pin_memory=dev.type == "cuda")
         b.ready = torch.cuda.Event() if dev.type == "cuda" else None
         self.buckets[key] = b
@@ -252,35 +317,33 @@ class FastLoop:
 
         return self.tree_kernel != "torch" and tree_verify.available(self.device)
 
-    def _compile(self, b: _Bucket):
-        """-> ids [T], pos [T], anc [T, T], bias [g*T, capacity], path [T, L+1] (fused) or None."""
-        tok, par, dep = b.io["tree_build"]
+    def _compile(self, b: _Bucket) -> Compiled:
+        t = b.out.tree
         if self.fused_tree_ops:
             from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
 
-            return compile_tree(self.bonus, tok, par, dep, self.start, self.capacity, self.dtype, self.tgroup, self.L)
-        ids = torch.cat([self.bonus, tok])
-        pos = self.start + torch.cat([torch.zeros(1, dtype=torch.long, device=dep.device), dep])
-        anc = ancestors(par, self.L)
+            return Compiled(*compile_tree(self.bonus, t.tok, t.par, t.dep, self.start, self.capacity, self.dtype,
+                                          self.tgroup, self.L))
+        ids = torch.cat([self.bonus, t.tok])
+        pos = self.start + torch.cat([torch.zeros(1, dtype=torch.long, device=t.dep.device), t.dep])
+        anc = ancestors(t.par, self.L)
         bias = visible_bias(verify_visible(anc, self.start, self.capacity), self.dtype, self.tgroup)
-        return ids, pos, anc, bias, None
+        return Compiled(ids, pos, anc, bias, None)
 
-    def _verify_tree(self, b: _Bucket):
-        ids, pos, _, bias, _ = b.io["tree_compile"]
+    def _verify_tree(self, b: _Bucket) -> Verified:
+        c = b.out.compiled
         layers = self.proposer.target_layer_ids
-        return target_forward(self.target, ids, pos, self.tkv, self.start, bias, layers, self.ops)
+        return Verified(*target_forward(self.target, c.ids, c.pos, self.tkv, self.start, c.bias, layers, self.ops))
 
     def _walk_tree(self, b: _Bucket, greedy: bool):
-        tok, par, dep = b.io["tree_build"]
-        ids, _, anc, _, path = b.io["tree_compile"]
-        logits, _ = b.io["verify"]
-        post = self._argmax(logits) if greedy else b.post
-        if path is not None:
+        t, c = b.out.tree, b.out.compiled
+        post = self._argmax(b.out.verified.logits) if greedy else b.post
+        if c.path is not None:
             from ddtree_bench.engine.gpu.kernels.tree_verify import walk_tree
 
-            walked = walk_tree(ids, par, dep, path, post, self.L)
+            walked = walk_tree(c.ids, t.par, t.dep, c.path, post, b.layout)
         else:
-            walked = walk_static(ids, par, dep, anc, post, self.L)
+            walked = walk_static(c.ids, t.par, t.dep, c.anc, post, self.L)
         if b.fallback is not None:  # the builder's certificate flag rides along with the one transfer
             walked = torch.cat([walked, b.builder.flag.to(torch.long)])
         return walked
@@ -290,22 +353,21 @@ class FastLoop:
         to slots start..start+a-1, hidden rows as the next draft's context, frontier advanced, bonus
         stored. With a pruned builder the walk result ends with its certificate flag, and a raised flag
         makes the whole commit a no-op, so it can be queued before the host has read it."""
-        _, hidden = b.io["verify"]
         if self.fused_tree_ops:
             from ddtree_bench.engine.gpu.kernels.tree_verify import commit_tree as commit
         else:
             commit = commit_static
-        commit(b.io["walk"], self.L, b.fallback is not None, self.start, self.ctx_start, self.bonus,
-               self.tcache.k, self.tcache.v, hidden, self.ctx)
+        commit(b.out.walked, b.layout, self.start, self.ctx_start, self.bonus, self.tcache.k, self.tcache.v,
+               b.out.verified.hidden, self.ctx)
 
-    def _verify_ar(self):
+    def _verify_ar(self) -> Verified:
         cols = torch.arange(self.capacity, device=self.device)
         bias = visible_bias((cols <= self.start)[None, :], self.dtype, self.tgroup)
         logits, _ = target_forward(self.target, self.bonus, self.start.reshape(1), self.tkv, self.start, bias, ops=self.ops)
-        return logits
+        return Verified(logits)
 
     def _walk_ar(self, b: _Bucket, greedy: bool):
-        return self._argmax(b.io["verify"]) if greedy else b.post
+        return self._argmax(b.out.verified.logits) if greedy else b.post
 
     def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """The target's greedy picks [T]: two Triton launches with the fused tree ops (argmax_triton), else
@@ -317,45 +379,44 @@ class FastLoop:
         return logits.argmax(dim=-1)
 
     def _commit_ar(self, b: _Bucket) -> None:
-        self.bonus.copy_(b.io["walk"])
+        self.bonus.copy_(b.out.walked)
         self.start.add_(1)
 
     # ------------------------------------------------------------------ one round
 
     def _run(self, b: _Bucket, name: str, laps: Laps | None) -> None:
-        b.io[name] = b.stages[name].run()
+        b.out.store(name, b.stages[name].run())
         if laps is not None:
             laps.mark(name)
 
-    def _queue_draft(self, b: _Bucket, first: bool, host_state: dict, laps: Laps) -> None:
+    def _queue_draft(self, b: _Bucket, first: bool, host: HostState, laps: Laps) -> None:
         """Queue the draft of a speculative round (a no-op for AR): eager in round 1 (its context is the
         whole prompt) and for proposers other than the DFlash drafter (they need host state), else the
         captured draft stage, which reads only device buffers."""
         if b.method == "ar":
             return
         if self.drafter is None:
-            ctx = host_state["prefill_hidden"] if first else self.ctx[: host_state["a"]]
-            dl = self.proposer.propose(ctx, host_state["bonus"], self.dcache, host_state["draft_len"], host_state["start"])
-            self.dlogits.copy_(dl)
+            ctx = host.prefill_hidden if first else self.ctx[: host.a]
+            self.dlogits.copy_(self.proposer.propose(ctx, host.bonus, self.dcache, host.draft_len, host.start))
         elif first:
-            self._draft(host_state["prefill_hidden"])
+            self._draft(host.prefill_hidden)
         else:
             if self.draft_stage is None:
                 self.draft_stage = Stage(lambda: self._draft(self.ctx), self.device, self.draft_pool, self.graphs, name="draft")
             self.draft_stage.run()
         laps.mark("draft")
 
-    def _launch(self, b: _Bucket, first: bool, drafted: bool, ahead: bool, host_state: dict, laps: Laps,
+    def _launch(self, b: _Bucket, first: bool, drafted: bool, ahead: bool, host: HostState, laps: Laps,
                 temperature: float, top_p: float, gen) -> bool:
         """Queue one round and return at once: its draft (unless `drafted`, queued ahead already), tree build
         .. walk, the copy of the walk result to the host, the commit, and - if `ahead` and the next
         draft needs no host state - the next round's draft. Returns whether that draft was queued."""
         if not drafted:
-            self._queue_draft(b, first, host_state, laps)
+            self._queue_draft(b, first, host, laps)
         self._tree_and_walk(b, laps, temperature, top_p, gen)
         self._run(b, "commit", laps)
         if ahead and b.method != "ar" and self.drafter is not None and not (first and b.fallback is not None):
-            self._queue_draft(b, False, host_state, laps)
+            self._queue_draft(b, False, host, laps)
             return True
         return False
 
@@ -366,12 +427,11 @@ class FastLoop:
             self._run(b, "tree_compile", laps)
         self._run(b, "verify", None)
         if temperature >= GREEDY_EPS:
-            logits = b.io["verify"][0] if b.method != "ar" else b.io["verify"]
-            b.post.copy_(pick(logits, temperature, top_p, gen))
+            b.post.copy_(pick(b.out.verified.logits, temperature, top_p, gen))
         if laps is not None:
             laps.mark("verify")
         self._run(b, "walk", None)
-        b.host.copy_(b.io["walk"].reshape(-1), non_blocking=True)
+        b.host.copy_(b.out.walked.reshape(-1), non_blocking=True)
         if b.ready is not None:
             b.ready.record()
         if laps is not None:
@@ -424,16 +484,15 @@ class FastLoop:
 
         accept_lengths: list[int] = []
         trees: list[RoundTrace] | None = [] if record_trees else None
-        host = {"prefill_hidden": hidden, "bonus": bonus, "start": P, "draft_len": 0, "a": 0}
-        L = self.L if spec else 0
+        host = HostState(prefill_hidden=hidden, bonus=bonus, start=P)
         laps = Laps(dev)
         laps.mark("begin")
 
         def more() -> bool:
-            return not stream.stopped and (host["start"] - P < max_new_tokens if spec else len(out) < max_new_tokens)
+            return not stream.stopped and (host.start - P < max_new_tokens if spec else len(out) < max_new_tokens)
 
         def ahead() -> bool:  # the round after the one being queued may be needed (it accepts >= 1 token)
-            return spec and not stream.stopped and host["start"] + 1 - P < max_new_tokens
+            return spec and not stream.stopped and host.start + 1 - P < max_new_tokens
 
         pending = more()
         drafted = False
@@ -441,36 +500,36 @@ class FastLoop:
             drafted = self._launch(b, True, False, ahead(), host, laps, temperature, top_p, gen)
         while pending:
             res = self._result(b)
-            r = b
-            if b.fallback is not None and res[-1]:  # the pruned build could not certify its tree: redo exactly
+            done = b   # the bucket whose stages produced this round's committed result
+            if spec and b.layout.read(res).flagged:  # the pruned build could not certify its tree: redo exactly
                 self.redone_rounds += 1   # the queued commit saw the flag and kept every buffer as it was, and
                 # dlogits hold this round's draft (a draft queued ahead recomputed it from the same state)
                 b.builder.flag.zero_()
-                r = b.fallback
-                self._tree_and_walk(r, None, temperature, top_p, gen)
-                res = self._result(r)
-                self._run(r, "commit", None)
+                done = b.fallback
+                self._tree_and_walk(done, None, temperature, top_p, gen)
+                res = self._result(done)
+                self._run(done, "commit", None)
                 drafted = False
             now = time.perf_counter_ns()
             if spec:
-                a = res[0]
-                new_tokens = res[L + 3 : L + 2 + a] + [res[2 * L + 3]]   # accepted path minus the root, then the bonus
+                walk = done.layout.read(res)
+                a, new_tokens = walk.a, walk.new_tokens
                 if trees is not None:
-                    tok, par, dep = r.io["tree_build"]
-                    trees.append(RoundTrace(tok.tolist(), par.tolist(), dep.tolist(), res[1 : 1 + a]))
+                    t = done.out.tree
+                    trees.append(RoundTrace(t.tok.tolist(), t.par.tolist(), t.dep.tolist(), walk.accepted))
                 if return_logit_gaps:
-                    keep = torch.tensor(res[1 : 1 + a], device=dev)
-                    gaps.extend(logit_gaps(r.io["verify"][0].index_select(0, keep)))
+                    keep = torch.tensor(walk.accepted, device=dev)
+                    gaps.extend(logit_gaps(done.out.verified.logits.index_select(0, keep)))
             else:
                 a = 1
                 new_tokens = [res[0]]
                 if return_logit_gaps:
-                    gaps.extend(logit_gaps(b.io["verify"]))
+                    gaps.extend(logit_gaps(b.out.verified.logits))
             accept_lengths.append(a)
-            host.update(draft_len=host["start"], start=host["start"] + a, bonus=new_tokens[-1], a=a)
+            host = HostState(prefill_hidden=None, bonus=new_tokens[-1], start=host.start + a, draft_len=host.start, a=a)
             stopped = stream.stopped or any(t in stream.stops for t in new_tokens)
             emitted = len(out) + len(stream.visible(new_tokens))
-            pending = not stopped and (host["start"] - P < max_new_tokens if spec else emitted < max_new_tokens)
+            pending = not stopped and (host.start - P < max_new_tokens if spec else emitted < max_new_tokens)
             if pending:  # queue the next round before handing tokens out, so callbacks overlap the GPU
                 drafted = self._launch(b, False, drafted, ahead(), host, laps, temperature, top_p, gen)
             stream.emit(new_tokens, now)
@@ -480,8 +539,8 @@ class FastLoop:
         totals = {"prefill": prefill_ns, "draft": 0, "tree_build": 0, "verify": 0, "commit": 0}
         fold = {"draft": "draft", "tree_build": "tree_build", "tree_compile": "tree_build", "verify": "verify",
                 "walk": "commit", "commit": "commit"}
-        for r in self.rounds:
-            for k, ms in r.items():
+        for stage_ms in self.rounds:
+            for k, ms in stage_ms.items():
                 totals[fold[k]] += int(ms * 1e6)
         return Generation(
             output_ids=out,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ddtree_bench.engine.interface import WalkLayout
 
 
 def chain(draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -54,8 +55,8 @@ def verify_visible(anc: torch.Tensor, start: torch.Tensor, capacity: int) -> tor
 def walk_static(ids: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor, post: torch.Tensor,
                 L: int) -> torch.Tensor:
     """The tree walk as fixed-size tensors. ids [T] (root first), parents/depths [N] (non-root),
-    anc [T, T], post [T] = the target's pick at every position. Returns one long vector of 2L+4:
-    [a, node index at depth 0..L (unused depths 0), token at depth 0..L, bonus]."""
+    anc [T, T], post [T] = the target's pick at every position. Returns the walk result vector of
+    WalkLayout(L): [a | node index at depth 0..L (unused depths 0) | token at depth 0..L | bonus]."""
     T = ids.numel()
     dev = ids.device
     zero = torch.zeros(1, dtype=torch.long, device=dev)
@@ -67,33 +68,35 @@ def walk_static(ids: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, 
     idx = torch.zeros(L + 1, dtype=torch.long, device=dev).scatter_add_(0, dep, torch.where(ok, rows, 0))
     a = ok.sum().reshape(1)
     bonus = post.gather(0, idx.gather(0, a - 1))
-    return torch.cat([a, idx, ids.gather(0, idx), bonus])
+    return torch.cat([a, idx, ids.gather(0, idx), bonus])   # WalkLayout order: COUNT, nodes, tokens, bonus
 
 
-def commit_sources(walked: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """From walk_static's vector: (a [1], source row for each kept slot 0..L): accepted node i for
-    i < a, else i itself (a no-op move)."""
-    a = walked[:1]
-    idx = walked[1 : L + 2]
+def commit_sources(walked: torch.Tensor, layout: WalkLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """From a walk result: (a [1], source row for each kept slot 0..L): accepted node i for i < a,
+    else i itself (a no-op move)."""
+    L = layout.L
+    a = walked[layout.COUNT : layout.COUNT + 1]
+    idx = walked[layout.nodes : layout.nodes + L + 1]
     ar = torch.arange(L + 1, device=walked.device)
     return a, torch.where(ar < a, idx, ar)
 
 
-def commit_static(walked: torch.Tensor, L: int, guard: bool, start: torch.Tensor, ctx_start: torch.Tensor,
+def commit_static(walked: torch.Tensor, layout: WalkLayout, start: torch.Tensor, ctx_start: torch.Tensor,
                   bonus: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor, ctx: torch.Tensor) -> None:
-    """Commit a walked round in place. walked: walk_static's vector (+ the builder's certificate flag
-    at the end when `guard`); k, v [layers, Hkv, S, D] cache; hidden [T, C] the verify rows' context
+    """Commit a walked round in place. walked: the walk result (with the builder's certificate flag
+    when `layout.guard`); k, v [layers, Hkv, S, D] cache; hidden [T, C] the verify rows' context
     features; ctx [L+1, C]. Moves the accepted path's K/V rows to slots start..start+L (the others
     move onto themselves), gathers its hidden rows into ctx, sets ctx_start = start, advances start
     by a and stores the bonus. With guard and a raised flag nothing changes (a counts as 0)."""
-    keep = walked[-1:] == 0 if guard else None   # [1] bool: the tree is certified
-    a, src = commit_sources(walked if keep is None else torch.cat([walked[:1] * keep, walked[1:]]), L)
+    L = layout.L
+    keep = walked[layout.flag : layout.flag + 1] == 0 if layout.guard else None   # [1] bool: the tree is certified
+    a, src = commit_sources(walked if keep is None else torch.cat([walked[:1] * keep, walked[1:]]), layout)
     ar = torch.arange(L + 1, device=walked.device)
     dst, srcs = start + ar, start + src
     k.index_copy_(2, dst, k.index_select(2, srcs))
     v.index_copy_(2, dst, v.index_select(2, srcs))
     rows = hidden.index_select(0, src.clamp(max=hidden.shape[0] - 1))
-    new_bonus = walked[2 * L + 3 : 2 * L + 4]
+    new_bonus = walked[layout.bonus : layout.bonus + 1]
     if keep is None:
         ctx.copy_(rows)
         ctx_start.copy_(start)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
+from ddtree_bench.engine.interface import WalkLayout
 
 BC = 1024  # cache columns per inner step
 
@@ -74,7 +75,10 @@ if triton is not None:
 
     @triton.jit
     def _walk_kernel(ids_ptr, par_ptr, dep_ptr, path_ptr, post_ptr, out_ptr, T, L: tl.constexpr, TP: tl.constexpr,
-                     LP: tl.constexpr):
+                     LP: tl.constexpr, NODES: tl.constexpr, TOKENS: tl.constexpr, BONUS: tl.constexpr,
+                     STAGE: tl.constexpr):
+        """One program: the walk result at out[: STAGE] in WalkLayout order (count at 0, nodes at NODES,
+        tokens at TOKENS, bonus at BONUS); out[STAGE:] stages the per-row matches."""
         j = tl.arange(0, TP)
         mj = j < T
         ids = tl.load(ids_ptr + j, mask=mj, other=0)
@@ -82,24 +86,24 @@ if triton is not None:
         dj = _depth_of(dep_ptr, j, mj)
         match = (ids == tl.load(post_ptr + pj, mask=mj, other=-1)) | (j == 0)
         # stage the matches so each row can read them along its path
-        tl.store(out_ptr + 2 * L + 4 + j, match.to(tl.int64), mask=mj)
+        tl.store(out_ptr + STAGE + j, match.to(tl.int64), mask=mj)
         d = tl.arange(0, LP)
         md = d < L + 1
-        tl.store(out_ptr + 1 + d, tl.zeros([LP], tl.int64), mask=md)
+        tl.store(out_ptr + NODES + d, tl.zeros([LP], tl.int64), mask=md)
         tl.debug_barrier()
         ok = mj
         for s in range(L + 1):
             on = mj & (s <= dj)
             node = tl.load(path_ptr + j * (L + 1) + s, mask=on, other=0)
-            ok = ok & (~on | (tl.load(out_ptr + 2 * L + 4 + node, mask=on, other=0) != 0))
+            ok = ok & (~on | (tl.load(out_ptr + STAGE + node, mask=on, other=0) != 0))
         a = tl.sum(ok.to(tl.int64), axis=0)
         tl.store(out_ptr, a)
-        tl.store(out_ptr + 1 + dj, j.to(tl.int64), mask=ok)
+        tl.store(out_ptr + NODES + dj, j.to(tl.int64), mask=ok)
         tl.debug_barrier()
-        idx = tl.load(out_ptr + 1 + d, mask=md, other=0)
-        tl.store(out_ptr + L + 2 + d, tl.load(ids_ptr + idx, mask=md, other=0), mask=md)
-        last = tl.load(out_ptr + 1 + a - 1)
-        tl.store(out_ptr + 2 * L + 3, tl.load(post_ptr + last))
+        idx = tl.load(out_ptr + NODES + d, mask=md, other=0)
+        tl.store(out_ptr + TOKENS + d, tl.load(ids_ptr + idx, mask=md, other=0), mask=md)
+        last = tl.load(out_ptr + NODES + a - 1)
+        tl.store(out_ptr + BONUS, tl.load(post_ptr + last))
 
     @triton.jit
     def _accepted(walked_ptr, FLAG, GUARD: tl.constexpr):
@@ -115,7 +119,7 @@ if triton is not None:
     @triton.jit
     def _commit_rows_kernel(k_ptr, v_ptr, hidden_ptr, ctx_ptr, walked_ptr, start_ptr, S, NLH, T, CW, hstride, FLAG,
                             L: tl.constexpr, LP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BCW: tl.constexpr,
-                            GUARD: tl.constexpr):
+                            GUARD: tl.constexpr, NODES: tl.constexpr):
         """Programs 0..NLH-1: one (layer, KV head) each, moves the kept K/V rows down (all loads before any
         store: sources and destinations overlap). The rest: one block of BCW context columns each,
         gathers the kept hidden rows into ctx. A raised flag (GUARD) moves nothing, writes no ctx."""
@@ -123,7 +127,7 @@ if triton is not None:
         i = tl.arange(0, LP)
         mi = i < L + 1
         a, ok = _accepted(walked_ptr, FLAG, GUARD)
-        idx = tl.load(walked_ptr + 1 + i, mask=mi, other=0)
+        idx = tl.load(walked_ptr + NODES + i, mask=mi, other=0)
         src = tl.where(i < a, idx, i)
         if pid < NLH:
             start = tl.load(start_ptr)
@@ -172,16 +176,17 @@ def compile_tree(bonus: torch.Tensor, tok: torch.Tensor, par: torch.Tensor, dep:
 
 
 def walk_tree(ids: torch.Tensor, par: torch.Tensor, dep: torch.Tensor, path: torch.Tensor, post: torch.Tensor,
-              L: int) -> torch.Tensor:
-    """walk_static's vector [a, node at depth 0..L, token at depth 0..L, bonus] (2L+4 long) from
-    compile_tree's path; post [T] = the target's pick at every row."""
-    T = ids.numel()
-    out = torch.empty(2 * L + 4 + T, dtype=torch.long, device=ids.device)  # the tail stages the matches
-    _walk_kernel[(1,)](ids, par, dep, path, post, out, T, L=L, TP=_pow2(T), LP=_pow2(L + 1))
-    return out[: 2 * L + 4]
+              layout: WalkLayout) -> torch.Tensor:
+    """walk_static's result (layout.size long, interface.WalkLayout) from compile_tree's path;
+    post [T] = the target's pick at every row."""
+    T, L, n = ids.numel(), layout.L, layout.size
+    out = torch.empty(n + T, dtype=torch.long, device=ids.device)  # the tail stages the matches
+    _walk_kernel[(1,)](ids, par, dep, path, post, out, T, L=L, TP=_pow2(T), LP=_pow2(L + 1), NODES=layout.nodes,
+                       TOKENS=layout.tokens, BONUS=layout.bonus, STAGE=n)
+    return out[:n]
 
 
-def commit_tree(walked: torch.Tensor, L: int, guard: bool, start: torch.Tensor, ctx_start: torch.Tensor,
+def commit_tree(walked: torch.Tensor, layout: WalkLayout, start: torch.Tensor, ctx_start: torch.Tensor,
                 bonus: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor, ctx: torch.Tensor) -> None:
     """tree_static.commit_static in two launches (the rows, then the frontier state); same arguments."""
     layers, hkv, S, D = k.shape
@@ -189,10 +194,10 @@ def commit_tree(walked: torch.Tensor, L: int, guard: bool, start: torch.Tensor, 
     assert k.is_contiguous() and v.is_contiguous() and ctx.is_contiguous() and hidden.stride(1) == 1
     BCW = 1024
     grid = (layers * hkv + triton.cdiv(CW, BCW),)
-    flag = walked.numel() - 1
+    L, guard, flag = layout.L, layout.guard, layout.flag
     _commit_rows_kernel[grid](k, v, hidden, ctx, walked, start, S, layers * hkv, T, CW, hidden.stride(0), flag,
-                              L=L, LP=_pow2(L + 1), D=D, DP=_pow2(D), BCW=BCW, GUARD=guard)
-    _commit_state_kernel[(1,)](walked, start, ctx_start, bonus, flag, BONUS=2 * L + 3, GUARD=guard)
+                              L=L, LP=_pow2(L + 1), D=D, DP=_pow2(D), BCW=BCW, GUARD=guard, NODES=layout.nodes)
+    _commit_state_kernel[(1,)](walked, start, ctx_start, bonus, flag, BONUS=layout.bonus, GUARD=guard)
 
 
 _CHECKED: dict[str, str | None] = {}
@@ -231,15 +236,15 @@ def _self_test(dev: torch.device) -> str | None:
         return "compile_tree differs from the PyTorch twin"
     post = torch.cat([tok[:4], torch.zeros(ids.numel() - 4, dtype=torch.long, device=dev)])  # accepts a path of depth >= 1
     walked = walk_static(ids, par, dep, anc_ref, post, L)
-    if not torch.equal(walk_tree(ids, par, dep, path, post, L), walked):
+    if not torch.equal(walk_tree(ids, par, dep, path, post, WalkLayout(L)), walked):
         return "walk_tree differs from walk_static"
     g = torch.Generator().manual_seed(1)
     state = [torch.tensor(5, device=dev), torch.tensor(1, device=dev), torch.tensor([2], device=dev),
              *(torch.randn(2, 2, cap, 8, generator=g).to(dev) for _ in range(2)),
              torch.randn(ids.numel(), 12, generator=g).to(dev), torch.randn(L + 1, 12, generator=g).to(dev)]
     twin = [t.clone() for t in state]
-    commit_tree(walked, L, False, *state)
-    commit_static(walked, L, False, *twin)
+    commit_tree(walked, WalkLayout(L), *state)
+    commit_static(walked, WalkLayout(L), *twin)
     if not all(torch.equal(a, b) for a, b in zip(state, twin)):
         return "commit_tree differs from commit_static"
     from ddtree_bench.engine.gpu.kernels.argmax import argmax_rows
