@@ -8,9 +8,8 @@ so every round has new shapes. Here every shape depends only on the number of qu
   (0 = visible, -inf = hidden) hides the slots past the frontier, as gpt-fast does;
 * grouped-query attention folds the query-head group into the query axis ([Hkv, g*T, D] against
   K/V [Hkv, S, D]), so SDPA sees plain multi-head attention with a mask and can use any fused
-  kernel (the memory-efficient one refuses `enable_gqa=True`); on an H200 with torch 2.11 this ran
-  1.3-1.4x faster than the plain `attend` (docs/gpu-performance.md). The bias comes already
-  repeated g times;
+  kernel (the memory-efficient one refuses `enable_gqa=True`); it is faster than the plain `attend`
+  (measured in docs/gpu-performance.md). The bias comes already repeated g times;
 * q/k/v and gate/up run as one GEMM each on merged weights (`fused.merge_projections`, which makes
   the modules' own weights views of them), and the elementwise work between the GEMMs goes through
   `ops`: the fused Triton kernels on CUDA or their PyTorch twin (`fused.ops_for`).

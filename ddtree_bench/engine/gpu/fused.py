@@ -1,10 +1,9 @@
 """Fused layer ops for the fixed-shape forwards (forward.py): Triton kernels on CUDA, PyTorch as their twin.
 
-Unfused, one decoder layer of the static forward launches about 58 kernels (82 aten calls, counted
-in docs/gpu-performance.md): four RMSNorms of ~7 elementwise kernels each, RoPE as cat/neg/mul/add,
-two index_copy_ for the K/V write, SiLU and the gate product, seven GEMMs. A replayed CUDA graph
-still pays a few microseconds for each small kernel, which is what kept the Qwen3-8B verify forward
-~4.6 ms above the issue's reference curve. With these ops a layer is about 10 kernels:
+Unfused, one decoder layer of the static forward launches dozens of kernels: four RMSNorms of
+several elementwise kernels each, RoPE as cat/neg/mul/add, two index_copy_ for the K/V write, SiLU
+and the gate product, seven GEMMs, and a replayed CUDA graph still pays a few microseconds for each
+small kernel (counts and timings: docs/gpu-performance.md). With these ops a layer is about 10 kernels:
 
 * `merge_projections`: each attention's q/k/v weights become row slices of one [(Hq + 2 Hkv) D, H]
   tensor and each MLP's gate/up of one [2 I, H] tensor. The modules' own weights are re-pointed at

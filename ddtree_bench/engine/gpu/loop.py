@@ -12,8 +12,8 @@ runs this one), organised for a GPU:
   bonus) to reach pinned host memory. The commit (KV compaction, context gather, frontier update)
   reads the walk result on the device, so it is queued before that wait, and so is the next round's
   draft (it reads only device state): while the host reads the result and queues the rest of the
-  next round, the GPU is busy drafting, instead of idling for the host (0.1-0.2 ms a round on an
-  H200). Only after queuing are the tokens handed to the caller, so streaming callbacks overlap
+  next round, the GPU is busy drafting, instead of idling for the host (docs/gpu-performance.md).
+  Only after queuing are the tokens handed to the caller, so streaming callbacks overlap
   the GPU too. The draft is queued ahead whenever another round may follow, so a generation's
   last round usually leaves one unneeded draft behind: its tokens are out (t_done_ns is taken
   before it) and generate() returns once it has run (reading the stage times waits for the last

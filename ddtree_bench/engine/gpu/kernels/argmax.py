@@ -2,8 +2,7 @@
 
 `argmax_rows(logits [T, V]) -> [T] long` equals `logits.argmax(dim=-1)` exactly, including its
 rules: the first index among equal maxima (-0.0 == +0.0), any NaN beats every number (the first
-NaN wins), a row of -inf gives 0. PyTorch's CUDA reduction read the [257, 151,936] bf16 logits of a
-B = 256 verify at ~1.5 TB/s (0.052 ms on an H200, benchmarks/h200-2026-11-29h). Here each row is
+NaN wins), a row of -inf gives 0. (What PyTorch's reduction costs: docs/gpu-performance.md.) Here each row is
 cut into S spans, S chosen so that rows x spans fill the GPU twice over; a program keeps a running
 best per lane over its span (no reduction until the end, so the loads stream) and writes one int64
 key, (rank << 31) | index with rank 0 for NaN and 1 + the descending score key otherwise, so the
@@ -19,7 +18,7 @@ import torch
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 
 BLOCK = 2048       # logits per lane-vector step
-PROGRAMS = 512     # aim: rows x spans >= this (an H200 has 132 SMs)
+PROGRAMS = 512     # aim: rows x spans >= this (a few per SM)
 
 if triton is not None:
     from ddtree_bench.engine.gpu.kernels.common import _desc

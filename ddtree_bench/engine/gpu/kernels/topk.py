@@ -14,11 +14,8 @@ keys, then the best K of those are taken per depth. Two ways to take a chunk's K
   prefix sum (`_select_kernel`); the C*K survivors per depth are merged the same way by one
   program per depth and sorted (`_merge_select_kernel`; one exact `torch.topk` over their
   composite keys above MERGE_MAX). Cost nearly flat in K.
-A radix select (four 256-bin `tl.histogram` passes instead of 32 counting steps) was tried and was
-slower on an H200: 0.075-0.081 ms against 0.045 for the chunk selection at K = 64-256.
-On an H200 the PyTorch path (key build + int64 `topk` over 151,936 tokens) was most of the 0.32 ms
-tree build at B = 16; `SELECT_MIN_UP_TO` says where "min" stops paying (measured: see
-docs/gpu-performance.md). Needs Triton (CUDA, or the CPU interpreter in tests).
+Why these selections and constants (and what was tried and dropped): docs/gpu-performance.md.
+Needs Triton (CUDA, or the CPU interpreter in tests).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from ddtree_bench.engine.tree_vector import fp32_logits, logprobs_at, topk_logpr
 MAX_K = 4096          # = CHUNK: the largest K a chunk can hold
 CHUNK = 4096
 MERGE_MAX = 16384     # survivors per depth the Triton merge holds in registers; more: one int64 torch.topk
-SELECT_MIN_UP_TO = 16  # K up to this: K min-reductions; above: the threshold search (H200, V = 151,936: min 0.096 vs 0.116 ms at K = 16, 0.133 vs 0.116 at 32)
+SELECT_MIN_UP_TO = 16  # K up to this: K min-reductions; above: the threshold search (docs/gpu-performance.md)
 
 if triton is not None:
     from ddtree_bench.engine.gpu.kernels.common import _desc

@@ -4,7 +4,7 @@ Same tree as `build_tree` / `StaticTreeBuilder` / the one-block kernel (`tree_tr
 sums, same exact int64 keys, same candidate pruning and certificate (`tree_pruned.pruned_regions`),
 same (score, pre-order) final order. What differs is how the per-depth "keep the best F_d of the
 candidates, in key order" is done: the one-block kernel sorts ~B*ln(B) keys on one SM per depth
-(fine at B <= 128, 6 ms at B = 1024 on an H200); here every candidate finds its own rank by
+(slow at large B); here every candidate finds its own rank by
 counting the keys smaller than its own, spread over as many thread blocks as the candidates need
 (keys are unique, so the ranks are a permutation and the kept ones land at their rank). Per depth
 two launches: rank the candidates (`_rank_kernel`), then rank the kept ones by their lexicographic
@@ -13,9 +13,9 @@ indices (as the one-block kernel does), a grid ranks all kept nodes by (score, p
 last grid writes the best N in pop order with their parents.
 Counting is O(n^2) work but n is small (<= ~7.7k candidates at B = 1024) and spread over the GPU:
 each counting program ranks only ROWS items, so even B = 64's few hundred candidates fill dozens
-of SMs. The launches cost ~2-3 us each inside a CUDA graph, which is why the smallest budgets use
-the one-block kernel (the engine times both and takes the faster; fastloop; on an H200 the
-one-block kernel wins up to B = 32).
+of SMs. The launches cost a few microseconds each inside a CUDA graph, which is why the smallest
+budgets use the one-block kernel (the engine times both and takes the faster: gpu/builders.py;
+where the crossover sat on an H200: docs/gpu-performance.md).
 Scratch lives in preallocated device buffers; every launch has fixed shapes (graph-capturable).
 Needs Triton and a CUDA device (or Triton's CPU interpreter, which the tests use).
 """

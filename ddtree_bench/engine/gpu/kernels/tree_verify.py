@@ -3,7 +3,7 @@
 The PyTorch versions (`tree_static.ancestors` / `verify_visible` / `static.visible_bias`,
 `tree_static.walk_static` and `tree_static.commit_static`) are the twins: same outputs, bit for
 bit, tested against each other. In a CUDA graph they cost ~45, ~15 and ~17 small launches a round
-(0.09-0.18, 0.06-0.24 and ~0.08 ms on an H200 with the Qwen3-8B shape, most of it launch cost).
+(timings: docs/gpu-performance.md).
 * `compile_tree`: one program per tree row i (root = 0) and tile of cache columns. It walks i's parent pointers once and
   stores its path (node at each depth 0..L; `path`, [T, L+1]); node j is an ancestor-or-self of i
   iff depth(j) <= depth(i) and path[i, depth(j)] == j. From that it writes the verify ids and
