@@ -67,6 +67,7 @@ class GridSpec:
     order: str = D.SWEEP_ORDER                      # interleaved | as-listed | rounds (sweep/order.py)
     order_seed: int | None = None                   # seed of the per-round shuffles (None = drawn, then recorded)
     server_python: str | None = None                # interpreter of the serving engine (None = first on PATH that has it)
+    cuda_graphs: bool = False                       # in-process points: the fixed-shape CUDA-graph loop (RunSpec.cuda_graphs)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -210,6 +211,15 @@ def _str_map_list(value: Any, key: str) -> dict[str, list[str]]:
     return out
 
 
+def _flag(v: Any, key: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s not in ("true", "false", "yes", "no", "1", "0", "on", "off"):
+        raise UsageError(f"{key}: expected true or false, got {v!r}")
+    return s in ("true", "yes", "1", "on")
+
+
 def _order(v: Any) -> str:
     s = str(v).strip().lower()
     if s not in D.SWEEP_ORDERS:
@@ -247,6 +257,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "order": _order,
     "order_seed": lambda v: _opt_int(v, "order_seed", 0),
     "server_python": lambda v: None if v is None else str(v),
+    "cuda_graphs": lambda v: _flag(v, "cuda_graphs"),
 }
 assert set(PARSERS) == set(GRID_KEYS)
 
@@ -480,6 +491,7 @@ def to_spec(p: Point, g: GridSpec, url: str | None = None, api_key: str | None =
         max_new_tokens=g.max_new_tokens, temperature=p.temperature, top_p=g.top_p, seed=g.seed + p.repeat,
         dtype=p.dtype, device=p.device, concurrency=p.concurrency or 1, request_rate=p.request_rate,
         warmup=g.warmup, endpoint=g.endpoint, timeout_s=g.timeout_s, api_key=api_key,
+        cuda_graphs=g.cuda_graphs and p.backend == "inprocess",
     )
 
 

@@ -292,7 +292,8 @@ class _Sweep:
         if key not in engines:
             engines.clear()  # one loaded pair at a time (large models on one GPU)
             try:
-                engines[key] = load_pair(p0.model, draft, "dflash" if key[-1] else "ar", p0.dtype, p0.device)
+                engines[key] = load_pair(p0.model, draft, "dflash" if key[-1] else "ar", p0.dtype, p0.device,
+                                         cuda_graphs=self.grid.cuda_graphs)
             except UsageError as e:
                 for p in todo:
                     self.sdir.mark_failed(p.id, f"cannot load the model pair: {e}")
