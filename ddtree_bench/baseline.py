@@ -26,7 +26,6 @@ from typing import Any
 
 from ddtree_bench.errors import UsageError
 from ddtree_bench.jsonl import iter_jsonl
-from ddtree_bench.results import check_out_parent
 from ddtree_bench.records import RequestRecord, json_safe
 
 KIND = "ddtree-bench-baseline"
@@ -183,19 +182,60 @@ def read_baseline(path: str | Path) -> Baseline:
 
 def check_out_file(out: str | Path) -> Path:
     """Validate an output file argument before any work starts (exit 2 on a directory or unwritable parent)."""
-    out = Path(out)
-    if out.exists() and out.is_dir():
+    from ddtree_bench.outpaths import check_output_file
+
+    if Path(out).is_dir():
         raise UsageError(f"--out {out} is a directory; expected a file path (e.g. baselines/NAME.jsonl)")
-    check_out_parent(out)
+    return check_output_file(out, "--out")
+
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+BUNDLED_PREFIX = "bundled:"   # a path inside the installed package, e.g. "bundled:models/toy/target"
+
+
+def portable_path(value: str, cwd: Path | None = None) -> str:
+    """A path as a baseline header stores it: bundled files by name ("bundled:models/toy/target"),
+    files under the working directory relative to it ("suites/gsm8k.yaml"), anything else unchanged
+    (a user's own model directory is theirs to name)."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        return value
+    path = Path(value)
+    for base, prefix in ((PACKAGE_DIR, BUNDLED_PREFIX), ((cwd or Path.cwd()).resolve(), "")):
+        try:
+            return prefix + path.resolve().relative_to(base).as_posix()
+        except ValueError:
+            continue
+    return value
+
+
+def portable_header(header: dict[str, Any], cwd: Path | None = None) -> dict[str, Any]:
+    """The header without this machine's absolute paths: every string through `portable_path`,
+    and the recorded command's executable by its name only. Key order is kept."""
+    def walk(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        return portable_path(v, cwd)
+
+    out = walk(header)
+    cmd = out.get("command")
+    if isinstance(cmd, list) and cmd and isinstance(cmd[0], str):
+        out["command"] = [Path(cmd[0]).name, *cmd[1:]]
     return out
 
 
 def write_baseline(out: str | Path, header: dict[str, Any], entries: list[BaselineEntry]) -> Path:
-    """Write header + entries to `out` atomically (temporary file in the same directory, then rename)."""
+    """Write header + entries to `out` atomically (a unique temporary file in the same directory,
+    then rename). The header is made portable first (`portable_header`: no machine paths)."""
+    from ddtree_bench.outpaths import make_dirs, unique_sibling
+
     out = check_out_file(out)
     head = {"kind": KIND, "version": VERSION, **{k: v for k, v in header.items() if k not in ("kind", "version")}}
     head["num_entries"] = len(entries)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    head = portable_header(head)
+    make_dirs(out.parent)
+    tmp = unique_sibling(out, "tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(json.dumps(json_safe(head), ensure_ascii=False, allow_nan=False) + "\n")

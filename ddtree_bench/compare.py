@@ -358,10 +358,10 @@ def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_g
 
 def compare_run(run_dir: str | Path, baseline: Baseline, near_tie_gap: float = D.NEAR_TIE_GAP) -> Comparison:
     """Compare a results directory (run.json + records.jsonl) with a baseline."""
-    from ddtree_bench.results import is_run_dir, is_sweep_dir, read_json, read_records
+    from ddtree_bench.results import is_run_dir, is_sweep_dir, read_records, read_run_info
 
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir):
         hint = "pass one point: SWEEP/points/<point-id>" if is_sweep_dir(run_dir) else "pass a directory written by `ddtree-bench run`"
         raise UsageError(f"{run_dir} is not a run directory (run.json + records.jsonl)", hint=hint)
-    return compare_records(read_records(run_dir), baseline, near_tie_gap, read_json(run_dir / "run.json"), str(run_dir))
+    return compare_records(read_records(run_dir), baseline, near_tie_gap, read_run_info(run_dir), str(run_dir))

@@ -334,7 +334,7 @@ def run_gate(results: str | Path, baseline_path: str | Path, rules_path: str | P
     """Read everything (exit-2 errors first), compare, and apply the rules."""
     from ddtree_bench.baseline import read_baseline
     from ddtree_bench.compare import compare_records
-    from ddtree_bench.results import is_run_dir, read_json, read_records
+    from ddtree_bench.results import is_run_dir, read_json, read_records, read_run_info
 
     rules = load_rules(rules_path)
     if near_tie_gap is not None:
@@ -348,8 +348,8 @@ def run_gate(results: str | Path, baseline_path: str | Path, rules_path: str | P
         ref = Path(ref)
         if not is_run_dir(ref) or not (ref / "summary.json").exists():
             raise UsageError(f"--reference-run {ref} is not a finished run directory (run.json + records.jsonl + summary.json)")
-        refs.append((str(ref), read_json(ref / "run.json"), read_json(ref / "summary.json")))
-    info = read_json(results / "run.json")
+        refs.append((str(ref), read_run_info(ref), read_json(ref / "summary.json")))
+    info = read_run_info(results)
     records = read_records(results)
     summary = read_json(results / "summary.json") if (results / "summary.json").exists() else None
     c = compare_records(records, baseline, rules.near_tie_gap, info, str(results))

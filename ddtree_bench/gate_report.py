@@ -131,11 +131,9 @@ def text(g: GateResult) -> str:
 
 
 def write_text(path: Path, content: str) -> None:
-    """Write a report file via a temporary file and rename."""
-    import os
+    """Write a report file via a unique temporary file and rename (missing directories are created)."""
+    from ddtree_bench.outpaths import atomic_write_text, make_dirs
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(content, encoding="utf-8")
-    os.replace(tmp, path)
+    make_dirs(path.parent)
+    atomic_write_text(path, content)

@@ -52,19 +52,26 @@ def bench_engine_cmd(
 
     spec_budgets = parse_budgets(budgets)
     try:
-        vt = sorted({int(x) for x in verify_tokens.split(",") if x.strip()})
+        parts = [x.strip() for x in verify_tokens.split(",")]
+        if any(not x for x in parts):
+            raise UsageError(f"--verify-tokens {verify_tokens!r}: empty item (two commas, or a comma at an end)")
+        vt = sorted({int(x) for x in parts})
     except ValueError:
         raise UsageError(f"--verify-tokens must be a comma list of integers, got {verify_tokens!r}") from None
     if not vt or vt[0] < 1:
         raise UsageError("--verify-tokens needs positive token counts")
+    if vt[-1] > D.MAX_BUDGET + 1:
+        raise UsageError(f"--verify-tokens: {vt[-1]} is above the largest verify (MAX_BUDGET + 1 = {D.MAX_BUDGET + 1})")
     if prefix_len < 1:
         raise UsageError("--prefix-len must be at least 1")
     if rounds < 1:
         raise UsageError("--rounds must be at least 1")
     if layer_ops not in ("auto", "triton", "torch"):
         raise UsageError(f"--layer-ops must be auto, triton or torch, got {layer_ops!r}")
-    if out is not None and out.exists() and out.is_dir():
-        raise UsageError(f"--out {out} is a directory; give a file name like bench.json")
+    if out is not None:
+        from ddtree_bench.outpaths import check_output_file
+
+        check_output_file(out, "--out")
 
     from ddtree_bench.engine.loading import resolve_device, torch_dtype
     from ddtree_bench.perf.bench import BenchSpec, run_bench
@@ -84,7 +91,9 @@ def bench_engine_cmd(
     result = run_bench(spec, say)
     typer.echo(render(result))
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        from ddtree_bench.outpaths import make_dirs
+
+        make_dirs(out.parent)
         write_json_atomic(out, result)
         typer.echo(f"wrote {out}")
     typer.echo(json.dumps(json_safe(result), separators=(",", ":")))

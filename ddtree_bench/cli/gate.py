@@ -16,10 +16,11 @@ from ddtree_bench.cli.compare import BaselineOpt, NearTieGap
 
 
 def _check_report_path(path: Optional[Path], flag: str) -> None:
-    from ddtree_bench.errors import UsageError
+    """Before anything is read: a file path whose directory can be created and written (exit 2)."""
+    from ddtree_bench.outpaths import check_output_file
 
-    if path is not None and path.exists() and path.is_dir():
-        raise UsageError(f"{flag} {path} is a directory; expected a file path")
+    if path is not None:
+        check_output_file(path, flag)
 
 
 @app.command("gate")

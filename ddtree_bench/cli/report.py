@@ -21,6 +21,9 @@ def report_cmd(
     from ddtree_bench.report import write_report
     from ddtree_bench.report.data import load_compare
 
+    from ddtree_bench.outpaths import check_output_file
+
+    check_output_file(out, "--out")
     docs = [load_compare(p) for p in compare or []]
     path = write_report(list(results), out, docs, title=title)
     typer.echo(f"report: {path}")

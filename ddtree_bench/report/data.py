@@ -332,7 +332,9 @@ def _fill_values(p: Point) -> None:
 def load_run(path: Path, source: str) -> Point:
     """A run directory -> Point (records and summary included)."""
     path = Path(path)
-    run = _read_json_obj(path / "run.json")
+    from ddtree_bench.results import check_run_info
+
+    run = check_run_info(_read_json_obj(path / "run.json"), path / "run.json")
     spec = run.get("spec")
     if not isinstance(spec, dict):
         raise UsageError(f"{path / 'run.json'}: no \"spec\" object (not a ddtree-bench run.json)")

@@ -148,7 +148,7 @@ def load_profile(backend: str, override_dir: str | Path | None = None) -> Profil
         if path.is_file():
             try:
                 data = yaml.safe_load(path.read_text(encoding="utf-8"))
-            except yaml.YAMLError as e:
+            except (yaml.YAMLError, UnicodeDecodeError) as e:
                 raise UsageError(f"profile {path}: malformed YAML ({str(e).splitlines()[0]})") from None
             return parse_profile(data, str(path))
     raise UsageError(f"no profile for backend {backend!r}", hint=f"add {backend}.yaml to --profiles DIR")
