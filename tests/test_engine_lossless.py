@@ -221,3 +221,36 @@ def test_generated_mask_token_is_kept(world):
     for method, budget in (("dflash", 0), ("ddtree", 16)):
         out = engine.generate(world["prompt"], method, budget, max_new_tokens=30).output_ids
         assert out == world["cont"][:30] and mask in out
+
+
+@pytest.mark.parametrize("variant", ["fast", "fastloop"])
+def test_the_last_round_rule(world, variant):
+    """No round runs whose every token would fall past max_new_tokens (the authors' loop runs one;
+    its time was charged to the method's tok/s): before the last round fewer than max_new_tokens
+    tokens were out, and every round emitted something. The authors' loop (rounds while fewer than
+    max_new_tokens tokens are committed to the cache) violates the first line for some n below:
+    whenever a round ends exactly on max_new_tokens it runs one more. A first token that is a stop
+    token still records one round (the authors do), and max_new_tokens = 1 runs none."""
+    for method, budget in (("dflash", 0), ("ddtree", 16)):
+        extra = 0
+        for n in range(1, 41):
+            rig = RiggedProposer(world["truth"], 64, world["drafter"].target_layer_ids, seed=n)
+            g = Engine(world["target"], proposer=rig, **ENGINES[variant]).generate(world["prompt"], method, budget, max_new_tokens=n)
+            a = g.accept_lengths
+            assert g.output_ids == world["cont"][:n]
+            if n == 1:
+                assert a == [] and rig.calls == 0
+                continue
+            assert 1 + sum(a[:-1]) < n <= 1 + sum(a), (method, n, a)   # the last round was needed, no round after it
+            assert len(g.chunk_tokens) == 1 + len(a) and min(g.chunk_tokens) >= 1
+            extra += 1 + sum(a) == n   # here the authors' loop would have run one more round
+        assert extra >= 3, "rounds ending exactly on max_new_tokens happened"
+        first = world["cont"][0]
+        for stop in ([first], [first, world["eos"]]):
+            rig = RiggedProposer(world["truth"], 64, world["drafter"].target_layer_ids, seed=0)
+            g = Engine(world["target"], proposer=rig, **ENGINES[variant]).generate(world["prompt"], method, budget,
+                                                                                   max_new_tokens=30, stop_ids=stop)
+            assert g.output_ids == [first] and g.finish_reason == "stop"
+            assert len(g.accept_lengths) == 1 and rig.calls == 1 and g.chunk_tokens == [1]
+        ar = Engine(world["target"]).generate(world["prompt"], "ar", max_new_tokens=30, stop_ids=[first])
+        assert ar.output_ids == [first] and ar.accept_lengths == []   # AR has no draft round to record

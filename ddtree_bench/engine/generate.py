@@ -12,9 +12,12 @@ A round (DFlash and DDTree, as the authors' code runs it):
               to slots start.. (cache.compact), hand its hidden states to the drafter as new
               context, and emit the accepted tokens plus the new bonus.
 a_r = accepted nodes counting the root (the paper's acceptance length, bonus-counting convention).
-Rounds run while fewer than max_new_tokens tokens are committed to the cache, exactly like the
-authors' loop (the last round is not shrunk), so per-round acceptance lengths match theirs; the
-output is then cut at max_new_tokens and after the first stop token (inclusive). A generated token
+Rounds follow the last-round rule (interface.wants_round): a round runs only while fewer than
+max_new_tokens tokens are out and no stop token was produced - the authors' loop runs one more
+round whose tokens all fall past max_new_tokens; here it does not, for every method alike - and a
+first token that is a stop token still records one round, as the authors' loop does. The last
+round is not shrunk, so per-round acceptance lengths match theirs; the output is cut at
+max_new_tokens and after the first stop token (inclusive). A generated token
 equal to the mask id is kept (z-lab fixed that bug; the DDTree reference still drops it).
 
 AR decodes one token per forward and stops as soon as max_new_tokens are emitted.
@@ -30,7 +33,7 @@ from typing import Callable
 import torch
 
 from ddtree_bench.engine.draft import DFlashDrafter
-from ddtree_bench.engine.interface import METHODS, STAGES, Generation, OutputStream, RoundTrace, logit_gaps
+from ddtree_bench.engine.interface import METHODS, STAGES, Generation, OutputStream, RoundTrace, logit_gaps, wants_round
 from ddtree_bench.engine.model import Target
 from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.tree import build_tree, build_tree_fast, chain_tree, compile_tree, verify_mask
@@ -113,7 +116,7 @@ class PlainLoop:
         accept_lengths: list[int] = []
         trees: list[RoundTrace] | None = [] if record_trees else None
         start, draft_len = P, 0  # target cache frontier (the bonus sits at `start`), drafter frontier
-        while not stream.stopped and (start - P < max_new_tokens if spec else len(stream.out) < max_new_tokens):
+        while wants_round(len(stream.out), stream.stopped, len(accept_lengths), max_new_tokens, spec):
             if not spec:
                 logits, _ = self.target(torch.tensor([bonus], device=dev), torch.tensor([start], device=dev), tcache, start, mask=None)
                 clock.lap("verify")

@@ -1,5 +1,5 @@
 """What both halves of the engine share: the generation result, the output stream, the round trace,
-the proposer protocol and the walk-result layout.
+the proposer protocol, the walk-result layout and the last-round rule.
 
 The reference loop (generate.py) and the GPU loop (gpu/loop.py) both import this module and
 nothing of each other's, so neither half can reach into the other. It knows token ids and tensors;
@@ -59,7 +59,9 @@ class OutputStream:
         self.stopped = False
 
     def visible(self, tokens: list[int]) -> list[int]:
-        """The part of `tokens` that `emit` would append."""
+        """The part of `tokens` that `emit` would append (nothing once a stop token was produced)."""
+        if self.stopped:
+            return []
         take = tokens[: max(0, self.max_new_tokens - len(self.out))]
         for i, t in enumerate(take):
             if t in self.stops:
@@ -79,6 +81,20 @@ class OutputStream:
     @property
     def finish_reason(self) -> str:
         return "stop" if self.out and self.out[-1] in self.stops else "length"
+
+
+def wants_round(emitted: int, stopped: bool, rounds_ran: int, max_new_tokens: int, speculative: bool) -> bool:
+    """The last-round rule, one for every method: another round runs only if some of its tokens can
+    be emitted - fewer than max_new_tokens tokens are out (every round emits at least one) and no
+    stop token was produced. One exception keeps the authors' convention: a speculative request
+    whose first token (the prefill's) is a stop token still runs and records one round, so it keeps
+    its place in the acceptance length tau. So tau counts exactly the rounds that ran
+    (docs/engine-tests.md, "The last-round rule")."""
+    if emitted >= max_new_tokens:
+        return False
+    if stopped:
+        return speculative and rounds_ran == 0
+    return True
 
 
 class Proposer(Protocol):

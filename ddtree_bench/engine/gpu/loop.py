@@ -47,7 +47,7 @@ from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visib
 from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
 from ddtree_bench.engine.gpu.graphs import Pool, Stage
 from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, commit_static, verify_visible, walk_static
-from ddtree_bench.engine.interface import Generation, OutputStream, RoundTrace, WalkLayout, logit_gaps
+from ddtree_bench.engine.interface import Generation, OutputStream, RoundTrace, WalkLayout, logit_gaps, wants_round
 from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.verify import GREEDY_EPS, pick
 
@@ -488,16 +488,14 @@ class FastLoop:
         laps = Laps(dev)
         laps.mark("begin")
 
-        def more() -> bool:
-            return not stream.stopped and (host.start - P < max_new_tokens if spec else len(out) < max_new_tokens)
+        def ahead(emitted: int, stopped: bool) -> bool:
+            """The round after the one being queued may run (the queued one emits at least one token)."""
+            return spec and not stopped and emitted + 1 < max_new_tokens
 
-        def ahead() -> bool:  # the round after the one being queued may be needed (it accepts >= 1 token)
-            return spec and not stream.stopped and host.start + 1 - P < max_new_tokens
-
-        pending = more()
+        pending = wants_round(len(out), stream.stopped, 0, max_new_tokens, spec)
         drafted = False
         if pending:
-            drafted = self._launch(b, True, False, ahead(), host, laps, temperature, top_p, gen)
+            drafted = self._launch(b, True, False, ahead(len(out), stream.stopped), host, laps, temperature, top_p, gen)
         while pending:
             res = self._result(b)
             done = b   # the bucket whose stages produced this round's committed result
@@ -529,9 +527,9 @@ class FastLoop:
             host = HostState(prefill_hidden=None, bonus=new_tokens[-1], start=host.start + a, draft_len=host.start, a=a)
             stopped = stream.stopped or any(t in stream.stops for t in new_tokens)
             emitted = len(out) + len(stream.visible(new_tokens))
-            pending = not stopped and (host.start - P < max_new_tokens if spec else emitted < max_new_tokens)
+            pending = wants_round(emitted, stopped, len(accept_lengths), max_new_tokens, spec)
             if pending:  # queue the next round before handing tokens out, so callbacks overlap the GPU
-                drafted = self._launch(b, False, drafted, ahead(), host, laps, temperature, top_p, gen)
+                drafted = self._launch(b, False, drafted, ahead(emitted, stopped), host, laps, temperature, top_p, gen)
             stream.emit(new_tokens, now)
         t_done = time.perf_counter_ns()   # (a draft queued ahead of a stop token may still be running)
 
