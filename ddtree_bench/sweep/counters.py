@@ -163,6 +163,7 @@ def per_request_acceptance(records: Sequence[RequestRecord]) -> dict[str, Any] |
     ok = [r for r in records if r.ok and r.server_stats]
     comp = ver = n = 0.0
     steps = acc = 0.0
+    per_step: list[int] = []   # vLLM "detailed": accepted drafts of every spec step, pooled over requests
     have_sgl = have_vllm = False
     source = None
     for r in ok:
@@ -179,13 +180,20 @@ def per_request_acceptance(records: Sequence[RequestRecord]) -> dict[str, Any] |
             steps += s
             acc += a
             have_vllm = True
+            ps = r.server_stats.get("per_step_accepted")
+            if isinstance(ps, list) and all(isinstance(x, int) for x in ps):
+                per_step += ps
     if have_sgl:
         return {"source": source or "sglang", "requests": int(n), "sum_completion_tokens": comp,
                 "sum_spec_verify_ct": ver, "acceptance_length": comp / ver, "acceptance_length_comparable": (comp - n) / ver}
     if have_vllm:
-        return {"source": source or "vllm", "sum_num_spec_steps": steps,
-                "sum_num_accepted_draft_tokens": acc, "acceptance_length": 1 + acc / steps,
-                "acceptance_length_comparable": 1 + acc / steps}
+        out = {"source": source or "vllm", "sum_num_spec_steps": steps,
+               "sum_num_accepted_draft_tokens": acc, "acceptance_length": 1 + acc / steps,
+               "acceptance_length_comparable": 1 + acc / steps}
+        if per_step:  # rate[i] = steps that accepted more than i drafts / steps (vLLM's per_pos counter / drafts)
+            depth = max(max(per_step), 1)
+            out["per_position_rate"] = [sum(1 for x in per_step if x > i) / len(per_step) for i in range(depth)]
+        return out
     return None
 
 
@@ -203,6 +211,11 @@ def crosscheck(client_tau: float | None, server: dict[str, Any] | None, per_requ
     if ref is not None and client_tau:
         out["rel_diff"] = abs(ref - client_tau) / client_tau
         out["agree"] = out["rel_diff"] <= tol
+    a, b = (server or {}).get("per_position_rate"), (per_request or {}).get("per_position_rate")
+    if a and b:  # counters vs per-request stats, position by position (missing tail positions are 0)
+        n = max(len(a), len(b))
+        pad = lambda v: list(v) + [0.0] * (n - len(v))
+        out["per_position_max_abs_diff"] = max(abs(x - y) for x, y in zip(pad(a), pad(b)))
     return out
 
 

