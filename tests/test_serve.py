@@ -1,6 +1,7 @@
 """`ddtree-bench serve` as a real subprocess, driven by the HTTP backend: exactly the in-process
 outputs and acceptance lengths (greedy, DDTree and DFlash, concurrency 8, zero errors), the full
-`runner.execute` path, a server killed mid-stream, and SIGTERM shutdown."""
+`runner.execute` path, a server killed mid-stream, SIGTERM shutdown, and clients that disconnect
+(streaming or not) freeing the engine."""
 
 from __future__ import annotations
 
@@ -270,3 +271,34 @@ def test_a_client_that_disconnects_frees_the_engine(servers):
     after = parse_prometheus(requests.get(url + "/metrics", timeout=30).text)
     key = 'ddtree:request_success_total{model_name="random",finished_reason="abort"}'
     assert after.get(key, 0) - before.get(key, 0) == 1
+
+
+def test_a_non_streaming_client_that_disconnects_frees_the_engine(servers):
+    """Non-streaming too (issue 17: an abandoned 3000-token request delayed the next one by a minute)."""
+    import json
+    import socket
+
+    url = servers["dflash"].url
+    lab = '{model_name="random"}'
+    before = parse_prometheus(requests.get(url + "/metrics", timeout=30).text)
+    host, port = url.split("//")[1].split(":")
+    body = json.dumps({"prompt": "x", "max_tokens": 3000, "temperature": 0, "ignore_eos": True}).encode()
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: "
+                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.time() + 120
+    while True:  # the engine has committed its first round
+        m = parse_prometheus(requests.get(url + "/metrics", timeout=30).text)
+        if m[f"ddtree:time_to_first_token_seconds_count{lab}"] > before[f"ddtree:time_to_first_token_seconds_count{lab}"]:
+            break
+        assert time.time() < deadline
+        time.sleep(0.02)
+    sock.close()
+    t = time.time()
+    r = requests.post(url + "/v1/completions", json={"prompt": "y", "max_tokens": 2, "temperature": 0}, timeout=300)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    assert time.time() - t < 10  # 3000 tokens take tens of seconds on this CPU
+    after = parse_prometheus(requests.get(url + "/metrics", timeout=30).text)
+    key = 'ddtree:request_success_total{model_name="random",finished_reason="abort"}'
+    assert after.get(key, 0) - before.get(key, 0) == 1
+    assert after[f"ddtree:generation_tokens_total{lab}"] - before[f"ddtree:generation_tokens_total{lab}"] == 2
