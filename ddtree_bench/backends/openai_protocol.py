@@ -230,14 +230,6 @@ class ServeRequest:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def prompt_bytes(self) -> int | None:
-        """UTF-8 bytes of the prompt text the tokenizer will see (message contents for chat), or None for ids."""
-        if self.messages is not None:
-            return sum(len(m["content"].encode("utf-8")) for m in self.messages)
-        if self.prompt_text is not None:
-            return len(self.prompt_text.encode("utf-8"))
-        return None
-
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)

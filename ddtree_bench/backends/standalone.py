@@ -269,22 +269,22 @@ def prepare(st: ServerState, raw: bytes, kind: str) -> Prepared:
     limit = src.max_model_len
     if req.max_tokens >= limit:
         raise _context_error("at least 1", req, limit)
-    nbytes = req.prompt_bytes()
-    if nbytes is not None and st.max_token_bytes:  # a lower bound on the token count, before tokenizing
-        at_least = -(-nbytes // (TOKENIZER_MARGIN * st.max_token_bytes))
-        if at_least + req.max_tokens > limit:
-            raise _context_error(f"at least {at_least}: {nbytes} bytes of text", req, limit)
     tok = src.tokenizer
+    if req.kind == "chat":
+        try:
+            text = tok.render(req.messages, add_generation_prompt=True, enable_thinking=req.enable_thinking)
+        except UsageError as e:  # the template's raise_exception (e.g. roles out of order)
+            raise ApiError(400, f"cannot render the chat template: {e}", param="messages") from None
+    else:
+        text = req.prompt_text
     room = limit - req.max_tokens  # prompt tokens that fit
+    if text is not None and st.max_token_bytes:  # a lower bound on the token count, before tokenizing
+        nbytes = len(text.encode("utf-8"))
+        at_least = -(-nbytes // (TOKENIZER_MARGIN * st.max_token_bytes))
+        if at_least > room:
+            raise _context_error(f"at least {at_least}: {nbytes} bytes of text", req, limit)
     try:
-        if req.kind == "chat":
-            try:
-                text = tok.render(req.messages, add_generation_prompt=True, enable_thinking=req.enable_thinking)
-            except UsageError as e:  # the template's raise_exception (e.g. roles out of order)
-                raise ApiError(400, f"cannot render the chat template: {e}", param="messages") from None
-            ids = encode(tok, text, room)
-        else:
-            ids = req.prompt_ids if req.prompt_ids is not None else encode(tok, req.prompt_text, room)
+        ids = req.prompt_ids if text is None else encode(tok, text, room)
     except PromptTooLong as e:
         raise _context_error(str(e.n_tokens), req, limit) from None
     if not ids:
