@@ -143,3 +143,35 @@ def test_repeats_to_separate_follows_the_stated_formula():
     assert stats.repeats_to_separate(_iv(2.0, 0.1), _iv(1.5, 0.1), 3) == 3     # already apart
     assert stats.repeats_to_separate(_iv(1.5, 0.1), _iv(1.5, 0.1), 3) is None  # equal: nothing separates them
     assert stats.repeats_to_separate(_iv(1.51, 0.3), _iv(1.5, 0.3), 3) is None  # beyond the cap (100)
+
+
+# ---------------------------------------------------------------------------- the takeaway rule
+
+from ddtree_bench.noise.verdict import Candidate, decide, sentence  # noqa: E402
+
+
+def test_a_winner_is_named_only_when_its_interval_clears_the_runner_up():
+    cands = [Candidate("ddtree B=32", 1.6, _iv(1.6, 0.05)), Candidate("ddtree B=64", 1.4, _iv(1.4, 0.05)),
+             Candidate("ar", 1.0, _iv(1.0, 0.0))]
+    v = decide(cands, "speedup_vs_ar", 3)
+    assert v.winner.label == "ddtree B=32" and v.reason == "separated"
+    assert sentence(v).startswith("fastest is ddtree B=32 (1.60× vs AR [1.55, 1.65])")
+
+
+def test_overlapping_intervals_name_no_winner_and_estimate_the_repeats():
+    cands = [Candidate("ar", 1.0, _iv(1.0, 0.0)), Candidate("ddtree B=64", 1.5, _iv(1.5, 0.1)),
+             Candidate("ddtree B=32", 1.6, _iv(1.6, 0.1)), Candidate("dflash", 1.2, _iv(1.2, 0.05))]
+    v = decide(cands, "speedup_vs_ar", 3)
+    assert v.winner is None and v.reason == "overlap"
+    assert [c.label for c in v.tied] == ["ddtree B=32", "ddtree B=64"]  # dflash's interval ends below B=32's low
+    assert v.repeats_needed == 12
+    text = sentence(v)
+    assert "no single fastest: ddtree B=32, ddtree B=64 are indistinguishable" in text and "about 12 repeats" in text
+    assert "fastest is" not in text
+
+
+def test_without_intervals_no_winner_is_named():
+    v = decide([Candidate("a", 100.0, None), Candidate("b", 90.0, None)], "output_throughput_tok_s", 1)
+    assert v.winner is None and v.reason == "no-interval" and "--repeats" in sentence(v)
+    v = decide([Candidate("a", 1.5, _iv(1.5, 0.2)), Candidate("b", 1.5, _iv(1.5, 0.2))], "speedup_vs_ar", 2)
+    assert v.repeats_needed is None and "treat them as equal" in sentence(v)

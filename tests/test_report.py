@@ -313,3 +313,73 @@ def test_cli_help_does_not_import_matplotlib():
     code = ("import sys; from ddtree_bench.cli import app; import ddtree_bench.cli.report; "
             "assert 'matplotlib' not in sys.modules and 'torch' not in sys.modules, 'heavy import'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------- intervals and noise (issue 22)
+
+
+def _takeaways_text(html: str) -> str:
+    section = re.search(r'<section id="takeaways">.*?</section>', html, flags=re.S)
+    assert section is not None, "no takeaways section"
+    return Page(section.group(0)).all_text()
+
+
+def test_takeaways_name_a_winner_only_when_its_interval_clears_the_runner_up(fx):
+    from ddtree_bench.report import html as rhtml
+    from ddtree_bench.stats import Interval
+
+    data = rdata.load([fx.sweep])
+    c1 = [c for c in data.configs if c.first.load_label == "c=1"]
+    assert {c.label for c in c1} == {"ar", "dflash", "ddtree B=4", "ddtree B=16", "ddtree B=64"}
+    for c in data.configs:  # known intervals: at c=1 B=64 is clear of the rest; at c=2 B=16 and B=64 overlap
+        est = {"ar": 1.0, "dflash": 1.2, "ddtree B=4": 1.3, "ddtree B=16": 1.5, "ddtree B=64": 2.0}[c.label]
+        h = 0.0 if c.label == "ar" else (0.3 if c.first.load_label == "c=2" and c.label in ("ddtree B=16", "ddtree B=64") else 0.05)
+        if c.first.load_label == "c=2" and c.label == "ddtree B=16":
+            est = 1.8
+        c.speedup, c.speedup_value = Interval(est, est - h, est + h, 0.95, "test", 2), est
+    text = _takeaways_text(rhtml.render(data, []))
+    assert "smoke, c=1: fastest is ddtree B=64 (2.00× vs AR [1.95, 2.05])" in text
+    assert "smoke, c=2: no single fastest: ddtree B=64, ddtree B=16 are indistinguishable" in text
+    assert "repeats would separate ddtree B=64 from ddtree B=16" in text
+    assert "speedup vs AR [95% CI]" in text and "2.00× [1.95, 2.05]" in text
+    bold = [a.get("id") for t, a in Page(rhtml.render(data, [])).tags if t == "tr" and "best" in (a.get("class") or "")]
+    assert len([b for b in bold if b and b.startswith("pt-")]) == 1  # only the c=1 winner's headline row is bold
+
+
+def test_single_repeat_points_get_a_speedup_interval_from_their_records(fx):
+    data = rdata.load([fx.sweep])
+    for c in data.configs:
+        assert c.speedup is not None and c.speedup.low <= c.speedup_value <= c.speedup.high
+        assert c.tok_s is None  # one repeat: no throughput interval
+        if c.method == "ar":
+            assert (c.speedup.low, c.speedup.high) == (pytest.approx(1.0), pytest.approx(1.0))
+
+
+@pytest.mark.slow
+def test_a_sweep_with_repeats_reports_intervals_error_bars_and_heavy_load(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "sw"
+    main_argv = ["sweep", "--models", "random", "--suites", "smoke", "--methods", "ddtree", "--budgets", "8,32",
+                 "--limit", "3", "--max-new-tokens", "5", "--repeats", "2", "--out", str(out), "--no-report", "-q"]
+    try:
+        main(main_argv)
+    except SystemExit as e:
+        assert e.code == 0
+    for d in (out / "points").iterdir():  # one point under heavy load, the rest quiet (whatever this machine did)
+        heavy = "-b32-" in d.name and "rep1" in d.name
+        status = json.loads((d / "status.json").read_text())
+        status["noise"].update(heavy_load=heavy, other_cpu_share=0.9 if heavy else 0.1)
+        (d / "status.json").write_text(json.dumps(status))
+    html = render_report([out])
+    text = Page(html).all_text()
+    takeaways = _takeaways_text(html)
+    assert ("fastest is" in takeaways) != ("indistinguishable" in takeaways)
+    assert "1 of 6 points ran under heavy load" in takeaways and "1 of 2" in takeaways
+    assert "heavy machine load (other processes used 90% of the CPU cores)" in text
+    assert "Error bars (and shaded bands around the DFlash / AR lines) are 95% confidence intervals" in text
+    data = rdata.load([out])
+    assert len(data.points) == 6 and len(data.configs) == 3  # aggregate rows are not points of their own
+    b8 = next(c for c in data.configs if c.label == "ddtree B=8")
+    assert b8.repeats == 2 and b8.tok_s is not None and b8.speedup is not None
+    agg = next(r for s in data.sources for r in s.aggregates if r["method"] == "ddtree" and r["budget"] == 8.0)
+    assert b8.speedup.low == pytest.approx(agg["speedup_vs_ar_ci_low"])  # the file's interval, not recomputed
