@@ -41,7 +41,7 @@ def sweep_cmd(
     limit: Annotated[Optional[int], _opt("--limit", help=f"Prompts per point. [default: {D.SWEEP_LIMIT}]")] = None,
     max_new_tokens: Annotated[Optional[int], _opt("--max-new-tokens", help=f"Maximum generated tokens per turn. [default: {D.SWEEP_MAX_NEW_TOKENS}]")] = None,
     repeats: Annotated[Optional[int], _opt("--repeats", help=f"Repeat every client-side point N times (seed + repeat). [default: {D.SWEEP_REPEATS}]")] = None,
-    order: Annotated[Optional[str], _opt("--order", help="With --repeats: interleaved (rounds of every point, shuffled per round; per server group for servers) | as-listed (repeats back to back) | rounds (also cycle server groups, restarting servers). [default: interleaved]")] = None,
+    order: Annotated[Optional[str], _opt("--order", help=f"With --repeats: interleaved (rounds of every point, shuffled per round; per server group for servers) | as-listed (repeats back to back) | rounds (also cycle server groups, restarting servers). [default: {D.SWEEP_ORDER}]")] = None,
     order_seed: Annotated[Optional[int], _opt("--order-seed", help="Seed of the per-round shuffles (recorded in sweep.json). [default: drawn]")] = None,
     dtype: Annotated[Optional[str], _opt("--dtype", help=f"float32 | bfloat16 | float16. {_L} [default: {D.DTYPE}; {D.EXTERNAL_DTYPE} for sglang/vllm]")] = None,
     device: Annotated[Optional[str], _opt("--device", help=f"cpu | cuda | cuda:N. {_L} [default: {D.DEVICE}; {D.EXTERNAL_DEVICE} for sglang/vllm]")] = None,
