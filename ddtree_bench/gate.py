@@ -1,8 +1,12 @@
 """The CI verdict: rules (a YAML file) applied to a run, its baseline comparison and reference runs.
 
 Correctness rules are hard: confident greedy divergences (T = 0), request errors, prompt
-mismatches, unexplained length-only differences and divergences of unknown gap each have a
-maximum count (0 by default). Metric rules are soft and noise-aware: a metric (tau, tok/s,
+mismatches, unexplained length-only differences, divergences of unknown gap and run prompts the
+baseline lacks (never judged) each have a maximum count (0 by default). Near ties are bounded:
+re-checked from the run's own prefix with the reference engine where it can load the baseline's
+model (`near_tie_recheck`: confirmed ones pass, diverged ones are confident divergences), and
+capped per run (`max_near_ties`, 3 by default; the only guard where no re-check can run); the
+near_ties check says which applied. Metric rules are soft and noise-aware: a metric (tau, tok/s,
 latency percentiles) must stay within a relative tolerance of its reference, in the direction
 that is worse (`higher` is better: fail below ref x (1 - tol); `lower` is better: fail above
 ref x (1 + tol)). The reference is the baseline's tau over the same prompts (`against: baseline`)
@@ -24,11 +28,12 @@ from typing import Any
 from ddtree_bench import defaults as D
 from ddtree_bench.compare import BENIGN_LENGTH_REASONS, Comparison, run_fact
 from ddtree_bench.errors import UsageError
+from ddtree_bench.near_tie_recheck import Recheck, RecheckReport
 
 DEFAULT_RULES = Path(__file__).resolve().parent / "gate_rules.yaml"
 COUNT_RULES = ("max_confident_divergences", "max_errors", "max_prompt_mismatches", "max_length_only",
-               "max_unknown_gap", "max_near_ties")
-CORRECTNESS_KEYS = ("near_tie_gap", *COUNT_RULES, "min_exact_match_rate")
+               "max_unknown_gap", "max_near_ties", "max_unjudged_prompts")
+CORRECTNESS_KEYS = ("near_tie_gap", *COUNT_RULES, "min_exact_match_rate", "recheck_near_ties")
 METRIC_KEYS = ("metric", "against", "direction", "tolerance", "noise_k", "severity", "name")
 BASELINE_METRICS = {"acceptance_length_mean": "tau_run", "acceptance_length_token_weighted": "tau_run_token_weighted"}
 NATURAL_DIRECTION = {"acceptance_length_mean": "higher", "acceptance_length_token_weighted": "higher",
@@ -59,10 +64,12 @@ class Rules:
     max_prompt_mismatches: int | None
     max_length_only: int | None
     max_unknown_gap: int | None
-    max_near_ties: int | None
+    max_near_ties: int | None          # near ties the re-check did not confirm (all of them where it cannot run)
     min_exact_match_rate: float | None
     metrics: list[MetricRule]
     source: str = ""
+    max_unjudged_prompts: int | None = 0   # run prompts/turns absent from the baseline (never judged)
+    recheck_near_ties: bool = True          # re-check near ties from the run's prefix where the model loads
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -148,9 +155,12 @@ def load_rules(path: str | Path | None = None) -> Rules:
     rate = _number(corr.get("min_exact_match_rate"), f"{where}: correctness.min_exact_match_rate")
     if rate is not None and rate > 1:
         raise UsageError(f"{where}: correctness.min_exact_match_rate must be in [0, 1], got {rate}")
+    recheck = corr.get("recheck_near_ties", True)
+    if not isinstance(recheck, bool):
+        raise UsageError(f"{where}: correctness.recheck_near_ties must be true or false, got {recheck!r}")
     return Rules(near_tie_gap=D.NEAR_TIE_GAP if gap is None else float(gap), min_exact_match_rate=rate,
                  metrics=[_metric_rule(m, f"{where}: metrics[{i}]") for i, m in enumerate(metrics_list)],
-                 source=where, **kw)
+                 source=where, recheck_near_ties=recheck, **kw)
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -173,6 +183,10 @@ class GateResult:
     comparison: Comparison
     rules: Rules
     warnings: list[str] = field(default_factory=list)
+    recheck: RecheckReport | None = None   # how near ties were bounded (None: the run had none)
+
+    def recheck_of(self, p: Any) -> Recheck | None:
+        return self.recheck.results.get((p.prompt_id, p.turn)) if self.recheck is not None else None
 
     @property
     def failed(self) -> list[Check]:
@@ -186,6 +200,11 @@ class GateResult:
         """The failed check that judges this prompt's kind, if any (benign length-only reasons never fail)."""
         if p.kind == "length_only" and p.reason in BENIGN_LENGTH_REASONS:
             return None
+        rc = self.recheck_of(p) if p.kind == "near_tie" else None
+        if rc is not None and rc.status == "confirmed":
+            return None
+        if rc is not None and rc.status == "diverged":  # judged as what it is: a confident divergence
+            return next((c.name for c in self.failed if "divergence" in c.kinds), None)
         for c in self.failed:
             if p.kind in c.kinds:
                 return c.name
@@ -212,7 +231,26 @@ def _examples(c: Comparison, kind: str, reasons_not: tuple[str, ...] = ()) -> li
     return out
 
 
-def correctness_checks(c: Comparison, rules: Rules, num_errors: int) -> list[Check]:
+def _near_tie_check(c: Comparison, rules: Rules, recheck: RecheckReport | None) -> Check:
+    """The cap on near ties, saying which guard applied: re-checked from the run's own prefix with the
+    reference engine (confirmed ones are excused, diverged ones are confident divergences, the cap
+    counts the rest) or the cap alone (where the engine cannot load the baseline's model)."""
+    near = [p for p in c.prompts if p.kind == "near_tie"]
+    if recheck is None or recheck.guard == "cap":
+        counted = near
+        how = "" if not near else f"; not re-checked ({recheck.reason if recheck else 'no re-check'}): the cap is the only guard"
+    else:
+        counted = [p for p in near if (r := recheck.results.get((p.prompt_id, p.turn))) is None or r.status == "inconclusive"]
+        how = (f"; re-checked from the run's own prefix with the reference engine: {recheck.count('confirmed')} confirmed, "
+               f"{recheck.count('diverged')} diverged (judged as confident divergences), {len(counted)} inconclusive")
+    examples = [f"{p.prompt_id} turn {p.turn} at token {p.first_divergence} (gap {p.gap:.3g})" for p in counted if p.gap is not None]
+    chk = _count_check("near_ties", len(counted), rules.max_near_ties, "near ties that excuse the rest of their output", ("near_tie",),
+                       examples)
+    chk.message += how
+    return chk
+
+
+def correctness_checks(c: Comparison, rules: Rules, num_errors: int, recheck: RecheckReport | None = None) -> list[Check]:
     checks = [_count_check("request_errors", num_errors, rules.max_errors, "failed requests", ("error",), _examples(c, "error"))]
     checks.append(_count_check("prompt_mismatches", c.count("prompt_mismatch"), rules.max_prompt_mismatches,
                                "prompts whose token ids differ from the baseline's", ("prompt_mismatch",), _examples(c, "prompt_mismatch")))
@@ -227,8 +265,18 @@ def correctness_checks(c: Comparison, rules: Rules, num_errors: int) -> list[Che
         if not c.token_comparable:
             checks.append(Check(name, "correctness", "skip", f"not applicable: {c.not_comparable_reason}", kinds=(kind,)))
             continue
+        if kind == "near_tie":
+            checks.append(_near_tie_check(c, rules, recheck))
+            continue
         n = c.count(kind, reason_not_in=benign)
-        checks.append(_count_check(name, n, limit, what, (kind,), _examples(c, kind, benign)))
+        examples = _examples(c, kind, benign)
+        if kind == "divergence" and recheck is not None:  # a near tie whose re-check diverged is a confident divergence
+            late = [(p, r) for p in c.prompts if p.kind == "near_tie" and (r := recheck.results.get((p.prompt_id, p.turn)))
+                    and r.status == "diverged"]
+            n += len(late)
+            examples += [f"{p.prompt_id} turn {p.turn} at token {r.position} after a near tie at {p.first_divergence}"
+                         + (f" (gap {r.gap:.3g})" if r.gap is not None else "") for p, r in late]
+        checks.append(_count_check(name, n, limit, what, (kind,), examples))
     if rules.min_exact_match_rate is not None:
         rate = c.exact_match_rate
         if rate is None:
@@ -241,7 +289,22 @@ def correctness_checks(c: Comparison, rules: Rules, num_errors: int) -> list[Che
     if c.missing_in_run:
         checks.append(Check("coverage", "correctness", "warn",
                             f"{len(c.missing_in_run)} baseline prompts/turns are not in the run (not judged)"))
+    checks.append(_unjudged_check(c, rules))
     return checks
+
+
+def _unjudged_check(c: Comparison, rules: Rules) -> Check:
+    """Run prompts/turns the baseline does not have were never judged: a warning at least, a failure
+    beyond `max_unjudged_prompts` (default 0: record the baseline on the run's suite and --limit)."""
+    n, limit = len(c.not_in_baseline), rules.max_unjudged_prompts
+    ex = ", ".join(c.not_in_baseline[:5]) + (" ..." if n > 5 else "")
+    what = f"{n} of the run's prompts/turns are not in the baseline and were not judged" + (f": {ex}" if n else "")
+    if n == 0:
+        return Check("unjudged_prompts", "correctness", "pass", "every run prompt/turn is in the baseline", 0, limit)
+    if limit is not None and n > limit:
+        return Check("unjudged_prompts", "correctness", "fail", f"{what} (allowed {limit})", n, limit)
+    return Check("unjudged_prompts", "correctness", "warn", what + (f" (allowed {limit})" if limit is not None else " (no limit)"),
+                 n, limit)
 
 
 def _get(summary: dict[str, Any], path: str) -> float | None:
@@ -311,10 +374,11 @@ SPEC_KEYS = ("backend", "model", "method", "budget", "suite", "limit", "max_new_
 
 def evaluate(comparison: Comparison, rules: Rules, num_errors: int, run_info: dict[str, Any],
              run_summary: dict[str, Any] | None, references: list[tuple[str, dict[str, Any], dict[str, Any]]],
-             base_header: dict[str, Any]) -> GateResult:
-    """All checks. `references` = [(path, run.json, summary.json)] of the reference runs."""
+             base_header: dict[str, Any], recheck: RecheckReport | None = None) -> GateResult:
+    """All checks. `references` = [(path, run.json, summary.json)] of the reference runs; `recheck`
+    the near-tie re-check (`near_tie_recheck.recheck_near_ties`), None when there was none."""
     spec = run_info.get("spec", {})
-    checks = correctness_checks(comparison, rules, num_errors)
+    checks = correctness_checks(comparison, rules, num_errors, recheck)
     for rule in rules.metrics:
         if rule.against == "baseline":
             checks.append(_baseline_rule(rule, comparison, run_info, base_header))
@@ -326,7 +390,7 @@ def evaluate(comparison: Comparison, rules: Rules, num_errors: int, run_info: di
         diff = [f"{k} {rspec.get(k)!r} vs {spec.get(k)!r}" for k in SPEC_KEYS if rspec.get(k) != spec.get(k)]
         if diff:
             warnings.append(f"reference run {path} differs from the run: {', '.join(diff)}")
-    return GateResult(checks, comparison, rules, warnings)
+    return GateResult(checks, comparison, rules, warnings, recheck)
 
 
 def run_gate(results: str | Path, baseline_path: str | Path, rules_path: str | Path | None = None,
@@ -334,6 +398,7 @@ def run_gate(results: str | Path, baseline_path: str | Path, rules_path: str | P
     """Read everything (exit-2 errors first), compare, and apply the rules."""
     from ddtree_bench.baseline import read_baseline
     from ddtree_bench.compare import compare_records
+    from ddtree_bench.near_tie_recheck import recheck_near_ties
     from ddtree_bench.results import is_run_dir, read_json, read_records, read_run_info
 
     rules = load_rules(rules_path)
@@ -353,4 +418,5 @@ def run_gate(results: str | Path, baseline_path: str | Path, rules_path: str | P
     records = read_records(results)
     summary = read_json(results / "summary.json") if (results / "summary.json").exists() else None
     c = compare_records(records, baseline, rules.near_tie_gap, info, str(results))
-    return evaluate(c, rules, sum(1 for r in records if not r.ok), info, summary, refs, baseline.header)
+    recheck = recheck_near_ties(c, records, baseline, rules.recheck_near_ties) if c.token_comparable else None
+    return evaluate(c, rules, sum(1 for r in records if not r.ok), info, summary, refs, baseline.header, recheck)
