@@ -65,8 +65,9 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
         return "no points ran"
     agg = [r for r in rows if str(r.get("repeat")) == "all"]
     shown = agg or rows
+    spec = [r for r in shown if r.get("method") != "ar"]  # AR has no drafted tokens: not a variation
     vary = [c for c in ("backend", "model", "draft", "spec_tokens", "suite", "concurrency", "request_rate", "temperature")
-            + (() if agg else ("repeat",)) if len({r.get(c) for r in shown}) > 1]
+            + (() if agg else ("repeat",)) if len({r.get(c) for r in (spec if c in ("draft", "spec_tokens") else shown)}) > 1]
     pct = f"{100 * D.CI_LEVEL:g}%"
     tps_ci = any(r.get("output_throughput_tok_s_ci_low") is not None for r in shown)
     heavy = any(r.get("heavy_load") for r in shown)
