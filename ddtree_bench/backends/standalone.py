@@ -9,9 +9,9 @@ Endpoints: `GET /health` (200, or 503 while shutting down; never needs a key), `
 A generation request, in order: the API key (401; compared as bytes, so any header bytes are a
 401, never a 500); the body, read within `read_timeout_s` (408) and at most `max_body_bytes`
 (413); then, on a small thread pool and never on the event loop, strict JSON decoding, field
-validation, a context check on the prompt's byte length (a prompt of B UTF-8 bytes has at least
-B / (4 x the longest token in bytes) tokens, so a hopeless prompt is refused before tokenizing),
-chat-template rendering and tokenization, and the exact context check (400); then its turn at
+validation, chat-template rendering, a context check on the prompt's byte length (a prompt of B
+UTF-8 bytes has at least B / (4 x the longest token in bytes) tokens, so a hopeless prompt is
+refused before tokenizing), tokenization, and the exact context check (400); then its turn at
 the engine (`serve_engine.Scheduler`: batch-1, arrival order, at most `max_queue` waiting, 503
 beyond). Streaming sends each verify round's tokens as one SSE chunk as soon as the engine commits
 them (text held back only while a UTF-8 character is incomplete, so the concatenated text equals
