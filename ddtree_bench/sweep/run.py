@@ -8,6 +8,9 @@ Order and sharing:
   model, draft, method, budget, spec tokens, dtype, device), started from its profile on a free
   port, warmed up once (`grid.warmup` requests, not recorded), then every client-side point runs
   against it, with the server's counters read before and after each point.
+* with repeats, points run in rounds (`sweep/order.py`: interleaved by default, `--order`), and each
+  point records the machine's load and clocks before and after (`noise/probe.py`); the intervals,
+  aggregate rows and takeaways are `sweep/aggregate.py`'s.
 
 Failures: a point whose requests all fail, whose server dies while it runs, or whose server cannot
 start, is marked failed (status.json with the reason and the server log tail) and the sweep goes
