@@ -1,0 +1,101 @@
+"""Continuous batching for callers on other threads: one engine thread runs a `batch.BatchLoop`.
+
+`submit(request)` (any thread) checks the request, queues it and returns a
+`concurrent.futures.Future` of its `Generation`. The engine thread, between rounds, retires
+finished requests (resolving their futures: a result, or the exception that ended the request -
+`batch.Cancelled`, an `on_chunk` error) and admits waiting ones in arrival order while the batch
+has free slots; then it runs one round over everything active. A request's `on_chunk` runs on the
+engine thread (callers hop back to their own loop, e.g. `loop.call_soon_threadsafe`). An error
+inside a round (not attributable to one request) fails every request of that round and the
+thread goes on with the next ones. Idle, the thread sleeps on a condition; `close()` ends it
+after the requests in flight (queued ones fail with `RuntimeError`).
+
+`stats` is the loop's `BatchStats` (rounds and how full each was), read by the backends for
+summary.json. Knows the loop's API; nothing of HTTP or records.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from concurrent.futures import Future
+
+from ddtree_bench.engine.batch import BatchLoop, BatchRequest, BatchStats
+
+
+class BatchScheduler:
+    def __init__(self, loop: BatchLoop, name: str = "ddtree-batch"):
+        self.loop = loop
+        self._cv = threading.Condition()
+        self._waiting: deque[tuple[BatchRequest, Future]] = deque()
+        self._futures: dict[int, Future] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def stats(self) -> BatchStats:
+        return self.loop.stats
+
+    @property
+    def max_batch(self) -> int:
+        return self.loop.max_batch
+
+    def submit(self, req: BatchRequest) -> Future:
+        self.loop.check(req)  # bad requests fail here, in the caller's thread
+        fut: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the batch scheduler is closed")
+            self._waiting.append((req, fut))
+            self._cv.notify()
+        return fut
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join()
+
+    def _resolve(self, retired) -> None:
+        for r in retired:
+            fut = self._futures.pop(id(r.request), None)
+            if fut is None:
+                continue
+            if r.error is not None:
+                fut.set_exception(r.error)
+            else:
+                fut.set_result(r.generation)
+
+    def _run(self) -> None:
+        loop = self.loop
+        while True:
+            with self._cv:
+                while not self._waiting and not loop.active and not self._closed:
+                    self._cv.wait()
+                if self._closed and not loop.active:
+                    pending = list(self._waiting)
+                    self._waiting.clear()
+                    break
+                admit = []
+                while self._waiting and len(admit) < loop.free_slots:
+                    admit.append(self._waiting.popleft())
+            for req, fut in admit:
+                if not fut.set_running_or_notify_cancel():
+                    continue
+                self._futures[id(req)] = fut
+                try:
+                    done = loop.admit(req)
+                except Exception as e:  # its prefill failed: only this request ends
+                    self._futures.pop(id(req), None)
+                    fut.set_exception(e)
+                    continue
+                if done is not None:
+                    self._resolve([done])
+            try:
+                self._resolve(loop.step())
+            except Exception as e:  # the round's state is unknown: end its requests, keep serving
+                self._resolve(loop.fail_all(e))
+        for _, fut in pending:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(RuntimeError("the batch scheduler closed before this request ran"))
