@@ -4,7 +4,8 @@
 went wrong (timeouts, HTTP errors, truncated streams, engine exceptions). It raises `UsageError`
 only for problems that make the whole run meaningless before any request succeeded (unreachable
 server). `describe()` is what run.json records about the backend (kind, url, server version and
-flags, model ids and hashes).
+flags, model ids and hashes). A record's `token_source` says whether its output ids are the
+server's or the client's re-tokenization of the server's text (`--backend openai`).
 """
 
 from __future__ import annotations
