@@ -329,7 +329,7 @@ def test_a_flagged_tree_is_rebuilt_exactly_before_commit(pair, monkeypatch):
 @pytest.mark.parametrize("flagged", [{1, 2, 3}, {2, 4, 6, 8, 10}, {1, 5, 6, 9}], ids=["first-three", "every-other", "mixed"])
 def test_flagged_rounds_with_the_dflash_drafter_queued_ahead(pair, monkeypatch, flagged):
     """With the DFlash drafter the fast loop queues the commit and the next draft before it reads a
-    round's result (fastloop.py). A flagged round's commit must then leave every buffer as it was,
+    round's result (gpu/loop.py). A flagged round's commit must then leave every buffer as it was,
     the draft queued ahead must recompute the same draft logits, and only the exact rebuild may be
     committed - including in round 1, whose draft came from the prompt, and on consecutive flags.
     A commit that went through anyway would advance the frontier twice and change the tokens."""
@@ -438,7 +438,7 @@ def test_graph_captured_deep_paths_equal_plain_on_gpu():
 
 def test_no_gc_keeps_the_collector_off_during_a_capture_and_restores_it():
     """A CUDAGraph freed by the cyclic collector in the middle of another capture invalidates that
-    capture (cudagraph.py); captures run inside no_gc, which must restore the collector even when
+    capture (gpu/graphs.py); captures run inside no_gc, which must restore the collector even when
     the captured function raises."""
     import gc
 

@@ -312,7 +312,7 @@ class FastLoop:
 
     @property
     def fused_tree_ops(self) -> bool:
-        """Tree compile and walk as one Triton launch each (tree_verify_triton) - unless tree_kernel is torch."""
+        """Tree compile and walk as one Triton launch each (kernels/tree_verify.py) - unless tree_kernel is torch."""
         from ddtree_bench.engine.gpu.kernels import tree_verify
 
         return self.tree_kernel != "torch" and tree_verify.available(self.device)
@@ -349,7 +349,7 @@ class FastLoop:
         return walked
 
     def _commit_tree(self, b: _Bucket) -> None:
-        """Keep the accepted path (tree_static.commit_static, or its Triton twin commit_tree): K/V moved
+        """Keep the accepted path (tree_ops.commit_static, or its Triton twin kernels/tree_verify.commit_tree): K/V moved
         to slots start..start+a-1, hidden rows as the next draft's context, frontier advanced, bonus
         stored. With a pruned builder the walk result ends with its certificate flag, and a raised flag
         makes the whole commit a no-op, so it can be queued before the host has read it."""
@@ -370,7 +370,7 @@ class FastLoop:
         return self._argmax(b.out.verified.logits) if greedy else b.post
 
     def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        """The target's greedy picks [T]: two Triton launches with the fused tree ops (argmax_triton), else
+        """The target's greedy picks [T]: two Triton launches with the fused tree ops (kernels/argmax.py), else
         torch.argmax (its twin)."""
         if self.fused_tree_ops:
             from ddtree_bench.engine.gpu.kernels.argmax import argmax_rows

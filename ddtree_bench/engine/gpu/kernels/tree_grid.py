@@ -1,6 +1,6 @@
 """The DDTree tree build as ~32 small Triton launches that use the whole GPU, for large budgets.
 
-Same tree as `build_tree` / `StaticTreeBuilder` / the one-block kernel (`tree_triton`): same fp32
+Same tree as `build_tree` / `StaticTreeBuilder` / the one-block kernel (`tree_block`): same fp32
 sums, same exact int64 keys, same candidate pruning and certificate (`tree_pruned.pruned_regions`),
 same (score, pre-order) final order. What differs is how the per-depth "keep the best F_d of the
 candidates, in key order" is done: the one-block kernel sorts ~B*ln(B) keys on one SM per depth

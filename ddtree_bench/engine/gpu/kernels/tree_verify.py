@@ -1,7 +1,7 @@
 """Tree compile (verify inputs), tree walk and commit as one or two Triton launches each, for the CUDA fast path.
 
-The PyTorch versions (`tree_static.ancestors` / `verify_visible` / `static.visible_bias`,
-`tree_static.walk_static` and `tree_static.commit_static`) are the twins: same outputs, bit for
+The PyTorch versions (`tree_ops.ancestors` / `verify_visible` / `forward.visible_bias`,
+`tree_ops.walk_static` and `tree_ops.commit_static`) are the twins: same outputs, bit for
 bit, tested against each other. In a CUDA graph they cost ~45, ~15 and ~17 small launches a round
 (timings: docs/gpu-performance.md).
 * `compile_tree`: one program per tree row i (root = 0) and tile of cache columns. It walks i's parent pointers once and
@@ -162,7 +162,7 @@ if triton is not None:
 def compile_tree(bonus: torch.Tensor, tok: torch.Tensor, par: torch.Tensor, dep: torch.Tensor, start: torch.Tensor,
                  capacity: int, dtype: torch.dtype, group: int, L: int):
     """bonus [1], tok/par/dep [N] (parents 1-based), start 0-d -> ids [T], pos [T], anc [T, T] bool,
-    bias [group*T, capacity] in dtype, path [T, L+1] (T = 1 + N): fastloop's tree-compile outputs."""
+    bias [group*T, capacity] in dtype, path [T, L+1] (T = 1 + N): the loop's tree-compile outputs (gpu/loop.Compiled)."""
     T = 1 + tok.numel()
     dev = tok.device
     ids = torch.empty(T, dtype=torch.long, device=dev)
@@ -188,7 +188,7 @@ def walk_tree(ids: torch.Tensor, par: torch.Tensor, dep: torch.Tensor, path: tor
 
 def commit_tree(walked: torch.Tensor, layout: WalkLayout, start: torch.Tensor, ctx_start: torch.Tensor,
                 bonus: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor, ctx: torch.Tensor) -> None:
-    """tree_static.commit_static in two launches (the rows, then the frontier state); same arguments."""
+    """tree_ops.commit_static in two launches (the rows, then the frontier state); same arguments."""
     layers, hkv, S, D = k.shape
     T, CW = hidden.shape
     assert k.is_contiguous() and v.is_contiguous() and ctx.is_contiguous() and hidden.stride(1) == 1
@@ -205,7 +205,7 @@ _CHECKED: dict[str, str | None] = {}
 
 def available(device) -> bool:
     """Triton is installed, the device is CUDA, and on a small random tree the compile, walk and commit
-    kernels (and the walk's argmax, argmax_triton) equal their PyTorch twins (checked once per device;
+    kernels (and the walk's argmax, kernels/argmax.py) equal their PyTorch twins (checked once per device;
     a failure warns and keeps the twins)."""
     dev = torch.device(device)
     if triton is None or dev.type != "cuda":
