@@ -140,3 +140,158 @@ def rescore_gaps(engine: Any, prompt_ids: list[int], output_ids: list[int]) -> l
             return [float("inf")] * rows.shape[0]
         top2 = torch.topk(rows, 2, dim=-1).values
         return (top2[:, 0] - top2[:, 1]).tolist()
+
+
+# ---------------------------------------------------------------------------- from a running server
+
+SERVER_KINDS = ("vllm", "sglang", "standalone", "openai")
+
+
+def logprob_gaps(content: Any) -> list[float | None] | None:
+    """Top-1 minus top-2 log-probability per output token from an OpenAI `logprobs.content` list
+    (chat) or a completions `logprobs.top_logprobs` list of {token: logprob} dicts; the same number
+    as the logit gap (log-softmax shifts every logit of a row by one constant). None per token
+    where fewer than two alternatives came back; None overall when there is no such list."""
+    rows: list[list[float]] = []
+    if isinstance(content, dict) and isinstance(content.get("content"), list):       # chat
+        for c in content["content"]:
+            tops = c.get("top_logprobs") if isinstance(c, dict) else None
+            rows.append([t.get("logprob") for t in tops if isinstance(t, dict)] if isinstance(tops, list) else [])
+    elif isinstance(content, dict) and isinstance(content.get("top_logprobs"), list):  # completions
+        for d in content["top_logprobs"]:
+            rows.append(list(d.values()) if isinstance(d, dict) else [])
+    else:
+        return None
+    gaps: list[float | None] = []
+    for r in rows:
+        vals = sorted((float(x) for x in r if isinstance(x, (int, float)) and not isinstance(x, bool)), reverse=True)
+        g = vals[0] - vals[1] if len(vals) >= 2 else None
+        gaps.append(g if g is None or g == g and g != float("inf") else None)
+    return gaps
+
+
+async def _record_server(kind: str, url: str, model: str, prompts, max_new_tokens: int, api_key: str | None,
+                         timeout_s: float, top_logprobs: int, bar) -> tuple[dict[str, Any], list[BaselineEntry], list[str]]:
+    import json
+
+    import aiohttp
+
+    from ddtree_bench.backends.client import ENDPOINTS, HTTPBackend, local_tokenizer
+    from ddtree_bench.backends.parsers import error_message, parse_response
+    from ddtree_bench.records import GenerationRequest
+
+    be = HTTPBackend(kind, url, model=model, endpoint="chat", api_key=api_key, timeout_s=timeout_s, stream=False,
+                     extra_body={"logprobs": True, "top_logprobs": top_logprobs})
+    await be.start()
+    tok = local_tokenizer(model)
+    entries: list[BaselineEntry] = []
+    notes: list[str] = []
+    try:
+        for p in prompts:
+            messages: list[dict[str, str]] = []
+            for turn, text in enumerate(p.turns):
+                messages = messages + [{"role": "user", "content": text}]
+                req = GenerationRequest(p.prompt_id, turn, messages, p.max_new_tokens or max_new_tokens, temperature=0.0, top_p=1.0)
+                body, _ = be.payload(req)
+                async with be._session.post(be.url + ENDPOINTS["chat"], data=json.dumps(body).encode(),
+                                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                    raw = await resp.text()
+                    try:
+                        obj = json.loads(raw)
+                    except ValueError:
+                        obj = None
+                    if resp.status != 200 or not isinstance(obj, dict):
+                        msg = error_message(obj) if isinstance(obj, dict) else raw.strip()[:300]
+                        raise UsageError(f"the server at {be.url} answered {resp.status} to a greedy request with logprobs: {msg}",
+                                         hint="the server must support the OpenAI logprobs/top_logprobs fields (vLLM, SGLang do)")
+                st = parse_response(obj)
+                ch = (obj.get("choices") or [{}])[0]
+                gaps = logprob_gaps(ch.get("logprobs"))
+                out_ids = list(st.output_ids) if st.saw_token_ids else None
+                source = "server"
+                if out_ids is None:
+                    if tok is None:
+                        raise UsageError(f"the server sends no token ids and --model {model!r} has no local tokenizer to re-tokenize its text",
+                                         hint="pass --model /path/to/a/local/copy/of/the/served/model")
+                    out_ids, source = tok.encode(st.text), "retokenized"
+                prompt_ids = st.prompt_ids if st.prompt_ids is not None else (tok.apply_chat_template(messages) if tok is not None else None)
+                if gaps is not None and len(gaps) != len(out_ids):
+                    notes.append(f"{p.prompt_id}/{turn}: {len(gaps)} logprob rows for {len(out_ids)} tokens; gaps left unknown")
+                    gaps = None
+                if gaps is None:
+                    notes.append(f"{p.prompt_id}/{turn}: no top_logprobs in the response; gaps unknown")
+                e = BaselineEntry(p.prompt_id, turn, prompt_ids, out_ids, st.text, gaps, None, st.finish_reason,
+                                  {"token_source": source})
+                entries.append(e)
+                messages = messages + [{"role": "assistant", "content": st.text}]
+                bar.update(1)
+    finally:
+        await be.aclose()
+    return be.describe(), entries, notes
+
+
+def record_from_server(kind: str, url: str, model: str = D.MODEL, suite: str = D.SUITE, limit: int | None = None,
+                       max_new_tokens: int = D.MAX_NEW_TOKENS, subset: str | None = None, api_key: str | None = None,
+                       timeout_s: float = D.REQUEST_TIMEOUT_S, top_logprobs: int = 2,
+                       progress: bool = True) -> tuple[dict[str, Any], list[BaselineEntry]]:
+    """AR-greedy baseline from a running OpenAI-compatible server: (header, entries).
+
+    One non-streamed chat request per turn, temperature 0, `logprobs: true, top_logprobs: k`; the
+    logit gap at each output token is the top-1 minus top-2 log-probability the server returned
+    (in the server's own precision, usually bf16: `compare` then uses SERVER_NEAR_TIE_GAP). The
+    header says where it came from: backend, url, server version, served model, the local model
+    used for the chat template / stop ids, and the threshold that applies."""
+    import asyncio
+
+    from tqdm.auto import tqdm
+
+    from ddtree_bench.suites import load_prompts
+
+    if kind not in SERVER_KINDS:
+        raise UsageError(f"--backend {kind!r} cannot record a baseline from a server; expected one of {', '.join(SERVER_KINDS)}")
+    if not 2 <= top_logprobs <= 20:
+        raise UsageError(f"--top-logprobs must be in 2..20, got {top_logprobs}")
+    check_args(max_new_tokens, limit, D.DTYPE, D.DEVICE, None, D.BUDGET)
+    prompts, info = load_prompts(suite, limit, subset=subset)
+    bar = tqdm(total=sum(len(p.turns) for p in prompts), desc=f"baseline ({kind})", unit="turn", disable=not progress, leave=False)
+    try:
+        described, entries, notes = asyncio.run(_record_server(kind, url, model, prompts, max_new_tokens, api_key, timeout_s, top_logprobs, bar))
+    finally:
+        bar.close()
+    stops = None
+    try:
+        from ddtree_bench.pair import model_dirs
+        from ddtree_bench.tokenizer import ChatTokenizer, generation_stop_ids
+
+        tdir, _ = model_dirs(model, None)
+        if tdir is not None and (tdir / "tokenizer.json").exists():
+            stops = generation_stop_ids(tdir, ChatTokenizer(tdir))
+    except (UsageError, OSError):
+        stops = None
+    header: dict[str, Any] = {
+        "source": "server",
+        "method": "ar",
+        "temperature": 0.0,
+        "model": model,
+        "draft": None,
+        "backend": kind,
+        "url": described.get("url"),
+        "served_model": described.get("served_model"),
+        "server_version": described.get("server_version"),
+        "server_info": described.get("server_info"),
+        "suite": info.name,
+        "suite_info": info.to_dict(),
+        "subset_rule": info.subset_rule,
+        "template": info.template,
+        "limit": limit,
+        "dtype": (described.get("server_info") or {}).get("dtype") if isinstance(described.get("server_info"), dict) else None,
+        "device": None,
+        "max_new_tokens": max_new_tokens,
+        "stop_ids": stops,
+        "gap_source": f"server logprobs (top_logprobs={top_logprobs})",
+        "near_tie_gap": D.SERVER_NEAR_TIE_GAP,
+        "num_entries_without_gaps": sum(1 for e in entries if e.logit_gap is None),
+        "notes": notes[:20],
+        **environment_fields(None),
+    }
+    return header, entries

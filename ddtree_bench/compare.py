@@ -292,9 +292,17 @@ def _warnings(run_info: dict[str, Any], b: Baseline) -> list[str]:
     return out
 
 
-def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_gap: float = D.NEAR_TIE_GAP,
+def default_near_tie_gap(baseline: Baseline) -> float:
+    """The near-tie threshold for a baseline: NEAR_TIE_GAP for the fp32 reference's gaps, SERVER_NEAR_TIE_GAP
+    for gaps a server returned as logprobs (source "server": bf16 numerics on both sides, docs/explain.md)."""
+    return D.SERVER_NEAR_TIE_GAP if baseline.header.get("source") == "server" else D.NEAR_TIE_GAP
+
+
+def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_gap: float | None = None,
                     run_info: dict[str, Any] | None = None, run_path: str = "") -> Comparison:
-    """Compare a run's records with a baseline (pure: no files)."""
+    """Compare a run's records with a baseline (pure: no files). near_tie_gap None = default_near_tie_gap."""
+    if near_tie_gap is None:
+        near_tie_gap = default_near_tie_gap(baseline)
     if not near_tie_gap >= 0:
         raise UsageError(f"--near-tie-gap must be >= 0, got {near_tie_gap!r}")
     run_info = run_info or {}
@@ -356,7 +364,7 @@ def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_g
     )
 
 
-def compare_run(run_dir: str | Path, baseline: Baseline, near_tie_gap: float = D.NEAR_TIE_GAP) -> Comparison:
+def compare_run(run_dir: str | Path, baseline: Baseline, near_tie_gap: float | None = None) -> Comparison:
     """Compare a results directory (run.json + records.jsonl) with a baseline."""
     from ddtree_bench.results import is_run_dir, is_sweep_dir, read_records, read_run_info
 

@@ -30,14 +30,33 @@ def record_cmd(
     accept_method: Annotated[Optional[str], typer.Option(
         "--accept-method", help="Also decode with dflash | ddtree and store its acceptance lengths (a reference tau for gate).")] = None,
     budget: O.Budget = D.BUDGET,
+    backend: Annotated[str, typer.Option("--backend", help="inprocess (the reference engine) | vllm | sglang | standalone | openai: record from the running server at --url, gaps from its logprobs.")] = D.BACKEND,
+    url: O.Url = None,
+    api_key: O.ApiKey = None,
+    timeout: O.Timeout = D.REQUEST_TIMEOUT_S,
+    top_logprobs: Annotated[int, typer.Option("--top-logprobs", help="Server baselines: top_logprobs asked per token (>= 2; the gap is top-1 minus top-2).")] = 2,
     quiet: Quiet = False,
 ) -> None:
-    """Record an AR-greedy baseline with the reference engine: prompt ids, output ids and text, and the
-    target's top-1 minus top-2 logit gap at every output position."""
+    """Record an AR-greedy baseline: prompt ids, output ids and text, and the top-1 minus top-2 logit gap
+    at every output position - from the reference engine, or from a running server's logprobs (--backend, --url)."""
     from ddtree_bench.baseline import check_out_file, write_baseline
-    from ddtree_bench.baseline_record import record
+    from ddtree_bench.baseline_record import record, record_from_server
 
     check_out_file(out)
+    if backend != "inprocess":
+        if not url:
+            from ddtree_bench.errors import UsageError
+
+            raise UsageError(f"--backend {backend} needs --url (the server's base URL)")
+        header, entries = record_from_server(backend, url, model, suite, limit, max_new_tokens, subset, api_key, timeout,
+                                             top_logprobs, progress=not quiet)
+        write_baseline(out, header, entries)
+        n_gaps = sum(1 for e in entries if e.logit_gap is not None)
+        typer.echo(f"baseline: {out} ({len({e.prompt_id for e in entries})} prompts, {len(entries)} turns, "
+                   f"{sum(len(e.output_ids) for e in entries)} tokens from {backend} {header['url']} "
+                   f"{header.get('server_version') or ''}; logit gaps from logprobs for {n_gaps}/{len(entries)} turns, "
+                   f"near-tie threshold {header['near_tie_gap']:g})")
+        return
     header, entries = record(model, draft, suite, limit, max_new_tokens, dtype, device, subset, accept_method, budget,
                              progress=not quiet)
     write_baseline(out, header, entries)

@@ -14,7 +14,7 @@ from ddtree_bench import defaults as D
 from ddtree_bench.cli.app import app
 
 BaselineOpt = Annotated[Path, typer.Option("--baseline", help="Baseline file (baseline record / baseline import).")]
-NearTieGap = Annotated[Optional[float], typer.Option("--near-tie-gap", help=f"Logit gap below which a divergence is a near tie (default {D.NEAR_TIE_GAP:g}; see docs/ci-gate.md).")]
+NearTieGap = Annotated[Optional[float], typer.Option("--near-tie-gap", help=f"Logit gap below which a divergence is a near tie (default {D.NEAR_TIE_GAP:g}; {D.SERVER_NEAR_TIE_GAP:g} for baselines recorded from a server; see docs/ci-gate.md, docs/explain.md).")]
 
 
 @app.command("compare")
@@ -31,7 +31,7 @@ def compare_cmd(
     from ddtree_bench.compare import compare_run
     from ddtree_bench.records import json_safe
 
-    c = compare_run(results, read_baseline(baseline), D.NEAR_TIE_GAP if near_tie_gap is None else near_tie_gap)
+    c = compare_run(results, read_baseline(baseline), near_tie_gap)  # None: the baseline's default (server baselines: SERVER_NEAR_TIE_GAP)
     if json_out:
         typer.echo(json.dumps(json_safe(c.to_json()), ensure_ascii=False, allow_nan=False))
     else:

@@ -99,6 +99,7 @@ class Point:
     values: dict[str, float | None] = field(default_factory=dict)  # headline numbers (see HEADLINE)
     compare: dict[str, Any] | None = None    # compare.json found in the directory
     noise: dict[str, Any] | None = None      # status.json `noise` (noise/probe.py) of a sweep point
+    explain: dict[str, Any] | None = None    # explain.json (`ddtree-bench explain`) found in the directory
 
     @property
     def method(self) -> str:
@@ -351,6 +352,9 @@ def load_run(path: Path, source: str) -> Point:
                    else "no summary.json (the run did not finish)")
     if (path / "compare.json").exists():
         p.compare = _check_compare(_read_json_obj(path / "compare.json"), path / "compare.json")
+    if (path / "explain.json").exists():
+        ex = _read_json_any(path / "explain.json")
+        p.explain = ex if isinstance(ex, dict) and ex.get("kind") == "ddtree-bench-explain" else None
     if (path / "status.json").exists():
         try:
             status = _read_json_any(path / "status.json")

@@ -22,6 +22,7 @@ from importlib import resources
 from typing import Any, Iterable
 
 from ddtree_bench import __version__, metrics
+from ddtree_bench.report.explain_section import section_explain
 from ddtree_bench import defaults as D
 from ddtree_bench.noise.probe import HEAVY_RULE
 from ddtree_bench.noise.verdict import FORMULA, Candidate, Verdict, decide, sentence
@@ -549,13 +550,16 @@ def render(data: ReportData, figures: list[Figure], title: str | None = None) ->
     """The whole page."""
     title = title or default_title(data)
     ids = Ids()
-    for fixed in ("metadata", "takeaways", "headline", "plots", "correctness", "requests", *(f.id for f in figures)):
+    for fixed in ("metadata", "takeaways", "headline", "plots", "correctness", "explain", "requests", *(f.id for f in figures)):
         ids.used.add(fixed)
     anchors = {id(p): ids.make("pt", p.id) for p in data.points}
     generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
     takeaways = section_takeaways(data, anchors)
     nav_items = [("metadata", "Run metadata")] + ([("takeaways", "Takeaways")] if takeaways else []) + [
         ("headline", "Headline numbers"), ("plots", "Plots"), ("correctness", "Correctness")]
+    explained = section_explain(data)
+    if explained:
+        nav_items.append(("explain", "Acceptance gap"))
     if data.is_single_run and data.points[0].records:
         nav_items.append(("requests", "Requests"))
     nav = el("nav", el("ul", *[el("li", el("a", t, href=f"#{a}")) for a, t in nav_items]))
@@ -563,7 +567,7 @@ def render(data: ReportData, figures: list[Figure], title: str | None = None) ->
         el("header", el("h1", title), el("p", f"{_sources_line(data)} \u00b7 generated {generated} by ddtree-bench {__version__}",
                                            class_="muted")),
         nav, section_metadata(data), takeaways, section_headline(data, anchors), section_plots(figures, data),
-        section_correctness(data, ids),
+        section_correctness(data, ids), explained,
         section_requests(data.points[0]) if data.is_single_run else "",
         el("footer", el("p", "Inputs: ", join([el("code", s.path) for s in data.sources], ", "),
                         ". This page is self-contained: no scripts, no fonts or images from the network.", class_="muted")),
