@@ -154,6 +154,47 @@ def test_a_sigkilled_sweep_takes_its_server_with_it_and_resume_takes_over(tmp_pa
     assert_whole(out)
 
 
+def test_a_sigkilled_sweep_takes_its_servers_grandchildren_with_it(tmp_path):
+    """The leader dies by PDEATHSIG; the watchdog kills the rest of the server's group."""
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    (prof / "standalone.yaml").write_text(
+        "name: standalone\n"
+        f"argv: [sh, -c, '\"{sys.executable}\" -m ddtree_bench serve --null --null-delay-ms 200 --host {{host}} --port {{port}}"
+        " & wait']\n"
+        "method_args: {ar: [], dflash: [], ddtree: []}\nhealth_path: /health\n")
+    out = tmp_path / "sw"
+    argv = [sys.executable, "-m", "ddtree_bench", "sweep", "--backends", "standalone", "--models", "random", "--suites",
+            "smoke", "--methods", "ar", "--limit", "1", "--max-new-tokens", "2000", "--warmup", "0", "--profiles", str(prof),
+            "--out", str(out), "--no-report", "-q"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        rec = wait_for(lambda: next(iter((out / "servers").glob("*.pid.json")), None) if (out / "servers").is_dir() else None)
+        assert rec is not None, "the sweep never recorded its server"
+        pgid = json.loads(rec.read_text())["pgid"]
+        members = wait_for(lambda: [p for p in group(pgid) if p != pgid] and group(pgid), 30)
+        assert len(members) >= 2, members  # sh and its child, the server
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert wait_for(lambda: not [p for p in members if alive(p)], 30), "part of the server's group outlived the sweep"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def group(pgid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if f[0] != "Z" and int(f[2]) == pgid:
+                out.append(int(d.name))
+    return out
+
+
 def test_resume_reaps_a_recorded_server_that_outlived_its_driver_but_never_a_reused_pid(tmp_path):
     servers = tmp_path / "servers"
     survivor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)

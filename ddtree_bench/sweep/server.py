@@ -10,8 +10,10 @@
   so no server or grandchild outlives the sweep.
 * a SIGKILLed launcher: on Linux the server's leader is started with PR_SET_PDEATHSIG = SIGKILL
   (`preexec_fn`), so it dies with the thread that launched it (the sweep's main thread) even when
-  nothing in that process could run; the group is still its own. Children the server spawned in
-  its group survive that, so `record_dir` keeps one `<log>.pid.json` per live server (pid = pgid,
+  nothing in that process could run; the group is still its own. A watchdog process (own session,
+  blocked on a pipe only the launcher can write) sees the launcher's death as EOF and kills the
+  whole group, grandchildren included. Should both fail, `record_dir` keeps one `<log>.pid.json`
+  per live server (pid = pgid,
   host, boot id, the kernel's start time of the pid) and `reap_recorded(dir)` - run by
   `sweep --resume` - kills a recorded group only after checking that it is that same process
   (same boot, same start time; or the leader gone but its group still alive, which Linux never
@@ -97,6 +99,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.record_dir: Path | None = None   # where start() records pid/start time (sweep dir servers/)
         self._record: Path | None = None
+        self._watchdog: tuple[subprocess.Popen, int] | None = None   # (process, write end of its pipe)
         self._log = None
         self.started_at: float | None = None
         self.ready_after_s: float | None = None
@@ -127,6 +130,7 @@ class ServerProcess:
             raise ServerError(f"cannot start {self.argv[0]!r}: {e.strerror or e}") from None
         self.started_at = time.monotonic()
         _LIVE.add(self)
+        self._watchdog = _start_watchdog(self.proc.pid, self.grace_s)
         if self.record_dir is not None:
             self._record = write_record(self.record_dir / f"{self.log_path.stem}.pid.json", self.proc.pid, self.argv)
         return self
@@ -217,6 +221,8 @@ class ServerProcess:
         if self._record is not None:
             self._record.unlink(missing_ok=True)
             self._record = None
+        _stop_watchdog(self._watchdog)
+        self._watchdog = None
         _LIVE.discard(self)
         return proc.returncode
 
@@ -287,6 +293,68 @@ def _die_with_parent():
 
 
 PR_SET_PDEATHSIG = 1
+_WATCHDOG = """
+import os, sys
+from ddtree_bench.sweep.server import _watchdog_main
+_watchdog_main(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))
+"""
+
+
+def _start_watchdog(pgid: int, grace_s: float) -> tuple[subprocess.Popen, int] | None:
+    """A tiny process in its own session that kills the server's whole group (grandchildren included)
+    when the launcher dies: it blocks reading a pipe whose only write end the launcher holds, so any
+    death of the launcher (SIGKILL too) is an EOF. `stop()` writes "stop" first, so a normal stop
+    never signals a group that is gone. Linux only (it needs /proc to recognise the group)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    st = _proc_stat(pgid)
+    if st is None:
+        return None
+    r, w = os.pipe()  # both ends non-inheritable: the server never holds the write end
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(pgid), str(st[2]), str(grace_s)], stdin=r,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    except OSError:
+        os.close(w)
+        return None
+    finally:
+        os.close(r)
+    return proc, w
+
+
+def _stop_watchdog(wd: tuple[subprocess.Popen, int] | None) -> None:
+    if wd is None:
+        return
+    proc, w = wd
+    try:
+        os.write(w, b"stop\n")
+    except OSError:
+        pass
+    os.close(w)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        proc.kill()
+
+
+def _watchdog_main(pgid: int, ticks: int, grace_s: float) -> None:
+    """Body of the watchdog process: wait for "stop" or EOF on stdin; on EOF kill the group if it is
+    still the one we were given (the leader's start time matches, or the leader is gone and the group
+    lives on, which no new process can join)."""
+    data = b""
+    try:
+        while True:
+            chunk = os.read(0, 64)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    if b"stop" in data:
+        return
+    leader = _proc_stat(pgid)
+    if (leader is not None and leader[2] == ticks) or (leader is None and _group_members(pgid)):
+        _kill_group(pgid, grace_s)
 
 
 def _boot_id() -> str | None:
