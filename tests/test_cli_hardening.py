@@ -186,6 +186,18 @@ def test_run_json_of_unknown_version_or_kind_is_refused_and_older_versions_read(
             load(d)
 
 
+def test_compare_json_of_a_newer_version_is_refused_by_report(files, capsys, tmp_path):
+    code, out, _ = cli(["compare", files["run"], "--baseline", files["base"], "--json"], capsys)
+    doc = json.loads(out)
+    (tmp_path / "c1.json").write_text(json.dumps(doc))
+    doc["version"] = 7
+    (tmp_path / "c7.json").write_text(json.dumps(doc))
+    assert cli(["report", files["run"], "--out", tmp_path / "a.html", "--compare", tmp_path / "c1.json"], capsys)[0] == 0
+    code, _, err = cli(["report", files["run"], "--out", tmp_path / "b.html", "--compare", tmp_path / "c7.json"], capsys)
+    one_error_line(code, err)
+    assert "version 7" in err
+
+
 def test_run_out_over_a_finished_run_needs_overwrite_and_never_replaces_foreign_dirs(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     argv = ["run", "--model", "random", "--method", "ar", *RUN]

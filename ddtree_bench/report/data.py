@@ -455,6 +455,12 @@ def _check_compare(obj: dict[str, Any], path: Path | str) -> dict[str, Any]:
     prompts = obj.get("prompts")
     if not isinstance(prompts, list) or not all(isinstance(x, dict) for x in prompts):
         raise UsageError(f"{path}: not a compare result (expected a \"prompts\" list of objects, as `ddtree-bench compare --json` writes)")
+    kind, version = obj.get("kind", "ddtree-bench-compare"), obj.get("version", 1)
+    if kind != "ddtree-bench-compare":
+        raise UsageError(f"{path}: kind {kind!r} is not a compare result")
+    if not isinstance(version, int) or isinstance(version, bool) or version > 1:
+        raise UsageError(f"{path}: compare result version {version!r} is newer than this ddtree-bench reads (1)",
+                         hint="upgrade ddtree-bench")
     return obj
 
 
