@@ -181,3 +181,11 @@ def test_fused_target_forward_matches_the_twin(dtype):
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, **tol)
     assert torch.equal(outs[0][0].argmax(-1), outs[1][0].argmax(-1)) or dt != torch.float32
+
+
+@pytest.mark.gpu
+@triton_only
+def test_the_self_test_passes_at_the_real_head_dim():
+    """ops_for's gate (fused.self_test) compares every Triton op with the twin at head dim 128, the
+    real models' (it used 16, where a kernel bug at 128 lanes could hide)."""
+    assert fused.self_test(fused.TritonOps(), DEV, torch.float32) is None

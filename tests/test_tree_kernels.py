@@ -24,7 +24,7 @@ from tests.test_fused import DEV, triton_only
 pytestmark = [pytest.mark.gpu, triton_only]
 
 INTERPRETED = DEV == "cpu"   # Triton's CPU interpreter: the smaller cases (same code paths, same checks)
-SHAPES = ([(4, 3, 50), (6, 5, 7), (5, 24, 20)] if INTERPRETED else
+SHAPES = ([(4, 3, 50), (6, 5, 7)] if INTERPRETED else
           [(15, 272, 16), (4, 3, 50), (6, 5, 7), (5, 272, 200), (15, 272, 64), (15, 151936, 1024)])
 SEEDS = range(1 if INTERPRETED else 2)
 TOPK_CASES = [(3, 272, 16, "min"), (2, 9000, 64, "min"), (2, 4097, 64, "min"), (4, 3, 3, "min"),
@@ -34,7 +34,7 @@ TOPK_CASES = [(3, 272, 16, "min"), (2, 9000, 64, "min"), (2, 4097, 64, "min"), (
               (4, 3, 3, "threshold")]
 if INTERPRETED:  # K up to 272, chunks cut mid-vocabulary, both selections
     TOPK_CASES = [(2, 300, 16, "min"), (4, 3, 3, "min"), (2, 4097, 16, "min"), (2, 300, 16, "threshold"),
-                  (2, 4097, 40, "threshold"), (2, 300, 272, "threshold"), (4, 3, 3, "threshold")]
+                  (2, 4097, 40, "threshold"), (4, 3, 3, "threshold")]
 VERIFY_CASES = ([(4, 3, 50, 128, 2), (6, 5, 7, 64, 1), (6, 24, 0, 64, 2), (5, 24, 20, 96, 4)] if INTERPRETED else
                 [(15, 272, 16, 128, 1), (15, 272, 64, 192, 4), (4, 3, 50, 128, 2), (6, 5, 7, 64, 1), (15, 272, 0, 128, 2)])
 

@@ -91,7 +91,7 @@ def self_test(ops: TorchOps, device, dtype: torch.dtype) -> str | None:
     g = torch.Generator().manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)  # noqa: E731
     tol = dict(rtol=1e-2, atol=1e-2) if dtype in (torch.bfloat16, torch.float16) else dict(rtol=1e-5, atol=1e-5)
-    T, H, D, n_q, n_kv, S = 5, 96, 16, 4, 2, 12
+    T, H, D, n_q, n_kv, S = 5, 96, 128, 4, 2, 12   # D: real models' head dim
     x, d, w = rnd(T, H), rnd(T, H), rnd(H)
     checks = {
         "rmsnorm": (ops.rmsnorm(x, w, 1e-6), TORCH_OPS.rmsnorm(x, w, 1e-6)),

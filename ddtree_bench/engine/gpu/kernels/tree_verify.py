@@ -143,7 +143,7 @@ if triton is not None:
             tl.store(v_ptr + do, vv, mask=mkv)
         else:
             c = (pid - NLH) * BCW + tl.arange(0, BCW)
-            mctx = mi[:, None] & (c < CW)[None, :] & ok
+            mctx = (mi[:, None] & (c < CW)[None, :] & ok) != 0   # (!= 0: the interpreter widens the bools to int32)
             rows = tl.minimum(src, T - 1).to(tl.int64)
             h = tl.load(hidden_ptr + rows[:, None] * hstride + c[None, :], mask=mctx)
             tl.store(ctx_ptr + i[:, None] * CW + c[None, :], h, mask=mctx)
