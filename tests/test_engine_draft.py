@@ -161,3 +161,52 @@ def test_proposer_uses_target_embedding_and_head():
         h = twin_draft(drafter, feats[:start], target.model.embed_tokens.weight[block].detach(), start, 10000.0)
         assert got.shape == (15, 64)
         torch.testing.assert_close(got, h[1:] @ target.lm_head.weight.detach().T, atol=1e-5, rtol=1e-5)
+
+
+class _Recording:
+    """Wraps a proposer: records every call's (draft_len, start) and passes it through."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+        self.block_size, self.target_layer_ids = inner.block_size, inner.target_layer_ids
+
+    def new_cache(self, capacity):
+        self.cache = self.inner.new_cache(capacity)
+        return self.cache
+
+    def propose(self, ctx, bonus, cache, draft_len, start):
+        self.calls.append((draft_len, start))
+        return self.inner.propose(ctx, bonus, cache, draft_len, start)
+
+
+@pytest.mark.parametrize("method,budget", [("dflash", 0), ("ddtree", 24)])
+def test_the_drafters_context_cache_equals_a_fresh_forward(method, budget):
+    """After a whole generation (irregular accepted lengths, KV compaction of non-prefix paths), the
+    drafter's cached context K/V of every committed position equal those of one fresh drafter
+    forward over the target's from-scratch hidden states of the committed tokens. A wrong context
+    (stale rows, the rejected branch's features, an off-by-one frontier) keeps decoding lossless and
+    only lowers tau, so no lossless test can catch it; this one does."""
+    from ddtree_bench.engine.generate import Engine
+    from engine_support import hidden_reference
+
+    target, drafter = random_pair(seed=5)
+    rec = _Recording(DFlashProposer(drafter, target))
+    engine = Engine(target, proposer=rec, fast=True)
+    prompt = list(range(3, 40))
+    g = engine.generate(prompt, method, budget, max_new_tokens=40)
+    assert len(rec.calls) == len(g.accept_lengths) >= 3
+    S = rec.calls[-1][1]                      # the last draft's block sat at S: slots < S hold context
+    seq = (prompt + g.output_ids)[:S]
+    assert len(seq) == S
+    feats = hidden_reference(target, seq, drafter.target_layer_ids)
+    fresh = drafter.new_cache(S + drafter.block_size)
+    block = target.embed(torch.full((drafter.block_size,), drafter.mask_token_id))
+    with torch.inference_mode():
+        drafter(feats, block, fresh, 0, S)
+    for got, want in ((rec.cache.k, fresh.k), (rec.cache.v, fresh.v)):
+        torch.testing.assert_close(got[:, :, :S], want[:, :, :S], atol=1e-4, rtol=1e-4)
+    # and the check can fail: context features of a shifted sequence differ
+    shifted = drafter.new_cache(S + drafter.block_size)
+    with torch.inference_mode():
+        drafter(hidden_reference(target, [1] + seq[:-1], drafter.target_layer_ids), block, shifted, 0, S)
+    assert not torch.allclose(rec.cache.k[:, :, :S], shifted.k[:, :, :S], atol=1e-3)

@@ -249,3 +249,18 @@ def test_walk_fast_equals_walk_on_random_trees_and_picks():
         assert not any(pars[c] == acc[-1] and toks[c] == bonus for c in range(1, n + 1))
         deep += len(acc) >= 4
     assert deep > 10
+
+
+def test_the_pytorch_builder_refuses_budgets_its_int64_keys_cannot_hold():
+    """Its keys are (32-bit score key << tie bits) | tie rank with tie ranks up to budget * K; from
+    budget * K = 2^31 on they no longer fit an int64 and the tree would be silently wrong (ties and
+    scores mixed up), so the builder refuses, as the Triton builders do. K = min(budget, V)."""
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+
+    ok = StaticTreeBuilder(2, 46340, 46340, "cpu")         # 46340^2 = 2,147,395,600 < 2^31
+    assert ok.tie_bits == 31
+    with pytest.raises(ValueError, match="too large for exact int64 tree keys"):
+        StaticTreeBuilder(2, 46341, 46341, "cpu")          # 46341^2 >= 2^31
+    with pytest.raises(ValueError, match="too large"):
+        build_tree_fast(torch.zeros(2, 46341), 46341)     # the plain loop's GPU path uses the same builder
+    assert StaticTreeBuilder(2, 10, 46341, "cpu").K == 10  # small vocabularies cap K: fine

@@ -128,10 +128,13 @@ class StaticTreeBuilder:
         K, counts = depth_counts(L, V, budget)
         self.K, self.counts = K, counts
         self.tie_bits = max(1, (budget * K).bit_length())
-        self.arK = torch.arange(K, device=device)
         total = sum(counts)
-        self.N = min(budget, total)
         self.gbits = max(1, total.bit_length())
+        if 32 + self.tie_bits > 63 or 32 + self.gbits > 63:   # 32 score bits + tie bits must fit an int64
+            raise ValueError(f"budget {budget} is too large for exact int64 tree keys: budget * K = {budget * K} "
+                             f"and {total} kept prefixes must stay below 2^31")
+        self.arK = torch.arange(K, device=device)
+        self.N = min(budget, total)
         self.depth = torch.cat([torch.full((c,), d + 1, dtype=torch.long, device=device) for d, c in enumerate(counts)])
         offsets = [0]
         for c in counts:
