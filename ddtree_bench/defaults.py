@@ -50,7 +50,8 @@ SERVER_HEALTH_TIMEOUT_S = 5.0      # per readiness request (vLLM binds its port 
 SERVER_STOP_GRACE_S = 10.0         # SIGTERM, then SIGKILL to the whole process group
 CROSSCHECK_REL_TOL = 0.05          # client-side vs server-counter acceptance length: flag beyond 5%
 # `ddtree-bench serve` and the OpenAI-compatible HTTP client (backends/standalone.py, backends/client.py)
-SERVE_MAX_QUEUE = 128              # requests waiting for the batch-1 engine before new ones get 503
+SERVE_MAX_QUEUE = 128              # requests waiting for the engine before new ones get 503
+SERVE_MAX_BATCH = 1                # `serve --max-batch`: requests batched at once (1 = the batch-1 engine; docs/batching.md)
 SERVE_MAX_BODY_BYTES = 8 * 1024 * 1024  # larger request bodies get 413
 SERVE_SHUTDOWN_GRACE_S = 10.0      # on SIGTERM in-flight requests get this long to finish, then are cut
 SERVE_COMPLETIONS_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's, SGLang's and vLLM's default)

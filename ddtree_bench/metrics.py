@@ -24,6 +24,16 @@ DFlash papers and vLLM do):
   there are several), tok/s's a Student t interval over repeats (>= 2). Level, resamples and seed
   are `defaults.CI_*`.
 
+* batching (`concurrency_summary`, docs/batching.md): batch_size_mean = sum_r n_r / R over the R
+  engine rounds (n_r requests shared round r), rebuilt from the per-request lists
+  `server_stats["batch_sizes"]` (a round of n_r requests appears in n_r of them, so
+  R = sum over request-rounds of 1 / n_r); observed_decode_concurrency = sum over ok requests of
+  (t_done - t_first_token) / (last t_done - first t_send), the mean number of requests decoding at
+  once; max_decode_overlap = the most decoding at one instant (1 when a backend ran them one at a
+  time, which marks a closed-loop run at concurrency > 1 `concurrency_honoured: false`).
+* throughput_ratio_vs_ar = output_throughput_tok_s / the AR point's output_throughput_tok_s at the
+  same concurrency (`throughput_ratio_vs_ar`): the batched speedup, beside the latency-based one.
+
 Errored requests count in num_requests / num_errors only. Undefined values are None, never NaN.
 """
 
@@ -277,3 +287,75 @@ def summarize(records: Sequence[RequestRecord], block_size: int = DEFAULT_BLOCK_
             errors[key] = errors.get(key, 0) + 1
     summary["error_kinds"] = errors or None
     return summary
+
+
+def batch_fullness(records: Sequence[RequestRecord]) -> dict[str, float | int | None]:
+    """{batch_rounds R, batch_size_mean, batch_size_max} of the engine rounds behind the ok records,
+    from each record's `server_stats["batch_sizes"]` (one entry per round it took part in):
+    R = sum over request-rounds of 1 / n, mean = request-rounds / R. All None without such lists."""
+    sizes = [int(n) for r in records if r.ok and isinstance(r.server_stats, dict)
+             for n in (r.server_stats.get("batch_sizes") or []) if int(n) > 0]
+    if not sizes:
+        return {"batch_rounds": None, "batch_size_mean": None, "batch_size_max": None}
+    rounds = sum(1.0 / n for n in sizes)
+    return {"batch_rounds": round(rounds), "batch_size_mean": len(sizes) / rounds, "batch_size_max": max(sizes)}
+
+
+def observed_decode_concurrency(records: Sequence[RequestRecord]) -> float | None:
+    """sum over ok requests of (t_done - t_first_token) / (last t_done - first t_send): how many
+    requests were decoding at once on average (None without timestamps or with a zero span)."""
+    ok = [r for r in records if r.ok and r.t_send_ns is not None and r.t_done_ns is not None and r.t_first_token_ns is not None]
+    if not ok:
+        return None
+    span = max(r.t_done_ns for r in ok) - min(r.t_send_ns for r in ok)
+    busy = sum(r.t_done_ns - r.t_first_token_ns for r in ok)
+    return busy / span if span > 0 else None
+
+
+def max_decode_overlap(records: Sequence[RequestRecord]) -> int | None:
+    """The most ok requests decoding at the same instant (open intervals t_first_token .. t_done)."""
+    ev = []
+    for r in records:
+        if r.ok and r.t_first_token_ns is not None and r.t_done_ns is not None and r.t_done_ns > r.t_first_token_ns:
+            ev += [(r.t_first_token_ns, 1), (r.t_done_ns, -1)]
+    if not ev:
+        return None
+    ev.sort(key=lambda e: (e[0], e[1]))  # an end at the same instant as a start does not overlap it
+    cur = best = 0
+    for _, d in ev:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def concurrency_summary(records: Sequence[RequestRecord], concurrency: int, request_rate: float | None,
+                        batching: dict[str, Any] | None) -> dict[str, Any]:
+    """The summary.json fields that say whether a run's concurrency was real.
+
+    `batching` is the backend's own account ({"max_batch", "honoured", "why"}; None when the backend
+    cannot tell, e.g. a server). Without one, a closed-loop run at concurrency > 1 in which no two
+    requests were ever decoding at the same time (`max_decode_overlap` <= 1) is marked not
+    honoured; otherwise `concurrency_honoured` stays None (unknown). Open-loop runs request a rate,
+    not a concurrency: `concurrency_requested` is None there.
+    """
+    requested = None if request_rate is not None else concurrency
+    observed = observed_decode_concurrency(records)
+    honoured, why, max_batch = None, None, None
+    if batching:
+        honoured, why, max_batch = batching.get("honoured"), batching.get("why"), batching.get("max_batch")
+    overlap = max_decode_overlap(records)
+    if honoured is None and requested is not None and requested > 1 and overlap is not None and overlap <= 1:
+        honoured = False
+        why = f"no two requests were decoding at the same time at --concurrency {requested}: the backend ran them one at a time"
+    if requested == 1 and honoured is None:
+        honoured = True
+    return {"concurrency_requested": requested, "concurrency_honoured": honoured, "concurrency_why": why,
+            "max_batch": max_batch, **batch_fullness(records), "observed_decode_concurrency": observed,
+            "max_decode_overlap": overlap}
+
+
+def throughput_ratio_vs_ar(tok_s: float | None, ar_tok_s: float | None) -> float | None:
+    """output tok/s of a point / output tok/s of the AR point at the same concurrency (None if either is missing)."""
+    if tok_s is None or ar_tok_s is None or ar_tok_s <= 0:
+        return None
+    return tok_s / ar_tok_s

@@ -74,5 +74,7 @@ def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backe
             first = records[0].error
             raise RunFailed(f"all {len(records)} requests failed (first: {first}); records in {out}")
         summary = metrics.summarize(records, block_size=max(16, getattr(backend, "block_size", 16)))
+        batching = backend.batching() if hasattr(backend, "batching") else None  # did the concurrency overlap for real
+        summary.update(metrics.concurrency_summary(records, spec.concurrency, spec.request_rate, batching))
         writer.commit(summary)
     return RunResult(out, summary, records)

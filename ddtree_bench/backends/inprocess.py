@@ -1,13 +1,26 @@
 """The in-process backend: the reference engine, called from the driver's event loop.
 
-Requests run one at a time in a worker thread (the engine is batch-size-1); chat messages are
-rendered with the model's chat template. Per-round chunks become the record's chunk timestamps, so
-TTFT/ITL/TPOT mean the same thing as for servers (no network in between).
+At concurrency 1 requests run one at a time in a worker thread on `Engine.generate` (batch 1).
+At concurrency C > 1 they go to the batched engine (`engine.batch_scheduler.BatchScheduler`
+over `engine.batch.BatchLoop`, up to C requests in flight, continuous batching), so the driver's
+C concurrent requests - or its Poisson arrivals, up to C at once - really overlap; requests beyond
+the batch wait in the engine's queue and that wait counts in their TTFT. The batch capacity is the
+run's `--concurrency` (also with `--request-rate`, where it caps the batch). Each request keeps
+its own seed (batch.py: its own generator), so outputs do not depend on who shares the batch.
+
+With `--cuda-graphs` the CUDA-graph loop is batch 1: requests then run one at a time and
+`batching()` says so (summary.json `concurrency_honoured: false` + why; a warning on stderr).
+Each record's `server_stats["batch_sizes"]` lists the batch size of every round the request
+took part in (metrics.batch_fullness turns them into summary.json's batch fullness).
+
+Chat messages are rendered with the model's chat template. Per-round chunks become the record's
+chunk timestamps, so TTFT/ITL/TPOT mean the same thing as for servers (no network in between).
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from typing import Any
 
@@ -24,7 +37,13 @@ class InProcessBackend:
         self.budget = budget
         self.stop_ids = list(spec.stop_ids) if spec and spec.stop_ids is not None else pair.stop_ids
         self.block_size = pair.engine.block_size
+        self.concurrency = spec.concurrency if spec else 1
+        self.request_rate = spec.request_rate if spec else None
+        self.graphs = bool(getattr(pair.engine, "cuda_graphs", False))
+        # the batch the engine runs: the driver's concurrency, except on the batch-1 CUDA-graph loop
+        self.max_batch = 1 if self.graphs else max(1, self.concurrency)
         self._lock: asyncio.Lock | None = None  # made in start(): each drive() runs its own event loop
+        self._sched = None
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> "InProcessBackend":
@@ -35,14 +54,52 @@ class InProcessBackend:
 
     async def start(self) -> None:
         self._lock = asyncio.Lock()
+        if self.max_batch > 1 and self._sched is None:
+            from ddtree_bench.engine.batch import batch_loop_for
+            from ddtree_bench.engine.batch_scheduler import BatchScheduler
+
+            self._sched = BatchScheduler(batch_loop_for(self.pair.engine, self.method, self.budget, self.max_batch))
+        why = self.batching()["why"]
+        if why and not self.batching()["honoured"]:
+            print(f"warning: {why}", file=sys.stderr, flush=True)
+
+    def batching(self) -> dict[str, Any]:
+        """{max_batch, honoured, why}: whether the run's concurrency overlaps for real in the engine."""
+        wanted = self.concurrency if self.request_rate is None else None
+        if self.graphs and self.concurrency > 1:
+            return {"max_batch": 1, "honoured": False,
+                    "why": f"--cuda-graphs: the CUDA-graph loop is batch 1, so the {self.concurrency} concurrent requests ran "
+                           "one at a time (drop --cuda-graphs for the batched plain loop)"}
+        return {"max_batch": self.max_batch, "honoured": True if wanted is not None else None, "why": None}
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "method": self.method, "budget": self.budget, "stop_ids": self.stop_ids, **self.pair.info}
+        return {"kind": self.kind, "method": self.method, "budget": self.budget, "stop_ids": self.stop_ids,
+                "max_batch": self.max_batch, "batching": "continuous" if self.max_batch > 1 else "batch-1",
+                **self.pair.info}
 
     def prompt_ids(self, req: GenerationRequest) -> list[int]:
         if req.prompt_ids is not None:
             return list(req.prompt_ids)
         return self.pair.tokenizer.apply_chat_template(req.messages)
+
+    def _fill(self, rec: RequestRecord, g, batch_sizes: list[int]) -> RequestRecord:
+        rec.output_ids = g.output_ids
+        rec.output_text = self.pair.tokenizer.decode(g.output_ids)
+        rec.num_output_tokens = len(g.output_ids)
+        rec.accept_lengths = g.accept_lengths
+        rec.accept_lengths_source = "rounds"
+        rec.finish_reason = g.finish_reason
+        rec.t_first_token_ns = g.t_first_token_ns
+        rec.t_done_ns = g.t_done_ns
+        rec.chunk_times_ns, rec.chunk_tokens = g.chunk_times_ns, g.chunk_tokens
+        rec.stage_ms = {k: v / 1e6 for k, v in g.stage_ns.items()}
+        rec.server_stats = {"source": "inprocess", "batch_sizes": batch_sizes}
+        return rec
+
+    def _failed(self, rec: RequestRecord, e: Exception) -> RequestRecord:
+        rec.t_done_ns = time.perf_counter_ns()
+        rec.error = f"engine: {type(e).__name__}: {e}"
+        return rec
 
     def generate_sync(self, req: GenerationRequest) -> RequestRecord:
         rec = RequestRecord(prompt_id=req.prompt_id, turn=req.turn)
@@ -55,26 +112,32 @@ class InProcessBackend:
                 temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop_ids=self.stop_ids,
             )
         except Exception as e:  # one bad request must not end the run
-            rec.t_done_ns = time.perf_counter_ns()
-            rec.error = f"engine: {type(e).__name__}: {e}"
-            return rec
-        rec.output_ids = g.output_ids
-        rec.output_text = self.pair.tokenizer.decode(g.output_ids)
-        rec.num_output_tokens = len(g.output_ids)
-        rec.accept_lengths = g.accept_lengths
-        rec.accept_lengths_source = "rounds"
-        rec.finish_reason = g.finish_reason
-        rec.t_first_token_ns = g.t_first_token_ns
-        rec.t_done_ns = g.t_done_ns
-        rec.chunk_times_ns, rec.chunk_tokens = g.chunk_times_ns, g.chunk_tokens
-        rec.stage_ms = {k: v / 1e6 for k, v in g.stage_ns.items()}
-        return rec
+            return self._failed(rec, e)
+        return self._fill(rec, g, [1] * len(g.accept_lengths))
+
+    async def _generate_batched(self, req: GenerationRequest) -> RequestRecord:
+        from ddtree_bench.engine.batch import BatchRequest
+
+        rec = RequestRecord(prompt_id=req.prompt_id, turn=req.turn)
+        rec.t_send_ns = time.perf_counter_ns()
+        try:
+            ids = self.prompt_ids(req)
+            rec.prompt_ids, rec.num_prompt_tokens = ids, len(ids)
+            fut = self._sched.submit(BatchRequest(ids, req.max_new_tokens, req.temperature, req.top_p, req.seed, self.stop_ids))
+            g = await asyncio.wrap_future(fut)
+        except Exception as e:  # one bad request must not end the run
+            return self._failed(rec, e)
+        return self._fill(rec, g, list(g.batch_sizes))
 
     async def generate(self, req: GenerationRequest) -> RequestRecord:
+        if self._sched is not None:
+            return await self._generate_batched(req)
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
             return await asyncio.to_thread(self.generate_sync, req)
 
     async def aclose(self) -> None:
-        return None
+        if self._sched is not None:
+            sched, self._sched = self._sched, None
+            await asyncio.to_thread(sched.close)

@@ -5,17 +5,20 @@ committed tokens, as the engine's `on_chunk` hands them over), then one "done" (
 finish reason, stage times), "error" or "cancelled".
 
 * `EngineSource` runs `engine.generate.Engine` (batch size 1) on one dedicated worker thread; the
-  server runs one job at a time (`serial = True`). Setting `job.cancelled` stops the generation at
-  its next round (the `on_chunk` callback raises), so a vanished client or a shutdown frees the
-  engine within one round.
+  server runs one job at a time (`serial = True`). With `max_batch` N > 1 (`serve --max-batch N`)
+  it runs the batched engine instead (`engine.batch_scheduler.BatchScheduler`: continuous
+  batching, up to N jobs in one batch, each with its own seed) and the server runs up to N jobs at
+  once (`serial = N`). Setting `job.cancelled` stops the generation at its next round (the
+  `on_chunk` callback raises; batched, the job also leaves the batch between rounds), so a
+  vanished client or a shutdown frees the engine (or its place in the batch) within one round.
 * `NullSource` needs no model: it answers instantly (or after `chunk_delay_s` per round) with
   `max_tokens` letters in chunks of `chunk_tokens` (one "round" each, a_r = chunk_tokens),
   concurrently (`serial = False`). It exists to measure the HTTP client and driver's own overhead.
 
-`Scheduler` decides when a job runs: on a serial source one job at a time in arrival order, at
-most `max_queue` waiting (more raise `QueueFull`); a waiting job whose caller is cancelled (its
-client went away) leaves the queue at once and frees its place. A concurrent source runs every
-job at once. (Batching several jobs per engine step would replace `Scheduler.turn`.)
+`Scheduler` decides when a job runs: on a serial source (`serial` True, or an int N: N slots)
+at most N jobs at a time in arrival order, at most `max_queue` waiting (more raise `QueueFull`);
+a waiting job whose caller is cancelled (its client went away) leaves the queue at once and frees
+its place. A concurrent source (`serial` False) runs every job at once.
 
 Knows the engine's `generate` call and the toy byte tokenizer; nothing of HTTP.
 """
@@ -71,12 +74,13 @@ class QueueFull(Exception):
 class Scheduler:
     """When jobs run (see the module docstring). `on_change(waiting, running)` sees every change."""
 
-    def __init__(self, serial: bool, max_queue: int, on_change: Callable[[int, int], None] | None = None):
-        self.serial = serial
+    def __init__(self, serial: bool | int, max_queue: int, on_change: Callable[[int, int], None] | None = None):
+        self.serial = bool(serial)
+        self.slots = int(serial) if serial else 0  # jobs that may run at once (True = 1); 0 = unlimited
         self.max_queue = max_queue
         self.waiting = 0
         self.running = 0
-        self._lock = asyncio.Lock()  # FIFO: asyncio wakes waiters in arrival order
+        self._lock = asyncio.Semaphore(max(1, self.slots))  # FIFO: asyncio wakes waiters in arrival order
         self._on_change = on_change or (lambda waiting, running: None)
 
     def _changed(self) -> None:
@@ -107,12 +111,17 @@ class Scheduler:
 
 
 class EngineSource:
-    """The reference engine of a loaded pair (`pair.load_pair`), one job at a time on a worker thread."""
+    """The reference engine of a loaded pair (`pair.load_pair`): one job at a time on a worker thread,
+    or with max_batch > 1 up to max_batch jobs batched on the engine thread."""
 
-    serial = True
+    serial: bool | int = True
 
-    def __init__(self, pair, method: str, budget: int, model_id: str):
+    def __init__(self, pair, method: str, budget: int, model_id: str, max_batch: int = 1):
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
         self.pair = pair
+        self.max_batch = max_batch
+        self.serial = max_batch  # the Scheduler runs up to this many jobs at once
         self.method = method
         self.budget = budget
         self.model_id = model_id
@@ -122,8 +131,14 @@ class EngineSource:
         cfg = pair.engine.target.cfg
         self.vocab_size = cfg.vocab_size
         self.max_model_len = cfg.max_position_embeddings
-        self.info: dict[str, Any] = {"engine": "reference", **pair.info}
+        self.info: dict[str, Any] = {"engine": "reference", "max_batch": max_batch, **pair.info}
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ddtree-engine")
+        self._batch = None
+        if max_batch > 1:
+            from ddtree_bench.engine.batch import batch_loop_for
+            from ddtree_bench.engine.batch_scheduler import BatchScheduler
+
+            self._batch = BatchScheduler(batch_loop_for(pair.engine, method, budget, max_batch), name="ddtree-engine")
 
     def draft_tokens_per_round(self) -> int:
         return {"ddtree": self.budget, "dflash": self.block_size - 1}.get(self.method, 0)
@@ -137,20 +152,52 @@ class EngineSource:
                 raise _Cancelled
             loop.call_soon_threadsafe(events.put_nowait, Event("tokens", list(tokens), time.perf_counter_ns()))
 
+        def finished(g=None, exc: BaseException | None = None) -> None:
+            from ddtree_bench.engine.batch import Cancelled
+
+            if exc is None:
+                ev = Event("done", t_ns=time.perf_counter_ns(), accept_lengths=g.accept_lengths,
+                           finish_reason=g.finish_reason, stage_ns=g.stage_ns)
+            elif isinstance(exc, (_Cancelled, Cancelled)):
+                ev = Event("cancelled", t_ns=time.perf_counter_ns())
+            else:  # one bad request must not take the server down
+                ev = Event("error", t_ns=time.perf_counter_ns(), error=f"{type(exc).__name__}: {exc}")
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
         def work() -> None:
             try:
                 g = self.pair.engine.generate(
                     job.prompt_ids, method=self.method, budget=self.budget, max_new_tokens=job.max_tokens,
                     temperature=job.temperature, top_p=job.top_p, seed=job.seed, stop_ids=job.stop_ids, on_chunk=on_chunk)
-                ev = Event("done", t_ns=time.perf_counter_ns(), accept_lengths=g.accept_lengths,
-                           finish_reason=g.finish_reason, stage_ns=g.stage_ns)
-            except _Cancelled:
-                ev = Event("cancelled", t_ns=time.perf_counter_ns())
-            except Exception as e:  # one bad request must not take the server down
-                ev = Event("error", t_ns=time.perf_counter_ns(), error=f"{type(e).__name__}: {e}")
-            loop.call_soon_threadsafe(events.put_nowait, ev)
+            except Exception as e:
+                finished(exc=e)
+                return
+            finished(g)
 
-        fut = loop.run_in_executor(self._executor, work)
+        if self._batch is not None:
+            from ddtree_bench.engine.batch import BatchRequest
+
+            req = BatchRequest(job.prompt_ids, job.max_tokens, job.temperature, job.top_p, job.seed, job.stop_ids,
+                               on_chunk=on_chunk, cancelled=lambda: job.cancelled)
+
+            def settle(f) -> None:
+                e = f.exception()
+                if e is not None:
+                    finished(exc=e)
+                else:
+                    finished(f.result())
+
+            try:
+                bfut = self._batch.submit(req)
+            except Exception as e:
+                finished(exc=e)
+                fut = loop.create_future()
+                fut.set_result(None)
+            else:
+                bfut.add_done_callback(settle)
+                fut = asyncio.wrap_future(bfut)
+        else:
+            fut = loop.run_in_executor(self._executor, work)
         try:
             while True:
                 ev = await events.get()
@@ -159,9 +206,14 @@ class EngineSource:
                     return
         finally:
             job.cancelled = True  # no-op once done; otherwise stops the thread at its next round
-            await asyncio.shield(fut)
+            try:
+                await asyncio.shield(fut)
+            except Exception:  # the batched job's outcome already went out as an event
+                pass
 
     def close(self) -> None:
+        if self._batch is not None:
+            self._batch.close()
         self._executor.shutdown(wait=True)
 
 

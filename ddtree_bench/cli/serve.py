@@ -28,7 +28,8 @@ def serve_cmd(
     host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default; another address needs --api-key or --insecure).")] = D.HOST,
     port: Annotated[int, typer.Option("--port", help="Port to bind (0 = any free port; the ready line says which).")] = D.PORT,
     api_key: O.ApiKey = None,
-    max_queue: Annotated[int, typer.Option("--max-queue", help="Requests that may wait for the batch-1 engine; more get 503.")] = D.SERVE_MAX_QUEUE,
+    max_queue: Annotated[int, typer.Option("--max-queue", help="Requests that may wait for the engine; more get 503.")] = D.SERVE_MAX_QUEUE,
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Requests the engine runs at once, batched (continuous batching; 1 = batch-1 engine).")] = D.SERVE_MAX_BATCH,
     null: Annotated[bool, typer.Option("--null", help="Same as --method null.")] = False,
     null_chunk_tokens: Annotated[int, typer.Option("--null-chunk-tokens", help="Null engine: tokens per streamed chunk.")] = D.NULL_CHUNK_TOKENS,
     null_delay_ms: Annotated[float, typer.Option("--null-delay-ms", help="Null engine: pause before each chunk after the first (0 = instant).")] = 0.0,
@@ -52,6 +53,11 @@ def serve_cmd(
         raise UsageError(f"--budget must be an integer >= 0, got {budget}")
     if max_queue < 0:
         raise UsageError(f"--max-queue must be >= 0, got {max_queue}")
+    if max_batch < 1:
+        raise UsageError(f"--max-batch must be an integer >= 1, got {max_batch}")
+    if max_batch > 1 and cuda_graphs:
+        raise UsageError("--cuda-graphs runs the CUDA-graph loop, which is batch 1; it cannot batch --max-batch "
+                         f"{max_batch} requests", hint="drop --cuda-graphs (the batched plain loop) or use --max-batch 1")
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {port}")
     if not 0 <= shutdown_grace < math.inf:
@@ -81,8 +87,9 @@ def serve_cmd(
 
         print(f"ddtree-bench serve: loading {model} ({method}, {dtype}, {device})", file=sys.stderr, flush=True)
         pair = load_pair(model, draft, method, dtype, device, cuda_graphs=cuda_graphs)
-        source = EngineSource(pair, method, budget, served_model_name or model)
-        what = f"model {source.model_id}, method {method}" + (f", budget {budget}" if method == "ddtree" else "")
+        source = EngineSource(pair, method, budget, served_model_name or model, max_batch=max_batch)
+        what = (f"model {source.model_id}, method {method}" + (f", budget {budget}" if method == "ddtree" else "")
+                + (f", batching up to {max_batch}" if max_batch > 1 else ""))
 
     def ready(url: str) -> None:
         print(f"{READY_PREFIX}{url} ({what})", flush=True)

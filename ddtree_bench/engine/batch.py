@@ -74,6 +74,14 @@ class BatchRequest:
     cancelled: Callable[[], bool] | None = None
 
 
+@dataclass
+class BatchGeneration(Generation):
+    """A Generation plus the batch size of every round the request took part in (`batch_sizes[r]`
+    requests shared round r; all 1 alone)."""
+
+    batch_sizes: list[int] = field(default_factory=list)
+
+
 class Cancelled(Exception):
     """The request's `cancelled()` said so; it left the batch between rounds."""
 
@@ -122,6 +130,7 @@ class _Active:
     trees: list[RoundTrace] | None = None
     gaps: list[float] = field(default_factory=list)
     stage_ns: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STAGES})
+    batch_sizes: list[int] = field(default_factory=list)
     error: BaseException | None = None
 
     def emit(self, tokens: list[int], now: int) -> None:
@@ -130,14 +139,14 @@ class _Active:
         except Exception as e:  # the caller's on_chunk (e.g. a client that went away): only this request ends
             self.error = e
 
-    def generation(self) -> Generation:
+    def generation(self) -> BatchGeneration:
         out = self.stream.out
-        return Generation(
+        return BatchGeneration(
             output_ids=out, accept_lengths=self.accept_lengths, finish_reason=self.stream.finish_reason,
             num_prompt_tokens=len(self.req.prompt_ids), stage_ns=dict(self.stage_ns), t_start_ns=self.t_start,
             t_first_token_ns=self.t_first, t_done_ns=time.perf_counter_ns(), chunk_times_ns=self.stream.chunk_times_ns,
             chunk_tokens=self.stream.chunk_tokens, trees=self.trees,
-            logit_gaps=self.gaps[: len(out)] if self.req.return_logit_gaps else None,
+            logit_gaps=self.gaps[: len(out)] if self.req.return_logit_gaps else None, batch_sizes=self.batch_sizes,
         )
 
 
@@ -274,7 +283,10 @@ class BatchLoop:
         """One round over every active request; returns the requests that retired after it."""
         if not self.active:
             return []
-        self.stats.batch_sizes.append(len(self.active))
+        n = len(self.active)
+        self.stats.batch_sizes.append(n)
+        for st in self.active:
+            st.batch_sizes.append(n)
         t = self._now()
         if self.spec:
             self._spec_round(t)

@@ -219,8 +219,12 @@ def takeaways(rows: list[dict[str, Any]]) -> list[tuple[str, Verdict]]:
         groups.setdefault(_settings(r), []).append(r)
     keys = ("backend", "model", "dtype", "device", "suite", "concurrency", "request_rate", "temperature")
     varying = [k for k in keys if len({str(r.get(k)) for r in cands}) > 1]
+    # settings whose concurrency a backend did not honour (it ran the requests one at a time) give no takeaway
+    unhonoured = {_settings(r) for r in rows if str(r.get("concurrency_honoured")) == "False"}
     out = []
-    for _, rs in groups.items():
+    for key, rs in groups.items():
+        if key in unhonoured:
+            continue
         metric = "speedup_vs_ar" if all(r.get("speedup_vs_ar") not in (None, "") for r in rs) else "output_throughput_tok_s"
         method = BOOTSTRAP_2WAY if aggregates else BOOTSTRAP
         if metric == "output_throughput_tok_s":

@@ -45,6 +45,8 @@ EXTRA_COLUMNS = (
     "point_id", "draft", "dtype", "device", "repeat", "num_requests", "num_errors", "total_output_tokens",
     "duration_s", "e2e_ms_p50", "itl_ms_p50", "server_acceptance_length", "acceptance_crosscheck_rel_diff",
     "acceptance_crosscheck_agree", "server_version",
+    # batching (metrics.concurrency_summary): total tok/s vs AR at the same concurrency, whether the load was real
+    "throughput_ratio_vs_ar", "concurrency_honoured", "concurrency_why", "batch_size_mean", "batch_size_max",
 ) + CI_COLUMNS + NOISE_COLUMNS
 COLUMNS = SUMMARY_COLUMNS + EXTRA_COLUMNS
 ERROR_CHARS = 300
@@ -173,6 +175,10 @@ class SweepDir:
             if summary.get("num_errors") and summary.get("error_kinds"):
                 row["error"] = "request errors: " + "; ".join(f"{k} x{n}" for k, n in summary["error_kinds"].items())
             row["speedup_vs_ar"] = self.speedup(p, ar)
+            row.update({k: summary.get(k) for k in ("concurrency_honoured", "concurrency_why", "batch_size_mean", "batch_size_max")})
+            ar_summary = self.read_point_json(ar.id, "summary.json") if ar is not None else None
+            row["throughput_ratio_vs_ar"] = metrics.throughput_ratio_vs_ar(
+                summary.get("output_throughput_tok_s"), (ar_summary or {}).get("output_throughput_tok_s"))
             row.update(speedup_columns(self, p, ar))
         return row
 
