@@ -276,6 +276,13 @@ def import_baseline(pt: str | Path, trust_pickle: bool, tokenizer: str, suite: s
                          hint="check --suite (and --subset / --limit: import needs every prompt the run used) and --tokenizer")
     max_new = args.get("max_new_tokens") if isinstance(args.get("max_new_tokens"), int) else None
     finish_reasons(result.entries, stop_ids, max_new)
+    from ddtree_bench.engine.interface import drop_final_empty_round
+
+    dropped = 0  # the last-round rule (docs/engine-tests.md): their final round past max_new_tokens is left out
+    for e in result.entries:
+        if e.accept_lengths:
+            e.accept_lengths, cut = drop_final_empty_round(e.accept_lengths, max_new)
+            dropped += cut
 
     gaps_info = None
     if gaps_from_model is not None:
@@ -328,6 +335,7 @@ def import_baseline(pt: str | Path, trust_pickle: bool, tokenizer: str, suite: s
         "num_matched": len(result.entries),
         "unmatched_responses": result.unmatched,
         "duplicate_responses": result.duplicates,
+        "final_empty_rounds_dropped": dropped,  # per-round figures follow the last-round rule; tau_by_method is theirs as run
         "matched_by": result.matched_by,
         "logit_gap_source": gaps_info,
         **environment_fields(None),

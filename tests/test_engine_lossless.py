@@ -254,3 +254,14 @@ def test_the_last_round_rule(world, variant):
             assert len(g.accept_lengths) == 1 and rig.calls == 1 and g.chunk_tokens == [1]
         ar = Engine(world["target"]).generate(world["prompt"], "ar", max_new_tokens=30, stop_ids=[first])
         assert ar.output_ids == [first] and ar.accept_lengths == []   # AR has no draft round to record
+
+
+def test_the_authors_final_empty_round_is_left_out_of_imported_lengths():
+    """Imported baselines (the authors' .pt) carry their loop's extra round once 1 + the earlier
+    rounds' lengths reach max_new_tokens; under the last-round rule it is dropped (and counted)."""
+    from ddtree_bench.engine.interface import drop_final_empty_round
+
+    assert drop_final_empty_round([5, 4, 3], 10) == ([5, 4], True)     # 1 + 9 = 10 tokens were out already
+    assert drop_final_empty_round([5, 4, 3], 11) == ([5, 4, 3], False)  # the third round emitted the 11th..
+    assert drop_final_empty_round([5, 4, 3], None) == ([5, 4, 3], False)
+    assert drop_final_empty_round([], 4) == ([], False)

@@ -97,6 +97,16 @@ def wants_round(emitted: int, stopped: bool, rounds_ran: int, max_new_tokens: in
     return True
 
 
+def drop_final_empty_round(accept_lengths: list[int], max_new_tokens: int | None) -> tuple[list[int], bool]:
+    """The authors' acceptance lengths under the last-round rule: their loop runs one more round once
+    1 + sum of the earlier rounds' lengths has reached max_new_tokens (all its tokens are cut); that
+    round is left out so their per-round figures compare with ours. Returns (lengths, whether one
+    was dropped). The prefill's token is the 1."""
+    if max_new_tokens is not None and accept_lengths and 1 + sum(accept_lengths[:-1]) >= max_new_tokens:
+        return accept_lengths[:-1], True
+    return accept_lengths, False
+
+
 class Proposer(Protocol):
     """Step 1 of a speculative round, behind one method so tests can swap in a rigged proposer.
 
