@@ -149,10 +149,12 @@ def parse_variant(spec: str) -> DraftVariant:
     raise ValueError(f"unknown drafter variant {spec!r} (known: {SPELLINGS_HELP})")
 
 
-def catalog(num_draft_layers: int, block_size: int, pad_like_id: int | None, has_sliding_layers: bool) -> list[DraftVariant]:
+def catalog(num_draft_layers: int, block_size: int, pad_like_id: int | None, has_sliding_layers: bool,
+            has_causal_layers: bool = True) -> list[DraftVariant]:
     """The variants `explain` tries by default, reference first. `pad_like_id`: an id an engine could
-    plausibly feed instead of the mask id (the tokenizer's pad or eos), None to skip that variant."""
-    names = ["reference", "causal", "bidirectional", "layer_ids-1", "layer_ids+1", "context_window=16",
+    plausibly feed instead of the mask id (the tokenizer's pad or eos), None to skip that variant;
+    `bidirectional` only when some layer is causal (else it is the reference)."""
+    names = ["reference", "causal"] + (["bidirectional"] if has_causal_layers else []) + ["layer_ids-1", "layer_ids+1", "context_window=16",
              "context_window=64", "sliding_window=64", "positions+1", "positions-1",
              f"draft_length={max(1, (block_size - 1) // 2)}", "bonus_as_mask", "no_hidden_norm"]
     if has_sliding_layers:

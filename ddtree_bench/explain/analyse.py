@@ -179,7 +179,7 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
     cfg = eng.drafter.cfg
     has_sliding = any(w is not None for w in cfg.layer_window)
     pad_like = _pad_like(target_dir, cfg.mask_token_id)
-    todo = chosen if chosen is not None else catalog(cfg.num_hidden_layers, block, pad_like, has_sliding)
+    todo = chosen if chosen is not None else catalog(cfg.num_hidden_layers, block, pad_like, has_sliding, any(cfg.layer_causal))
     if not any(v.is_reference for v in todo):
         todo = [REFERENCE] + todo
 
