@@ -11,6 +11,8 @@ position-indexed KV cache + compaction), tree (best-first tree build: the heap a
 build, verify inputs), tree_vector (the vectorised build's exact keys and `StaticTreeBuilder`),
 verify (sampling and the tree walk, slow and fast), generate (the reference loop and the `Engine`
 dispatcher), interface (what both halves share: Generation, OutputStream, RoundTrace, the proposer
-protocol, the walk-result layout), loading (directories, safetensors).
+protocol, the walk-result layout, the last-round rule), loading (directories, safetensors), facts
+(what run.json records about a pair: drafter attention mode, stop-id rule), draft_variants (documented
+drafter deviations, for `explain`).
 gpu/ is the CUDA-graph loop and everything only it uses (see gpu/__init__.py).
 """
