@@ -117,3 +117,26 @@ def test_config_diff_names_the_variant(tmp_path):
     diff = diff_configs(TOY_DIR / "draft", _rig(tmp_path, "shift", target_layer_ids=[2, 3, 4], is_causal=True))
     named = {f.variant for f in diff}
     assert {"layer_ids+1", "causal"} <= named
+
+
+def _row(name, distance, changes):
+    return {"name": name, "distance": distance, "changes": changes, "tau": 3.0, "description": name, "round_agreement": None}
+
+
+@pytest.mark.parametrize("rows,status,variant", [
+    ([_row("reference", 0.01, {})], "matches", "reference"),
+    ([_row("causal", 0.0, {"causal": True}), _row("reference", 0.1, {})], "explained", "causal"),
+    ([_row("causal", 0.01, {"causal": True}), _row("layer_ids-1", 0.012, {"target_layer_id_offset": -1}),
+      _row("reference", 0.1, {})], "ambiguous", "causal"),
+    ([_row("causal", 0.05, {"causal": True}), _row("reference", 0.1, {})], "unexplained", None),
+    ([_row("causal", 0.02, {"causal": True}), _row("reference", 0.035, {})], "unexplained", None),  # not half the reference's
+])
+def test_verdict_rules(rows, status, variant):
+    from ddtree_bench.explain.analyse import _verdict
+
+    ref = next(r for r in rows if not r["changes"])
+    res = {"server": {"tau": 3.0}, "depth_gap": {"largest_depth": 2, "largest": -0.2}}
+    v = _verdict(res, sorted(rows, key=lambda r: r["distance"]), ref, [])
+    assert v["status"] == status and v["variant"] == variant
+    if status == "unexplained":
+        assert v["nearest"] == "causal" and "depth 2" in v["text"]
