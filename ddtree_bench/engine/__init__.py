@@ -13,6 +13,8 @@ verify (sampling and the tree walk, slow and fast), generate (the reference loop
 dispatcher), interface (what both halves share: Generation, OutputStream, RoundTrace, the proposer
 protocol, the walk-result layout, the last-round rule), loading (directories, safetensors), facts
 (what run.json records about a pair: drafter attention mode, stop-id rule), draft_variants (documented
-drafter deviations, for `explain`).
+drafter deviations, for `explain`), batch (continuous batching: the batched plain loop), batch_forward
+(the target's and drafter's forward over several requests: weights once, attention per request),
+batch_scheduler (the engine thread that feeds the batched loop from other threads).
 gpu/ is the CUDA-graph loop and everything only it uses (see gpu/__init__.py).
 """
