@@ -12,7 +12,12 @@ per-round acceptance lengths are stored, so `compare` and `gate` have a referenc
 says which method and budget they came from, and each entry whether that output equalled AR's.
 
 `rescore_gaps` fills logit gaps for a baseline made elsewhere (teacher-forced: one target forward
-over prompt + output). Knows the engine, tokenizer and suites; nothing of HTTP or runs on disk.
+over prompt + output).
+
+`record_from_server` makes the same AR-greedy baseline from a running OpenAI-compatible server
+(vllm | sglang | standalone | openai): gaps are its top-1 minus top-2 logprobs, the header says
+`source: "server"` and where it came from, and `compare` judges it with SERVER_NEAR_TIE_GAP.
+Knows the engine, tokenizer, suites and (for servers) the HTTP client; nothing of runs on disk.
 """
 
 from __future__ import annotations
@@ -232,7 +237,7 @@ async def _record_server(kind: str, url: str, model: str, prompts, max_new_token
 
 def record_from_server(kind: str, url: str, model: str = D.MODEL, suite: str = D.SUITE, limit: int | None = None,
                        max_new_tokens: int = D.MAX_NEW_TOKENS, subset: str | None = None, api_key: str | None = None,
-                       timeout_s: float = D.REQUEST_TIMEOUT_S, top_logprobs: int = 2,
+                       timeout_s: float = D.REQUEST_TIMEOUT_S, top_logprobs: int = D.SERVER_TOP_LOGPROBS,
                        progress: bool = True) -> tuple[dict[str, Any], list[BaselineEntry]]:
     """AR-greedy baseline from a running OpenAI-compatible server: (header, entries).
 

@@ -32,6 +32,7 @@ NEAR_TIE_GAP = 1.0            # logit gap below which a greedy divergence counts
                               # (~2.4x the largest bf16 gap perturbation measured: docs/ci-gate.md §4)
 SERVER_NEAR_TIE_GAP = 2.0     # the same for baselines recorded from a server's logprobs (bf16 on both sides:
                               # 2.4 x (run's + baseline's own bf16 perturbation, 2 x 0.418); docs/explain.md)
+SERVER_TOP_LOGPROBS = 2       # baseline record from a server: top_logprobs asked per token (the gap needs two)
 EXPLAIN_MATCH_RMS = 0.03      # explain: per-depth curves this close (RMS over depths) reproduce each other
 EXPLAIN_AMBIGUOUS_RATIO = 1.5 # explain: a runner-up within this factor of the best variant's distance is as likely
 
@@ -77,3 +78,16 @@ SWEEP_ORDER = "interleaved"        # with --repeats N: rounds of every point, sh
 HEAVY_LOAD_PER_CORE = 1.0          # fallback without /proc/stat: 1-min load average / CPU cores before a point above this = heavy
 ENV_PROBE_TIMEOUT_S = 5.0          # nvidia-smi query of GPU clocks and utilisation
 HEAVY_OTHER_CORES_SHARE = 0.5      # other processes busy on more than this share of the cores during a point = heavy load
+# Scale-out: points in parallel (sweep/executors.py, sweep/ray_executor.py) and the plan (sweep/plan.py)
+SWEEP_EXECUTORS = ("local", "ray")
+SWEEP_EXECUTOR = "local"           # local: on this host (--workers N processes); ray: one Ray task per server group
+SWEEP_WORKERS = 1                  # 1 = the serial loop in the driver process
+SWEEP_GPUS_PER_POINT = 1           # GPUs pinned to each worker (CUDA_VISIBLE_DEVICES) / asked of Ray (num_gpus)
+SWEEP_RAY_CPUS_PER_POINT = 1       # num_cpus each Ray task asks for
+SWEEP_WORKER_STOP_GRACE_S = 20.0   # Ctrl-C / SIGTERM: workers get this long to stop their servers, then SIGKILL
+RAY_INSTALL_HINT = 'install the extra: pip install "ddtree-bench[ray]"'
+# Plan estimates when the sweep directory has no measured point yet (seconds; stated, not measured here):
+# an in-process toy point of the default sweep took ~11 s on 2 quiet CPU cores (1 min 39 s / 9 points);
+# an 8B model's server start in SGLang or vLLM takes 1-4 min.
+PLAN_POINT_S = {"inprocess": 11.0, "standalone": 11.0, "sglang": 60.0, "vllm": 60.0, "openai": 60.0}
+PLAN_SERVER_START_S = {"inprocess": 0.0, "standalone": 10.0, "sglang": 150.0, "vllm": 150.0, "openai": 60.0}

@@ -34,7 +34,7 @@ def record_cmd(
     url: O.Url = None,
     api_key: O.ApiKey = None,
     timeout: O.Timeout = D.REQUEST_TIMEOUT_S,
-    top_logprobs: Annotated[int, typer.Option("--top-logprobs", help="Server baselines: top_logprobs asked per token (>= 2; the gap is top-1 minus top-2).")] = 2,
+    top_logprobs: Annotated[int, typer.Option("--top-logprobs", help="Server baselines: top_logprobs asked per token (>= 2; the gap is top-1 minus top-2).")] = D.SERVER_TOP_LOGPROBS,
     quiet: Quiet = False,
 ) -> None:
     """Record an AR-greedy baseline: prompt ids, output ids and text, and the top-1 minus top-2 logit gap

@@ -26,7 +26,7 @@ from typing import Any
 from ddtree_bench import defaults as D
 from ddtree_bench.errors import UsageError
 from ddtree_bench.explain.config_check import check_pair, diff_configs
-from ddtree_bench.explain.curves import Acceptance, curve_distance, first_parting, rates_by_depth, round_agreement
+from ddtree_bench.explain.curves import Acceptance, curve_distance, first_parting, round_agreement
 from ddtree_bench.explain.replay import ReplayRequest, replay
 
 KIND = "ddtree-bench-explain"
