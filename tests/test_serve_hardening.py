@@ -75,7 +75,7 @@ def assert_client_error(status: int, body: bytes, want: int | range = range(400,
 
 
 def metrics(s) -> dict[str, float]:
-    return parse_prometheus(requests.get(s.url + "/metrics", timeout=10).text)
+    return parse_prometheus(requests.get(s.url + "/metrics", timeout=DEADLINE_S).text)
 
 
 def metric(s, name: str, **labels: str) -> float:

@@ -256,8 +256,7 @@ class NullSource:
             if job.cancelled:
                 yield Event("cancelled", t_ns=time.perf_counter_ns())
                 return
-            if self.chunk_delay_s > 0:
-                await asyncio.sleep(self.chunk_delay_s)
+            await asyncio.sleep(self.chunk_delay_s)  # 0: still yield, so a long instant stream cannot starve the loop
             take = min(self.chunk_tokens, job.max_tokens - n)
             rounds.append(self.chunk_tokens)  # a_r before truncation, as the engine counts it
             yield Event("tokens", [self.token(n + i) for i in range(take)], time.perf_counter_ns())
