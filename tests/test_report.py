@@ -383,3 +383,16 @@ def test_a_sweep_with_repeats_reports_intervals_error_bars_and_heavy_load(tmp_pa
     assert b8.repeats == 2 and b8.tok_s is not None and b8.speedup is not None
     agg = next(r for s in data.sources for r in s.aggregates if r["method"] == "ddtree" and r["budget"] == 8.0)
     assert b8.speedup.low == pytest.approx(agg["speedup_vs_ar_ci_low"])  # the file's interval, not recomputed
+
+
+def test_a_load_the_backend_did_not_honour_gives_no_takeaway(fx):
+    from ddtree_bench.report import html as rhtml
+
+    data = rdata.load([fx.sweep])
+    before = {key for key, _ in rhtml.verdicts(data)}
+    assert ("smoke", 0.0, "c=2") in before
+    for p in data.points:
+        if p.load_label == "c=2" and p.summary is not None:
+            p.summary = {**p.summary, "concurrency_honoured": False}
+    after = {key for key, _ in rhtml.verdicts(data)}
+    assert after == before - {("smoke", 0.0, "c=2")}

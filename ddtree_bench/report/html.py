@@ -230,12 +230,15 @@ def section_metadata(data: ReportData) -> Html:
 
 def verdicts(data: ReportData) -> list[tuple[tuple, Verdict]]:
     """One verdict per (suite, temperature, load): by speedup vs AR when every configuration has one,
-    else by tok/s; a winner only when its interval clears the runner-up's (noise/verdict.py)."""
+    else by tok/s; a winner only when its interval clears the runner-up's (noise/verdict.py). A load
+    level some point did not honour (summary.json `concurrency_honoured` false) gets none."""
     groups: dict[tuple, list[Config]] = defaultdict(list)
     for c in data.configs:
         groups[c.group_key()].append(c)
     out = []
     for key, cs in groups.items():
+        if any((q.summary or {}).get("concurrency_honoured") is False for c in cs for q in c.points):
+            continue  # a load the backend did not honour (it ran requests one at a time) gives no takeaway
         metric = "speedup_vs_ar" if all(c.speedup_value is not None for c in cs) else "output_throughput_tok_s"
         cands = [Candidate(c.label, c.value(metric), c.interval(metric), c) for c in cs]
         out.append((key, decide(cands, metric, max(c.repeats for c in cs))))
