@@ -144,7 +144,7 @@ class KeyedRigged:
 
     def propose_batch(self, rows):
         self.batched_calls += 1
-        return [self.rigs[key].propose(ctx, bonus, cache, draft_len, start) for key, ctx, bonus, cache, draft_len, start in rows]
+        return [self.rigs[r.key].propose(r.ctx, r.bonus, r.cache, r.draft_len, r.start) for r in rows]
 
 
 @pytest.mark.parametrize("method,budget", SPEC, ids=SPEC_IDS)

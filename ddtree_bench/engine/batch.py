@@ -82,6 +82,19 @@ class BatchGeneration(Generation):
     batch_sizes: list[int] = field(default_factory=list)
 
 
+@dataclass
+class ProposeRow:
+    """What a batched proposer (`propose_batch(rows) -> [draft logits [L, V] per row]`) gets per
+    request: its key, then exactly `Proposer.propose`'s arguments."""
+
+    key: Any
+    ctx: torch.Tensor
+    bonus: int
+    cache: Any
+    draft_len: int
+    start: int
+
+
 class Cancelled(Exception):
     """The request's `cancelled()` said so; it left the batch between rounds."""
 
@@ -315,7 +328,7 @@ class BatchLoop:
     def _propose(self) -> list[torch.Tensor]:
         p = self.proposer
         if hasattr(p, "propose_batch"):
-            return p.propose_batch([(st.req.key, st.ctx, st.bonus, st.dcache, st.draft_len, st.start) for st in self.active])
+            return p.propose_batch([ProposeRow(st.req.key, st.ctx, st.bonus, st.dcache, st.draft_len, st.start) for st in self.active])
         if type(p) is DFlashProposer:  # one drafter forward for the whole batch
             dev = self.device
             rows = []
