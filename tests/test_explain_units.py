@@ -140,3 +140,20 @@ def test_verdict_rules(rows, status, variant):
     assert v["status"] == status and v["variant"] == variant
     if status == "unexplained":
         assert v["nearest"] == "causal" and "depth 2" in v["text"]
+
+
+def test_replay_reports_the_chain_drafted_at_each_depth(toy):
+    """drafted[r][d-1] is the token the reference drafted at depth d of round r: accepted depths equal the output."""
+    from ddtree_bench.explain.replay import ReplayRequest, replay
+
+    pair, ids = toy
+    res = replay(pair.engine, [ReplayRequest(("0", 0), ids[0], 40)], "dflash", 64, list(pair.stop_ids), REFERENCE)
+    rounds, out, chains = res.acceptance.rounds[("0", 0)], res.acceptance.outputs[("0", 0)], res.drafted[("0", 0)]
+    s = 0
+    for r, a in enumerate(rounds):
+        for d in range(1, a):
+            if s + d < len(out):
+                assert chains[r][d - 1] == out[s + d]
+        if a < len(chains[r]) + 1 and s + a < len(out):
+            assert chains[r][a - 1] != out[s + a]  # the first rejected depth drafted something else
+        s += a

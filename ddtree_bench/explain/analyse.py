@@ -335,7 +335,8 @@ def format_text(res: dict[str, Any]) -> str:
     p = res.get("parting")
     if p and p["first"]:
         f = p["first"]
-        drafted = f" (reference drafted {f['reference_drafted']}, the server's draft was {'rejected' if f['a'] < f['b'] else 'accepted'})" \
+        drafted = (f" (the reference drafted id {f['reference_drafted']}, {'accepted' if f['a'] < f['b'] else 'rejected'}; "
+                   f"the server's draft was {'rejected' if f['a'] < f['b'] else 'accepted'})") \
             if f.get("reference_drafted") is not None and f["a"] is not None and f["b"] is not None else ""
         lines.append(f"  first parting: request {f['prompt_id']}/{f['turn']} round {f['round']} depth {f['depth']} "
                      f"(output token {f['output_index']} = id {f['token_id']}): server accepted {f['a']}, reference {f['b']}{drafted}; "

@@ -43,7 +43,7 @@ def replay(engine: Any, requests: list[ReplayRequest], method: str, budget: int,
                          stop_ids=stop_ids, record_trees=method == "dflash")
         rounds[r.key] = list(g.accept_lengths)
         outputs[r.key] = list(g.output_ids)
-        drafted[r.key] = [t.token_ids[1:] for t in (g.trees or [])]
+        drafted[r.key] = [list(t.token_ids) for t in (g.trees or [])]  # a chain's nodes, depth 1 first (no root)
         if on_request is not None:
             on_request()
     return ReplayResult(Acceptance(variant.name, rounds, outputs), drafted)
