@@ -157,3 +157,15 @@ def test_replay_reports_the_chain_drafted_at_each_depth(toy):
         if a < len(chains[r]) + 1 and s + a < len(out):
             assert chains[r][a - 1] != out[s + a]  # the first rejected depth drafted something else
         s += a
+
+
+def test_round_agreement_breaks_a_curve_tie():
+    from ddtree_bench.explain.analyse import _verdict
+
+    a = {**_row("layer_ids+1", 0.010, {"target_layer_id_offset": 1}), "round_agreement": {"leading_round_share": 1.0, "requests_identical": 3, "requests": 3}}
+    b = {**_row("layer_ids-1", 0.012, {"target_layer_id_offset": -1}), "round_agreement": {"leading_round_share": 0.02}}
+    ref = _row("reference", 0.13, {})
+    res = {"server": {"tau": 3.0}, "depth_gap": {}}
+    assert _verdict(res, [a, b, ref], ref, [])["status"] == "explained"
+    b["round_agreement"]["leading_round_share"] = 0.9
+    assert _verdict(res, [a, b, ref], ref, [])["status"] == "ambiguous"

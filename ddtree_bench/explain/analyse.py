@@ -293,7 +293,8 @@ def _verdict(result: dict[str, Any], ranked: list[dict[str, Any]], ref: dict[str
     if close:
         best = close[0]
         fix = "; ".join(FIXES[k] for k in best["changes"] if k in FIXES)
-        amb = [r for r in close[1:] if r["distance"] <= best["distance"] * D.EXPLAIN_AMBIGUOUS_RATIO]
+        amb = [r for r in close[1:] if r["distance"] <= best["distance"] * D.EXPLAIN_AMBIGUOUS_RATIO
+               and not _rounds_decide(best, r)]
         head = (f"server tau {_f(s_tau)} vs reference {_f(ref['tau'])} (curve distance {ref['distance']:.3f}). "
                 f"The reference under '{best['name']}' ({best['description']}) reproduces the server: tau "
                 f"{_f(best['tau'])}, distance {best['distance']:.3f}")
@@ -313,6 +314,14 @@ def _verdict(result: dict[str, Any], ranked: list[dict[str, Any]], ref: dict[str
         text += f" Nearest: '{near['name']}' (distance {near['distance']:.3f}, tau {_f(near['tau'])})."
     return {"status": "unexplained", "variant": None, "nearest": near["name"] if near else None, "text": text + cfg_note,
             "fix": "compare the engine's drafter step by step with z-lab's (docs/explain.md lists the variants ruled out)"}
+
+
+def _rounds_decide(best: dict[str, Any], other: dict[str, Any]) -> bool:
+    """True when round-for-round agreement separates two variants whose curves are equally close: the
+    best reproduces at least half the server's rounds and the other less than half as many."""
+    a, b = best.get("round_agreement") or {}, other.get("round_agreement") or {}
+    sa, sb = a.get("leading_round_share"), b.get("leading_round_share")
+    return sa is not None and sb is not None and sa >= 0.5 and sb < sa / 2
 
 
 def _f(x: float | None) -> str:
