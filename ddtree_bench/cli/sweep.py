@@ -50,6 +50,12 @@ def sweep_cmd(
     endpoint: Annotated[Optional[str], _opt("--endpoint", help="chat | completions (HTTP backends). [default: chat]")] = None,
     profiles: Annotated[Optional[Path], _opt("--profiles", help="Directory of <backend>.yaml profiles overriding the bundled ones.")] = None,
     server_python: Annotated[Optional[str], _opt("--server-python", help="Python of the environment that holds the serving engine (sglang/vllm), launched as PY -m <engine's server module>. [default: the first Python on PATH that can import it]")] = None,
+    workers: Annotated[Optional[int], _opt("--workers", help=f"Server groups run at once on this host, each in its own worker pinned to its own GPUs / CPU cores (allowed with --resume). [default: {D.SWEEP_WORKERS}]")] = None,
+    gpus_per_point: Annotated[Optional[int], _opt("--gpus-per-point", help=f"GPUs each worker (or Ray task) gets: CUDA_VISIBLE_DEVICES / num_gpus. [default: {D.SWEEP_GPUS_PER_POINT}]")] = None,
+    executor: Annotated[Optional[str], _opt("--executor", help=f"local (this host) | ray (one Ray task per server group; pip install \"ddtree-bench[ray]\"). [default: {D.SWEEP_EXECUTOR}]")] = None,
+    ray_address: Annotated[Optional[str], _opt("--ray-address", help="--executor ray: the cluster, HOST:PORT or ray://HOST:PORT. [default: RAY_ADDRESS, else a new local Ray]")] = None,
+    ray_resources: Annotated[Optional[str], _opt("--ray-resources", help="--executor ray: custom resources every task asks for, as JSON, e.g. '{\"h200\": 1}'.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (points, server groups, workers, estimated time) and exit.")] = False,
     api_key: O.ApiKey = None,
     out: Annotated[Optional[Path], _opt("--out", help="Sweep directory (default: results/<sweep-id>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue a sweep: finished points are kept, failed and missing ones run.")] = False,
@@ -68,6 +74,10 @@ def sweep_cmd(
         "repeats": repeats, "order": order, "order_seed": order_seed, "dtype": dtype, "device": device, "seed": seed, "warmup": warmup, "endpoint": endpoint,
         "profiles": str(profiles) if profiles else None, "server_python": server_python,
     }
+    execution = {"workers": workers, "gpus_per_point": gpus_per_point, "executor": executor,
+                 "ray_address": ray_address, "ray_resources": ray_resources}  # where points run: allowed with --resume
+    if not resume:
+        flags.update(execution)
     if resume:
         given = [k for k, v in flags.items() if v is not None] + (["config"] if config else [])
         if given:
@@ -82,8 +92,21 @@ def sweep_cmd(
         grid = build_grid(config, flags)
         target = Path(out) if out else new_sweep_dir(grid)
     if resume:
+        grid = _stored_grid(target)
+        from ddtree_bench.sweep.grid import PARSERS
+
+        for k, v in execution.items():
+            if v is not None:
+                setattr(grid, k, PARSERS[k](v))
+    if dry_run:
+        from ddtree_bench.sweep.plan import dry_run as plan_dry_run
+
+        for line in plan_dry_run(grid, target if resume else None, api_key):
+            typer.echo(line)
+        return
+    if resume:
         typer.echo(f"resuming {target}")
-        outcome = run_sweep(_stored_grid(target), target, resume=True, api_key=api_key, progress=not quiet, echo=typer.echo)
+        outcome = run_sweep(grid, target, resume=True, api_key=api_key, progress=not quiet, echo=typer.echo)
     else:
         outcome = run_sweep(grid, target, api_key=api_key, progress=not quiet, echo=typer.echo)
     if outcome.auto_ar:

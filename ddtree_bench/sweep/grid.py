@@ -68,6 +68,12 @@ class GridSpec:
     order_seed: int | None = None                   # seed of the per-round shuffles (None = drawn, then recorded)
     server_python: str | None = None                # interpreter of the serving engine (None = first on PATH that has it)
     cuda_graphs: bool = False                       # in-process points: the fixed-shape CUDA-graph loop (RunSpec.cuda_graphs)
+    # where points run (sweep/executors.py, sweep/ray_executor.py); they change no result, so --resume may change them
+    workers: int = D.SWEEP_WORKERS                  # server groups run at once on this host (1 = serial)
+    gpus_per_point: int = D.SWEEP_GPUS_PER_POINT    # GPUs pinned to each worker / asked of Ray per task
+    executor: str = D.SWEEP_EXECUTOR                # local | ray
+    ray_address: str | None = None                  # --executor ray: the cluster (None = RAY_ADDRESS, else a local one)
+    ray_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources every task asks for
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -80,6 +86,7 @@ class GridSpec:
 
 
 GRID_KEYS = tuple(f.name for f in dataclasses.fields(GridSpec))
+EXECUTION_KEYS = ("workers", "gpus_per_point", "executor", "ray_address", "ray_resources")  # not part of any result
 
 
 # --------------------------------------------------------------------------- parsing values
@@ -258,8 +265,36 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "order_seed": lambda v: _opt_int(v, "order_seed", 0),
     "server_python": lambda v: None if v is None else str(v),
     "cuda_graphs": lambda v: _flag(v, "cuda_graphs"),
+    "workers": lambda v: _opt_int(v, "workers", 1),
+    "gpus_per_point": lambda v: _opt_int(v, "gpus_per_point", 1),
+    "executor": lambda v: _executor(v),
+    "ray_address": lambda v: None if v is None or str(v).strip() == "" else str(v).strip(),
+    "ray_resources": lambda v: _resources(v),
 }
 assert set(PARSERS) == set(GRID_KEYS)
+
+
+def _executor(v: Any) -> str:
+    s = str(v).strip().lower()
+    if s not in D.SWEEP_EXECUTORS:
+        raise UsageError(f"executor: unknown executor {v!r}; expected one of {', '.join(D.SWEEP_EXECUTORS)}")
+    return s
+
+
+def _resources(value: Any) -> dict[str, float]:
+    """`ray_resources`: a mapping NAME -> amount (YAML), or JSON text (`--ray-resources '{"node2": 1}'`)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as e:
+            raise UsageError(f"ray_resources: not JSON: {e.msg}", hint='e.g. --ray-resources \'{"a100": 1}\'') from None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
+        raise UsageError("ray_resources: expected a mapping of resource name -> amount")
+    out = {k: _num(v, f"ray_resources.{k}", float) for k, v in value.items()}
+    for k, x in out.items():
+        if x < 0:
+            raise UsageError(f"ray_resources.{k}: {x:g} must be >= 0")
+    return out
 
 
 def _env_map(value: Any) -> dict[str, str]:
@@ -297,7 +332,7 @@ def build_grid(config: Path | None = None, overrides: dict[str, Any] | None = No
             raw[k] = v
     grid = GridSpec()
     for k, v in raw.items():
-        if v is None and k not in ("limit", "startup_timeout_s", "profiles", "server_python"):
+        if v is None and k not in ("limit", "startup_timeout_s", "profiles", "server_python", "ray_address"):
             raise UsageError(f"{k}: needs a value")
         setattr(grid, k, PARSERS[k](v))
     return grid
@@ -435,10 +470,12 @@ def external_dtype(device: str) -> str:
     return D.EXTERNAL_DTYPE if device.split(":", 1)[0] == "cuda" else D.DTYPE
 
 
-def expand(g: GridSpec) -> list[Point]:
+def expand(g: GridSpec, external_device_fn: Callable[[], str] | None = None) -> list[Point]:
     """All points, in execution order: per backend / model / dtype / device, the AR points first, then
     DFlash, then DDTree by budget; within a server, the client-side points. Validates every point
-    the way `RunSpec.validate` would (exit 2 before anything runs)."""
+    the way `RunSpec.validate` would (exit 2 before anything runs). `external_device_fn` decides the
+    default device of sglang/vllm points (default `external_device`, on this host; the Ray executor
+    asks a cluster node, where the servers will run)."""
     _check_axes(g)
     drafts = g.drafts * len(g.models) if len(g.drafts) == 1 else g.drafts
     pairs = list(dict.fromkeys(zip(g.models, drafts)))
@@ -449,7 +486,7 @@ def expand(g: GridSpec) -> list[Point]:
     for backend in g.backends:
         for model in dict.fromkeys(m for m, _ in pairs):
             external = backend in ("sglang", "vllm")
-            devices = g.device or [external_device() if external else D.DEVICE]
+            devices = g.device or [(external_device_fn or external_device)() if external else D.DEVICE]
             for dtype in dict.fromkeys(g.dtype or [external_dtype(devices[0]) if external else D.DTYPE]):
                 for device in dict.fromkeys(devices):
                     servers: list[tuple] = [("ar", None, None, None)]

@@ -45,6 +45,9 @@ from ddtree_bench.noise import probe
 from ddtree_bench.sweep import aggregate as A
 from ddtree_bench.sweep import counters as C
 from ddtree_bench.sweep import order as O
+from ddtree_bench.sweep import executors as X
+from ddtree_bench.sweep import plan as P
+from ddtree_bench.sweep import ray_executor as RX
 from ddtree_bench.sweep import server_python
 from ddtree_bench.sweep.grid import GridSpec, Point, expand, server_groups, server_id, to_spec
 from ddtree_bench.sweep.layout import SweepDir, ar_index
@@ -105,11 +108,11 @@ class _Prepared:
     unsupported: dict[str, str] = field(default_factory=dict)     # point id -> why this installation cannot serve it
 
 
-def prepare(grid: GridSpec, api_key: str | None = None) -> _Prepared:
+def prepare(grid: GridSpec, api_key: str | None = None, external_device_fn: Callable[[], str] | None = None) -> _Prepared:
     """Expand and check everything that can be checked before any work: exit 2 on bad input."""
     from ddtree_bench import suites
 
-    points = expand(grid)
+    points = expand(grid, external_device_fn)  # (ray: a cluster node picks sglang/vllm's default device)
     prompts = {s: suites.load_prompts(s, grid.limit)[0] for s in dict.fromkeys(p.suite for p in points)}
     for s, ps in prompts.items():
         if not ps:
@@ -187,6 +190,8 @@ def _sigterm_as_interrupt():
 
 
 class _Sweep:
+    executor = None  # None: batches run here, one after another (else sweep/executors.py's)
+
     def __init__(self, grid: GridSpec, prep: _Prepared, sdir: SweepDir, progress: bool, echo: Callable[[str], None]):
         self.grid, self.prep, self.sdir = grid, prep, sdir
         self.points = prep.points
@@ -458,7 +463,11 @@ class _Sweep:
             self.bar = None
         engines: dict = {}
         try:
-            for batch in O.schedule_for(self.grid, self.points):  # rounds of repeats (sweep/order.py)
+            batches = O.schedule_for(self.grid, self.points)  # rounds of repeats (sweep/order.py)
+            if self.executor is not None:  # --workers N / --executor ray: batches elsewhere (sweep/executors.py)
+                self.executor.run(self, batches)
+                batches = []
+            for batch in batches:
                 group = batch.points
                 if group[0].backend == "inprocess":
                     self.run_inprocess(group, engines)
@@ -513,11 +522,12 @@ def _run_locked(grid: GridSpec, out: Path, sdir: SweepDir, resume: bool, api_key
                 echo: Callable[[str], None]) -> SweepOutcome:
     if resume:
         info = sdir.read()
-        grid = GridSpec.from_dict(info["grid"])
+        grid = X.keep_execution(GridSpec.from_dict(info["grid"]), grid)  # this invocation's workers / executor
         reap_recorded(sdir.servers_dir, echo)
     elif any(f.name != LOCK_NAME for f in out.iterdir()):
         raise UsageError(f"{out} already exists and is not empty", hint=f"continue it with: ddtree-bench sweep --resume {out}")
-    prep = prepare(grid, api_key)
+    prep = prepare(grid, api_key, RX.external_device_fn(grid))
+    executor = X.make_executor(grid, prep.points, echo)  # exit 2 for a layout this host cannot give
     auto_ar = "ar" not in grid.methods
     if resume:
         stored = [pt["id"] for pt in info["points"]]
@@ -531,7 +541,10 @@ def _run_locked(grid: GridSpec, out: Path, sdir: SweepDir, resume: bool, api_key
                      "profiles": {b: pr.to_dict() for b, pr in prep.profiles.items()}, **environment(None)})
     skipped = sum(1 for p in prep.points if sdir.finished(p.id))
     sdir.rewrite_csv(sdir.rows([p for p in prep.points if sdir.finished(p.id)]))
+    for line in P.plan_for(grid, prep.points, sdir, executor).lines():
+        echo(line)
     sweep = _Sweep(grid, prep, sdir, progress, echo)
+    sweep.executor = executor
     try:
         with _sigterm_as_interrupt():
             sweep.run()

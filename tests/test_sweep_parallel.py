@@ -1,0 +1,258 @@
+"""Sweeps with `--workers N` (issue 21): server groups at once on one host, pinned, written by the driver.
+
+* a parallel sweep over in-process and `ddtree-bench serve` groups gives the serial sweep's result
+  files: the same point ids, statuses, outputs and tau, the same files per point, the same columns;
+  every worker (and its server) really runs on its own fake GPU ids and its own CPU cores, points of
+  one group on one worker, each server with its own log;
+* a worker SIGKILLed mid-sweep fails only its unreported points (with the reason), the other groups
+  finish, and `--resume --workers 2` completes it; a SIGKILLed driver takes its workers and servers
+  with it and `--resume` completes that too;
+* slots: GPUs and cores split without overlap, too few GPUs for CUDA points is exit 2;
+* `--dry-run` prints the plan and writes nothing; the estimate uses points already measured;
+* `--executor ray` without ray installed is exit 2 with the install hint.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddtree_bench.cli import main
+from ddtree_bench.results import read_records
+from ddtree_bench.sweep.executors import assign_slots
+from ddtree_bench.sweep.layout import COLUMNS
+
+GRID = ["--backends", "inprocess,standalone", "--models", "random", "--suites", "smoke", "--methods", "ddtree",
+        "--budgets", "4", "--limit", "2", "--max-new-tokens", "8", "--no-report", "-q"]
+FAKE_GPUS = "5,7,9,11"
+
+
+def run_cli(argv) -> int:
+    try:
+        main(argv)
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def csv_rows(out: Path) -> list[dict]:
+    with open(out / "summary.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_for(pred, timeout_s: float = 240.0, step_s: float = 0.1):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step_s)
+    return pred()
+
+
+def results(out: Path) -> dict[str, tuple]:
+    """What must equal serial: per point, its status, tau, the files it has and every output."""
+    out_ = {}
+    for r in csv_rows(out):
+        d = out / "points" / r["point_id"]
+        recs = sorted(read_records(d), key=lambda x: (x.prompt_id, x.turn)) if r["status"] == "ok" else []
+        out_[r["point_id"]] = (r["status"], r["acceptance_length_mean"], r["acceptance_length_token_weighted"],
+                               sorted(f.name for f in d.iterdir()),
+                               [(x.prompt_id, x.turn, x.output_ids, x.output_text, x.accept_lengths) for x in recs])
+    return out_
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def is_worker(pid: int) -> bool:
+    try:
+        return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()  # not the resource tracker
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("serial") / "sw"
+    assert run_cli(["sweep", *GRID, "--out", str(out)]) == 0
+    return out
+
+
+# --------------------------------------------------------------------------- slots
+
+
+def test_slots_split_gpus_and_cores_without_overlap_and_refuse_too_few_gpus():
+    from ddtree_bench.errors import UsageError
+
+    slots = assign_slots(4, 2, True, [str(i) for i in range(8)], list(range(16)))
+    assert [s.devices for s in slots] == [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]]
+    assert [s.cores for s in slots] == [list(range(i * 4, i * 4 + 4)) for i in range(4)]
+    assert slots[1].env() == {"CUDA_VISIBLE_DEVICES": "2,3", "OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4"}
+    with pytest.raises(UsageError, match="needs 6 GPUs; 4 visible"):
+        assign_slots(3, 2, True, ["0", "1", "2", "3"], [0, 1])
+    cpu = assign_slots(3, 2, False, ["0", "1", "2", "3"], [0, 1])  # CPU points: GPUs not required, cores shared
+    assert [s.devices for s in cpu] == [[], [], []] and [s.cores for s in cpu] == [[0], [1], [0]]
+
+
+# --------------------------------------------------------------------------- equal to serial
+
+
+@pytest.mark.slow
+def test_parallel_sweep_writes_the_serial_results_each_worker_pinned(serial, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", FAKE_GPUS)
+    out = tmp_path / "par"
+    assert run_cli(["sweep", *GRID, "--workers", "2", "--gpus-per-point", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "plan: 4 points (0 finished, 4 to run), 4 server groups, 2 workers (local)" in printed
+    assert "worker 0: GPUs 5,7" in printed and "worker 1: GPUs 9,11" in printed
+
+    assert results(out) == results(serial)  # ids, statuses, tau, files, outputs
+    with open(out / "summary.csv", newline="") as f:
+        assert next(csv.reader(f)) == list(COLUMNS)
+    assert sorted(r["point_id"] for r in csv_rows(out)) == sorted(r["point_id"] for r in csv_rows(serial))
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert sweep["complete"] is True and sweep["grid"]["workers"] == 2
+    assert not [d for d in (out / "points").iterdir() if d.name.startswith(".")]  # no staging left behind
+
+    slots = {"5,7": None, "9,11": None}
+    worker_of_group: dict[tuple, set] = {}
+    for p in sweep["points"]:
+        w = json.loads((out / "points" / p["id"] / "status.json").read_text())["worker"]
+        assert w["executor"] == "local" and w["cuda_visible_devices"] in slots
+        assert w["cpu_affinity"] == w["pinned_cores"] and w["omp_num_threads"] == str(len(w["pinned_cores"]))
+        if slots[w["cuda_visible_devices"]] is None:
+            slots[w["cuda_visible_devices"]] = w["pinned_cores"]
+        assert slots[w["cuda_visible_devices"]] == w["pinned_cores"]  # one slot, one core set
+        if p["backend"] == "standalone":  # its server inherited the pinning
+            srv = w["server"]
+            assert srv["cuda_visible_devices"] == w["cuda_visible_devices"] and srv["cpu_affinity"] == w["cpu_affinity"]
+            assert srv["omp_num_threads"] == w["omp_num_threads"]
+            server = json.loads((out / "points" / p["id"] / "server.json").read_text())
+            assert server["log"].startswith(str(out / "servers"))  # the worker's scratch path rewritten
+            assert (out / "servers" / Path(server["log"]).name).is_file()
+        worker_of_group.setdefault((p["backend"], p["method"], p["budget"]), set()).add(w["pid"])
+    assert all(len(pids) == 1 for pids in worker_of_group.values())
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert slots["5,7"] != slots["9,11"] and not set(slots["5,7"]) & set(slots["9,11"])
+    for log in (out / "servers").glob("*.log"):  # one server per log file
+        assert log.read_text().count("\n$ ") == 0 and log.read_text().startswith("$ ")
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def _sweep_proc(out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ddtree_bench", "sweep", *GRID, "--workers", "2", "--out", str(out), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _finished(out: Path) -> list[Path]:
+    pts = out / "points"
+    return [d for d in pts.iterdir() if not d.name.startswith(".") and (d / "summary.json").exists()] if pts.is_dir() else []
+
+
+@pytest.mark.slow
+def test_a_killed_worker_fails_only_its_points_and_resume_completes(serial, tmp_path):
+    out = tmp_path / "sw"
+    proc = _sweep_proc(out)
+    try:
+        workers = wait_for(lambda: [c for c in children(proc.pid) if is_worker(c)] if _finished(out) else None)
+        assert workers, "no worker running after the first finished point"
+        victim = workers[0]
+        os.kill(victim, signal.SIGKILL)
+        text = proc.communicate(timeout=300)[0].decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, text
+    rows = csv_rows(out)
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert failed and all("worker process exited with code -9" in r["error"] for r in failed), failed
+    assert len(failed) < len(rows) and len(rows) == 4
+    assert run_cli(["sweep", "--resume", str(out), "--workers", "2", "-q", "--no-report"]) == 0
+    assert results(out) == results(serial)
+
+
+@pytest.mark.slow
+def test_a_killed_driver_takes_workers_and_servers_with_it_and_resume_completes(serial, tmp_path):
+    out = tmp_path / "sw"
+    proc = _sweep_proc(out)
+    try:
+        assert wait_for(lambda: _finished(out))
+        family = [c for c in children(proc.pid) if is_worker(c)]
+        family += [g for c in family for g in children(c)]  # servers, watchdogs
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert family
+    assert wait_for(lambda: not [p for p in family if alive(p)], timeout_s=60), [p for p in family if alive(p)]
+    assert run_cli(["sweep", "--resume", str(out), "--workers", "2", "-q", "--no-report"]) == 0
+    assert results(out) == results(serial)
+
+
+# --------------------------------------------------------------------------- plan, dry run, ray missing
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["sweep", "--dry-run", "--workers", "2", "--budgets", "16..1024"]) == 0
+    printed = capsys.readouterr().out
+    assert "plan: 9 points (0 finished, 9 to run), 9 server groups, 2 workers (local)" in printed
+    assert "from stated defaults" in printed and "dry run: nothing was started or written" in printed
+    assert not (tmp_path / "results").exists()
+    assert run_cli(["sweep", "--dry-run", "--workers", "0"]) == 2
+    assert "workers: 0 is below the minimum 1" in capsys.readouterr().err
+
+
+def test_plan_wall_time_is_the_longest_first_schedule():
+    from ddtree_bench.sweep.plan import makespan
+
+    assert makespan([5, 4, 3, 3, 3], 2) == 10  # LPT: 5 | 4, 3 | +3 on the 5 | +3 on the 7 -> 10 (the best is 9)
+    assert makespan([10], 4) == 10 and makespan([], 3) == 0 and makespan([2, 2, 2], 8) == 2
+
+
+@pytest.mark.slow
+def test_resume_dry_run_estimates_from_the_points_already_measured(serial, capsys):
+    assert run_cli(["sweep", "--resume", str(serial), "--dry-run", "--workers", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "plan: 4 points (4 finished, 0 to run), 0 server groups, 3 workers (local)" in printed
+    assert "from 4 points measured in this directory" in printed
+
+
+def test_executor_ray_without_ray_is_exit_2_with_the_install_hint(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["sweep", "--models", "random", "--suites", "smoke", "--executor", "ray", "--no-report", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "--executor ray needs the ray package" in err and 'pip install "ddtree-bench[ray]"' in err
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+    assert run_cli(["sweep", "--executor", "spark"]) == 2
+    assert "unknown executor 'spark'" in capsys.readouterr().err
