@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ddtree_bench.engine.generate import DFlashProposer
+from ddtree_bench.engine.proposer import DFlashProposer
 
 FIELDS_DOC = {
     "causal": "draft attention causal in every layer (True) or bidirectional in every layer (False)",
