@@ -73,8 +73,11 @@ def tserve(tmp_path_factory):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                HF_HUB_DISABLE_UPDATE_CHECK="1", HF_HUB_DISABLE_TELEMETRY="1")
     url = f"http://127.0.0.1:{port}"
+    from ddtree_bench.sweep.server import _die_with_parent  # a killed pytest takes the server with it
+
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=_die_with_parent())
     t0 = time.monotonic()
     try:
         while _health(url) != 200:
