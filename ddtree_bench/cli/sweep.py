@@ -45,6 +45,7 @@ def sweep_cmd(
     order_seed: Annotated[Optional[int], _opt("--order-seed", help="Seed of the per-round shuffles (recorded in sweep.json). [default: drawn]")] = None,
     dtype: Annotated[Optional[str], _opt("--dtype", help=f"float32 | bfloat16 | float16. {_L} [default: {D.DTYPE}; {D.EXTERNAL_DTYPE} for sglang/vllm]")] = None,
     device: Annotated[Optional[str], _opt("--device", help=f"cpu | cuda | cuda:N. {_L} [default: {D.DEVICE}; {D.EXTERNAL_DEVICE} for sglang/vllm]")] = None,
+    cuda_graphs: Annotated[Optional[bool], typer.Option("--cuda-graphs/--no-cuda-graphs", help="In-process points: the fixed-shape CUDA-graph loop (GPU). [default: off]", show_default=False)] = None,
     seed: Annotated[Optional[int], _opt("--seed", help=f"Sampling seed. [default: {D.SEED}]")] = None,
     warmup: Annotated[Optional[int], _opt("--warmup", help=f"Warmup requests (per point in-process, per server start otherwise). [default: {D.WARMUP_REQUESTS}]")] = None,
     endpoint: Annotated[Optional[str], _opt("--endpoint", help="chat | completions (HTTP backends). [default: chat]")] = None,
@@ -71,7 +72,7 @@ def sweep_cmd(
         "backends": backends, "models": models, "drafts": drafts, "methods": methods, "budgets": budgets,
         "spec_tokens": spec_tokens, "concurrency": concurrency, "request_rates": request_rates,
         "temperatures": temperatures, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
-        "repeats": repeats, "order": order, "order_seed": order_seed, "dtype": dtype, "device": device, "seed": seed, "warmup": warmup, "endpoint": endpoint,
+        "repeats": repeats, "order": order, "order_seed": order_seed, "dtype": dtype, "device": device, "cuda_graphs": cuda_graphs, "seed": seed, "warmup": warmup, "endpoint": endpoint,
         "profiles": str(profiles) if profiles else None, "server_python": server_python,
     }
     execution = {"workers": workers, "gpus_per_point": gpus_per_point, "executor": executor,
