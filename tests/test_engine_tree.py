@@ -261,6 +261,69 @@ def test_the_pytorch_builder_refuses_budgets_its_int64_keys_cannot_hold():
     assert ok.tie_bits == 31
     with pytest.raises(ValueError, match="too large for exact int64 tree keys"):
         StaticTreeBuilder(2, 46341, 46341, "cpu")          # 46341^2 >= 2^31
-    with pytest.raises(ValueError, match="too large"):
-        build_tree_fast(torch.zeros(2, 46341), 46341)     # the plain loop's GPU path uses the same builder
+    from ddtree_bench.engine.tree_vector import SortedTreeBuilder
+
+    with pytest.raises(ValueError, match="too large"):     # the plain loop's GPU path (build_tree_fast off the CPU)
+        SortedTreeBuilder(2, 46341, 46341, "cpu")
     assert StaticTreeBuilder(2, 10, 46341, "cpu").K == 10  # small vocabularies cap K: fine
+
+
+# ---------------------------------------------------------------------------- the CPU build on real-sized vocabularies
+
+
+def planted_ties(kind: str, L: int, V: int, g: torch.Generator) -> torch.Tensor:
+    """Large-vocabulary logits with exact ties planted at many ranks inside the top K, at its boundary
+    and below it (integer values), whole tied rows, -inf, NaN and +inf."""
+    if kind == "integer":        # ~V/40 tokens share every value: ties at every rank
+        return torch.randint(0, 40, (L, V), generator=g).float()
+    if kind == "steps":          # a few distinct high values, each repeated 1..9 times, over noise
+        x = torch.randn(L, V, generator=g)
+        for d in range(L):
+            for v in range(30):
+                ids = torch.randint(0, V, (1 + v % 9,), generator=g)
+                x[d, ids] = 10.0 - 0.25 * v
+        return x
+    if kind == "onehot":
+        x = torch.zeros(L, V)
+        x[torch.arange(L), torch.randint(0, V, (L,), generator=g)] = 5.0
+        return x
+    if kind == "special":        # -inf masks, a NaN row, NaN entries, a +inf, a flat row
+        x = torch.randn(L, V, generator=g).round()
+        x[torch.rand(L, V, generator=g) < 0.5] = float("-inf")
+        x[0, :7] = float("nan")
+        x[1] = float("nan")
+        x[2 % L, 11] = float("inf")
+        x[3 % L] = 0.0
+        return x
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["integer", "steps", "onehot", "special"])
+def test_exact_topk_equals_the_stable_sort_at_every_rank(kind):
+    """The CPU build's top K (chunk maxima, then keys on a superset) must give the stable sort's
+    ids and log-probabilities bit for bit at every rank, ties included, on vocabularies big enough
+    to take that path (a plain torch.topk would order the planted ties arbitrarily)."""
+    from ddtree_bench.engine.tree_vector import _topk_logprobs, exact_topk_logprobs
+
+    g = torch.Generator().manual_seed(7)
+    for V, k in [(40000, 64), (40000, 600), (151936, 1024), (5000, 3)]:
+        x = planted_ties(kind, 4, V, g)
+        want_lp, want_ids = _topk_logprobs(x, k)
+        got_lp, got_ids = exact_topk_logprobs(x, k)
+        assert torch.equal(got_ids, want_ids), (kind, V, k)
+        assert torch.equal(got_lp, want_lp), (kind, V, k)
+
+
+@pytest.mark.parametrize("kind", ["integer", "steps", "onehot", "special"])
+def test_cpu_build_equals_the_heap_on_large_vocabularies(kind):
+    """build_tree_fast on a CPU (exact top K + heap) against build_tree (stable sort + heap) node for
+    node, and against the vectorised SortedTreeBuilder the GPU path runs."""
+    from ddtree_bench.engine.tree_vector import SortedTreeBuilder
+
+    g = torch.Generator().manual_seed(11)
+    for L, V, budget in [(4, 30000, 1), (4, 30000, 77), (5, 30000, 300), (3, 151936, 1024)]:
+        x = planted_ties(kind, L, V, g)
+        slow, fast = build_tree(x, budget), build_tree_fast(x, budget)
+        assert tree_tuple(fast) == tree_tuple(slow), (kind, L, V, budget)
+        ref = SortedTreeBuilder(L, V, budget, "cpu")(x)
+        assert [t.tolist() for t in ref] == list(tree_tuple(fast))

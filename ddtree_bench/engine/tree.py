@@ -13,7 +13,10 @@ Two builders, tested to agree exactly:
 * `build_tree` - the paper's Algorithm 1, a best-first heap in Python (the slow, obvious twin).
 * `build_tree_fast` - vectorised on the logits' device: per depth keep the top B extensions of the
   previous depth's kept prefixes (every global top-B node survives this, since its parent is in
-  its own depth's top B), then take the global top B by (score desc, rank tuple asc).
+  its own depth's top B), then take the global top B by (score desc, rank tuple asc). On a CPU,
+  where that B x K candidate matrix per depth and the vocabulary sort are the cost, it runs the
+  heap instead over `tree_vector.exact_topk_logprobs` (the same top K, ties included, from chunk
+  maxima and one small keyed topk): the same tree.
 
 `Tree` lists the non-root nodes: token_ids, parents (0 = root, i = node i, 1-based), depths (1..L).
 `compile_tree` turns a tree plus its root (the bonus token) into verify ids, positions
@@ -24,11 +27,12 @@ front. Knows nothing of models or caches.
 from __future__ import annotations
 
 import heapq
+import struct
 from dataclasses import dataclass
 
 import torch
 
-from ddtree_bench.engine.tree_vector import SortedTreeBuilder, _topk_logprobs
+from ddtree_bench.engine.tree_vector import SortedTreeBuilder, _topk_logprobs, exact_topk_logprobs
 
 
 @dataclass
@@ -74,11 +78,22 @@ def build_tree(draft_logits: torch.Tensor, budget: int) -> Tree:
     L, V = draft_logits.shape
     if budget <= 0 or L == 0:
         return empty_tree()
-    K = min(budget, V)
-    lp_t, tok_t = _topk_logprobs(draft_logits.cpu(), K)
+    return _heap_tree(*_topk_logprobs(draft_logits.cpu(), min(budget, V)), budget)
+
+
+def _f32(x: float) -> float:
+    """x rounded to fp32 (the sum of two fp32 values in a double, rounded once more: the exact fp32 sum)."""
+    return _F32.unpack(_F32.pack(x))[0]
+
+
+_F32 = struct.Struct("f")
+
+
+def _heap_tree(lp_t: torch.Tensor, tok_t: torch.Tensor, budget: int) -> Tree:
+    """The heap over per-depth top-K log-probs lp_t [L, K] (descending, ties by token id) and ids tok_t."""
+    L, K = lp_t.shape
     lp, tok = lp_t.tolist(), tok_t.tolist()
-    one = torch.tensor  # scores are accumulated in fp32, exactly as build_tree_fast does
-    f32 = lambda x: float(one(x, dtype=torch.float32))  # noqa: E731
+    f32 = _f32  # scores are accumulated in fp32, exactly as build_tree_fast's vectorised builders do
 
     # heap entries: (-score, rank tuple, parent node, depth, rank, parent score)
     heap = [(-lp[0][0], (0,), 0, 1, 0, 0.0)]
@@ -115,6 +130,8 @@ def build_tree_fast(draft_logits: torch.Tensor, budget: int) -> Tree:
     L, V = draft_logits.shape
     if budget <= 0 or L == 0:
         return empty_tree(draft_logits.device)
+    if draft_logits.device.type == "cpu":   # the exact top-K without sorting V, then the heap
+        return _heap_tree(*exact_topk_logprobs(draft_logits, min(budget, V)), budget)
     token_ids, parents, depths = SortedTreeBuilder(L, V, budget, draft_logits.device)(draft_logits)
     return Tree(token_ids, parents, depths)
 

@@ -162,6 +162,10 @@ class StaticTreeBuilder:
             rank.append(keep % K)
             lexrank.append(_rank_of(torch.argsort(tie.flatten()[keep])))
 
+        return self._assemble(tok, scores, parent, rank, lexrank)
+
+    def _assemble(self, tok, scores, parent, rank, lexrank) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The global top B of every depth's kept prefixes, numbered in pop order, as (tokens, parents, depths)."""
         S, P = torch.cat(scores), torch.cat(preorder(parent, lexrank))
         gkey = (_desc_key(S) << self.gbits) | P
         chosen = torch.topk(gkey, self.N, largest=False, sorted=True).indices
@@ -180,3 +184,53 @@ class SortedTreeBuilder(StaticTreeBuilder):
 
     def logprobs(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _topk_logprobs(draft_logits, self.K)
+
+
+# ---------------------------------------------------------------------------- CPU: the exact top-K without a sort
+
+
+def exact_topk_logprobs(draft_logits: torch.Tensor, k: int, chunks_per_k: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same (logprobs [L, k], ids [L, k]) as `_topk_logprobs`' stable sort, without sorting the vocabulary.
+
+    Split each row into c = chunks_per_k * k chunks (at most V / 32, at least 2k; below that the
+    vocabulary is small: `topk_logprobs`) of strided ids and take every chunk's max (one pass); the k-th
+    largest chunk max t0 has at least k values >= it, so {x >= t0} holds the k-th largest value and
+    every value above or equal to it: a superset of the exact top k, ties included (about k values on
+    real logits; all of V when everything ties). It lies in the chunks whose max reaches t0 (about k
+    of them, plus the values past the last whole chunk), so only those are scanned. Only the superset
+    gets exact int64 keys (value desc, id asc) and one small topk. A NaN anywhere shows in a chunk max
+    and sends the input through fp32_logits (NaN -> -inf) first."""
+    logits = draft_logits.float()
+    L, V = logits.shape
+    width = max(32, V // (chunks_per_k * k))       # more chunks make t0's topk slow
+    c = V // width
+    if c < 2 * k:
+        return topk_logprobs(logits, k)
+    # chunk j = ids {j, j + c, j + 2c, ...}: the max over them is an elementwise max of width rows (fast)
+    head, tail = logits[:, : c * width].reshape(L, width, c), logits[:, c * width:]
+    chunk_max = head.amax(dim=1)
+    if torch.isnan(chunk_max).any() or torch.isnan(tail).any():      # rare: NaN counts as -inf
+        logits = fp32_logits(logits)
+        head, tail = logits[:, : c * width].reshape(L, width, c), logits[:, c * width:]
+        chunk_max = head.amax(dim=1)
+    t0 = torch.topk(torch.cat([chunk_max, tail], dim=1), k, dim=-1, sorted=False).values.min(dim=-1, keepdim=True).values
+    r, ch = torch.nonzero(chunk_max >= t0, as_tuple=True)            # only chunks whose max reaches t0 hold candidates
+    hit, j = torch.nonzero(head[r, :, ch] >= t0[r], as_tuple=True)
+    tr, tj = torch.nonzero(tail >= t0, as_tuple=True)
+    rows = torch.cat([r[hit], tr])
+    cols = torch.cat([j * c + ch[hit], c * width + tj])
+    bits = max(1, (V - 1).bit_length())
+    key = (_desc_key(logits[rows, cols]) << bits) | cols
+    per_row = torch.bincount(rows, minlength=L)
+    padded = torch.full((L, int(per_row.max())), torch.iinfo(torch.int64).max, dtype=torch.int64)
+    order = torch.argsort(rows, stable=True)                          # group by row
+    slot = torch.arange(rows.numel()) - torch.repeat_interleave(per_row.cumsum(0) - per_row, per_row)
+    padded[rows[order], slot] = key[order]
+    ids = torch.topk(padded, k, dim=-1, largest=False, sorted=True).values & ((1 << bits) - 1)
+    # log_softmax at ids: torch.logsumexp's own steps (amax, inf -> 0, sum of exp(x - max), log, + max),
+    # with the max taken from the chunk maxima instead of another pass: the same bits (tested)
+    row_max = torch.maximum(chunk_max.amax(dim=-1), tail.amax(dim=-1)) if tail.shape[1] else chunk_max.amax(dim=-1)
+    row_max = torch.where(row_max.abs() == float("inf"), torch.zeros_like(row_max), row_max)
+    lse = torch.stack([(logits[i] - row_max[i]).exp_().sum() for i in range(L)]).log_().add_(row_max)  # row by row: cache-sized
+    lp = logits.gather(-1, ids) - lse[:, None]
+    return torch.where(torch.isnan(lp), float("-inf"), lp), ids
