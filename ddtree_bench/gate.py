@@ -69,6 +69,7 @@ class Rules:
     metrics: list[MetricRule]
     source: str = ""
     max_unjudged_prompts: int | None = 0   # run prompts/turns absent from the baseline (never judged)
+    near_tie_gap_from_baseline: bool = False  # near_tie_gap: null = compare's default for the baseline's source
     recheck_near_ties: bool = True          # re-check near ties from the run's prefix where the model loads
 
 
@@ -160,7 +161,7 @@ def load_rules(path: str | Path | None = None) -> Rules:
         raise UsageError(f"{where}: correctness.recheck_near_ties must be true or false, got {recheck!r}")
     return Rules(near_tie_gap=D.NEAR_TIE_GAP if gap is None else float(gap), min_exact_match_rate=rate,
                  metrics=[_metric_rule(m, f"{where}: metrics[{i}]") for i, m in enumerate(metrics_list)],
-                 source=where, recheck_near_ties=recheck, **kw)
+                 source=where, recheck_near_ties=recheck, near_tie_gap_from_baseline=gap is None, **kw)
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -404,6 +405,7 @@ def run_gate(results: str | Path, baseline_path: str | Path, rules_path: str | P
     rules = load_rules(rules_path)
     if near_tie_gap is not None:
         rules.near_tie_gap = float(_number(near_tie_gap, "--near-tie-gap", allow_null=False))
+        rules.near_tie_gap_from_baseline = False
     baseline = read_baseline(baseline_path)
     results = Path(results)
     if not is_run_dir(results):
@@ -417,6 +419,8 @@ def run_gate(results: str | Path, baseline_path: str | Path, rules_path: str | P
     info = read_run_info(results)
     records = read_records(results)
     summary = read_json(results / "summary.json") if (results / "summary.json").exists() else None
-    c = compare_records(records, baseline, rules.near_tie_gap, info, str(results))
+    # threshold null everywhere: the same default `compare` uses for this baseline (server logprob gaps differ)
+    c = compare_records(records, baseline, None if rules.near_tie_gap_from_baseline else rules.near_tie_gap, info, str(results))
+    rules.near_tie_gap = c.near_tie_gap
     recheck = recheck_near_ties(c, records, baseline, rules.recheck_near_ties) if c.token_comparable else None
     return evaluate(c, rules, sum(1 for r in records if not r.ok), info, summary, refs, baseline.header, recheck)

@@ -337,3 +337,16 @@ def test_committed_baselines_carry_no_machine_paths_and_old_headers_still_read(t
                          "suite_info": {"spec_file": "/elsewhere/s.yaml"}}, cwd=tmp_path)
     assert p == {"model_path": "bundled:models/toy/target", "command": ["ddtree-bench", "x"],
                  "suite_info": {"spec_file": "/elsewhere/s.yaml"}}
+
+
+def test_gate_and_compare_use_the_same_near_tie_default_for_a_server_baseline(tmp_path, capsys):
+    gap = (D.NEAR_TIE_GAP + D.SERVER_NEAR_TIE_GAP) / 2  # a near tie for server logprob gaps, confident for fp32 ones
+    gaps = [5.0, gap] + [5.0] * 6
+    run = run_dir(tmp_path / "run", [record("a", OUT[:1] + [99] * 7)])
+    for source, code in (("server", 0), ("record", 1)):
+        base = baseline_file(tmp_path / f"{source}.jsonl", [entry("a", OUT, gaps)], source=source, model="/nowhere/model")
+        c, out, _ = cli(["compare", run, "--baseline", base, "--json"], capsys)
+        kind = json.loads(out)["prompts"][0]["kind"]
+        assert kind == ("near_tie" if source == "server" else "divergence")
+        got, out, _ = cli(["gate", run, "--baseline", base], capsys)
+        assert got == code, out
