@@ -218,6 +218,30 @@ def test_a_killed_driver_takes_workers_and_servers_with_it_and_resume_completes(
     assert results(out) == results(serial)
 
 
+@pytest.mark.slow
+def test_ctrl_c_stops_every_worker_and_server_and_leaves_the_sweep_resumable(tmp_path):
+    out = tmp_path / "sw"
+    proc = _sweep_proc(out)
+    try:
+        def running_server():
+            workers = [c for c in children(proc.pid) if is_worker(c)]
+            servers = [g for w in workers for g in children(w) if b"serve" in Path(f"/proc/{g}/cmdline").read_bytes()]
+            return (workers, servers) if servers else None
+
+        found = wait_for(running_server)
+        assert found, "no server started"
+        family = found[0] + found[1]
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        text = proc.communicate(timeout=120)[0].decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "interrupted" in text, text
+    assert wait_for(lambda: not [p for p in family if alive(p)], timeout_s=30), [p for p in family if alive(p)]
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert sweep["complete"] is False and not (out / ".sweep.lock").exists()
+
+
 # --------------------------------------------------------------------------- plan, dry run, ray missing
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import queue as queue_mod
 import secrets
 import shutil
 import signal
@@ -352,7 +351,7 @@ def make_executor(grid: GridSpec, points: list[Point], echo: Callable[[str], Non
 # --------------------------------------------------------------------------- local processes
 
 
-def _local_worker(token: int, slot: Slot, job_bytes: bytes, events: Any, log_path: str) -> None:
+def _local_worker(token: int, slot: Slot, job_bytes: bytes, conn: Any, log_path: str) -> None:
     """Body of a local worker process: die with the driver, pin, redirect stdio, run the group."""
     _die_with_parent()
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -368,7 +367,7 @@ def _local_worker(token: int, slot: Slot, job_bytes: bytes, events: Any, log_pat
             sys.stdout.flush()
             sys.stderr.flush()
             ev.worker_log = Path(log_path).read_bytes()
-        events.put((token, ev))
+        conn.send((token, ev))
 
     try:
         run_group(job, emit, worker={"worker": slot.index, "pinned": slot.env(), "pinned_cores": slot.cores})
@@ -394,13 +393,16 @@ def _die_with_parent() -> None:
 @dataclass
 class _Running:
     proc: Any
+    conn: Any                  # the read end of this worker's own pipe
     slot: Slot
     remaining: dict[str, Point]
     log_path: Path
 
 
 class LocalExecutor:
-    """Up to len(slots) batches at once, each in a spawned worker process pinned to its slot."""
+    """Up to len(slots) batches at once, each in a spawned worker process pinned to its slot. Each
+    worker reports on its own pipe, so a worker killed in the middle of a message garbles only its
+    own channel (read as "lost"), never another worker's."""
 
     name = "local"
 
@@ -412,9 +414,9 @@ class LocalExecutor:
 
     def run(self, sweep: Any, batches: list) -> None:
         import multiprocessing as mp
+        from multiprocessing.connection import wait
 
         ctx = mp.get_context("spawn")
-        events = ctx.Queue()
         absorb = Absorber(sweep)
         todo = deque(b for b in batches if any(not sweep.sdir.finished(p.id) for p in b.points))
         free = list(self.slots)
@@ -422,16 +424,22 @@ class LocalExecutor:
         tmp = Path(tempfile.mkdtemp(prefix="ddtree-sweep-driver-"))
         token = 0
 
-        def handle(item: tuple[int, Any]) -> None:
-            tok, ev = item
-            r = running.get(tok)
-            if r is None:
-                return
-            if absorb.event(ev, r.remaining, f"worker-{r.slot.index}"):
-                r.proc.join(timeout=D.SWEEP_WORKER_STOP_GRACE_S)
-                free.append(r.slot)
-                free.sort(key=lambda s: s.index)
-                del running[tok]
+        def release(tok: int, why: str | None) -> None:
+            r = running.pop(tok)
+            if why is not None:
+                if r.log_path.exists():
+                    absorb.worker_log(f"worker-{r.slot.index}", r.log_path.read_bytes())
+                absorb.lose(r.remaining, why)
+            r.conn.close()
+            r.proc.join(timeout=D.SWEEP_WORKER_STOP_GRACE_S)
+            free.append(r.slot)
+            free.sort(key=lambda s: s.index)
+
+        def lost_reason(r: _Running) -> str:
+            r.proc.join(timeout=5)
+            code = r.proc.exitcode
+            return (f"worker process exited with code {code} before this point finished"
+                    + (" (killed by a signal)" if code is not None and code < 0 else ""))
 
         try:
             while todo or running:
@@ -441,38 +449,26 @@ class LocalExecutor:
                     token += 1
                     job = GroupJob(sweep.sdir.id, sweep.grid, sweep.prep, pts, "local", slot.index)
                     log = tmp / f"worker-{token}.log"
-                    proc = ctx.Process(target=_local_worker, args=(token, slot, pickle.dumps(job), events, str(log)),
+                    reader, writer = ctx.Pipe(duplex=False)
+                    proc = ctx.Process(target=_local_worker, args=(token, slot, pickle.dumps(job), writer, str(log)),
                                        name=f"ddtree-sweep-worker-{slot.index}")
                     proc.start()
-                    running[token] = _Running(proc, slot, {p.id: p for p in pts}, log)
-                try:
-                    handle(events.get(timeout=0.5))
-                except queue_mod.Empty:
-                    pass
-                for tok, r in list(running.items()):
-                    if r.proc.is_alive():
+                    writer.close()  # the worker holds the only write end: its death is EOF here
+                    running[token] = _Running(proc, reader, slot, {p.id: p for p in pts}, log)
+                by_conn = {r.conn: tok for tok, r in running.items()}
+                for conn in wait(list(by_conn), timeout=0.5):
+                    tok = by_conn[conn]
+                    r = running[tok]
+                    try:
+                        _, ev = conn.recv()
+                    except (EOFError, OSError, pickle.UnpicklingError, AttributeError, ValueError):
+                        release(tok, lost_reason(r))  # died (perhaps mid-message): what it had not reported fails
                         continue
-                    self._drain(events, handle)  # what it sent before dying
-                    if tok in running:
-                        code = r.proc.exitcode
-                        if r.log_path.exists():
-                            absorb.worker_log(f"worker-{r.slot.index}", r.log_path.read_bytes())
-                        absorb.lose(r.remaining, f"worker process exited with code {code} before this point finished"
-                                    + (" (killed by a signal)" if code is not None and code < 0 else ""))
-                        free.append(r.slot)
-                        free.sort(key=lambda s: s.index)
-                        del running[tok]
+                    if absorb.event(ev, r.remaining, f"worker-{r.slot.index}"):
+                        release(tok, None)
         finally:
             self._stop(running)
             shutil.rmtree(tmp, ignore_errors=True)
-
-    @staticmethod
-    def _drain(events: Any, handle: Callable[[tuple[int, Any]], None]) -> None:
-        while True:
-            try:
-                handle(events.get(timeout=0.2))
-            except queue_mod.Empty:
-                return
 
     @staticmethod
     def _stop(running: dict[int, _Running]) -> None:
