@@ -134,3 +134,28 @@ def test_no_plain_and_no_build_table_leave_those_parts_out(tmp_path, capsys):
     assert "build_tree_ms" not in res and "tree build (ms)" not in text
     assert all("plain" not in r for r in res["rounds"]) and all("plain" not in r for r in res["e2e"])
     assert all(r["fast"]["tok_s"] > 0 for r in res["e2e"])
+
+
+def test_roofline_rows_reproduce_the_issue_figures_and_the_table_shows_them():
+    """roofline(n) = max(W / 4.3 TB/s, 2 P n / 790 TFLOP/s) at the 8B shape's 16.4 GB bf16: ~3.8 ms to n ~ 180,
+    then 5.3 / 10.6 / 21.2 ms at n = 257 / 513 / 1025 (issue 20); achieved GB/s and TFLOP/s from the time."""
+    from ddtree_bench.perf.roofline import roofline_ms, roofline_rows
+    from ddtree_bench.perf.tables import render
+
+    P = param_count("qwen3-8b")
+    W = 2 * P
+    assert roofline_ms(W, P, 1) == pytest.approx(3.81, abs=0.01) == roofline_ms(W, P, 128)
+    for n, ms in [(257, 5.33), (513, 10.64), (1025, 21.25)]:
+        assert roofline_ms(W, P, n) == pytest.approx(ms, abs=0.01)
+    rows = roofline_rows({1024: 29.26, 1: 5.66}, W, P)
+    assert [r["tokens"] for r in rows] == [1, 1024]
+    assert rows[0]["ratio"] == pytest.approx(5.66 / 3.81, abs=0.01) and rows[0]["achieved_gb_s"] == pytest.approx(W / 5.66e-3 / 1e9)
+    assert rows[1]["achieved_tflop_s"] == pytest.approx(2 * P * 1024 / 29.26e-3 / 1e12)
+    res = {"spec": {"shape": "qwen3-8b", "model": "toy", "dtype": "bfloat16", "device": "cuda", "prefix_len": 1024},
+           "date": "2026-12-01", "rounds": [], "verify_curve_ms": {"graph": {1: 5.66, 1024: 29.26}, "eager": {}},
+           "verify_roofline": {"weight_bytes": W, "params": P, "timing": "graph", "rows": rows,
+                               "ar_round": {"ms": 6.0, "roofline_ms": 3.81, "ratio": 6.0 / 3.81}}}
+    text = render(res)
+    assert "AR round 6.0 ms = 1.57x roofline(1)" in text
+    row1 = [ln.split() for ln in text.splitlines() if ln.split()[:2] == ["1", "5.66"]][-1]   # the roofline table's row
+    assert row1[2:4] == ["3.81", "1.49"]

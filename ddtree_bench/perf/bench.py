@@ -29,6 +29,7 @@ from ddtree_bench import defaults as D
 from ddtree_bench.config import parse_budgets
 from ddtree_bench.costmodel import CostModel, Curve, best
 from ddtree_bench.engine.gpu.loop import ROUND_STAGES
+from ddtree_bench.perf.roofline import roofline_ms, roofline_rows, weight_bytes_and_params
 from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
 
 
@@ -313,10 +314,13 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
     from ddtree_bench.engine.gpu.fused import ops_for
 
     result["layer_ops"] = ops_for(dev, target.lm_head.weight.dtype, spec.layer_ops).name
+    weight_bytes, params = weight_bytes_and_params(target)   # before verify_curve merges projections
     curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs, layer_ops=spec.layer_ops)
     result["verify_curve_ms"] = curves
     progress(f"verify curve ms: {curves}")
     curve = curves["graph"] or curves["eager"]
+    result["verify_roofline"] = {"weight_bytes": weight_bytes, "params": params, "timing": "graph" if curves["graph"] else "eager",
+                                 "rows": roofline_rows(curve, weight_bytes, params)}
 
     result["rounds"] = []
     configs = [("ar", 0)] + ([("dflash", 0)] + [("ddtree", b) for b in spec.budgets] if drafter is not None else [])
@@ -338,6 +342,9 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
         result["e2e"] = end_to_end(target, drafter, tokenizer, spec, progress)
 
     ar_round = next((r["fast"]["round"] for r in result["rounds"] if r["method"] == "ar"), None)
+    if ar_round:
+        roof1 = roofline_ms(weight_bytes, params, 1)
+        result["verify_roofline"]["ar_round"] = {"ms": ar_round, "roofline_ms": roof1, "ratio": ar_round / roof1}
     tau = spec.tau
     tau_source = "given"
     if tau is None and result.get("e2e"):

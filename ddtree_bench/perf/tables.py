@@ -24,6 +24,14 @@ def render(result: dict[str, Any]) -> str:
     note = "; graph_unfused = the same graph with the PyTorch twin ops" if "graph_unfused" in vc else ""
     parts.append(f"\nverify forward (ms) vs query tokens (layer ops: {result.get('layer_ops', 'torch')}{note}):\n" + table(
         [[n] + [_f(vc[c].get(n)) for c in cols] for n in ns], ["tokens"] + cols))
+    roof = result.get("verify_roofline")
+    if roof:
+        ar = roof.get("ar_round")
+        ar_line = f"; AR round {_f(ar['ms'])} ms = {_f(ar['ratio'], 2)}x roofline(1)" if ar else ""
+        parts.append(f"\nverify vs roofline(n) = max(W / 4.3 TB/s, 2 P n / 790 TFLOP/s), W = {roof['weight_bytes'] / 1e9:.2f} GB, "
+                     f"P = {roof['params'] / 1e9:.2f} B ({roof['timing']} timing; H200 limits){ar_line}:\n" + table(
+            [[r["tokens"], _f(r["ms"]), _f(r["roofline_ms"]), _f(r["ratio"], 2), _f(r["achieved_gb_s"], 0), _f(r["achieved_tflop_s"], 1)]
+             for r in roof["rows"]], ["tokens", "ms", "roofline ms", "ratio", "GB/s", "TFLOP/s"]))
 
     rows = []
     for r in result["rounds"]:

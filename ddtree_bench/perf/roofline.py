@@ -1,0 +1,50 @@
+"""How close one verify forward is to the machine's limits: roofline(n) and what a timing achieves.
+
+A target forward over n query tokens must stream every weight once and do ~2 FLOPs per parameter
+per token, so it cannot beat
+    roofline_ms(n) = 1e3 * max(W / HBM_BYTES_PER_S, 2 * P * n / DENSE_FLOP_PER_S)
+with W the weight bytes and P the parameters (tied embeddings once; the whole embedding table counted,
+as issue 20 does). The limits are the ones issue 20 measured on an H200 (copy bandwidth ~4.3 TB/s,
+dense bf16 ~790 TFLOP/s); on other GPUs the ratio column is against those H200 figures. Achieved
+GB/s = W / time, TFLOP/s = 2 P n / time. Knows nothing of how the time was measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+HBM_BYTES_PER_S = 4.3e12      # H200, measured copy bandwidth (issue 20)
+DENSE_FLOP_PER_S = 790e12     # H200, dense bf16 GEMM (issue 20)
+
+
+@dataclass
+class RooflineRow:
+    tokens: int
+    ms: float
+    roofline_ms: float
+    ratio: float              # ms / roofline_ms
+    achieved_gb_s: float
+    achieved_tflop_s: float
+
+
+def weight_bytes_and_params(model: torch.nn.Module) -> tuple[int, int]:
+    """(bytes, count) of a model's parameters; parameters() lists a tied tensor once."""
+    ps = list(model.parameters())
+    return sum(p.numel() * p.element_size() for p in ps), sum(p.numel() for p in ps)
+
+
+def roofline_ms(weight_bytes: int, params: int, tokens: int) -> float:
+    return 1e3 * max(weight_bytes / HBM_BYTES_PER_S, 2.0 * params * tokens / DENSE_FLOP_PER_S)
+
+
+def roofline_rows(curve_ms: dict[int, float], weight_bytes: int, params: int) -> list[dict]:
+    """One RooflineRow (as a dict) per measured n of a verify curve, in n order."""
+    rows = []
+    for n in sorted(curve_ms):
+        ms = curve_ms[n]
+        roof = roofline_ms(weight_bytes, params, n)
+        rows.append(asdict(RooflineRow(n, ms, roof, ms / roof, weight_bytes / (ms * 1e-3) / 1e9,
+                                       2.0 * params * n / (ms * 1e-3) / 1e12)))
+    return rows
