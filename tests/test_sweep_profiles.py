@@ -282,3 +282,15 @@ def test_prometheus_parser_handles_escapes_timestamps_and_junk():
     samples = C.parse_prometheus(text)
     assert samples[0] == ("m", {"a": 'x"y', "b": "c\\d", "c": "line\nbreak"}, 2.5)
     assert C.metric_sum(samples, "n") == float("inf") and C.metric_sum(samples, "absent") is None
+
+
+def test_standalone_servers_batch_up_to_the_grids_largest_concurrency():
+    """A standalone server serves every client-side point of its group: it must batch to the largest."""
+    from ddtree_bench.sweep.grid import build_grid, expand
+    from ddtree_bench.sweep.run import _command
+
+    grid = build_grid(None, {"backends": "standalone", "methods": "ddtree", "budgets": "16", "suites": "smoke",
+                             "concurrency": "1,4"})
+    p = next(q for q in expand(grid) if q.method == "ddtree")
+    argv = _command(load_profile("standalone"), p, grid, port=1, api_key=None).argv
+    assert _val(argv, "--max-batch") == "4"

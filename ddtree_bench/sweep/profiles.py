@@ -27,7 +27,8 @@ watch it:
 
 Template items are strings with `{name}` placeholders (model, draft, method, budget, spec_tokens,
 block_size = spec_tokens + 1, dtype, device, gpu = N of cuda:N, host, port, api_key, python = this
-interpreter, server_python = the serving engine's interpreter), or
+interpreter, server_python = the serving engine's interpreter, max_batch = the largest concurrency the
+server's points ask for), or
 `{json: OBJ}`, which renders OBJ as compact JSON after substituting placeholders (a leaf that is exactly "{name}" keeps
 the value's type; keys whose value is unset are dropped). Unknown keys in a profile are errors.
 
@@ -230,7 +231,8 @@ def mask_argv(argv: list[str], params: dict[str, Any]) -> list[str]:
 
 def point_params(profile: Profile, *, model: str, draft: str | None, method: str, budget: int | None,
                  spec_tokens: int | None, dtype: str, device: str, host: str, port: int,
-                 api_key: str | None = None, server_python: str | None = None) -> dict[str, Any]:
+                 api_key: str | None = None, server_python: str | None = None,
+                 max_batch: int | None = None) -> dict[str, Any]:
     """Template values for one server (profile defaults fill unset knobs). `server_python` is the
     resolved interpreter of the serving engine (`server_python.resolve`), None when the profile needs none."""
     k = spec_tokens if spec_tokens is not None else profile.defaults.get("spec_tokens")
@@ -241,6 +243,7 @@ def point_params(profile: Profile, *, model: str, draft: str | None, method: str
         "budget": budget if method == "ddtree" else None, "spec_tokens": k,
         "block_size": (k + 1) if k is not None else None, "dtype": dtype, "device": device,
         "host": host, "port": port, "api_key": api_key, "python": sys.executable, "server_python": server_python,
+        "max_batch": max_batch,
         "gpu": device.split(":", 1)[1] if device.startswith("cuda:") else None,
     }
     for key, v in profile.defaults.items():

@@ -162,7 +162,8 @@ def _command(profile: Profile, p: Point, grid: GridSpec, port: int, api_key: str
     model, draft = _model_for(profile, p)
     params = point_params(profile, model=model, draft=draft, method=p.method, budget=p.budget,
                           spec_tokens=p.spec_tokens, dtype=p.dtype, device=p.device, host=D.HOST, port=port,
-                          api_key=api_key, server_python=server_python)
+                          api_key=api_key, server_python=server_python,
+                          max_batch=max(grid.concurrency or [1]))  # every client-side point shares the server
     return build_command(profile, params, grid.server_args.get(p.backend), grid.server_env)
 
 
