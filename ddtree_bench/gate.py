@@ -11,7 +11,8 @@ latency percentiles) must stay within a relative tolerance of its reference, in 
 that is worse (`higher` is better: fail below ref x (1 - tol); `lower` is better: fail above
 ref x (1 + tol)). The reference is the baseline's tau over the same prompts (`against: baseline`)
 or the median of `--reference-run` summaries (`against: reference`); with 2+ reference runs the
-tolerance widens to max(tol, noise_k x coefficient of variation of the reference values).
+tolerance widens to max(tol, noise_k x the relative half-width of the Student-t prediction interval of
+one new run, `reference_spread`, the same intervals the sweep reports).
 
 Defaults live in `gate_rules.yaml` (shipped with the package); a user's rules file is merged over
 it (a missing key keeps the default; a `metrics` list replaces the default list). Unknown keys are
@@ -356,6 +357,21 @@ def _baseline_rule(rule: MetricRule, c: Comparison, run_info: dict[str, Any], ba
     return judge(rule, a.get(BASELINE_METRICS[rule.metric]), ref, spread, f"baseline ({a.get('num_paired')} paired prompts)")
 
 
+def reference_spread(values: list[float]) -> float | None:
+    """Relative half-width of the Student-t prediction interval for one new run, from 2+ reference runs,
+    at the sweep's interval level (`D.CI_LEVEL`, `stats.t_quantile`): t(1 - (1 - level)/2, n - 1) · s ·
+    sqrt(1 + 1/n) / mean. The same t machinery as the sweep's tok/s intervals, widened from "where is
+    the mean" to "where may one more run fall". None for fewer than 2 runs or a zero mean."""
+    from ddtree_bench import defaults as D
+    from ddtree_bench.stats import t_quantile
+
+    n = len(values)
+    if n < 2 or not statistics.mean(values):
+        return None
+    t = t_quantile(1 - (1 - D.CI_LEVEL) / 2, n - 1)
+    return t * statistics.stdev(values) * (1 + 1 / n) ** 0.5 / abs(statistics.mean(values))
+
+
 def _reference_rule(rule: MetricRule, run_summary: dict[str, Any] | None, refs: list[dict[str, Any]]) -> Check:
     if not refs:
         return Check(rule.label, "performance", "skip", "no --reference-run given")
@@ -364,7 +380,7 @@ def _reference_rule(rule: MetricRule, run_summary: dict[str, Any] | None, refs: 
     values = [v for r in refs if (v := _get(r, rule.metric)) is not None]
     if not values:
         return Check(rule.label, "performance", "skip", f"the reference runs have no {rule.metric}")
-    spread = statistics.stdev(values) / statistics.mean(values) if len(values) >= 2 and statistics.mean(values) else None
+    spread = reference_spread(values)
     desc = "reference" if len(values) == 1 else f"reference median of {len(values)}"
     return judge(rule, _get(run_summary, rule.metric), statistics.median(values), spread, desc)
 

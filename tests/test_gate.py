@@ -86,7 +86,17 @@ def test_reference_runs_and_noise(tmp_path, base, capsys):
     code, out, _ = cli(args + [x for r in steady for x in ("--reference-run", r)], capsys)
     assert code == 1 and "tolerance 10.0%" in out  # -15% of a steady 100 tok/s
     code, out, _ = cli(args + [x for r in noisy for x in ("--reference-run", r)], capsys)
-    assert code == 0 and "widened by noise 20.0%" in out  # cv 0.2 x noise_k 3 = 60% allowed
+    # t(0.975, 2) = 4.303; 4.303 x s 20 x sqrt(1 + 1/3) / mean 100 = 99.4%: three runs this noisy say little
+    assert code == 0 and "widened by noise 99.4%" in out
+
+
+def test_reference_spread_is_the_t_prediction_interval():
+    from ddtree_bench.gate import reference_spread
+
+    assert reference_spread([100.0]) is None and reference_spread([100.0, 100.0, 100.0]) == 0.0
+    assert reference_spread([80.0, 100.0, 120.0]) == pytest.approx(4.302653 * 20 * (4 / 3) ** 0.5 / 100, rel=1e-4)
+    many = [100.0 + (-1) ** i * 5 for i in range(40)]  # t -> 1.96-ish; sqrt(1 + 1/n) -> 1
+    assert reference_spread(many) == pytest.approx(2.0227 * 5.064 * (1 + 1 / 40) ** 0.5 / 100, rel=2e-3)
 
 
 def test_judge_is_direction_aware():
