@@ -182,8 +182,16 @@ def test_a_killed_worker_fails_only_its_points_and_resume_completes(serial, tmp_
     out = tmp_path / "sw"
     proc = _sweep_proc(out)
     try:
-        workers = wait_for(lambda: [c for c in children(proc.pid) if is_worker(c)] if _finished(out) else None)
-        assert workers, "no worker running after the first finished point"
+        def busy_workers():
+            """Workers mid-group: one serving a standalone group has its server (and watchdog) as children.
+            Killing an idle worker between groups would fail nothing, and the test would race."""
+            if not _finished(out):
+                return None
+            ws = [c for c in children(proc.pid) if is_worker(c)]
+            return [w for w in ws if children(w)] or None
+
+        workers = wait_for(busy_workers)
+        assert workers, "no worker serving a group after the first finished point"
         victim = workers[0]
         os.kill(victim, signal.SIGKILL)
         text = proc.communicate(timeout=300)[0].decode()
