@@ -6,22 +6,13 @@ from __future__ import annotations
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
 
-from ddtree_bench.cli import main
 from ddtree_bench.errors import UsageError
 from ddtree_bench.sweep import order as O
 from ddtree_bench.sweep.grid import build_grid, expand, server_groups
-
-
-def run_cli(argv) -> int:
-    try:
-        main(argv)
-    except SystemExit as e:
-        return e.code
-    return 0
+from process_support import run_cli
 
 
 def grid(**flags):

@@ -20,50 +20,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from ddtree_bench.cli import main
 from ddtree_bench.results import read_records
 from ddtree_bench.sweep.executors import assign_slots
 from ddtree_bench.sweep.layout import COLUMNS
+from process_support import run_cli, csv_rows, alive, wait_for
 
 GRID = ["--backends", "inprocess,standalone", "--models", "random", "--suites", "smoke", "--methods", "ddtree",
         "--budgets", "4", "--limit", "2", "--max-new-tokens", "8", "--no-report", "-q"]
 FAKE_GPUS = "5,7,9,11"
-
-
-def run_cli(argv) -> int:
-    try:
-        main(argv)
-    except SystemExit as e:
-        return e.code
-    return 0
-
-
-def csv_rows(out: Path) -> list[dict]:
-    with open(out / "summary.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def wait_for(pred, timeout_s: float = 240.0, step_s: float = 0.1):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step_s)
-    return pred()
 
 
 def results(out: Path) -> dict[str, tuple]:

@@ -11,36 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_bench.cli import main
 from ddtree_bench.records import RequestRecord
 from ddtree_bench.results import load, read_records
 from ddtree_bench.sweep.layout import COLUMNS, SUMMARY_COLUMNS
+from process_support import run_cli, csv_rows, alive
 
 DESIGN_COLUMNS = ["backend", "model", "method", "budget", "spec_tokens", "concurrency", "request_rate", "temperature",
                   "suite", "status", "error", "acceptance_length_mean", "acceptance_length_token_weighted",
                   "output_throughput_tok_s", "speedup_vs_ar", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99"]
 SMOKE_TURNS = {("smoke-0", 0), ("smoke-1", 0), ("smoke-2", 0), ("smoke-2", 1)}
-
-
-def run_cli(argv) -> int:
-    try:
-        main(argv)
-    except SystemExit as e:
-        return e.code
-    return 0
-
-
-def csv_rows(out: Path) -> list[dict]:
-    with open(out / "summary.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def test_summary_columns_are_the_design_contract_then_extras():

@@ -24,27 +24,10 @@ import pytest
 from ddtree_bench.results import RunWriter
 from ddtree_bench.sweep.lock import LOCK_NAME, SweepLock
 from ddtree_bench.sweep.server import reap_recorded, write_record
+from process_support import alive, wait_for
 
 SWEEP = [sys.executable, "-m", "ddtree_bench", "sweep", "--models", "random", "--suites", "smoke", "--methods", "ar",
          "--limit", "2", "--max-new-tokens", "4", "--no-report", "-q"]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def wait_for(pred, timeout_s: float = 60.0, step_s: float = 0.1):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step_s)
-    return pred()
 
 
 def finished_points(out: Path) -> list[Path]:
