@@ -16,7 +16,7 @@ Subset = Annotated[Optional[str], typer.Option("--subset", help="Subset rule: zl
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 
 
-@baseline_app.command("record")
+@baseline_app.command("record", epilog="\b\nExamples:\n  ddtree-bench baseline record --model toy --suite gsm8k --limit 8 --out baselines/mine.jsonl\n  ddtree-bench baseline record --backend vllm --url http://127.0.0.1:8000 --model /models/Qwen3-8B --suite gsm8k --out b.jsonl")
 def record_cmd(
     out: OutFile,
     model: O.Model = D.MODEL,
@@ -70,7 +70,7 @@ def record_cmd(
     typer.echo(f"baseline: {out} ({n_prompts} prompts, {len(entries)} turns, {sum(len(e.output_ids) for e in entries)} tokens{extra})")
 
 
-@baseline_app.command("import")
+@baseline_app.command("import", epilog="\b\nExamples:\n  ddtree-bench baseline import authors_output.pt --tokenizer /models/Qwen3-8B --suite gsm8k --out b.jsonl")
 def import_cmd(
     pt: Annotated[Path, typer.Argument(help="The DDTree authors' benchmark file (benchmark.py --save-path).", show_default=False)],
     out: OutFile,

@@ -18,7 +18,7 @@ from ddtree_bench.cli import options as O
 from ddtree_bench.cli.app import app
 
 
-@app.command("bench-engine")
+@app.command("bench-engine", epilog="\b\nExamples:\n  ddtree-bench bench-engine --model toy --budgets 16..256\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16..1024 --no-plain")
 def bench_engine_cmd(
     model: O.Model = D.MODEL,
     draft: O.Draft = None,

@@ -17,7 +17,7 @@ BaselineOpt = Annotated[Path, typer.Option("--baseline", help="Baseline file (ba
 NearTieGap = Annotated[Optional[float], typer.Option("--near-tie-gap", help=f"Logit gap below which a divergence is a near tie (default {D.NEAR_TIE_GAP:g}; {D.SERVER_NEAR_TIE_GAP:g} for baselines recorded from a server; see docs/ci-gate.md, docs/explain.md).")]
 
 
-@app.command("compare")
+@app.command("compare", epilog="\b\nExamples:\n  ddtree-bench compare results/prod-gsm8k --baseline baselines/toy-gsm8k.jsonl --json")
 def compare_cmd(
     results: Annotated[Path, typer.Argument(help="A run directory (run.json + records.jsonl).", show_default=False)],
     baseline: BaselineOpt,

@@ -16,7 +16,7 @@ from ddtree_bench.cli import options as O
 from ddtree_bench.cli.app import app
 
 
-@app.command("explain")
+@app.command("explain", epilog="\b\nExamples:\n  ddtree-bench explain results/vllm-dflash --model toy")
 def explain_cmd(
     run: Annotated[Path, typer.Argument(help="A run directory of a greedy dflash/ddtree run (run.json + records.jsonl).", show_default=False)],
     model: Annotated[Optional[str], typer.Option("--model", help="Target the reference engine loads (default: the run's --model).")] = None,

@@ -23,7 +23,7 @@ def _check_report_path(path: Optional[Path], flag: str) -> None:
         check_output_file(path, flag)
 
 
-@app.command("gate")
+@app.command("gate", epilog="\b\nExamples:\n  ddtree-bench gate results/prod-gsm8k --baseline baselines/toy-gsm8k.jsonl --junit gate.xml --markdown gate.md")
 def gate_cmd(
     results: Annotated[Path, typer.Argument(help="A run directory (run.json + records.jsonl).", show_default=False)],
     baseline: BaselineOpt,

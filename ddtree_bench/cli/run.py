@@ -11,7 +11,7 @@ from ddtree_bench.cli import options as O
 from ddtree_bench.cli.app import app
 
 
-@app.command("run")
+@app.command("run", epilog="\b\nExamples:\n  ddtree-bench run --model toy --method ddtree --budget 32 --suite gsm8k --limit 8\n  ddtree-bench run --backend vllm --url http://127.0.0.1:8000 --model toy --method dflash --out results/vllm-dflash")
 def run_cmd(
     ctx: typer.Context,
     backend: O.Backend = D.BACKEND,

@@ -16,7 +16,7 @@ from ddtree_bench.cli import options as O
 from ddtree_bench.cli.app import app
 
 
-@app.command("serve")
+@app.command("serve", epilog="\b\nExamples:\n  ddtree-bench serve --model toy --method ddtree --budget 64 --port 8000\n  ddtree-bench serve --null --port 8000")
 def serve_cmd(
     model: O.Model = D.MODEL,
     draft: O.Draft = None,

@@ -64,7 +64,7 @@ def suites_list(
                "{\"id\", \"turns\"} is a suite too. Suite dirs: " + ", ".join(str(d) for d in suites.suite_dirs()))
 
 
-@suites_app.command("show")
+@suites_app.command("show", epilog="\b\nExamples:\n  ddtree-bench suites show gsm8k --limit 2")
 def suites_show(
     name: Annotated[str, typer.Argument(help="Suite name, suite YAML, or JSONL file.")],
     limit: Annotated[int, typer.Option("--limit", help="How many prompts to print (the first of the run order).")] = 3,

@@ -24,7 +24,7 @@ def _opt(*names: str, help: str):
     return typer.Option(*names, help=help, show_default=False)
 
 
-@app.command("sweep")
+@app.command("sweep", epilog="\b\nExamples:\n  ddtree-bench sweep\n  ddtree-bench sweep --backends vllm --methods dflash --limit 8 --server-python ~/venvs/vllm/bin/python\n  ddtree-bench sweep --resume results/20261201-120000-sweep-inprocess")
 def sweep_cmd(
     sweep_dir: Annotated[Optional[Path], typer.Argument(help="With --resume: the sweep directory to continue (default: the latest under results/).", show_default=False)] = None,
     config: Annotated[Optional[Path], _opt("--config", help="Grid YAML (keys as in docs/serving-ddtree.md; unknown keys are errors). Flags override it.")] = None,

@@ -10,7 +10,7 @@ import typer
 from ddtree_bench.cli.app import toy_app
 
 
-@toy_app.command("train")
+@toy_app.command("train", epilog="\b\nExamples:\n  ddtree-bench toy train --out /tmp/toy --device cuda")
 def toy_train_cmd(
     out: Annotated[Path, typer.Option("--out", help="Directory to write target/ and draft/ into.")],
     device: Annotated[str, typer.Option("--device", help="cpu | cuda (minutes on one GPU; hours on a CPU).")] = "cpu",
