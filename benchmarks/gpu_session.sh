@@ -29,7 +29,7 @@ step env
 if [ -z "${SKIP_TESTS:-}" ]; then
   step gpu tests
   timeout ${TESTS_TIMEOUT:-180} python3 -m pytest -p no:cacheprovider -m gpu -v -rA \
-    ${TEST_FILES:-tests/test_fused.py tests/test_tree_kernels.py tests/test_fastpath.py} > "$OUT/tests.txt" 2>&1
+    ${TEST_FILES:-tests/engine/gpu} > "$OUT/tests.txt" 2>&1
   echo "pytest exit $?" | tee -a "$OUT/tests.txt" "$LOG"; tail -15 "$OUT/tests.txt" >> "$LOG"
 fi
 

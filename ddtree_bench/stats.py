@@ -18,7 +18,7 @@ Methods (defaults written once in `defaults.py`: CI_LEVEL, CI_RESAMPLES, CI_SEED
 * `repeat_mean_interval(values)` — the mean of per-repeat values (output tok/s) with the Student t
   interval mean ± t_{(1+level)/2, n-1} · s / sqrt(n). Not a bootstrap: over 2–5 repeats the
   percentile bootstrap of a mean cannot leave [min, max] and covers far less than its level
-  (tests/test_intervals.py measures ~65 % for a nominal 95 % at n = 3); t is exact for normal
+  (tests/test_stats.py measures ~65 % for a nominal 95 % at n = 3); t is exact for normal
   repeat means. Needs n >= 2 (None below).
 * `repeats_to_separate(a, b, n)` — the repeats at which the intervals of `a` (the higher estimate)
   and `b` would stop overlapping if their half-widths shrink as 1/sqrt(repeats):

@@ -7,7 +7,7 @@ record which one was used:
   `dataset.shuffle(seed=0).select(range(n))`, only when the dataset has more than n items.
   Hugging Face `datasets` shuffles with `numpy.random.default_rng(seed).permutation(len(dataset))`
   (`Dataset.shuffle`, datasets 5.2.0), so the selection is that permutation's first n indices;
-  `tests/test_suites.py` checks this against `datasets` itself. No `datasets` needed here.
+  `tests/suites/test_suites.py` checks this against `datasets` itself. No `datasets` needed here.
 - `zlab-current`: the current `python -m dflash.benchmark`: `random.seed(0)`, then
   `random.shuffle(items)` and the first n, again only when there are more than n items.
   `random.shuffle` depends only on the list's length, so shuffling indices gives the same order.

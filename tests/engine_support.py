@@ -95,3 +95,46 @@ class RiggedProposer:
             else:
                 logits[j - 1, true] = 10.0
         return logits
+
+
+class OracleProposer:
+    """Drafts the target's greedy continuation: depth j of the round whose bonus sits at `start` puts
+    the true token at position start + j first, except (seeded by start) sometimes second (a sibling
+    acceptance in DDTree, a chain break in DFlash) or nowhere near the top (a miss)."""
+
+    def __init__(self, prompt: list[int], truth: list[int], block_size: int = 16, layers=(1, 2), seed: int = 0,
+                 vocab: int = 272):
+        self.seq, self.vocab = list(prompt) + list(truth), vocab
+        self.block_size, self.target_layer_ids, self.seed = block_size, tuple(layers), seed
+
+    def new_cache(self, capacity: int):
+        return None
+
+    def propose(self, ctx, bonus: int, cache, draft_len: int, start: int) -> torch.Tensor:
+        assert ctx.shape[0] == start - draft_len
+        rng = random.Random(self.seed * 100003 + start)
+        L = self.block_size - 1
+        V = self.vocab
+        logits = torch.randn(L, V, generator=torch.Generator().manual_seed(start)) * 0.5
+        for j in range(1, L + 1):
+            pos = start + j
+            if pos >= len(self.seq):
+                break
+            true, u = self.seq[pos], rng.random()
+            decoy = (true + 1 + rng.randrange(V - 2)) % V
+            if u < 0.2:          # second choice
+                logits[j - 1, decoy] = 9.0
+                logits[j - 1, true] = 8.0
+            elif u < 0.25:       # miss
+                logits[j - 1, decoy] = 9.0
+                logits[j - 1, true] = -9.0
+            else:
+                logits[j - 1, true] = 9.0
+        return logits.to(ctx.device)
+
+
+def same_generation(a, b) -> None:
+    """Two Generations agree: tokens, per-round acceptance lengths, finish reason."""
+    assert a.output_ids == b.output_ids
+    assert a.accept_lengths == b.accept_lengths
+    assert a.finish_reason == b.finish_reason

@@ -10,7 +10,7 @@ padding or cross-request mask is needed (varlen attention, as flash-attn's varle
 
 Numerics: row-wise ops (norms, RoPE, SwiGLU) and the attention calls are identical to batch 1;
 only the GEMMs see more rows, which in fp32 may change the last bits of a row (BLAS blocking), so
-batched and batch-1 outputs are equal token for token (tests/test_engine_batch.py), not
+batched and batch-1 outputs are equal token for token (tests/engine/test_batch.py), not
 necessarily bit for bit.
 
 Mirrors `model.Target.forward` and `draft.DFlashDrafter.forward` (including the drafter's

@@ -22,7 +22,7 @@ equal to the mask id is kept (z-lab fixed that bug; the DDTree reference still d
 
 AR decodes one token per forward and stops as soon as max_new_tokens are emitted.
 `fast=False` runs the slow twins (heap tree build, row-copy ancestor mask, dict walk); both paths
-emit the same tokens (tests/test_engine_lossless.py). Knows nothing of HTTP, text or files.
+emit the same tokens (tests/engine/test_lossless.py). Knows nothing of HTTP, text or files.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ so every round has new shapes. Here every shape depends only on the number of qu
   `ops`: the fused Triton kernels on CUDA or their PyTorch twin (`fused.ops_for`).
 
 The weights are the modules' own, so logits equal the plain forwards up to floating-point
-reduction order (tests/test_fastpath.py, tests/test_fused.py). Knows nothing of trees, rounds or graphs.
+reduction order (tests/engine/gpu/test_fastpath.py, tests/engine/gpu/test_fused.py). Knows nothing of trees, rounds or graphs.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from ddtree_bench.baseline_record import logprob_gaps
 from ddtree_bench.compare import compare_records
 from ddtree_bench.records import RequestRecord
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "ddtree_bench"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "ddtree_bench"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 VARIANTS = "reference,causal,layer_ids-1,layer_ids+1,no_hidden_norm,ctx_k_norm=layer0,ctx_k_norm=layer1"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BASELINE = ROOT / "baselines" / "toy-gsm8k.jsonl"   # reference engine, AR greedy, fp32, 256 tokens
 CLI = [sys.executable, "-m", "ddtree_bench"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

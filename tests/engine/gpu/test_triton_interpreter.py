@@ -1,12 +1,12 @@
 """Every Triton kernel of the GPU path, run on this CPU through Triton's interpreter.
 
-The kernel tests (tests/test_tree_kernels.py, tests/test_fused.py: each kernel against its PyTorch
+The kernel tests (tests/engine/gpu/test_tree_kernels_triton.py, tests/engine/gpu/test_fused.py: each kernel against its PyTorch
 twin, bit for bit or within a few fp32 ulps; head dim 128 for the layer ops) are marked `gpu` and
 need CUDA, or TRITON_INTERPRET=1 set before Triton defines the kernels - so they run here in a
 child process with that variable set, at the smaller shapes they choose under the interpreter.
 What still runs only on a GPU: bf16 kernels (the interpreter's fp32 -> bf16 cast does not round to
 nearest even), the large shapes (15 depths, the 151,936-token vocabulary, B = 1024), CUDA graphs,
-the builders' timing and choice, and the fused loop end to end (tests/test_gpu_fastloop.py).
+the builders' timing and choice, and the fused loop end to end (tests/engine/gpu/test_fastloop_cuda.py).
 Skips when Triton is not installed (it is a dev dependency) or when CUDA is present (then the
 kernel tests run directly).
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-FILES = ["tests/test_tree_kernels.py", "tests/test_fused.py"]
+ROOT = Path(__file__).resolve().parents[3]
+FILES = ["tests/engine/gpu/test_tree_kernels_triton.py", "tests/engine/gpu/test_fused_triton.py"]
 
 
 def _have_triton() -> bool:

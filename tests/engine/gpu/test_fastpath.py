@@ -30,6 +30,8 @@ from ddtree_bench.engine.tree import (
 from ddtree_bench.engine.gpu.tree_ops import ancestors, commit_sources, verify_visible, walk_static
 from ddtree_bench.engine.tree_vector import StaticTreeBuilder, topk_logprobs
 from ddtree_bench.engine.verify import walk
+from engine_support import OracleProposer, same_generation
+from triton_support import tree_logits
 
 VOCAB = 272
 
@@ -51,59 +53,14 @@ def greedy_truth(target: Target, prompt: list[int], n: int) -> list[int]:
     return Engine(target).generate(prompt, "ar", max_new_tokens=n).output_ids
 
 
-class OracleProposer:
-    """Drafts the target's greedy continuation: depth j of the round whose bonus sits at `start` puts
-    the true token at position start + j first, except (seeded by start) sometimes second (a sibling
-    acceptance in DDTree, a chain break in DFlash) or nowhere near the top (a miss)."""
-
-    def __init__(self, prompt: list[int], truth: list[int], block_size: int = 16, layers=(1, 2), seed: int = 0):
-        self.seq = list(prompt) + list(truth)
-        self.block_size, self.target_layer_ids, self.seed = block_size, tuple(layers), seed
-
-    def new_cache(self, capacity: int):
-        return None
-
-    def propose(self, ctx, bonus: int, cache, draft_len: int, start: int) -> torch.Tensor:
-        assert ctx.shape[0] == start - draft_len
-        rng = random.Random(self.seed * 100003 + start)
-        L = self.block_size - 1
-        logits = torch.randn(L, VOCAB, generator=torch.Generator().manual_seed(start)) * 0.5
-        for j in range(1, L + 1):
-            pos = start + j
-            if pos >= len(self.seq):
-                break
-            true, u = self.seq[pos], rng.random()
-            decoy = (true + 1 + rng.randrange(VOCAB - 2)) % VOCAB
-            if u < 0.2:          # second choice
-                logits[j - 1, decoy] = 9.0
-                logits[j - 1, true] = 8.0
-            elif u < 0.25:       # miss
-                logits[j - 1, decoy] = 9.0
-                logits[j - 1, true] = -9.0
-            else:
-                logits[j - 1, true] = 9.0
-        return logits.to(ctx.device)
-
-
 # ---------------------------------------------------------------------------- trees
-
-
-def _logits(kind: str, L: int, V: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    if kind == "random":
-        return torch.randn(L, V, generator=g) * 3
-    if kind == "onehot":  # almost every logit ties
-        x = torch.zeros(L, V)
-        x[torch.arange(L), torch.randint(V, (L,), generator=g)] = 5.0
-        return x
-    return torch.round(torch.randn(L, V, generator=g) * 2) / 2  # coarse: many ties, also across depths
 
 
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
 @pytest.mark.parametrize("L,V,budget", [(15, 272, 16), (15, 272, 64), (15, 272, 200), (4, 3, 50), (6, 5, 7), (1, 9, 4)])
 def test_static_builder_equals_heap_and_vectorised(kind, L, V, budget):
     for seed in range(2):
-        logits = _logits(kind, L, V, seed)
+        logits = tree_logits(kind, L, V, seed)
         heap = build_tree(logits, budget)
         fast = build_tree_fast(logits, budget)
         tok, par, dep = StaticTreeBuilder(L, V, budget, "cpu")(logits)
@@ -115,7 +72,7 @@ def test_static_builder_equals_heap_and_vectorised(kind, L, V, budget):
 
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
 def test_topk_logprobs_equals_stable_sort(kind):
-    logits = _logits(kind, 15, 272, 3)
+    logits = tree_logits(kind, 15, 272, 3)
     for k in (1, 16, 272):
         lp, ids = topk_logprobs(logits, k)
         lp2, ids2 = _topk_logprobs(logits, k)
@@ -126,7 +83,7 @@ def test_ancestors_visibility_and_walk_match_the_slow_twins():
     rng = random.Random(0)
     L = 15
     for trial in range(30):
-        logits = _logits(["random", "coarse"][trial % 2], L, 40, trial)
+        logits = tree_logits(["random", "coarse"][trial % 2], L, 40, trial)
         budget = rng.choice([1, 5, 16, 33, 100])
         tree = build_tree(logits, budget)
         anc = ancestors(tree.parents, L)
@@ -166,7 +123,7 @@ def test_static_target_forward_matches_plain(model_type):
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(VOCAB, (P,), generator=g)
     tree_ids = torch.randint(VOCAB, (T,), generator=g)
-    logits = _logits("random", 15, VOCAB, 5)
+    logits = tree_logits("random", 15, VOCAB, 5)
     tree = build_tree(logits, T - 1)
     anc = ancestors(tree.parents, 15)
     pos = P + torch.cat([torch.zeros(1, dtype=torch.long), tree.depths])
@@ -213,17 +170,11 @@ def _both(target, drafter=None, proposer=None):
     return Engine(target, drafter, proposer=proposer), Engine(target, drafter, proposer=proposer, cuda_graphs=True)
 
 
-def _same(a, b):
-    assert a.output_ids == b.output_ids
-    assert a.accept_lengths == b.accept_lengths
-    assert a.finish_reason == b.finish_reason
-
-
 @pytest.mark.parametrize("method,budget", [("ar", 0), ("dflash", 0), ("ddtree", 1), ("ddtree", 16), ("ddtree", 100)])
 def test_fast_engine_equals_plain_random_drafter(pair, method, budget):
     plain, fast = _both(*pair)
     for prompt in ([3, 1, 4, 1, 5], list(range(20, 60))):
-        _same(plain.generate(prompt, method, budget, 37), fast.generate(prompt, method, budget, 37))
+        same_generation(plain.generate(prompt, method, budget, 37), fast.generate(prompt, method, budget, 37))
     gen = fast.generate([9, 9], method, budget, 12)
     rounds = fast.fast_loop().rounds
     assert len(rounds) == len(gen.accept_lengths)
@@ -237,10 +188,10 @@ def test_fast_engine_equals_plain_deep_paths_compaction_and_stops(pair, method, 
     prompt = [5, 17, 101, 33, 2, 250]
     truth = greedy_truth(target, prompt, 140)
     for seed in range(3):
-        prop = OracleProposer(prompt, truth, seed=seed)
+        prop = OracleProposer(prompt, truth, vocab=VOCAB, seed=seed)
         plain, fast = _both(target, proposer=prop)
         a, b = plain.generate(prompt, method, budget, 90), fast.generate(prompt, method, budget, 90)
-        _same(a, b)
+        same_generation(a, b)
         assert a.output_ids == truth[:90]
         assert max(a.accept_lengths) >= 8, "the oracle drafts deep accepted paths"
         if budget >= 32:  # sibling acceptances: the accepted path is not a prefix of the node order
@@ -248,7 +199,7 @@ def test_fast_engine_equals_plain_deep_paths_compaction_and_stops(pair, method, 
             assert any(t.accepted != list(range(len(t.accepted))) for t in trees)
             assert [t.accepted for t in trees] == [t.accepted for t in plain.generate(prompt, method, budget, 90, record_trees=True).trees]
         stop = truth[40]
-        _same(plain.generate(prompt, method, budget, 90, stop_ids=[stop]), fast.generate(prompt, method, budget, 90, stop_ids=[stop]))
+        same_generation(plain.generate(prompt, method, budget, 90, stop_ids=[stop]), fast.generate(prompt, method, budget, 90, stop_ids=[stop]))
 
 
 def test_fast_engine_sampling_gaps_chunks_and_trees_match(pair):
@@ -256,12 +207,12 @@ def test_fast_engine_sampling_gaps_chunks_and_trees_match(pair):
     prompt = list(range(30, 50))
     for method, budget in (("ar", 0), ("ddtree", 24)):
         for seed in (0, 1):
-            _same(plain.generate(prompt, method, budget, 30, temperature=0.8, seed=seed),
+            same_generation(plain.generate(prompt, method, budget, 30, temperature=0.8, seed=seed),
                   fast.generate(prompt, method, budget, 30, temperature=0.8, seed=seed))
         a = plain.generate(prompt, method, budget, 30, return_logit_gaps=True, record_trees=True)
         seen: list[list[int]] = []
         b = fast.generate(prompt, method, budget, 30, return_logit_gaps=True, record_trees=True, on_chunk=seen.append)
-        _same(a, b)
+        same_generation(a, b)
         assert a.chunk_tokens == b.chunk_tokens and [t for c in seen for t in c] == b.output_ids
         assert a.logit_gaps == pytest.approx(b.logit_gaps, rel=1e-4, abs=1e-4)
         if method == "ddtree":
@@ -274,9 +225,9 @@ def test_fast_engine_grows_its_cache_and_keeps_going(pair):
     fast.generate([1, 2, 3], "ddtree", 16, 8)
     small = fast.fast_loop().capacity
     long_prompt = list(range(10, 250))
-    _same(plain.generate(long_prompt, "ddtree", 16, 20), fast.generate(long_prompt, "ddtree", 16, 20))
+    same_generation(plain.generate(long_prompt, "ddtree", 16, 20), fast.generate(long_prompt, "ddtree", 16, 20))
     assert fast.fast_loop().capacity > small
-    _same(plain.generate([1, 2, 3], "ddtree", 16, 8), fast.generate([1, 2, 3], "ddtree", 16, 8))
+    same_generation(plain.generate([1, 2, 3], "ddtree", 16, 8), fast.generate([1, 2, 3], "ddtree", 16, 8))
 
 
 class _FlakyBuilder(StaticTreeBuilder):
@@ -317,11 +268,11 @@ def test_a_flagged_tree_is_rebuilt_exactly_before_commit(pair, monkeypatch):
         return made[-1]
 
     monkeypatch.setattr(FastLoop, "_builder", flaky)
-    prop = OracleProposer(prompt, truth, seed=2)
+    prop = OracleProposer(prompt, truth, vocab=VOCAB, seed=2)
     plain, fast = _both(target, proposer=prop)
     a = plain.generate(prompt, "ddtree", 40, 80, record_trees=True)
     b = fast.generate(prompt, "ddtree", 40, 80, record_trees=True)
-    _same(a, b)
+    same_generation(a, b)
     assert [t.token_ids for t in a.trees] == [t.token_ids for t in b.trees]
     assert fast.fast_loop().redone_rounds == len(b.accept_lengths) // 2 > 0
 
@@ -363,7 +314,7 @@ def test_flagged_rounds_with_the_dflash_drafter_queued_ahead(pair, monkeypatch, 
     prompt = [7, 3, 19, 44, 8]
     a = plain.generate(prompt, "ddtree", 24, 40, record_trees=True)
     b = fast.generate(prompt, "ddtree", 24, 40, record_trees=True)
-    _same(a, b)
+    same_generation(a, b)
     # Each round's committed tree is the exact tree of that round's draft logits; a flagged round's
     # rebuild saw the very logits of its flagged build (the draft queued ahead recomputed them). The
     # plain loop's trees are not the reference here: its draft forward rounds differently, so a
@@ -378,62 +329,6 @@ def test_flagged_rounds_with_the_dflash_drafter_queued_ahead(pair, monkeypatch, 
     assert same_trees >= len(a.trees) - 3, "plain and fast trees differ beyond a near-tie or two"
     assert fast.fast_loop().redone_rounds == len(flagged) and made[0].calls >= max(flagged)
     assert ahead[0] is False and sum(ahead) >= len(ahead) - 20   # round 1 never drafts ahead; most later ones do
-
-
-# ---------------------------------------------------------------------------- on a GPU, with graphs
-
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("tree_kernel", ["auto", "grid", "grid-keys", "torch"])
-def test_graph_captured_generation_equals_plain_on_gpu(dtype, tree_kernel):
-    """fp32: token for token. bf16: the two paths use different attention kernels (the plain one a
-    bool mask with enable_gqa, the fast one an additive bias with the group folded), so greedy
-    outputs agree only up to near-ties (ddtree-algorithm.md 3.2): the first divergence, if any, must
-    sit where the plain path's top-1/top-2 logit gap is below the project's near-tie threshold."""
-    from ddtree_bench.defaults import NEAR_TIE_GAP
-
-    target, drafter = random_pair(seed=0, vocab_size=VOCAB, dtype=dtype, device="cuda")
-    plain, fast = Engine(target, drafter), Engine(target, drafter, cuda_graphs=True)
-    fast.fast_loop().tree_kernel = tree_kernel
-    prompt = list(range(20, 60))
-    for method, budget in (("ar", 0), ("dflash", 0), ("ddtree", 16), ("ddtree", 128)):
-        for _ in range(2):  # second pass replays the captured graphs
-            a = plain.generate(prompt, method, budget, 48, return_logit_gaps=True)
-            b = fast.generate(prompt, method, budget, 48)
-            if dtype == "float32":
-                _same(a, b)
-                continue
-            diff = next((i for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y), None)
-            assert diff is not None or a.output_ids == b.output_ids
-            if diff is not None:
-                assert a.logit_gaps[diff] < NEAR_TIE_GAP, f"{method} diverged at token {diff} with gap {a.logit_gaps[diff]}"
-    loop = fast.fast_loop()
-    assert loop.graphs and loop.draft_stage.captured
-    assert all(s.captured for b in loop.buckets.values() for s in b.stages.values() if s.graphs)
-    assert loop.redone_rounds == 0
-    if tree_kernel == "auto":  # every exact builder was timed and the fastest one builds the trees
-        for budget in (16, 128):
-            times = loop.builder_ms[budget]
-            assert set(times) == {"triton-block", "triton-grid", "triton-grid-keys", "torch"}
-            assert loop.tree_builder(budget) == min(times, key=times.get)
-    else:
-        assert loop.tree_builder(16) == {"grid": "triton-grid", "grid-keys": "triton-grid-keys", "torch": "torch"}[tree_kernel]
-
-
-@pytest.mark.gpu
-@gpu
-def test_graph_captured_deep_paths_equal_plain_on_gpu():
-    target, _ = random_pair(seed=0, vocab_size=VOCAB, device="cuda")
-    prompt = [5, 17, 101, 33, 2, 250]
-    truth = Engine(target).generate(prompt, "ar", max_new_tokens=120).output_ids
-    for method, budget in (("dflash", 0), ("ddtree", 32)):
-        prop = OracleProposer(prompt, truth, seed=1)
-        plain, fast = Engine(target, proposer=prop), Engine(target, proposer=prop, cuda_graphs=True)
-        _same(plain.generate(prompt, method, budget, 100), fast.generate(prompt, method, budget, 100))
 
 
 def test_no_gc_keeps_the_collector_off_during_a_capture_and_restores_it():

@@ -19,7 +19,7 @@ import pytest
 
 from ddtree_bench.pair import TOY_DIR
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "ddtree_bench"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 VARIANTS = "reference,causal,layer_ids+1,layer_ids-1,ctx_k_norm=layer0"

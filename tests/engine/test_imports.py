@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ENGINE = Path(__file__).resolve().parent.parent / "ddtree_bench" / "engine"
+ENGINE = Path(__file__).resolve().parents[2] / "ddtree_bench" / "engine"
 PACKAGE = "ddtree_bench.engine"
 
 

@@ -31,7 +31,7 @@ from ddtree_bench.pair import TOY_DIR
 
 pytestmark = pytest.mark.slow
 
-BASELINE = Path(__file__).resolve().parent.parent / "baselines" / "toy-smoke.jsonl"
+BASELINE = Path(__file__).resolve().parents[2] / "baselines" / "toy-smoke.jsonl"
 TARGET = TOY_DIR / "target"
 MAX_NEW_TOKENS = 64       # the baseline's length: outputs compare as whole sequences
 STARTUP_TIMEOUT_S = 180.0

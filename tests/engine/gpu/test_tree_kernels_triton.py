@@ -4,8 +4,8 @@ walk and commit (kernels/tree_verify.py), the walk's argmax (kernels/argmax.py).
 
 They run on CUDA; without a GPU they run on a CPU through Triton's interpreter, at the smaller
 shapes below (the interpreter runs every program in Python: a 15-depth tree build takes minutes).
-CI does that through tests/test_triton_interpreter.py (triton is a dev dependency):
-    TRITON_INTERPRET=1 python -m pytest -m gpu tests/test_tree_kernels.py
+CI does that through tests/engine/gpu/test_triton_interpreter.py (triton is a dev dependency):
+    TRITON_INTERPRET=1 python -m pytest -m gpu tests/engine/gpu/test_tree_kernels_triton.py
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from ddtree_bench.engine.tree import build_tree
 from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, verify_visible, walk_static
 from ddtree_bench.engine.interface import WalkLayout
 from ddtree_bench.engine.tree_vector import StaticTreeBuilder, topk_logprobs
-from tests.test_fastpath import _logits
-from tests.test_fused import DEV, triton_only
+from triton_support import DEV, tree_logits, triton_only
 
 pytestmark = [pytest.mark.gpu, triton_only]
 
@@ -53,7 +52,7 @@ def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
             "grid-keys": lambda *a: GridTreeBuilder(*a, keys_first=True)}[kernel]
     for L, V, budget in SHAPES:
         for seed in SEEDS:
-            logits = _logits(kind, L, V, seed).to(DEV)
+            logits = tree_logits(kind, L, V, seed).to(DEV)
             tb = make(L, V, budget, DEV)
             got = [t.tolist() for t in tb(logits)]
             assert tb.flag.item() == 0
@@ -71,7 +70,7 @@ def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k, select):
     from ddtree_bench.engine.gpu import _probe
 
     for seed in range(2):
-        x = _logits(kind, L, V, seed)
+        x = tree_logits(kind, L, V, seed)
         if seed:
             x[0, V // 2] = float("nan")   # NaN counts as -inf
         for dt in (torch.float32, torch.bfloat16):
@@ -100,7 +99,7 @@ def test_compile_and_walk_kernels_equal_their_twins(dtype):
     for L, V, budget, cap, group in VERIFY_CASES:
         for seed in range(2):
             g = torch.Generator().manual_seed(seed)
-            logits = _logits("random", L, V, seed)
+            logits = tree_logits("random", L, V, seed)
             tok, par, dep = StaticTreeBuilder(L, V, budget, "cpu")(logits) if budget else chain(logits)
             T = 1 + tok.numel()
             bonus, start = torch.tensor([7]), torch.tensor(int(torch.randint(0, cap - T, (1,), generator=g)))

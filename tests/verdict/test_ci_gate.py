@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BASELINE = ROOT / "baselines" / "toy-smoke.jsonl"
 RULES = ROOT / ".ci" / "gate.yaml"
 CLI = [sys.executable, "-m", "ddtree_bench"]

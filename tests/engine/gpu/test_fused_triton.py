@@ -1,95 +1,26 @@
-"""The fused layer ops (engine/fused.py) against their PyTorch twin, and merged projections.
-
-The merge tests run everywhere. The Triton kernels run on CUDA; without a GPU they can be checked
-on a CPU through Triton's interpreter (slow; not run by CI):
-    pip install --target /tmp/tsite triton
-    PYTHONPATH=/tmp/tsite TRITON_INTERPRET=1 python -m pytest -m gpu tests/test_fused.py
+"""The Triton layer kernels (engine/gpu/fused.py's TritonOps) against their PyTorch twin: norms,
+SiLU-mul, the fused QKV + RoPE that writes only its cache slots, a whole fused target forward, and the
+self-test gate at the real head dim 128. They run on CUDA, and in CI on a CPU under Triton's
+interpreter (engine/gpu/test_triton_interpreter.py):
+    TRITON_INTERPRET=1 python -m pytest -m gpu tests/engine/gpu/test_fused_triton.py
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 
 from ddtree_bench.engine.gpu import fused
-from ddtree_bench.engine.gpu.fused import TORCH_OPS, merge_projections
+from ddtree_bench.engine.gpu.fused import TORCH_OPS
 from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
 from ddtree_bench.engine.gpu.tree_ops import verify_visible
 from ddtree_bench.engine.loading import random_pair
 
+from triton_support import DEV, triton_only
+
 VOCAB = 97
 
 
-def _snapshot(model):
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def test_merge_keeps_every_weight_and_shares_storage():
-    target, drafter = random_pair(seed=2, vocab_size=VOCAB)
-    before = _snapshot(target), _snapshot(drafter)
-    prompt = torch.arange(3, 20)
-    ref, _ = target(prompt, torch.arange(len(prompt)), target.new_cache(32), 0)
-    merge_projections(target)
-    merge_projections(drafter)
-    for model, snap in zip((target, drafter), before):
-        after = model.state_dict()
-        assert after.keys() == snap.keys() and all(torch.equal(after[k], snap[k]) for k in snap)
-    attn, mlp = target.model.layers[1].self_attn, target.model.layers[1].mlp
-    D = attn.head_dim
-    assert attn.qkv_weight.shape == ((attn.n_heads + 2 * attn.n_kv) * D, target.cfg.hidden_size)
-    assert attn.k_proj.weight.data_ptr() == attn.qkv_weight[attn.n_heads * D :].data_ptr()
-    assert mlp.up_proj.weight.data_ptr() == mlp.gate_up_weight[target.cfg.intermediate_size :].data_ptr()
-    got, _ = target(prompt, torch.arange(len(prompt)), target.new_cache(32), 0)
-    assert torch.equal(got, ref)  # the plain forward reads the views: bit for bit the same
-
-
-def test_merge_is_idempotent_and_redone_after_a_move():
-    target, _ = random_pair(seed=2, vocab_size=VOCAB)
-    merge_projections(target)
-    attn = target.model.layers[0].self_attn
-    w = attn.qkv_weight
-    merge_projections(target)
-    assert attn.qkv_weight is w
-    target.to(torch.float64)  # replaces every parameter: the merged tensor no longer backs them
-    fused.ensure_merged(target)  # the static forwards' guard notices and merges again
-    last = target.model.layers[-1].mlp
-    assert attn.qkv_weight.dtype == torch.float64 and attn.qkv_weight.data_ptr() == attn.q_proj.weight.data_ptr()
-    assert last.gate_up_weight.dtype == torch.float64 and last.gate_up_weight.data_ptr() == last.gate_proj.weight.data_ptr()
-
-
-def test_torch_ops_are_the_default_off_cuda():
-    assert fused.ops_for("cpu", torch.float32) is TORCH_OPS
-    with pytest.raises(RuntimeError, match="need Triton and a CUDA device"):
-        fused.ops_for("cpu", torch.float32, "triton")
-
-
-def test_qkv_rope_without_queries_writes_only_the_cache():
-    g = torch.Generator().manual_seed(0)
-    T, n_kv, D, S = 3, 2, 8, 10
-    kv = torch.randn(T, 2 * n_kv * D, generator=g)
-    kc, vc = torch.zeros(n_kv, S, D), torch.zeros(n_kv, S, D)
-    cos, sin = torch.ones(T, D), torch.zeros(T, D)   # RoPE at angle 0 is the identity
-    assert TORCH_OPS.qkv_rope(kv, 0, n_kv, None, None, 0.0, cos, sin, kc, vc, torch.tensor(4)) is None
-    assert torch.equal(kc[:, 4:7], kv[:, : n_kv * D].view(T, n_kv, D).transpose(0, 1))
-    assert torch.equal(vc[:, 4:7], kv[:, n_kv * D :].view(T, n_kv, D).transpose(0, 1))
-    assert not kc[:, :4].any() and not kc[:, 7:].any()
-
-
-# ---------------------------------------------------------------------------- Triton kernels
-
-
-def _triton_device() -> str | None:
-    if fused.triton is None:
-        return None
-    if torch.cuda.is_available():
-        return "cuda"
-    return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else None
-
-
-DEV = _triton_device()
-triton_only = pytest.mark.skipif(DEV is None, reason="needs Triton on CUDA (or TRITON_INTERPRET=1)")
 # Triton's interpreter casts fp32 -> bf16 without round-to-nearest-even, so bf16 is checked on GPUs only
 DTYPES = ["float32"] + (["bfloat16"] if DEV == "cuda" else [])
 
