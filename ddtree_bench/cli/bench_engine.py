@@ -46,7 +46,7 @@ def bench_engine_cmd(
     import sys
 
     from ddtree_bench.config import parse_budgets
-    from ddtree_bench.costmodel import parse_points
+    from ddtree_bench.perf.costmodel import parse_points
     from ddtree_bench.errors import UsageError
     from ddtree_bench.records import json_safe
 

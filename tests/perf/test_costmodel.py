@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ddtree_bench.costmodel import CostModel, Curve, best, break_even_tau, parse_points
+from ddtree_bench.perf.costmodel import CostModel, Curve, best, break_even_tau, parse_points
 from ddtree_bench.errors import UsageError
 
 H200_8B_VERIFY_MS = {1: 4.87, 16: 6.09, 64: 6.36, 128: 6.88, 256: 9.03, 512: 15.3, 1024: 29.9}
