@@ -1,0 +1,128 @@
+"""Static-shape forwards of the target and the DFlash drafter over a batch of requests (fixed slots).
+
+The batch-1 static forwards (forward.py) run one request against one cache. Here B requests run
+in one forward: every request ("slot") owns its own region of a slotted cache - K and V tensors
+of shape [layers, B, Hkv, S, D], slot i's region `k[:, i]` - and its own frontier `start[i]`
+(a [B] device tensor). Per layer:
+* every projection (merged q/k/v, o_proj, merged gate/up, down) runs ONE GEMM over the B*T rows of
+  all slots (the weights are read once per round, which is where batching pays);
+* q/k norms, RoPE and the K/V write run per slot through the same layer op as batch 1
+  (`ops.qkv_rope` on the slot's rows, its own cache region, its own 0-d frontier), so the row-wise
+  numerics are batch 1's and a slot never writes another slot's region;
+* attention is one SDPA over [B, Hkv, g*T, D] queries against every slot's whole region, with a
+  per-slot additive bias [B, g*T, S] (forward.visible_bias rows): a slot's rows see only its own
+  committed prefix and its own ancestors (verify) or its own context and block (draft).
+Shapes depend only on (B, T, S), so one CUDA graph per (batch bucket, budget) replays a stage.
+Only the GEMMs see more rows than at batch 1, which may change the last bits of a row in fp32;
+outputs stay equal token for token (tests/engine/gpu/test_batch_loop.py).
+
+Knows nothing of trees, rounds, graphs or which slots are live (padding slots compute garbage in
+their own regions and the loop ignores it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ddtree_bench.engine.gpu.forward import _mlp, _norm
+from ddtree_bench.engine.gpu.fused import ensure_merged
+from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
+
+
+def grouped_attend_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """q: [B, Hq, T, D]; k, v: [B, Hkv, S, D]; bias: [B, g*T, S] (g = Hq // Hkv). Returns [B*T, Hq*D].
+    forward.grouped_attend with a leading batch axis: the query-head group folds into the query axis."""
+    B, Hq, T, D = q.shape
+    Hkv = k.shape[1]
+    g = Hq // Hkv
+    out = F.scaled_dot_product_attention(q.reshape(B, Hkv, g * T, D), k, v, attn_mask=bias[:, None])
+    return out.reshape(B, Hq, T, D).transpose(1, 2).reshape(B * T, Hq * D)
+
+
+def _qkv_per_slot(ops: TorchOps, qkv: torch.Tensor, n_q: int, n_kv: int, q_w, k_w, eps: float, cos, sin,
+                  k_layer: torch.Tensor, v_layer: torch.Tensor, start: torch.Tensor, T: int):
+    """ops.qkv_rope for each slot's T rows into its own region (k_layer [B, Hkv, S, D]) at its own
+    frontier start[i]; returns the slots' queries stacked [B, n_q, T, D] (None if n_q == 0)."""
+    B = start.shape[0]
+    qs = []
+    for i in range(B):
+        s, e = i * T, (i + 1) * T
+        qs.append(ops.qkv_rope(qkv[s:e], n_q, n_kv, q_w, k_w, eps, cos[s:e], sin[s:e], k_layer[i], v_layer[i], start[i]))
+    return torch.stack(qs) if n_q else None
+
+
+def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, bias, T: int,
+                     ctx=None, ctx_cos=None, ctx_sin=None, ctx_start=None, C: int = 0):
+    """forward._attention over B slots: h [B*T, H] (normed) -> o_proj output [B*T, H]; with ctx
+    [B*C, H] (the drafter's context features) their K/V go to each slot's ctx_start[i].. first."""
+    qk_norm = getattr(attn, "qk_norm", True)
+    q_w, eps = _norm(attn.q_norm) if qk_norm else (None, 0.0)
+    k_w = attn.k_norm.weight if qk_norm else None
+    if ctx is not None and C:
+        rows = attn.n_heads * attn.head_dim
+        b = attn.qkv_bias[rows:] if attn.qkv_bias is not None else None
+        _qkv_per_slot(ops, F.linear(ctx, attn.qkv_weight[rows:], b), 0, attn.n_kv, None, k_w, eps, ctx_cos, ctx_sin,
+                      k_layer, v_layer, ctx_start, C)
+    q = _qkv_per_slot(ops, F.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps,
+                      cos, sin, k_layer, v_layer, start, T)
+    return attn.o_proj(grouped_attend_batch(q, k_layer, v_layer, bias))
+
+
+def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         start: torch.Tensor, bias: torch.Tensor, hidden_layers: Sequence[int] = (),
+                         ops: TorchOps | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """forward.target_forward over B slots of T tokens each. ids, positions: [B*T] (slot-major);
+    k, v: [layers, B, Hkv, S, D]; start: [B]; bias: [B, g*T, S]. Returns logits [B*T, V] and the
+    hidden states of `hidden_layers` [B*T, n*H]."""
+    ops = ops or TORCH_OPS
+    ensure_merged(target)
+    B = start.shape[0]
+    T = ids.shape[0] // B
+    blocks = target.model.layers
+    x = target.model.embed_tokens(ids)
+    cos, sin = target.rotary(positions, x.dtype)
+    h = ops.rmsnorm(x, *_norm(blocks[0].input_layernorm))
+    wanted = {l: None for l in hidden_layers}
+    last = len(blocks) - 1
+    for i, block in enumerate(blocks):
+        a = _attention_batch(block.self_attn, ops, h, cos, sin, k[i], v[i], start, bias, T)
+        x, h = ops.add_rmsnorm(x, a, *_norm(block.post_attention_layernorm))
+        nxt = blocks[i + 1].input_layernorm if i < last else target.model.norm
+        x, h = ops.add_rmsnorm(x, _mlp(block.mlp, ops, h), *_norm(nxt))
+        if i in wanted:
+            wanted[i] = h if i == last else x
+    hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
+    return target.lm_head(h), hidden
+
+
+def draft_forward_batch(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor, ctx_start: torch.Tensor, start: torch.Tensor,
+                        biases: Sequence[torch.Tensor], ops: TorchOps | None = None) -> torch.Tensor:
+    """forward.draft_forward over B slots. target_hidden: [B*C, n*H] (slot i's rows for positions
+    ctx_start[i]..); block_emb: [B*Tb, H] (positions start[i]..); k, v: the drafter's slotted cache;
+    biases: one [B, g*Tb, S] per layer. Returns the normed block states [B*Tb, H]. Padding context
+    rows land in slots start[i].. and the block's K/V overwrite them, as in draft_forward."""
+    ops = ops or TORCH_OPS
+    ensure_merged(drafter)
+    B = start.shape[0]
+    C, Tb = target_hidden.shape[0] // B, block_emb.shape[0] // B
+    dev = block_emb.device
+    ctx = ops.rmsnorm(drafter.fc(target_hidden), *_norm(drafter.hidden_norm))
+    cpos = (ctx_start[:, None] + torch.arange(C, device=dev)).reshape(-1)
+    bpos = (start[:, None] + torch.arange(Tb, device=dev)).reshape(-1)
+    ccos, csin = drafter.rotary(cpos, block_emb.dtype)
+    bcos, bsin = drafter.rotary(bpos, block_emb.dtype)
+    layers = drafter.layers
+    last = len(layers) - 1
+    x = block_emb
+    h = ops.rmsnorm(x, *_norm(layers[0].input_layernorm))
+    for i, layer in enumerate(layers):
+        a = _attention_batch(layer.self_attn, ops, h, bcos, bsin, k[i], v[i], start, biases[i], Tb,
+                             ctx=ctx, ctx_cos=ccos, ctx_sin=csin, ctx_start=ctx_start, C=C)
+        x, h = ops.add_rmsnorm(x, a, *_norm(layer.post_attention_layernorm))
+        nxt = layers[i + 1].input_layernorm if i < last else drafter.norm
+        x, h = ops.add_rmsnorm(x, _mlp(layer.mlp, ops, h), *_norm(nxt))
+    return h

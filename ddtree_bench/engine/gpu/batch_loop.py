@@ -1,0 +1,546 @@
+"""The batched fast loop: continuous batching on fixed shapes and CUDA graphs (batch.BatchLoop's fast twin).
+
+Same API and same tokens as `batch.BatchLoop` (its slow obvious twin), organised like
+`loop.FastLoop` (the batch-1 fast loop) for a GPU:
+* up to `max_batch` requests in flight for one method and one budget; each request owns a
+  *slot*: its region of slotted KV caches ([layers, max_batch, Hkv, S, D], target and drafter), its
+  entries in the per-slot device buffers (frontier `start`, drafter frontier `ctx_start`, bonus,
+  context rows `ctx`, draft logits, picks `post`, `live`);
+* a round runs over a *bucket* of the first b slots, b the smallest of BUCKETS (1, 2, 4, 8, 16, ...,
+  and max_batch) that holds every active request; the live requests always occupy slots 0..n-1
+  (a retirement moves the highest slots down, `_pack`), and slots n..b-1 are padding: they
+  compute in their own regions at frontier 0 and their commit is masked out (`live` = 0), so
+  they emit nothing and never move;
+* a round is FastLoop's six stages over the bucket, each a fixed-shape function captured lazily
+  as one CUDA graph per (bucket, budget) on its first use (graphs.Stage): draft - ONE drafter
+  forward over every slot (batch_forward.draft_forward_batch); tree_build - each slot's tree
+  (the exact PyTorch builder tree_vector.StaticTreeBuilder, or DFlash's chain, per slot);
+  tree_compile - each slot's ids, positions, ancestor matrix and bias over its own region;
+  verify - ONE target forward over the concatenated trees (batch_forward.target_forward_batch:
+  each slot's rows see only its own prefix and its own ancestors) and the greedy picks; walk -
+  tree_ops.walk_static per slot; commit - tree_ops.commit_static per slot (live slots only);
+* sampled requests (T > 0) overwrite their slot's picks between verify and walk with `pick` on
+  their own verify rows and their own generator, eagerly: each request owns a `torch.Generator`
+  seeded with its `seed` (0 when None) and draws from it exactly what batch 1 draws (the prefill's
+  token, then one `pick` over its verify rows per round), so T > 0 outputs equal batch 1 token for
+  token whoever shares the batch (batch.py's rule);
+* one host sync a round: the walk results of all slots ([b, WalkLayout.size]) reach pinned host
+  memory; then the host emits every request's tokens, retires finished ones and admits waiting
+  ones (between rounds, as BatchLoop does).
+Admission runs the request's prefill alone (the plain Target.forward into its slot's region, as
+FastLoop does) and, with the DFlash drafter, writes its prompt's drafter context into its drafter
+region (forward.draft_forward, a one-token block), so its first batched draft sees exactly what
+FastLoop's eager round-1 draft sees. A proposer other than the DFlash drafter (tests rig one)
+drafts eagerly per slot, or once per round through `propose_batch`.
+Per request everything follows BatchLoop/PlainLoop: the last-round rule (interface.wants_round),
+the output cut, a_r counting the root, stop ids, max_new_tokens, temperature, top_p, trees, gaps.
+The cache grows (and every graph is dropped) when an admitted request needs more slots per region.
+
+Not done here (FastLoop does them at batch 1): the Triton tree builders (pruned, with a
+certificate flag and a redo; here every tree is built by the exact PyTorch builder), the fused
+Triton tree compile/walk, and queuing the next draft before the host has read the walk result.
+On a CPU the same code runs without capture, which is how CI checks it. `rounds` holds per
+round the batch size, the bucket and the stage times (ms), for bench-engine --batch.
+Knows nothing of threads or HTTP (batch_scheduler.BatchScheduler drives it like a BatchLoop).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ddtree_bench.engine.batch import BatchLoop, BatchRequest, BatchStats, Cancelled, ProposeRow, Retired, _Active
+from ddtree_bench.engine.cache import KVCache
+from ddtree_bench.engine.gpu.batch_forward import draft_forward_batch, target_forward_batch
+from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visible, group_size, visible_bias
+from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
+from ddtree_bench.engine.gpu.graphs import Pool, Stage
+from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN, Laps
+from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, commit_static, verify_visible, walk_static
+from ddtree_bench.engine.interface import METHODS, OutputStream, RoundTrace, WalkLayout, logit_gaps, wants_round
+from ddtree_bench.engine.proposer import DFlashProposer
+from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+from ddtree_bench.engine.verify import GREEDY_EPS, pick
+
+__all__ = ["BatchFastLoop", "buckets_for", "Cancelled"]
+
+FOLD = {"draft": "draft", "tree_build": "tree_build", "tree_compile": "tree_build", "verify": "verify",
+        "walk": "commit", "commit": "commit"}   # round stages -> interface.STAGES, as FastLoop folds them
+
+
+def buckets_for(max_batch: int) -> tuple[int, ...]:
+    """The batch buckets: powers of two below max_batch, then max_batch (8 -> 1, 2, 4, 8; 6 -> 1, 2, 4, 6)."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return tuple(out) + (max_batch,)
+
+
+def slot_cache(k: torch.Tensor, v: torch.Tensor, slot: int) -> KVCache:
+    """Slot `slot`'s region of slotted K/V tensors [layers, B, Hkv, S, D] as a KVCache (views, no copy),
+    for the plain forwards (prefill) and forward.StaticKV."""
+    c = KVCache.__new__(KVCache)
+    c.k, c.v = k[:, slot], v[:, slot]
+    return c
+
+
+@dataclass(eq=False)
+class _Slot(_Active):
+    """A request in flight (BatchLoop's state) plus its slot and what a host-side proposer needs."""
+
+    slot: int = 0
+    a: int = 0
+    prefill_hidden: torch.Tensor | None = None
+
+
+class _Bucket:
+    """The stages of one batch bucket and the latest outputs each stage left for the next."""
+
+    def __init__(self, b: int, device: torch.device):
+        self.b = b
+        self.pool = Pool(device)
+        self.stages: dict[str, Stage] = {}
+        self.out: dict[str, Any] = {}
+
+    def release(self) -> None:
+        for s in self.stages.values():
+            s.release()
+        self.out.clear()
+
+
+class BatchFastLoop:
+    """The batched fast loop (module docstring); BatchLoop's constructor arguments plus `graphs`."""
+
+    def __init__(self, target, proposer, method: str, budget: int, max_batch: int, graphs: bool = True,
+                 layer_ops: str = "auto", capacity: int = 0):
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}")
+        if method != "ar" and proposer is None:
+            raise ValueError(f"method {method!r} needs a drafter")
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        if method == "ddtree" and budget <= 0:
+            raise ValueError("the batched fast loop needs a DDTree budget > 0")
+        self.target, self.proposer = target, proposer
+        self.method, self.budget, self.max_batch = method, budget, max_batch
+        self.spec = method != "ar"
+        self.drafter = proposer.drafter if self.spec and isinstance(proposer, DFlashProposer) else None
+        self.device = target.lm_head.weight.device
+        self.dtype = target.lm_head.weight.dtype
+        self.graphs = graphs and self.device.type == "cuda"
+        self.layer_ops = layer_ops
+        self.buckets = buckets_for(max_batch)
+        self.layers = tuple(proposer.target_layer_ids) if self.spec else ()
+        self.block_size = proposer.block_size if self.spec else 1
+        self.L = self.block_size - 1
+        self.builder = None
+        if method == "ddtree":
+            self.builder = StaticTreeBuilder(self.L, target.cfg.vocab_size, budget, self.device)
+        self.width = 1 + (self.builder.N if method == "ddtree" else self.L) if self.spec else 1
+        self.layout = WalkLayout(self.L) if self.spec else None
+        self.result_size = self.layout.size if self.spec else 1
+        self.tgroup = group_size(target)
+        self.active: list[_Slot] = []
+        self.stats = BatchStats(max_batch)
+        self.rounds: list[dict[str, Any]] = []   # per round: batch, bucket, stage -> ms
+        self.capacity = 0
+        self._stages: dict[int, _Bucket] = {}
+        for m in (target, self.drafter):   # before any capture: the merge allocates
+            if m is not None:
+                merge_projections(m)
+        if capacity:
+            self._ensure(capacity)
+
+    # ------------------------------------------------------------------ buffers
+
+    @property
+    def ops(self):
+        return ops_for(self.device, self.dtype, self.layer_ops)
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_batch - len(self.active)
+
+    def release(self) -> None:
+        """Free every captured graph now."""
+        for bk in self._stages.values():
+            bk.release()
+        self._stages = {}
+
+    def _ensure(self, capacity: int) -> None:
+        """Slotted caches and per-slot buffers with at least `capacity` slots per region; growing keeps
+        the live regions' contents and drops every graph (they point at the old buffers)."""
+        cap = -(-capacity // CAPACITY_ALIGN) * CAPACITY_ALIGN
+        if cap <= self.capacity:
+            return
+        dev, B, t = self.device, self.max_batch, self.target
+        old = getattr(self, "tk", None)
+        self.release()
+
+        def slotted(make):
+            shape = make(1).k.shape   # (layers, Hkv, 1, D)
+            return [torch.zeros(shape[0], B, shape[1], cap, shape[3], dtype=self.dtype, device=dev) for _ in range(2)]
+
+        new = {"tk": None}
+        new["tk"], new["tv"] = slotted(t.new_cache)
+        if self.drafter is not None:
+            new["dk"], new["dv"] = slotted(self.proposer.new_cache)
+        if old is not None:
+            oc = self.capacity
+            for name, tensor in new.items():
+                tensor[..., :oc, :].copy_(getattr(self, name))
+        for name, tensor in new.items():
+            setattr(self, name, tensor)
+        if old is None:
+            long = dict(dtype=torch.long, device=dev)
+            self.start = torch.zeros(B, **long)
+            self.ctx_start = torch.zeros(B, **long)
+            self.bonus = torch.zeros(B, **long)
+            self.live = torch.zeros(B, **long)
+            self.post = torch.zeros(B, self.width, **long)
+            self.host = torch.zeros(B * self.result_size, dtype=torch.long, pin_memory=dev.type == "cuda")
+            self.ready = torch.cuda.Event() if dev.type == "cuda" else None
+            if self.spec:
+                nh = len(self.layers) * t.cfg.hidden_size
+                self.ctx = torch.zeros(B, self.block_size, nh, dtype=self.dtype, device=dev)
+                self.dlogits = torch.zeros(B, self.L, t.cfg.vocab_size, dtype=self.dtype, device=dev)
+            if self.drafter is not None:
+                d = self.drafter
+                self.mask_tail = torch.full((self.block_size - 1,), d.mask_token_id, dtype=torch.long, device=dev)
+                self.dgroup = group_size(d)
+                kinds = list(zip(d.cfg.layer_causal, d.cfg.layer_window))
+                self.draft_kind = [kinds.index(k) for k in kinds]   # layers with equal masks share one bias
+            self.pcache: list[Any] = [None] * B   # a host-side proposer's own cache per slot
+        if self.spec and self.drafter is None:   # a host-side proposer's caches (rigged ones keep none)
+            self.pcache = [self.proposer.new_cache(cap) for _ in range(B)]
+            for st in self.active:
+                st.dcache = self.pcache[st.slot]
+        self.capacity = cap
+        if dev.type == "cuda" and old is not None:
+            del old
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ admission
+
+    check = BatchLoop.check   # the checks Engine.generate makes (ValueError)
+
+    def _now(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter_ns()
+
+    @torch.inference_mode()
+    def admit(self, req: BatchRequest) -> Retired | None:
+        """Prefill `req` alone into the lowest free slot (needs one). Returns its Retired at once when it
+        needs no round (max_new_tokens = 1, AR's first token a stop, an on_chunk error)."""
+        self.check(req)
+        if self.free_slots <= 0:
+            raise RuntimeError("no free slot in the batch")
+        dev = self.device
+        P = len(req.prompt_ids)
+        self._ensure(P + req.max_new_tokens + max(self.width, self.block_size) + self.block_size + 1)
+        i = len(self.active)   # live slots are 0..n-1
+        gen = None
+        if req.temperature > 0:
+            gen = torch.Generator(device=dev)
+            gen.manual_seed(0 if req.seed is None else req.seed)
+        tcache = slot_cache(self.tk, self.tv, i)
+        t0 = self._now()
+        st = _Slot(req, None, self.pcache[i], gen, OutputStream(req.max_new_tokens, req.stop_ids, req.on_chunk), t0,
+                   trees=[] if req.record_trees else None, slot=i)
+        ids = torch.tensor(req.prompt_ids, dtype=torch.long, device=dev)
+        logits, hidden = self.target(ids, torch.arange(P, device=dev), tcache, 0, hidden_layers=self.layers,
+                                     last_logits_only=True)
+        first = pick(logits, req.temperature, req.top_p, gen)
+        st.bonus = int(first[0])
+        if req.return_logit_gaps:
+            st.gaps.extend(logit_gaps(logits))
+        self.bonus[i : i + 1].copy_(first[:1])
+        self.start[i].fill_(P)
+        self.ctx_start[i].fill_(P)
+        self.live[i].fill_(1)
+        if self.drafter is not None:
+            self._draft_context(i, hidden, P)
+        st.t_first = self._now()
+        st.stage_ns["prefill"] += st.t_first - t0
+        st.start, st.draft_len, st.prefill_hidden = P, 0, hidden
+        st.emit([st.bonus], st.t_first)
+        self.stats.admitted += 1
+        self.active.append(st)
+        done = self._retire(only=[st])
+        return done[0] if done else None
+
+    def _draft_context(self, i: int, hidden: torch.Tensor, P: int) -> None:
+        """Write the prompt's drafter context (positions 0..P-1) into slot i's drafter region: the
+        context part of FastLoop's round-1 draft (forward.draft_forward with a one-token block at P,
+        whose K/V the first batched draft overwrites)."""
+        d, dev = self.drafter, self.device
+        start = torch.tensor(P, device=dev)
+        emb = self.target.embed(self.bonus[i : i + 1])
+        biases = [visible_bias(draft_visible(d, l, start, 1, self.capacity), self.dtype, self.dgroup)
+                  for l in range(len(d.layers))]
+        kv = StaticKV(slot_cache(self.dk, self.dv, i))
+        draft_forward(d, hidden, emb, kv, torch.zeros((), dtype=torch.long, device=dev), start, biases, self.ops)
+
+    # ------------------------------------------------------------------ retirement and packing
+
+    def _wants(self, st: _Slot) -> bool:
+        return wants_round(len(st.stream.out), st.stream.stopped, len(st.accept_lengths), st.req.max_new_tokens, self.spec)
+
+    def _retire(self, only: Sequence[_Slot] | None = None) -> list[Retired]:
+        out, keep = [], []
+        pool = set(only) if only is not None else None
+        for st in self.active:
+            if pool is not None and st not in pool:
+                keep.append(st)
+                continue
+            if st.error is None and st.req.cancelled is not None and st.req.cancelled():
+                st.error = Cancelled()
+            if st.error is not None:
+                out.append(Retired(st.req, None, st.error))
+            elif not self._wants(st):
+                out.append(Retired(st.req, st.generation()))
+            else:
+                keep.append(st)
+                continue
+            self.live[st.slot].fill_(0)
+            self.start[st.slot].fill_(0)   # a padding slot computes at frontier 0, inside its region
+        self.active = keep
+        self._pack()
+        return out
+
+    def _pack(self) -> None:
+        """Move live requests from slots >= n into the free slots below n (n = live requests), so a round's
+        bucket is the first b slots."""
+        n = len(self.active)
+        used = {st.slot for st in self.active}
+        free = [s for s in range(n) if s not in used]
+        for st in self.active:
+            if st.slot >= n:
+                self._move(st, free.pop(0))
+
+    def _move(self, st: _Slot, dst: int) -> None:
+        src = st.slot
+        names = ["tk", "tv"] + (["dk", "dv"] if self.drafter is not None else [])
+        for name in names:
+            t = getattr(self, name)
+            t[:, dst].copy_(t[:, src])
+        for name in ("start", "ctx_start", "bonus", "live") + (("ctx", "dlogits") if self.spec else ()):
+            t = getattr(self, name)
+            t[dst].copy_(t[src])
+        self.live[src].fill_(0)
+        self.start[src].fill_(0)
+        self.pcache[dst], self.pcache[src] = self.pcache[src], self.pcache[dst]
+        st.slot = dst
+        st.dcache = self.pcache[dst]
+
+    def fail_all(self, error: BaseException) -> list[Retired]:
+        """End every active request with `error` (a round that raised: its state is unknown)."""
+        out = [Retired(st.req, None, error) for st in self.active]
+        for st in self.active:
+            self.live[st.slot].fill_(0)
+            self.start[st.slot].fill_(0)
+        self.active = []
+        return out
+
+    # ------------------------------------------------------------------ stages of a bucket
+
+    def _bucket(self, b: int) -> _Bucket:
+        if b in self._stages:
+            return self._stages[b]
+        bk = _Bucket(b, self.device)
+        dev, g, pool = self.device, self.graphs, bk.pool
+
+        def stage(name: str, fn, idempotent: bool = True) -> None:
+            bk.stages[name] = Stage(fn, dev, pool, g, idempotent=idempotent, name=name)
+
+        if self.spec:
+            if self.drafter is not None:
+                stage("draft", lambda: self._draft(b))
+            stage("tree_build", lambda: self._build(b))
+            stage("tree_compile", lambda: self._compile(b, bk.out["tree_build"]))
+            stage("verify", lambda: self._verify_tree(b, bk.out["tree_compile"]))
+            stage("walk", lambda: self._walk(b, bk.out["tree_build"], bk.out["tree_compile"]))
+            stage("commit", lambda: self._commit_tree(b, bk.out["walk"], bk.out["verify"]), idempotent=False)
+        else:
+            stage("verify", lambda: self._verify_ar(b))
+            stage("commit", lambda: self._commit_ar(b), idempotent=False)
+        self._stages[b] = bk
+        return bk
+
+    def _draft(self, b: int) -> None:
+        """ONE DFlash draft over slots 0..b-1: blocks [bonus_i, mask...] at start_i, context rows ctx_i at ctx_start_i."""
+        d, bs, S = self.drafter, self.block_size, self.capacity
+        block = torch.cat([self.bonus[:b, None], self.mask_tail[None, :].expand(b, bs - 1)], dim=1).reshape(-1)
+        emb = self.target.embed(block)
+        made: dict[int, torch.Tensor] = {}
+        biases = []
+        for l, kind in enumerate(self.draft_kind):
+            if kind not in made:
+                made[kind] = torch.stack([visible_bias(draft_visible(d, l, self.start[i], bs, S), self.dtype, self.dgroup)
+                                          for i in range(b)])
+            biases.append(made[kind])
+        ctx = self.ctx[:b].reshape(b * bs, -1)
+        h = draft_forward_batch(d, ctx, emb, self.dk[:, :b], self.dv[:, :b], self.ctx_start[:b], self.start[:b],
+                                biases, self.ops)
+        self.dlogits[:b].copy_(self.target.lm_head(h.view(b, bs, -1)[:, 1:]))
+
+    def _build(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per slot (tokens, parents 1-based, depths) of its non-root nodes."""
+        if self.method == "dflash":
+            return [chain(self.dlogits[i]) for i in range(b)]
+        return [self.builder(self.dlogits[i]) for i in range(b)]
+
+    def _compile(self, b: int, trees) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """Verify inputs of every slot: ids, positions [b*W], ancestor matrices [W, W] per slot, bias [b, g*W, S]."""
+        dev, S = self.device, self.capacity
+        ids, pos, anc, bias = [], [], [], []
+        zero = torch.zeros(1, dtype=torch.long, device=dev)
+        for i, (tok, par, dep) in enumerate(trees):
+            ids.append(torch.cat([self.bonus[i : i + 1], tok]))
+            pos.append(self.start[i] + torch.cat([zero, dep]))
+            a = ancestors(par, self.L)
+            anc.append(a)
+            bias.append(visible_bias(verify_visible(a, self.start[i], S), self.dtype, self.tgroup))
+        return torch.cat(ids), torch.cat(pos), anc, torch.stack(bias)
+
+    def _verify_tree(self, b: int, compiled) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, pos, _, bias = compiled
+        logits, hidden = target_forward_batch(self.target, ids, pos, self.tk[:, :b], self.tv[:, :b], self.start[:b], bias,
+                                              self.layers, self.ops)
+        self.post[:b].copy_(logits.view(b, self.width, -1).argmax(dim=-1))   # greedy picks; sampled slots overwrite
+        return logits, hidden
+
+    def _walk(self, b: int, trees, compiled) -> torch.Tensor:
+        ids, _, anc, _ = compiled
+        W = self.width
+        return torch.stack([walk_static(ids[i * W : (i + 1) * W], par, dep, anc[i], self.post[i], self.L)
+                            for i, (_, par, dep) in enumerate(trees)])
+
+    def _commit_tree(self, b: int, walked: torch.Tensor, verified) -> None:
+        """tree_ops.commit_static per slot; padding slots commit a = 0 (nothing moves, start stays)."""
+        _, hidden = verified
+        W = self.width
+        masked = torch.cat([walked[:, :1] * self.live[:b, None], walked[:, 1:]], dim=1)
+        for i in range(b):
+            commit_static(masked[i], self.layout, self.start[i], self.ctx_start[i], self.bonus[i : i + 1], self.tk[:, i],
+                          self.tv[:, i], hidden[i * W : (i + 1) * W], self.ctx[i])
+
+    def _verify_ar(self, b: int) -> tuple[torch.Tensor, None]:
+        cols = torch.arange(self.capacity, device=self.device)
+        bias = torch.stack([visible_bias((cols <= self.start[i])[None, :], self.dtype, self.tgroup) for i in range(b)])
+        logits, _ = target_forward_batch(self.target, self.bonus[:b], self.start[:b], self.tk[:, :b], self.tv[:, :b],
+                                         self.start[:b], bias, ops=self.ops)
+        self.post[:b].copy_(logits.argmax(dim=-1)[:, None])
+        return logits, None
+
+    def _commit_ar(self, b: int) -> None:
+        live = self.live[:b]
+        self.bonus[:b].copy_(torch.where(live > 0, self.post[:b, 0], self.bonus[:b]))
+        self.start[:b].add_(live)
+
+    # ------------------------------------------------------------------ one round
+
+    def _run(self, bk: _Bucket, name: str, laps: Laps) -> None:
+        bk.out[name] = bk.stages[name].run()
+        laps.mark(name)
+
+    def _propose(self, b: int) -> None:
+        """A host-side proposer's draft per slot (batched when it has `propose_batch`), into dlogits."""
+        rows = []
+        for st in self.active:
+            ctx = st.prefill_hidden if st.prefill_hidden is not None else self.ctx[st.slot, : st.a]
+            rows.append(ProposeRow(st.req.key, ctx, st.bonus, st.dcache, st.draft_len, st.start))
+        p = self.proposer
+        if hasattr(p, "propose_batch"):
+            drafts = p.propose_batch(rows)
+        else:
+            drafts = [p.propose(r.ctx, r.bonus, r.cache, r.draft_len, r.start) for r in rows]
+        for st, dl in zip(self.active, drafts):
+            self.dlogits[st.slot].copy_(dl)
+
+    @torch.inference_mode()
+    def step(self) -> list[Retired]:
+        """One round over every active request; returns the requests that retired after it."""
+        if not self.active:
+            return []
+        n = len(self.active)
+        b = next(x for x in self.buckets if x >= n)
+        self.stats.batch_sizes.append(n)
+        for st in self.active:
+            st.batch_sizes.append(n)
+        bk = self._bucket(b)
+        laps = Laps(self.device)
+        laps.mark("begin")
+        if self.spec:
+            if self.drafter is not None:
+                self._run(bk, "draft", laps)
+            else:
+                self._propose(b)
+                laps.mark("draft")
+            self._run(bk, "tree_build", laps)
+            self._run(bk, "tree_compile", laps)
+        bk.out["verify"] = bk.stages["verify"].run()
+        logits = bk.out["verify"][0]
+        W = self.width
+        for st in self.active:
+            if st.req.temperature >= GREEDY_EPS:   # its own generator, its own rows: batch 1's draws
+                i = st.slot
+                self.post[i].copy_(pick(logits[i * W : (i + 1) * W], st.req.temperature, st.req.top_p, st.gen))
+        laps.mark("verify")
+        if self.spec:
+            bk.out["walk"] = bk.stages["walk"].run()
+            result = bk.out["walk"]
+        else:
+            result = self.post[:b, :1]
+        host = self.host[: b * self.result_size]
+        host.copy_(result.reshape(-1), non_blocking=True)
+        if self.ready is not None:
+            self.ready.record()
+        laps.mark("walk")
+        self._run(bk, "commit", laps)
+        if self.ready is not None:
+            self.ready.synchronize()
+        res = host.tolist()
+        now = time.perf_counter_ns()
+        self._finish_round(bk, res, logits, now)
+        stage_ms = laps.rounds()[0]
+        self.rounds.append({"batch": n, "bucket": b, **stage_ms})
+        for st in self.active:
+            for k, ms in stage_ms.items():
+                st.stage_ns[FOLD[k]] += int(ms * 1e6)
+        return self._retire()
+
+    def _finish_round(self, bk: _Bucket, res: list[int], logits: torch.Tensor, now: int) -> None:
+        """Per request: read its walk result, record the round, move its host state on, emit its tokens."""
+        size, W = self.result_size, self.width
+        news = []
+        for st in self.active:
+            i = st.slot
+            r = res[i * size : (i + 1) * size]
+            if self.spec:
+                walk = self.layout.read(r)
+                a, toks, accepted = walk.a, walk.new_tokens, walk.accepted
+                if st.trees is not None:
+                    tok, par, dep = bk.out["tree_build"][i]
+                    st.trees.append(RoundTrace(tok.tolist(), par.tolist(), dep.tolist(), accepted))
+            else:
+                a, toks, accepted = 1, [r[0]], [0]
+            if st.req.return_logit_gaps:
+                keep = torch.tensor(accepted, device=self.device) + i * W
+                st.gaps.extend(logit_gaps(logits.index_select(0, keep)))
+            st.accept_lengths.append(a)
+            st.prefill_hidden = None
+            st.draft_len, st.start, st.a, st.bonus = st.start, st.start + a, a, toks[-1]
+            news.append(toks)
+        for st, toks in zip(self.active, news):
+            st.emit(toks, now)
+
+    # ------------------------------------------------------------------ offline
+
+    run = BatchLoop.run   # every request to completion, admitting in order as slots free up (same contract)
