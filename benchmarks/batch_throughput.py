@@ -34,7 +34,7 @@ def main() -> None:
 
     from ddtree_bench.engine.batch import BatchRequest, batch_loop_for
     from ddtree_bench.pair import load_pair
-    from ddtree_bench.suites import load_prompts
+    from ddtree_bench.suites.prompts import load_prompts
 
     pair = load_pair("toy", None, "ddtree")
     prompts, _ = load_prompts("gsm8k", args.prompts)

@@ -40,7 +40,7 @@ def quantiles(xs: list[float]) -> dict[str, float]:
 
 def main() -> None:
     from ddtree_bench.pair import load_pair
-    from ddtree_bench.suites import load_prompts
+    from ddtree_bench.suites.prompts import load_prompts
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="random")

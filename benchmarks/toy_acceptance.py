@@ -14,7 +14,7 @@ import json
 import time
 
 from ddtree_bench.pair import load_pair
-from ddtree_bench.suites import load_prompts
+from ddtree_bench.suites.prompts import load_prompts
 
 
 def conversation_requests(pair, prompts, max_new):

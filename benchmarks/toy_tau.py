@@ -7,7 +7,7 @@ import json
 import torch
 
 from ddtree_bench.pair import load_pair
-from ddtree_bench.suites import load_prompts
+from ddtree_bench.suites.prompts import load_prompts
 
 torch.set_num_threads(1)
 lp = load_pair("toy", None, "ddtree", "float32", "cpu")

@@ -258,7 +258,7 @@ def import_baseline(pt: str | Path, trust_pickle: bool, tokenizer: str, suite: s
     suite None = the file's `args.dataset`; limit None = its `args.max_samples` (else the suite's default)."""
     from ddtree_bench.baseline_record import environment_fields, rescore_gaps, template_sha256
     from ddtree_bench.engine.loading import file_hash
-    from ddtree_bench.suites import load_prompts
+    from ddtree_bench.suites.prompts import load_prompts
 
     obj = load_pt(pt, trust_pickle)
     args = obj.get("args") if isinstance(obj.get("args"), dict) else {}

@@ -64,7 +64,7 @@ def record(model: str = D.MODEL, draft: str | None = None, suite: str = D.SUITE,
     from tqdm.auto import tqdm
 
     from ddtree_bench.pair import load_pair
-    from ddtree_bench.suites import load_prompts
+    from ddtree_bench.suites.prompts import load_prompts
 
     check_args(max_new_tokens, limit, dtype, device, accept_method, budget)
     prompts, info = load_prompts(suite, limit, subset=subset)
@@ -250,7 +250,7 @@ def record_from_server(kind: str, url: str, model: str = D.MODEL, suite: str = D
 
     from tqdm.auto import tqdm
 
-    from ddtree_bench.suites import load_prompts
+    from ddtree_bench.suites.prompts import load_prompts
 
     if kind not in SERVER_KINDS:
         raise UsageError(f"--backend {kind!r} cannot record a baseline from a server; expected one of {', '.join(SERVER_KINDS)}")

@@ -41,13 +41,14 @@ def default_out(spec: RunSpec, root: Path = Path("results")) -> Path:
 def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backend=None, overwrite: bool = False) -> RunResult:
     """Run `spec` and write its results directory. `backend` may be passed in (sweeps reuse one).
     An `out` that already holds a run is refused (UsageError) unless `overwrite` (`results.check_run_out`)."""
-    from ddtree_bench import load, metrics, suites
+    from ddtree_bench import load, metrics
     from ddtree_bench.backends import make_backend
     from ddtree_bench.engine.facts import run_facts
+    from ddtree_bench.suites.prompts import load_prompts
 
     spec.validate()
     out = check_run_out(out or default_out(spec), overwrite)
-    prompts, suite_info = suites.load_prompts(spec.suite, spec.limit, subset=spec.subset)
+    prompts, suite_info = load_prompts(spec.suite, spec.limit, subset=spec.subset)
     if backend is None:
         backend = make_backend(spec)
     with RunWriter(out, overwrite) as writer:

@@ -43,14 +43,15 @@ def suites_list(
         return
     import json
 
-    from ddtree_bench import suites
+    from ddtree_bench.suites import catalog
+    from ddtree_bench.suites.prompts import SMOKE
 
-    entries = [{"name": "smoke", "source": "built-in", "data": "offline", "n": len(suites.SMOKE), "subset": None,
+    entries = [{"name": "smoke", "source": "built-in", "data": "offline", "n": len(SMOKE), "subset": None,
                 "template": "3 fixed prompts (one two-turn)", "description": "Tiny built-in smoke test.", "file": None}]
-    for spec in suites.list_specs():
+    for spec in catalog.list_specs():
         entries.append({
-            "name": spec.name, "source": suites.describe_source(spec),
-            "data": "offline" if suites.is_offline(spec) else "needs datasets",
+            "name": spec.name, "source": catalog.describe_source(spec),
+            "data": "offline" if catalog.is_offline(spec) else "needs datasets",
             "n": spec.n, "subset": spec.subset, "template": spec.template_text(),
             "description": spec.description, "file": str(spec.path),
         })
@@ -61,7 +62,7 @@ def suites_list(
              "all" if e["n"] is None else str(e["n"]), e["subset"] or "-", _one_line(e["template"])] for e in entries]
     typer.echo(_rows_table(rows, ["suite", "source", "data", "n", "subset", "template"]))
     typer.echo("\n`ddtree-bench suites show NAME` prints a suite's rendered prompts; a JSONL file of "
-               "{\"id\", \"turns\"} is a suite too. Suite dirs: " + ", ".join(str(d) for d in suites.suite_dirs()))
+               "{\"id\", \"turns\"} is a suite too. Suite dirs: " + ", ".join(str(d) for d in catalog.suite_dirs()))
 
 
 @suites_app.command("show", epilog="\b\nExamples:\n  ddtree-bench suites show gsm8k --limit 2")
@@ -76,12 +77,12 @@ def suites_show(
     """Print the first prompts of a suite exactly as a run would send them (user turns only)."""
     import json
 
-    from ddtree_bench import suites
     from ddtree_bench.errors import UsageError
+    from ddtree_bench.suites.prompts import load_prompts
 
     if limit <= 0:
         raise UsageError(f"--limit must be a positive integer, got {limit}")
-    prompts, info = suites.load_prompts(name, n, subset=subset)
+    prompts, info = load_prompts(name, n, subset=subset)
     if jsonl:
         for p in prompts:
             typer.echo(json.dumps({"id": p.prompt_id, "turns": p.turns}, ensure_ascii=False))

@@ -235,7 +235,7 @@ def end_to_end(target, drafter, tokenizer, spec: BenchSpec, progress: Callable[[
     """tok/s (decode: first token to last) and mean acceptance length per method/budget, fast engine and
     (spec.plain) plain engine."""
     from ddtree_bench.engine.generate import Engine
-    from ddtree_bench.suites import load_prompts
+    from ddtree_bench.suites.prompts import load_prompts
 
     prompts, _ = load_prompts(spec.suite, spec.limit)
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": p.turns[0]}]) for p in prompts]

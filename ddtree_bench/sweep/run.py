@@ -110,10 +110,10 @@ class _Prepared:
 
 def prepare(grid: GridSpec, api_key: str | None = None, external_device_fn: Callable[[], str] | None = None) -> _Prepared:
     """Expand and check everything that can be checked before any work: exit 2 on bad input."""
-    from ddtree_bench import suites
+    from ddtree_bench.suites.prompts import load_prompts
 
     points = expand(grid, external_device_fn)  # (ray: a cluster node picks sglang/vllm's default device)
-    prompts = {s: suites.load_prompts(s, grid.limit)[0] for s in dict.fromkeys(p.suite for p in points)}
+    prompts = {s: load_prompts(s, grid.limit)[0] for s in dict.fromkeys(p.suite for p in points)}
     for s, ps in prompts.items():
         if not ps:
             raise UsageError(f"suite {s!r} has no prompts")

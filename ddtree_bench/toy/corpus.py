@@ -55,7 +55,7 @@ def gsm8k_answer(answer: str) -> str:
 
 
 def _suite_turn(suite: str, item: dict) -> str:
-    from ddtree_bench.suites import user_turns
+    from ddtree_bench.suites.catalog import user_turns
 
     return user_turns(suite, item)[0]
 

@@ -112,7 +112,7 @@ def test_import_matches_sharded_and_two_turn_responses(setup, capsys):
 
 def test_method_choice_and_text_fallback(setup):
     from ddtree_bench.baseline_import import import_responses
-    from ddtree_bench.suites import load_prompts
+    from ddtree_bench.suites.prompts import load_prompts
 
     _, tok, suite, pt, _ = setup
     obj = torch.load(pt, weights_only=False)
@@ -175,7 +175,7 @@ def test_gaps_from_model_rescore_equals_the_engines_own_gaps(setup, capsys):
 def test_suite_and_sample_count_default_to_the_files_args(setup, tmp_path, capsys):
     """The authors' args name the dataset and max_samples; with the bundled mt-bench suite (zlab-paper
     subset, the paper's rule) the import needs neither --suite nor --limit."""
-    from ddtree_bench.suites import load_prompts
+    from ddtree_bench.suites.prompts import load_prompts
 
     d, tok, _, _, _ = setup
     prompts, info = load_prompts("mt-bench", 4)

@@ -51,7 +51,7 @@ def test_variant_names_parse_and_describe():
 @pytest.fixture(scope="module")
 def toy():
     from ddtree_bench.pair import load_pair
-    from ddtree_bench.suites import load_prompts
+    from ddtree_bench.suites.prompts import load_prompts
 
     pair = load_pair("toy", None, "dflash")
     prompts, _ = load_prompts("gsm8k", 2)

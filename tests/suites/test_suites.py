@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_bench import suites
 from ddtree_bench.errors import UsageError
-from ddtree_bench.subsets import select_indices
-from ddtree_bench.suite_sources import DATA_DIR
+from ddtree_bench.suites import catalog
+from ddtree_bench.suites.prompts import load_prompts
+from ddtree_bench.suites.sources import DATA_DIR
+from ddtree_bench.suites.subsets import select_indices
 
 BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_PREFIX = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n"
@@ -36,7 +37,7 @@ def _bundled(name: str) -> list[dict]:
 
 
 def _ids(suite: str, limit: int | None = None, subset: str | None = None) -> list[str]:
-    return [p.prompt_id for p in suites.load_prompts(suite, limit, subset=subset)[0]]
+    return [p.prompt_id for p in load_prompts(suite, limit, subset=subset)[0]]
 
 
 # ----------------------------------------------------------------------------- templates
@@ -45,22 +46,22 @@ def _ids(suite: str, limit: int | None = None, subset: str | None = None) -> lis
 def test_gsm8k_template_on_bundled_item():
     item = _bundled("gsm8k_test.jsonl")[0]
     assert item["question"].startswith("Janet")
-    prompts, info = suites.load_prompts("gsm8k", 1, subset="first")
+    prompts, info = load_prompts("gsm8k", 1, subset="first")
     assert prompts[0].turns == [item["question"] + BOXED]
-    assert suites.user_turns("gsm8k", {"question": "What is 2+2?"}) == ["What is 2+2?" + BOXED]
+    assert catalog.user_turns("gsm8k", {"question": "What is 2+2?"}) == ["What is 2+2?" + BOXED]
     assert info.template == "{{ question }}" + BOXED
 
 
 def test_humaneval_template_on_bundled_item():
     item = _bundled("humaneval.jsonl")[0]
-    prompts, _ = suites.load_prompts("humaneval", 1, subset="first")
+    prompts, _ = load_prompts("humaneval", 1, subset="first")
     assert prompts[0].prompt_id == "HumanEval/0"
     assert prompts[0].turns == [HUMANEVAL_PREFIX + item["prompt"] + "\n```"]
 
 
 def test_mt_bench_carries_both_turns_verbatim():
     items = _bundled("mt_bench_questions.jsonl")
-    prompts, info = suites.load_prompts("mt-bench")
+    prompts, info = load_prompts("mt-bench")
     assert len(prompts) == 80 and info.num_prompts == 80
     assert all(len(p.turns) == 2 for p in prompts)
     assert prompts[0].prompt_id == "81" and prompts[0].turns == items[0]["turns"]
@@ -69,46 +70,46 @@ def test_mt_bench_carries_both_turns_verbatim():
 
 def test_sharegpt_uses_first_human_turn():
     item = _bundled("sharegpt_sample500.jsonl")[0]
-    prompts, _ = suites.load_prompts("sharegpt", 1, subset="first")
+    prompts, _ = load_prompts("sharegpt", 1, subset="first")
     assert prompts[0].prompt_id == item["id"]
     assert prompts[0].turns == [item["conversations"][0]["value"]]
 
 
 @pytest.mark.parametrize("suite", ["math500", "aime24", "aime25"])
 def test_math_templates(suite):
-    assert suites.user_turns(suite, {"problem": "Find x."}) == ["Find x." + BOXED]
+    assert catalog.user_turns(suite, {"problem": "Find x."}) == ["Find x." + BOXED]
 
 
 def test_mbpp_prompt_verbatim():
-    assert suites.user_turns("mbpp", {"prompt": "Write a function to add two numbers.", "task_id": 2}) == \
+    assert catalog.user_turns("mbpp", {"prompt": "Write a function to add two numbers.", "task_id": 2}) == \
         ["Write a function to add two numbers."]
 
 
 def test_swe_bench_template():
-    assert suites.user_turns("swe-bench", {"problem_statement": "It crashes."}) == \
+    assert catalog.user_turns("swe-bench", {"problem_statement": "It crashes."}) == \
         ["Problem Statement:\nIt crashes.\nPlease fix the issue described above."]
 
 
 def test_alpaca_optional_input():
-    assert suites.user_turns("alpaca", {"instruction": "Give three tips.", "input": ""}) == ["Give three tips."]
-    assert suites.user_turns("alpaca", {"instruction": "Summarize.", "input": "Some text."}) == \
+    assert catalog.user_turns("alpaca", {"instruction": "Give three tips.", "input": ""}) == ["Give three tips."]
+    assert catalog.user_turns("alpaca", {"instruction": "Summarize.", "input": "Some text."}) == \
         ["Summarize.\n\nInput:\nSome text."]
 
 
 def test_livecodebench_starter_code_and_stdin_blocks():
-    with_starter = suites.user_turns("livecodebench", {"question_content": "Q?", "starter_code": "class Solution:\n    pass"})
+    with_starter = catalog.user_turns("livecodebench", {"question_content": "Q?", "starter_code": "class Solution:\n    pass"})
     assert with_starter == [LCB_PREAMBLE + "\n\n### Question:\nQ?\n\n### Format: Use the following code structure:\n"
                             "```python\nclass Solution:\n    pass\n```\n\n### Answer: (use the provided format with backticks)"]
-    no_starter = suites.user_turns("livecodebench", {"question_content": "Q?", "starter_code": ""})
+    no_starter = catalog.user_turns("livecodebench", {"question_content": "Q?", "starter_code": ""})
     assert no_starter == [LCB_PREAMBLE + "\n\n### Question:\nQ?\n\n### Format: Write your code in the following format:\n"
                           "```python\n# YOUR CODE HERE\n```\n\n### Answer: (use the provided format with backticks)"]
 
 
 def test_missing_field_and_mix_template_are_usage_errors():
     with pytest.raises(UsageError, match="question"):
-        suites.user_turns("gsm8k", {"problem": "x"})
+        catalog.user_turns("gsm8k", {"problem": "x"})
     with pytest.raises(UsageError, match="mix"):
-        suites.user_turns("chat-mix", {"question": "x"})
+        catalog.user_turns("chat-mix", {"question": "x"})
 
 
 # ----------------------------------------------------------------------------- suite table
@@ -116,11 +117,11 @@ def test_missing_field_and_mix_template_are_usage_errors():
 
 def test_paper_suites_defaults():
     for name in PAPER_SUITES:
-        spec = suites.get_spec(name)
+        spec = catalog.get_spec(name)
         assert spec.n == PAPER_COUNTS[name], name
         assert spec.subset == "zlab-paper", name
-        assert suites.is_offline(spec) == (name in OFFLINE), name
-    names = set(suites.suite_names())
+        assert catalog.is_offline(spec) == (name in OFFLINE), name
+    names = set(catalog.suite_names())
     assert {*PAPER_SUITES, "sharegpt", "chat-mix", "smoke"} <= names
 
 
@@ -130,23 +131,23 @@ def test_hf_sources_named():
               "swe-bench": ("princeton-nlp/SWE-bench_Lite", None, "test"), "alpaca": ("tatsu-lab/alpaca", None, "train"),
               "livecodebench": ("livecodebench/code_generation_lite", None, "test")}
     for name, (hf, config, split) in expect.items():
-        src = suites.get_spec(name).source
+        src = catalog.get_spec(name).source
         assert (src.hf, src.config, src.split) == (hf, config, split), name
-    assert suites.get_spec("livecodebench").source.data_files == [f"test{s}.jsonl" for s in ["", "2", "3", "4", "5", "6"]]
+    assert catalog.get_spec("livecodebench").source.data_files == [f"test{s}.jsonl" for s in ["", "2", "3", "4", "5", "6"]]
 
 
 def test_offline_suites_load_fully():
     for name, n in [("gsm8k", 128), ("humaneval", 164), ("mt-bench", 80), ("sharegpt", 128), ("chat-mix", 80)]:
-        prompts, info = suites.load_prompts(name)
+        prompts, info = load_prompts(name)
         assert len(prompts) == n == info.num_prompts, name
         assert len({p.prompt_id for p in prompts}) == n, name
         assert info.subset_rule == "zlab-paper" and info.default_n == n and info.template
 
 
 def test_package_ships_the_suite_files():
-    pkg = suites.PACKAGE_DIR / "suite_specs"
+    pkg = catalog.PACKAGE_DIR / "suite_specs"
     assert pkg.is_dir()
-    top = suites.PACKAGE_DIR.parent / "suites"
+    top = catalog.PACKAGE_DIR.parent / "suites"
     if top.is_dir():
         assert sorted(p.name for p in pkg.glob("*.yaml")) == sorted(p.name for p in top.glob("*.yaml"))
 
@@ -165,7 +166,7 @@ def test_zlab_current_golden_ids():
     assert _ids("gsm8k", 8, "zlab-current") == ["1101", "120", "474", "991", "192", "1020", "350", "480"]
     assert _ids("humaneval", 5, "zlab-current") == ["HumanEval/146", "HumanEval/67", "HumanEval/68", "HumanEval/94", "HumanEval/54"]
     assert _ids("mt-bench", 6, "zlab-current") == ["137", "125", "123", "131", "105", "112"]
-    _, info = suites.load_prompts("gsm8k", 2, subset="zlab-current")
+    _, info = load_prompts("gsm8k", 2, subset="zlab-current")
     assert info.subset_rule == "zlab-current"
 
 
@@ -175,7 +176,7 @@ def test_zlab_paper_matches_hf_datasets_shuffle():
     ds = datasets.Dataset.from_list([{"i": i, "question": r["question"]} for i, r in enumerate(rows)])
     hf = ds.shuffle(seed=0).select(range(128))
     assert [r["i"] for r in hf] == select_indices(len(rows), 128, "zlab-paper")
-    assert [p.turns[0] for p in suites.load_prompts("gsm8k")[0]] == [r["question"] + BOXED for r in hf]
+    assert [p.turns[0] for p in load_prompts("gsm8k")[0]] == [r["question"] + BOXED for r in hf]
     mt = datasets.Dataset.from_list(_bundled("mt_bench_questions.jsonl"))
     assert [str(r["question_id"]) for r in mt.shuffle(seed=0).select(range(10))] == _ids("mt-bench", 10)
 
@@ -207,13 +208,13 @@ def test_limit_is_a_prefix_of_the_default_selection():
     assert _ids("gsm8k", 300)[:128] == full
     assert len(_ids("smoke", 10)) == 3
     with pytest.raises(UsageError, match="--limit"):
-        suites.load_prompts("gsm8k", 0)
+        load_prompts("gsm8k", 0)
     with pytest.raises(UsageError, match="subset"):
-        suites.load_prompts("gsm8k", 3, subset="random")
+        load_prompts("gsm8k", 3, subset="random")
 
 
 def test_chat_mix_is_balanced_round_robin():
-    prompts, info = suites.load_prompts("chat-mix", 8)
+    prompts, info = load_prompts("chat-mix", 8)
     cats = [p.meta["category"] for p in prompts]
     assert cats == ["multi_turn", "math_reasoning", "coding", "chat"] * 2
     assert [p.prompt_id for p in prompts[:4]] == ["mt-bench/131", "gsm8k/264", "humaneval/HumanEval/139", "sharegpt/YlSddAS_0"]
@@ -226,12 +227,12 @@ def test_chat_mix_is_balanced_round_robin():
 
 def test_unknown_suite():
     with pytest.raises(UsageError, match="unknown suite 'nope'"):
-        suites.load_prompts("nope")
+        load_prompts("nope")
 
 
 @pytest.fixture
 def suite_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(suites.ENV_DIRS, str(tmp_path))
+    monkeypatch.setenv(catalog.ENV_DIRS, str(tmp_path))
     return tmp_path
 
 
@@ -247,15 +248,15 @@ GOOD = 'source: {file: items.jsonl}\nn: 2\nsubset: first\nid_field: key\nturns: 
 def test_user_suite_dir_and_relative_file(suite_dir):
     _write(suite_dir, "items.jsonl", '{"key": "a", "q": "one"}\n{"key": "b", "q": "two"}\n{"key": "c", "q": "three"}\n')
     _write(suite_dir, "mine.yaml", GOOD)
-    prompts, info = suites.load_prompts("mine")
+    prompts, info = load_prompts("mine")
     assert [(p.prompt_id, p.turns) for p in prompts] == [("a", ["Q: one"]), ("b", ["Q: two"])]
     assert info.subset_rule == "first" and info.num_available == 3 and info.spec_file.endswith("mine.yaml")
-    assert "mine" in suites.suite_names()
+    assert "mine" in catalog.suite_names()
     # a user directory comes first, so it can override a built-in name
     _write(suite_dir, "gsm8k.yaml", GOOD.replace("Q: ", "Mine: "))
-    assert suites.load_prompts("gsm8k")[0][0].turns == ["Mine: one"]
+    assert load_prompts("gsm8k")[0][0].turns == ["Mine: one"]
     # a YAML path works as --suite too
-    assert suites.load_prompts(str(suite_dir / "mine.yaml"), 1)[0][0].prompt_id == "a"
+    assert load_prompts(str(suite_dir / "mine.yaml"), 1)[0][0].prompt_id == "a"
 
 
 @pytest.mark.parametrize("text, match", [
@@ -274,7 +275,7 @@ def test_user_suite_dir_and_relative_file(suite_dir):
 def test_bad_suite_yaml_is_a_usage_error_naming_the_file(suite_dir, text, match):
     _write(suite_dir, "bad.yaml", text)
     with pytest.raises(UsageError, match=match) as e:
-        suites.load_prompts("bad")
+        load_prompts("bad")
     assert "bad.yaml" in str(e.value)
 
 
@@ -293,7 +294,7 @@ def test_render_errors_name_the_item(suite_dir):
     _write(suite_dir, "items.jsonl", '{"key": "a", "q": "one"}\n{"key": "b"}\n')
     _write(suite_dir, "mine.yaml", GOOD)
     with pytest.raises(UsageError, match=r"item 1 \(b\).*'q' is undefined"):
-        suites.load_prompts("mine")
+        load_prompts("mine")
 
 
 # ----------------------------------------------------------------------------- custom JSONL
@@ -310,18 +311,18 @@ def test_render_errors_name_the_item(suite_dir):
 def test_custom_jsonl_errors_name_the_line(tmp_path, lines, match):
     p = _write(tmp_path, "x.jsonl", lines)
     with pytest.raises(UsageError, match=match):
-        suites.load_prompts(str(p))
+        load_prompts(str(p))
 
 
 def test_custom_jsonl_suite(tmp_path):
     p = _write(tmp_path, "c.jsonl", "".join(json.dumps({"id": f"p{i}", "turns": [f"t{i}", "again"], "tag": i}) + "\n" for i in range(5))
                + json.dumps({"question_id": 99, "turns": ["spec-bench style"]}) + "\n")
-    prompts, info = suites.load_prompts(str(p))
+    prompts, info = load_prompts(str(p))
     assert [x.prompt_id for x in prompts] == ["p0", "p1", "p2", "p3", "p4", "99"]
     assert prompts[0].turns == ["t0", "again"] and prompts[0].meta["tag"] == 0
     assert info.subset_rule is None and info.num_available == 6
-    assert [x.prompt_id for x in suites.load_prompts(str(p), 2)[0]] == ["p0", "p1"]
-    picked = suites.load_prompts(str(p), 2, subset="zlab-paper")[0]
+    assert [x.prompt_id for x in load_prompts(str(p), 2)[0]] == ["p0", "p1"]
+    picked = load_prompts(str(p), 2, subset="zlab-paper")[0]
     assert [x.prompt_id for x in picked] == [f"p{i}" if i < 5 else "99" for i in select_indices(6, 2, "zlab-paper")]
     with pytest.raises(UsageError, match="does not exist"):
-        suites.load_prompts(str(tmp_path / "missing.jsonl"))
+        load_prompts(str(tmp_path / "missing.jsonl"))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_bench.errors import UsageError
-from ddtree_bench.subsets import RULES
+from ddtree_bench.suites.subsets import RULES
 
 TOP_KEYS = ("name", "description", "source", "mix", "n", "subset", "id_field", "category_field",
             "turns", "turns_from", "reference", "notes")

@@ -1,21 +1,15 @@
-"""Benchmark suites -> `Prompt`s.
+"""Benchmark suites -> `Prompt`s: the prompts of one suite in run order, and what is recorded about them.
 
-A suite is a name (`suites/<name>.yaml`, see `ddtree-bench suites`), a suite YAML file, a JSONL file
-of `{"id": str, "turns": [str, ...]}` (z-lab's cache format), or the built-in `smoke` suite.
-`load_prompts` returns the prompts and a `SuiteInfo` that baselines and run.json record (source,
-subset rule, template, count). `user_turns` applies one suite's exact template to one raw item (the
-toy pair's training data uses it, so training and evaluation prompts agree).
-
-Suite YAML files are looked up, first match wins, in: every directory of `DDTREE_BENCH_SUITES`
-(os.pathsep-separated), the package's `suite_specs/` (shipped as package data; a link to the
-top-level `suites/` in a source checkout), and the top-level `suites/` of a source checkout.
-The schema is in `suite_spec.py`, subset rules in `subsets.py`, data loading in `suite_sources.py`.
-Knows nothing of models or HTTP.
+A suite is a name (`suites/<name>.yaml`, see `ddtree-bench suites` and `catalog.py`), a suite YAML
+file, a JSONL file of `{"id": str, "turns": [str, ...]}` (z-lab's cache format), or the built-in
+`smoke` suite. `load_prompts` returns the prompts and a `SuiteInfo` that baselines and run.json
+record (source, subset rule, template, count).
+The schema is in `spec.py`, subset rules in `subsets.py`, data loading in `sources.py`, the lookup
+of named suites in `catalog.py`. Knows nothing of models or HTTP.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,19 +17,15 @@ from typing import Any
 from ddtree_bench.errors import UsageError
 from ddtree_bench.jsonl import iter_jsonl
 from ddtree_bench.records import Prompt
-from ddtree_bench.subsets import check_rule, select_indices
-from ddtree_bench.suite_spec import SuiteSpec, load_spec_file
+from ddtree_bench.suites.catalog import describe_source, get_spec, spec_files
+from ddtree_bench.suites.spec import SuiteSpec
+from ddtree_bench.suites.subsets import check_rule, select_indices
 
 SMOKE = [
     Prompt("smoke-0", ["What is 12 + 30? Answer briefly."]),
     Prompt("smoke-1", ["Write a Python function that returns the square of a number."]),
     Prompt("smoke-2", ["Name three colours.", "Now name three more."]),
 ]
-ENV_DIRS = "DDTREE_BENCH_SUITES"
-PACKAGE_DIR = Path(__file__).resolve().parent
-BUILTIN_DIRS = (PACKAGE_DIR / "suite_specs", PACKAGE_DIR.parent / "suites")
-_SPEC_CACHE: dict[Path, tuple[int, SuiteSpec]] = {}
-_FILES_CACHE: dict[str, Any] = {}
 
 
 @dataclass
@@ -84,94 +74,7 @@ def read_jsonl_suite(path: Path) -> list[Prompt]:
     return prompts
 
 
-# --------------------------------------------------------------------------- suite YAML lookup
-
-
-def suite_dirs() -> list[Path]:
-    """Directories searched for `<name>.yaml`, in priority order (existing ones only, deduplicated)."""
-    dirs = [Path(d).expanduser() for d in os.environ.get(ENV_DIRS, "").split(os.pathsep) if d.strip()]
-    out: list[Path] = []
-    for d in [*dirs, *BUILTIN_DIRS]:
-        if d.is_dir() and all(d.resolve() != o.resolve() for o in out):
-            out.append(d)
-    return out
-
-
-def _spec_files() -> dict[str, Path]:
-    """name -> YAML path, first directory wins. Cached until a directory's mtime changes."""
-    dirs = suite_dirs()
-    key = tuple((str(d), d.stat().st_mtime_ns) for d in dirs)
-    if _FILES_CACHE.get("key") == key:
-        return _FILES_CACHE["files"]
-    found: dict[str, Path] = {}
-    for d in dirs:
-        for p in sorted([*d.glob("*.yaml"), *d.glob("*.yml")]):
-            found.setdefault(p.stem, p)
-    _FILES_CACHE.update(key=key, files=found)
-    return found
-
-
-def _load_spec(path: Path) -> SuiteSpec:
-    path = path.resolve()
-    mtime = path.stat().st_mtime_ns
-    hit = _SPEC_CACHE.get(path)
-    if hit is not None and hit[0] == mtime:
-        return hit[1]
-    spec = load_spec_file(path)
-    _SPEC_CACHE[path] = (mtime, spec)
-    return spec
-
-
-def suite_names() -> list[str]:
-    """Every suite name: `smoke` plus every suite YAML found."""
-    return sorted({"smoke", *_spec_files()})
-
-
-def get_spec(name: str) -> SuiteSpec:
-    """The validated definition of a named suite (or of a suite YAML path)."""
-    if name.endswith((".yaml", ".yml")):
-        p = Path(name).expanduser()
-        if not p.is_file():
-            raise UsageError(f"suite file {p} does not exist")
-        return _load_spec(p)
-    path = _spec_files().get(name)
-    if path is None:
-        known = ", ".join(suite_names()) or "none found"
-        raise UsageError(f"unknown suite {name!r} (known: {known})",
-                         hint="see `ddtree-bench suites`, or pass a JSONL file of {\"id\", \"turns\"}")
-    return _load_spec(path)
-
-
-def list_specs() -> list[SuiteSpec]:
-    """Every suite YAML found, validated (a malformed one is a UsageError naming its file)."""
-    return [_load_spec(p) for _, p in sorted(_spec_files().items())]
-
-
-def is_offline(spec: SuiteSpec, _depth: int = 0) -> bool:
-    """True when the suite loads with no network and no `datasets` (bundled or local files only)."""
-    if spec.mix is None:
-        return spec.source is not None and spec.source.offline
-    if _depth > 8:
-        raise UsageError(f"suite {spec.name!r}: mix parts nest too deeply (a cycle?)")
-    return all(is_offline(get_spec(p.suite), _depth + 1) for p in spec.mix)
-
-
-def describe_source(spec: SuiteSpec) -> str:
-    if spec.mix is not None:
-        return "mix of " + ", ".join(p.suite for p in spec.mix)
-    assert spec.source is not None
-    return spec.source.describe()
-
-
 # --------------------------------------------------------------------------- public API
-
-
-def user_turns(name: str, item: dict[str, Any]) -> list[str]:
-    """The user turns that suite `name` makes of one raw dataset item, with its exact template.
-
-    E.g. `user_turns("gsm8k", {"question": q})` -> [q + "\\nPlease reason step by step, ..."].
-    """
-    return get_spec(name).render(item)
 
 
 def _spec_prompts(spec: SuiteSpec, n: int | None, rule: str | None, _depth: int = 0) -> tuple[list[Prompt], int]:
@@ -190,7 +93,7 @@ def _spec_prompts(spec: SuiteSpec, n: int | None, rule: str | None, _depth: int 
         mixed = [ps[i] for i in range(max(map(len, parts))) for ps in parts if i < len(ps)]
         return (mixed if n is None else mixed[:n]), available
 
-    from ddtree_bench.suite_sources import load_items
+    from ddtree_bench.suites.sources import load_items
 
     assert spec.source is not None
     items = load_items(spec.name, spec.source, spec.path.parent)
@@ -220,7 +123,7 @@ def load_prompts(suite: str, limit: int | None = None, *, subset: str | None = N
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
         raise UsageError(f"--limit must be a positive integer, got {limit!r}")
     is_yaml = suite.endswith((".yaml", ".yml"))
-    if not is_yaml and (suite.endswith(".jsonl") or (suite not in ("smoke", *_spec_files()) and Path(suite).is_file())):
+    if not is_yaml and (suite.endswith(".jsonl") or (suite not in ("smoke", *spec_files()) and Path(suite).is_file())):
         path = Path(suite).expanduser()
         all_prompts = read_jsonl_suite(path)
         prompts = [all_prompts[i] for i in select_indices(len(all_prompts), limit, subset)]

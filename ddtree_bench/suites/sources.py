@@ -21,9 +21,9 @@ from typing import Any
 
 from ddtree_bench.errors import UsageError
 from ddtree_bench.jsonl import iter_jsonl
-from ddtree_bench.suite_spec import Source
+from ddtree_bench.suites.spec import Source
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"   # ddtree_bench/data/
 HUB_PROBE_TIMEOUT_S = 3.0
 _TRUE = {"1", "ON", "YES", "TRUE"}
 _OFFLINE_HINT = ("use a bundled suite (gsm8k, humaneval, mt-bench, sharegpt, chat-mix) or a JSONL file of "
