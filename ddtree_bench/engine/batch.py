@@ -32,8 +32,8 @@ its stage_ns sums its own prefill plus the whole batch's time of every stage of 
 part in (what it waited for). Other requests' prefills between its rounds appear in its e2e only.
 `stats` counts rounds and how full each was (batch size per round).
 
-The CUDA-graph loop (gpu/loop.FastLoop) stays batch 1; this is the twin a batched fast loop would
-be tested against. Knows nothing of threads or HTTP (batch_scheduler.py feeds it from callers).
+The batched fast loop (gpu/batch_loop.BatchFastLoop: fixed shapes, CUDA graphs) is tested against
+this one; `batch_loop_for` picks it for engines with cuda_graphs. Knows nothing of threads or HTTP (batch_scheduler.py feeds it from callers).
 """
 
 from __future__ import annotations
@@ -175,6 +175,8 @@ class Retired:
 class BatchLoop:
     """The batched plain loop (module docstring). `fast` picks the vectorised tree build and walk
     as `PlainLoop` does (None: vectorised walk; vectorised build on CUDA only)."""
+
+    kind = "plain"   # which batched loop ran (run.json / summary.json say it)
 
     def __init__(self, target: Target, proposer, method: str, budget: int, max_batch: int, fast: bool | None = None,
                  sync_stages: bool = True):
@@ -413,8 +415,14 @@ class BatchLoop:
         return [results[i].generation for i in range(len(requests))]
 
 
-def batch_loop_for(engine, method: str, budget: int, max_batch: int) -> BatchLoop:
-    """A BatchLoop over an `Engine`'s target and proposer, with its plain loop's settings."""
+def batch_loop_for(engine, method: str, budget: int, max_batch: int):
+    """The batched loop for an `Engine`: with cuda_graphs the batched fast loop
+    (gpu/batch_loop.BatchFastLoop) where it supports the method and budget (DDTree needs budget > 0),
+    else a BatchLoop with its plain loop's settings. Either has `.kind` ("fast" | "plain")."""
+    if getattr(engine, "cuda_graphs", False) and (method != "ddtree" or budget > 0):
+        from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
+
+        return BatchFastLoop(engine.target, engine.proposer, method, budget, max_batch)
     plain = engine.plain
     return BatchLoop(engine.target, engine.proposer, method, budget, max_batch, fast=_fast_of(plain), sync_stages=plain.sync_stages)
 

@@ -116,6 +116,8 @@ class _Bucket:
 class BatchFastLoop:
     """The batched fast loop (module docstring); BatchLoop's constructor arguments plus `graphs`."""
 
+    kind = "fast"   # which batched loop ran (run.json / summary.json say it)
+
     def __init__(self, target, proposer, method: str, budget: int, max_batch: int, graphs: bool = True,
                  layer_ops: str = "auto", capacity: int = 0):
         if method not in METHODS:
