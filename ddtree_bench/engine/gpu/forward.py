@@ -4,8 +4,12 @@ The plain forwards (model.py, draft.py) slice the KV cache to the live frontier 
 so every round has new shapes. Here every shape depends only on the number of query tokens:
 * the frontier `start` is a 0-d device tensor; new K/V go to slots start + arange(T), written by
   the layer ops' `qkv_rope` (fused.py);
-* attention always spans the whole preallocated cache, and an additive bias [T, capacity]
-  (0 = visible, -inf = hidden) hides the slots past the frontier, as gpt-fast does;
+* an additive bias [T, capacity] (0 = visible, -inf = hidden) hides the slots past the frontier, as
+  gpt-fast does. With the fused Triton ops (CUDA) attention reads only the live slots, < start + T,
+  whose count the kernel reads from the device (kernels/attention.py), so a captured graph stays valid
+  as the prefix grows and its cost follows the live length, not the capacity; the target's verify
+  also skips the bias over the committed prefix (every row sees it). Its twin, `grouped_attend`, spans
+  the whole preallocated cache (CPUs, the PyTorch ops, `attention="sdpa"`);
 * grouped-query attention folds the query-head group into the query axis ([Hkv, g*T, D] against
   K/V [Hkv, S, D]), so SDPA sees plain multi-head attention with a mask and can use any fused
   kernel (the memory-efficient one refuses `enable_gqa=True`); it is faster than the plain `attend`
@@ -27,6 +31,7 @@ import torch.nn.functional as F
 
 from ddtree_bench.engine.cache import KVCache
 from ddtree_bench.engine.gpu.fused import ensure_merged
+from ddtree_bench.engine.gpu.kernels import attention as live_kernel
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
 
 NEG_INF = float("-inf")
@@ -65,14 +70,26 @@ def grouped_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     return out.reshape(Hq, T, D).transpose(0, 1).reshape(T, Hq * D)
 
 
+ATTENTION = ("auto", "sdpa", "live")
+
+
+def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix) -> torch.Tensor:
+    """grouped_attend's result: over the live slots only (the Triton kernel) when `attention` is live, or
+    auto with the fused Triton ops on a device that runs the kernel; else SDPA over every slot."""
+    if attention == "live" or (attention == "auto" and ops.name == "triton" and live_kernel.available(q.device)):
+        return live_kernel.live_attend(q, k, v, bias, live, prefix)
+    return grouped_attend(q, k, v, bias)
+
+
 def _norm(module) -> tuple[torch.Tensor, float]:
     return module.weight, module.eps
 
 
 def _attention(attn, ops: TorchOps, h, cos, sin, kv: StaticKV, layer: int, start, bias,
-               ctx=None, ctx_cos=None, ctx_sin=None, ctx_start=None):
+               ctx=None, ctx_cos=None, ctx_sin=None, ctx_start=None, live=None, prefix=None, attention: str = "sdpa"):
     """One attention layer of the target (ctx None) or the drafter (ctx = context features to cache
-    first) on merged q/k/v weights: h [T, H] (normed) -> o_proj output [T, H]."""
+    first) on merged q/k/v weights: h [T, H] (normed) -> o_proj output [T, H]. live: 0-d, slots read
+    (start + T); prefix: 0-d or None, slots every row sees (the bias is not read there); see _attend."""
     qk_norm = getattr(attn, "qk_norm", True)  # the drafter's attention always has q/k norms
     q_w, eps = _norm(attn.q_norm) if qk_norm else (None, 0.0)
     k_w = attn.k_norm.weight if qk_norm else None
@@ -84,7 +101,7 @@ def _attention(attn, ops: TorchOps, h, cos, sin, kv: StaticKV, layer: int, start
                      k_cache, v_cache, ctx_start)
     q = ops.qkv_rope(F.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps, cos, sin,
                      k_cache, v_cache, start)
-    return attn.o_proj(grouped_attend(q, k_cache, v_cache, bias))
+    return attn.o_proj(_attend(ops, attention, q, k_cache, v_cache, bias, live, prefix))
 
 
 def _mlp(mlp, ops: TorchOps, h):
@@ -98,12 +115,17 @@ def group_size(module) -> int:
 
 
 def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: StaticKV, start: torch.Tensor,
-                   bias: torch.Tensor, hidden_layers: Sequence[int] = (), ops: TorchOps | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   bias: torch.Tensor, hidden_layers: Sequence[int] = (), ops: TorchOps | None = None,
+                   attention: str = "auto") -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same contract as Target.forward with a static cache: logits [T, V] and the hidden states of
     `hidden_layers` concatenated [T, n*H] (the last layer's after the final norm, as HF returns it).
-    ops: the fused layer ops (fused.ops_for), default the PyTorch twin."""
+    ops: the fused layer ops (fused.ops_for), default the PyTorch twin. The bias must hide every slot
+    >= start + T and show every slot < start to every row (verify_visible and the AR bias do);
+    attention: auto | live | sdpa (see _attend)."""
     ops = ops or TORCH_OPS
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    live = start + ids.shape[0]
     ensure_merged(target)
     blocks = target.model.layers
     x = target.model.embed_tokens(ids)
@@ -112,8 +134,8 @@ def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: Stati
     wanted = {l: None for l in hidden_layers}
     last = len(blocks) - 1
     for i, block in enumerate(blocks):
-        x, h = ops.add_rmsnorm(x, _attention(block.self_attn, ops, h, cos, sin, kv, i, start, bias),
-                               *_norm(block.post_attention_layernorm))
+        a = _attention(block.self_attn, ops, h, cos, sin, kv, i, start, bias, live=live, prefix=start, attention=attention)
+        x, h = ops.add_rmsnorm(x, a, *_norm(block.post_attention_layernorm))
         nxt = blocks[i + 1].input_layernorm if i < last else target.model.norm
         x, h = ops.add_rmsnorm(x, _mlp(block.mlp, ops, h), *_norm(nxt))   # h: the next layer's input (last: final norm)
         if i in wanted:
@@ -141,13 +163,16 @@ def draft_visible(drafter, layer: int, start: torch.Tensor, Tb: int, capacity: i
 
 def draft_forward(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor, kv: StaticKV,
                   ctx_start: torch.Tensor, start: torch.Tensor, biases: Sequence[torch.Tensor],
-                  ops: TorchOps | None = None) -> torch.Tensor:
+                  ops: TorchOps | None = None, attention: str = "auto") -> torch.Tensor:
     """Same contract as DFlashDrafter.forward with a static cache. target_hidden: [C, n*H] for
     positions ctx_start..; block_emb: [Tb, H] for positions start..; biases: one [g*Tb, S] per layer.
 
     C may exceed start - ctx_start (padding): the extra context rows land in slots start.. and the
-    block's own K/V, written after them in every layer, overwrite them before anything reads them."""
+    block's own K/V, written after them in every layer, overwrite them before anything reads them.
+    Every bias must hide the slots >= start + Tb (draft_visible does); attention: as target_forward."""
     ops = ops or TORCH_OPS
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     ensure_merged(drafter)
     C, Tb = target_hidden.shape[0], block_emb.shape[0]
     dev = block_emb.device
@@ -156,11 +181,12 @@ def draft_forward(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor,
     cos, sin = drafter.rotary(positions, block_emb.dtype)
     layers = drafter.layers
     last = len(layers) - 1
+    live = start + Tb
     x = block_emb
     h = ops.rmsnorm(x, *_norm(layers[0].input_layernorm))
     for i, layer in enumerate(layers):
         a = _attention(layer.self_attn, ops, h, cos[C:], sin[C:], kv, i, start, biases[i],
-                       ctx=ctx, ctx_cos=cos[:C], ctx_sin=sin[:C], ctx_start=ctx_start)
+                       ctx=ctx, ctx_cos=cos[:C], ctx_sin=sin[:C], ctx_start=ctx_start, live=live, attention=attention)
         x, h = ops.add_rmsnorm(x, a, *_norm(layer.post_attention_layernorm))
         nxt = layers[i + 1].input_layernorm if i < last else drafter.norm
         x, h = ops.add_rmsnorm(x, _mlp(layer.mlp, ops, h), *_norm(nxt))

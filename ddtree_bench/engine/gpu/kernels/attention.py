@@ -1,0 +1,183 @@
+"""Attention over the live cache slots only, as a Triton kernel whose length comes from a device tensor.
+
+The fixed-shape forwards (forward.py) attend over a preallocated cache with an additive bias that
+hides every slot past the frontier. `live_attend(q, k, v, bias, live, prefix)` computes the same
+    out = softmax(q k^T / sqrt(D) + bias) v        (grouped-query: query head h uses KV head h // g)
+as forward.grouped_attend (SDPA over every slot, its PyTorch twin), but reads only slots < `live`
+(a 0-d device long tensor: start + T), so a CUDA graph captured once stays valid as the prefix grows
+and the work scales with the live length, not the capacity. The caller guarantees that the bias
+hides every slot >= live; with `prefix` (0-d device tensor) it also guarantees every slot < prefix
+is visible to every row and that query row t (of T) sees no slot past prefix + t, and the kernel then
+reads the bias only from `prefix` on and stops each row block at its last row's slot (the target's
+verify: the committed prefix is visible, the tree part is the ancestor mask, and a node's ancestors
+come before it in the tree's order).
+
+Layout: the g query heads of a KV head are folded into one query axis of M = g*T rows, as
+grouped_attend does. Few rows (AR, small trees) cannot fill the GPU with one program per
+(KV head, row block), so the slots are split into `n_split` ranges (split-KV, as flash-decoding
+does): each program keeps an online softmax (running max m, sum l, unnormalised acc) over its range
+and a second launch combines the ranges: m = max_s m_s, out = sum_s e^(m_s - m) acc_s / sum_s e^(m_s - m) l_s.
+With one range the first launch writes the output itself. The output is written straight in the
+[T, Hq*D] layout o_proj takes.
+
+Rounding: q k^T in fp32 (IEEE for fp32 inputs, not TF32), softmax statistics in fp32, the
+probabilities cast to the value dtype before the P V product (as SDPA's fused kernels do). No
+block size depends on the budget beyond M's power-of-two bucket (16/32/64/128 rows), and no
+integer argument is specialised, so a new budget compiles nothing new. Knows nothing of models.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
+
+SM_TARGET = 264          # programs to aim for (two per SM of an H100/H200) when choosing n_split
+BLOCK_N = 64             # cache slots per inner step
+NEG_BIG = -1.0e30        # running-max start: finite, so a range with nothing visible gives e^(..)=0, never NaN
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["M", "T", "n_split"])
+    def _live_attn_kernel(Q, K, V, BIAS, LIVE, PREFIX, O, PACC, PM, PL,
+                          M, T, G, n_split, scale,
+                          sqh, sqm, skh, skn, svh, svn, sbm, sbn, sot,
+                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                          HAS_PREFIX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
+        h = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        s_id = tl.program_id(2)
+        live = tl.load(LIVE).to(tl.int32)
+        per = tl.cdiv(tl.cdiv(live, BLOCK_N), n_split) * BLOCK_N
+        lo = s_id * per
+        hi = tl.minimum(lo + per, live)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        dims = tl.arange(0, BLOCK_D)
+        rmask = rows < M
+        dmask = dims < D
+        q = tl.load(Q + h * sqh + rows[:, None] * sqm + dims[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
+        m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        if HAS_PREFIX:  # tree row t sees no slot past prefix + t: stop at the block's last row
+            prefix = tl.load(PREFIX).to(tl.int32)
+            t_last = tl.max(tl.where(rmask, rows % T, 0), axis=0)
+            hi = tl.minimum(hi, prefix + t_last + 1)
+        for n0 in range(lo, hi, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            cmask = cols < hi
+            k = tl.load(K + h * skh + cols[None, :] * skn + dims[:, None], mask=cmask[None, :] & dmask[:, None], other=0.0)
+            if IEEE:
+                s = tl.dot(q, k, input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, k) * scale
+            bmask = rmask[:, None] & cmask[None, :]
+            if HAS_PREFIX:
+                bmask = bmask & (cols >= prefix)[None, :]
+            b = tl.load(BIAS + rows[:, None] * sbm + cols[None, :] * sbn, mask=bmask, other=0.0)
+            s = tl.where(cmask[None, :], s + b.to(tl.float32), float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(V + h * svh + cols[:, None] * svn + dims[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        if SPLIT:
+            base = (s_id * tl.num_programs(0) + h) * M + rows
+            tl.store(PM + base, m_i, mask=rmask)
+            tl.store(PL + base, l_i, mask=rmask)
+            tl.store(PACC + base[:, None] * BLOCK_D + dims[None, :], acc, mask=rmask[:, None])
+        else:
+            out = acc / l_i[:, None]
+            g = rows // T
+            t = rows - g * T
+            ptr = O + t[:, None] * sot + (h * G + g)[:, None] * D + dims[None, :]
+            tl.store(ptr, out.to(O.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+
+    @triton.jit(do_not_specialize=["M", "T", "n_split"])
+    def _combine_kernel(PACC, PM, PL, O, M, T, G, n_split, n_heads, sot,
+                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        h = tl.program_id(0)
+        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        dims = tl.arange(0, BLOCK_D)
+        rmask = rows < M
+        m = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+        l_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for s_id in range(0, n_split):
+            base = (s_id * n_heads + h) * M + rows
+            ms = tl.load(PM + base, mask=rmask, other=NEG_BIG)
+            ls = tl.load(PL + base, mask=rmask, other=0.0)
+            a = tl.load(PACC + base[:, None] * BLOCK_D + dims[None, :], mask=rmask[:, None], other=0.0)
+            m_new = tl.maximum(m, ms)
+            wo = tl.exp(m - m_new)
+            ws = tl.exp(ms - m_new)
+            l_sum = l_sum * wo + ls * ws
+            acc = acc * wo[:, None] + a * ws[:, None]
+            m = m_new
+        out = acc / tl.where(rmask, l_sum, 1.0)[:, None]
+        g = rows // T
+        t = rows - g * T
+        ptr = O + t[:, None] * sot + (h * G + g)[:, None] * D + dims[None, :]
+        tl.store(ptr, out.to(O.dtype.element_ty), mask=rmask[:, None] & (dims < D)[None, :])
+
+
+def available(device) -> bool:
+    """The kernel can run here: Triton is installed and the device is CUDA (or the CPU interpreter in tests)."""
+    import os
+
+    dev = torch.device(device)
+    return triton is not None and (dev.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def block_m(M: int) -> int:
+    """Query rows per program: M's power of two, 16 (tl.dot's least) to 64 (128 from 1024 rows)."""
+    return 128 if M >= 1024 else max(16, min(64, _pow2(M)))
+
+
+def n_split(n_heads: int, M: int, capacity: int) -> int:
+    """Slot ranges per (KV head, row block): 1 when the row blocks alone fill the GPU (SM_TARGET / 2 programs),
+    else enough ranges for SM_TARGET programs, at most one per BLOCK_N slots."""
+    programs = n_heads * triton.cdiv(M, block_m(M))
+    if 2 * programs >= SM_TARGET:
+        return 1
+    return max(1, min(triton.cdiv(capacity, BLOCK_N), triton.cdiv(SM_TARGET, programs)))
+
+
+def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, live: torch.Tensor,
+                prefix: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
+    """q: [Hq, T, D]; k, v: [Hkv, S, D] (slot stride free, last dim contiguous); bias: [g*T, S] additive,
+    rows repeated per group; live: 0-d long, slots < live are read; prefix: 0-d long or None (see the
+    module docstring). Returns [T, Hq*D] in q's dtype: forward.grouped_attend's result."""
+    Hq, T, D = q.shape
+    Hkv, S = k.shape[0], k.shape[1]
+    G = Hq // Hkv
+    M = G * T
+    q = q.contiguous()
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or bias.stride(-1) != 1:
+        k, v, bias = k.contiguous(), v.contiguous(), bias.contiguous()
+    out = torch.empty((T, Hq * D), dtype=q.dtype, device=q.device)
+    BM, BD = block_m(M), max(16, _pow2(D))
+    ns = n_split(Hkv, M, S) if splits is None else splits
+    warps = 8 if BM >= 128 else 4
+    grid = (Hkv, triton.cdiv(M, BM), ns)
+    if ns > 1:
+        pacc = torch.empty((ns, Hkv, M, BD), dtype=torch.float32, device=q.device)
+        pm = torch.empty((ns, Hkv, M), dtype=torch.float32, device=q.device)
+        pl = torch.empty_like(pm)
+    else:
+        pacc = pm = pl = out
+    _live_attn_kernel[grid](q, k, v, bias, live, prefix if prefix is not None else live, out, pacc, pm, pl,
+                            M, T, G, ns, D ** -0.5,
+                            T * D * G, D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), bias.stride(0), 1, Hq * D,
+                            D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, BLOCK_D=BD, HAS_PREFIX=prefix is not None, SPLIT=ns > 1,
+                            IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=1 if q.dtype == torch.float32 else 2)
+    if ns > 1:
+        _combine_kernel[(Hkv, triton.cdiv(M, BM))](pacc, pm, pl, out, M, T, G, ns, Hkv, Hq * D,
+                                                    D=D, BLOCK_M=BM, BLOCK_D=BD, num_warps=4)
+    return out

@@ -1,0 +1,106 @@
+"""The live-slot attention kernel (engine/gpu/kernels/attention.py) against its twin, forward.grouped_attend
+(SDPA over every cache slot): same values, every slot past the live length left unread, the
+prefix shortcut, split-KV and one range, grouped-query groups 1/2/4, and whole target and drafter
+forwards with `attention="live"` against `attention="sdpa"`. They run on CUDA, and in CI on a CPU
+under Triton's interpreter (engine/gpu/test_triton_interpreter.py):
+    TRITON_INTERPRET=1 python -m pytest -m gpu tests/engine/gpu/test_attention_triton.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree_bench.engine.gpu.forward import (StaticKV, draft_forward, draft_visible, grouped_attend, group_size,
+                                             target_forward, visible_bias)
+from ddtree_bench.engine.gpu.tree_ops import verify_visible
+from ddtree_bench.engine.loading import random_pair
+
+from triton_support import DEV, triton_only
+
+DTYPES = ["float32"] + (["bfloat16"] if DEV == "cuda" else [])   # the interpreter's bf16 cast is not RNE
+
+
+def _tol(dt):
+    return dict(rtol=2e-5, atol=2e-5) if dt == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+
+
+def _tree_bias(T: int, start: int, S: int, group: int, dt, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    anc = ((torch.rand(T, T, generator=g) < 0.5).tril() | torch.eye(T, dtype=torch.bool)).to(DEV)
+    return visible_bias(verify_visible(anc, torch.tensor(start, device=DEV), S), dt, group)
+
+
+@pytest.mark.gpu
+@triton_only
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Hq,Hkv,T,start,splits", [(4, 1, 1, 100, None), (4, 2, 5, 70, None), (4, 2, 5, 70, 1),
+                                                   (2, 2, 17, 3, 3), (8, 2, 33, 60, None)])
+def test_live_attend_equals_sdpa_over_every_slot_and_reads_nothing_past_live(dtype, Hq, Hkv, T, start, splits):
+    """Slots past start + T hold NaN: SDPA over a clean copy is the reference; the kernel must not touch them."""
+    from ddtree_bench.engine.gpu.kernels.attention import live_attend
+
+    dt = getattr(torch, dtype)
+    S, D = 192, 32
+    g = torch.Generator().manual_seed(T * 7 + start)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV, dt) for s in ((Hq, T, D), (Hkv, S, D), (Hkv, S, D)))
+    bias = _tree_bias(T, start, S, Hq // Hkv, dt, seed=T)
+    want = grouped_attend(q, k, v, bias)
+    live = start + T
+    k[:, live:] = float("nan")
+    v[:, live:] = float("nan")
+    st = torch.tensor(start, device=DEV)
+    for prefix in (None, st):
+        got = live_attend(q, k, v, bias, st + T, prefix, splits=splits)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(got.float(), want.float(), **_tol(dt))
+
+
+@pytest.mark.gpu
+@triton_only
+def test_the_prefix_shortcut_does_not_read_the_bias_over_the_prefix():
+    """With `prefix`, slots < prefix count as visible whatever the bias says there (the contract the target's
+    verify meets); without it the bias is read everywhere."""
+    from ddtree_bench.engine.gpu.kernels.attention import live_attend
+
+    S, D, T, start = 128, 16, 4, 50
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((2, T, D), (1, S, D), (1, S, D)))
+    bias = _tree_bias(T, start, S, 2, torch.float32, seed=2)
+    hidden_prefix = bias.clone()
+    hidden_prefix[:, :start] = float("-inf")
+    hidden_prefix[:, 0] = 0.0
+    st = torch.tensor(start, device=DEV)
+    torch.testing.assert_close(live_attend(q, k, v, hidden_prefix, st + T, st), grouped_attend(q, k, v, bias), **_tol(torch.float32))
+    torch.testing.assert_close(live_attend(q, k, v, hidden_prefix, st + T, None), grouped_attend(q, k, v, hidden_prefix),
+                               **_tol(torch.float32))
+
+
+@pytest.mark.gpu
+@triton_only
+def test_target_and_draft_forwards_with_live_attention_match_sdpa():
+    """Whole forwards on a random Qwen3 pair (PyTorch layer ops; only the attention differs): logits, hidden
+    states and the cache writes agree; the drafter's causal/window masks go through the bias."""
+    target, drafter = random_pair(seed=5, vocab_size=97, device=DEV)
+    P, T, cap = 30, 9, 128
+    prompt = torch.arange(1, P + 1, device=DEV) % 97
+    ids = torch.arange(40, 40 + T, device=DEV)
+    pos = P + torch.arange(T, device=DEV)
+    anc = torch.ones(T, T, dtype=torch.bool, device=DEV).tril()
+    start = torch.tensor(P, device=DEV)
+    outs = []
+    for attention in ("live", "sdpa"):
+        cache = target.new_cache(cap)
+        target(prompt, torch.arange(P, device=DEV), cache, 0)
+        bias = visible_bias(verify_visible(anc, start, cap), torch.float32, group_size(target))
+        logits, hidden = target_forward(target, ids, pos, StaticKV(cache), start, bias, (0, 1), attention=attention)
+        dcache = drafter.new_cache(cap)
+        Tb = drafter.block_size
+        biases = [visible_bias(draft_visible(drafter, i, start, Tb, cap), torch.float32, group_size(drafter))
+                  for i in range(len(drafter.layers))]
+        emb = target.embed(torch.arange(3, 3 + Tb, device=DEV))
+        h = draft_forward(drafter, hidden[:P % 7 + 4], emb, StaticKV(dcache), start - 4, start, biases, attention=attention)
+        outs.append((logits, hidden, h, cache.k[:, :, : P + T]))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert torch.equal(outs[0][0].argmax(-1), outs[1][0].argmax(-1))
