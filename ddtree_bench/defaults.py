@@ -63,11 +63,13 @@ SERVE_CPU_WORKERS = 2              # threads that decode, validate and tokenize 
 NULL_CHUNK_TOKENS = 4              # the null engine's tokens per streamed chunk (a "round")
 HTTP_PROBE_TIMEOUT_S = 10.0        # client: reaching the server before the first request
 # `ddtree-bench bench-engine` (perf/bench.py)
+CACHE_DIR = "~/.cache/ddtree-bench"      # the project's cache (compiled Triton kernels: <it>/triton); $DDTREE_BENCH_CACHE_DIR or $XDG_CACHE_HOME override
 BENCH_PREFIX_LEN = 1024            # prefix tokens before the measured rounds (the reference point)
 BENCH_ROUNDS = 20                  # measured rounds per method and budget, after a warmup generation
 BENCH_VERIFY_TOKENS = "1,16,64,128,256,512,1024"  # query-token counts of the verify-cost curve
 BENCH_E2E_PROMPTS = 4              # suite prompts for the end-to-end tok/s runs
 BENCH_E2E_MAX_NEW_TOKENS = 128
+BENCH_PROFILE_TOP = 12             # kernels listed per verify size in bench-engine --profile
 # Confidence intervals on speed figures (stats.py) and sweep repeats (sweep/order.py, noise/)
 CI_LEVEL = 0.95                    # two-sided confidence level of every interval
 CI_RESAMPLES = 2000                # percentile-bootstrap resamples

@@ -18,7 +18,7 @@ from ddtree_bench.cli import options as O
 from ddtree_bench.cli.app import app
 
 
-@app.command("bench-engine", epilog="\b\nExamples:\n  ddtree-bench bench-engine --model toy --budgets 16..256\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16..1024 --no-plain")
+@app.command("bench-engine", epilog="\b\nExamples:\n  ddtree-bench bench-engine --model toy --budgets 16..256\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16..1024 --no-plain\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --batch 1,2,4,8,16 --budgets 16,32,64,128 --tau 16:6.5,32:7,64:7.5,128:8,0:5")
 def bench_engine_cmd(
     model: O.Model = D.MODEL,
     draft: O.Draft = None,
@@ -35,10 +35,12 @@ def bench_engine_cmd(
     plain: Annotated[bool, typer.Option("--plain/--no-plain", help="Also time the plain (eager, synchronising) engine.")] = True,
     e2e: Annotated[bool, typer.Option("--e2e/--no-e2e", help="End-to-end tok/s on suite prompts (pairs with a tokenizer: not --shape).")] = True,
     build_table: Annotated[bool, typer.Option("--build-table/--no-build-table", help="Time every tree builder per budget (CPU heap and vectorised; on CUDA also the Triton kernels, each compiled at each budget).")] = True,
+    profile: Annotated[bool, typer.Option("--profile/--no-profile", help="Per-kernel profile (torch.profiler, CUDA activity) of the verify forward at each --verify-tokens n: top kernels with time and share, time by family, idle time.")] = False,
     suite: O.Suite = D.SUITE,
     limit: Annotated[int, typer.Option("--limit", help="Prompts for the end-to-end runs.")] = D.BENCH_E2E_PROMPTS,
     max_new_tokens: O.MaxNewTokens = D.BENCH_E2E_MAX_NEW_TOKENS,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the result JSON here.")] = None,
+    batch: Annotated[Optional[str], typer.Option("--batch", help="Instead: the batched fast loop at these batch sizes, e.g. 1,2,4,8,16 - per (batch, budget) stage times and output tok/s (perf/bench_batch.py); --out also gets a .csv beside it.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
 ) -> None:
     """Stage timings of the reference engine per budget, verify-cost curve, and the cost model's best budget."""
@@ -85,9 +87,13 @@ def bench_engine_cmd(
     if shape is not None and shape not in SHAPES:
         raise UsageError(f"unknown --shape {shape!r}; expected one of {', '.join(SHAPES)}")
     spec = BenchSpec(model=model, draft=draft, shape=shape, budgets=spec_budgets, prefix_len=prefix_len, device=device,
-                     dtype=dtype, rounds=rounds, verify_tokens=vt, graphs=graphs, layer_ops=layer_ops, plain=plain, e2e=e2e, build_table=build_table, suite=suite,
+                     dtype=dtype, rounds=rounds, verify_tokens=vt, graphs=graphs, layer_ops=layer_ops, plain=plain, e2e=e2e, build_table=build_table, profile=profile, suite=suite,
                      limit=limit, max_new_tokens=max_new_tokens, tau=parse_points(tau, "--tau") if tau else None)
     say = (lambda s: None) if quiet else (lambda s: print(f"[bench-engine] {s}", file=sys.stderr, flush=True))
+    if batch is not None:
+        from ddtree_bench.perf.bench_batch import batch_cli
+
+        return batch_cli(spec, batch, out, say)
     result = run_bench(spec, say)
     typer.echo(render(result))
     if out is not None:

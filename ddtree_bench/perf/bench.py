@@ -49,6 +49,7 @@ class BenchSpec:
     plain: bool = True                # also time the plain engine (rounds and end to end)
     e2e: bool = True                  # end-to-end tok/s on suite prompts (pairs with a tokenizer)
     build_table: bool = True          # time every tree builder per budget (compiles each Triton kernel at each budget)
+    profile: bool = False             # per-kernel profile of the verify forward at each n (torch.profiler)
     suite: str = D.SUITE
     limit: int = D.BENCH_E2E_PROMPTS
     max_new_tokens: int = D.BENCH_E2E_MAX_NEW_TOKENS
@@ -91,40 +92,65 @@ class _Narrow:
 
 @torch.inference_mode()
 def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: torch.device, graphs: bool,
-                 reps: int = 20, eager: bool = True, layer_ops: str = "auto") -> dict[str, dict[int, float]]:
-    """ms of one static-shape target forward over n tokens (a chain tree) after prefix_len tokens:
-    "graph" (replayed, with `layer_ops`), "eager" (the same, not captured) and, when those ops are the
-    fused kernels, "graph_unfused" (replayed with the PyTorch twin ops: what fusion saves)."""
+                 reps: int = 20, eager: bool = True, layer_ops: str = "auto", profile: bool = False,
+                 profile_reps: int = 5, profile_top: int = D.BENCH_PROFILE_TOP) -> dict[str, Any]:
+    """ms of one static-shape target forward over n tokens (a chain tree) after prefix_len tokens, in a
+    cache of capacity prefix_len + max(tokens) (aligned):
+    "graph" (replayed, with `layer_ops` and the forward's default attention: on CUDA with the fused ops,
+    only the live slots), "eager" (the same, not captured) and, when those ops are the fused kernels,
+    "graph_sdpa" (SDPA over a cache narrowed to prefix_len + n: how the curve was taken before the
+    live-slot kernel), "graph_sdpa_whole" (SDPA over the whole cache: what the engine's rounds ran
+    before it) and "graph_unfused" (the PyTorch twin ops: what fusion saves).
+    profile: also "profile" = {column: {n: perf.profile.KernelProfile as a dict, top kernels}} for
+    graph and graph_sdpa (CUDA; the ATen ops on a CPU)."""
     from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN
     from ddtree_bench.engine.gpu.fused import TORCH_OPS, merge_projections, ops_for
     from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
     from ddtree_bench.engine.gpu.tree_ops import verify_visible
+    from ddtree_bench.perf.profile import profile_kernels
 
     ops = ops_for(device, target.lm_head.weight.dtype, layer_ops)
     merge_projections(target)   # before any capture: the merge allocates
 
     align = lambda n: -(-n // CAPACITY_ALIGN) * CAPACITY_ALIGN  # noqa: E731
-    cache = target.new_cache(align(prefix_len + max(tokens)))
+    whole = align(prefix_len + max(tokens))
+    cache = target.new_cache(whole)
     prefix = torch.tensor(_random_prompt(target.cfg.vocab_size, prefix_len, 1), device=device)
     target(prefix, torch.arange(prefix_len, device=device), cache, 0)
     start = torch.tensor(prefix_len, device=device)
-    out: dict[str, dict[int, float]] = {"graph": {}, "eager": {}}
-    if ops is not TORCH_OPS and graphs and device.type == "cuda":
-        out["graph_unfused"] = {}
+    on_graphs = graphs and device.type == "cuda"
+    fused = ops is not TORCH_OPS and on_graphs
+    out: dict[str, Any] = {"graph": {}, "eager": {}}
+    if fused:
+        out.update({"graph_sdpa": {}, "graph_sdpa_whole": {}, "graph_unfused": {}})
+    profiles: dict[str, dict[int, Any]] = {"graph": {}, **({"graph_sdpa": {}} if fused else {})}
+    dt = target.lm_head.weight.dtype
     for n in tokens:
-        cap = align(prefix_len + n)
-        kv = StaticKV(_Narrow(cache, cap))
         ids = torch.randint(target.cfg.vocab_size, (n,), device=device, generator=torch.Generator(device=device).manual_seed(n))
         pos = start + torch.arange(n, device=device)
         anc = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        bias = visible_bias(verify_visible(anc, start, cap), target.lm_head.weight.dtype, group_size(target))
-        fn = lambda o=ops: target_forward(target, ids, pos, kv, start, bias, layers, o)  # noqa: E731
-        if graphs and device.type == "cuda":
-            out["graph"][n] = graph_time_fn(fn, reps=reps)
-            if "graph_unfused" in out:
-                out["graph_unfused"][n] = graph_time_fn(lambda: fn(TORCH_OPS), reps=reps)
-        if eager or not (graphs and device.type == "cuda"):
-            out["eager"][n] = time_fn(fn, device, reps=max(3, reps // 4), warmup=1)
+
+        def forward(cap: int, o=ops, attention: str = "auto"):
+            kv = StaticKV(_Narrow(cache, cap))
+            bias = visible_bias(verify_visible(anc, start, cap), dt, group_size(target))
+            return lambda: target_forward(target, ids, pos, kv, start, bias, layers, o, attention=attention)
+
+        fns = {"graph": forward(whole)}
+        if fused:
+            fns.update({"graph_sdpa": forward(align(prefix_len + n), attention="sdpa"),
+                        "graph_sdpa_whole": forward(whole, attention="sdpa"), "graph_unfused": forward(whole, TORCH_OPS)})
+        if on_graphs:
+            for col, fn in fns.items():
+                out[col][n] = graph_time_fn(fn, reps=reps)
+        if eager or not on_graphs:
+            out["eager"][n] = time_fn(fns["graph"], device, reps=max(3, reps // 4), warmup=1)
+        if profile:
+            for col in profiles:
+                wall = out[col].get(n) if on_graphs else out["eager"].get(n)
+                p = profile_kernels(fns[col], device, reps=profile_reps, graph=on_graphs, wall_ms=wall)
+                profiles[col][n] = p.to_dict(top=profile_top)
+    if profile:
+        out["profile"] = profiles
     return out
 
 
@@ -315,7 +341,10 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
 
     result["layer_ops"] = ops_for(dev, target.lm_head.weight.dtype, spec.layer_ops).name
     weight_bytes, params = weight_bytes_and_params(target)   # before verify_curve merges projections
-    curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs, layer_ops=spec.layer_ops)
+    curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs, layer_ops=spec.layer_ops,
+                          profile=spec.profile)
+    if "profile" in curves:
+        result["verify_profile"] = curves.pop("profile")
     result["verify_curve_ms"] = curves
     progress(f"verify curve ms: {curves}")
     curve = curves["graph"] or curves["eager"]

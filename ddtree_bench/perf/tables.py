@@ -11,6 +11,30 @@ def _f(x: Any, d: int = 3) -> Any:
     return None if x is None else (round(x, d) if isinstance(x, float) else x)
 
 
+def profile_tables(prof: dict[str, dict[Any, dict[str, Any]]], top: int | None = None) -> str:
+    """bench-engine --profile: per column and n, the kernel time by family and the idle time between
+    kernels, then the top kernels (ms per forward, launches, share of the kernel time)."""
+    from ddtree_bench.perf.profile import FAMILIES
+
+    parts = []
+    for col, per_n in prof.items():
+        rows = []
+        for n in sorted(per_n, key=int):
+            p = per_n[n]
+            rows.append([n, p["source"], _f(p.get("wall_ms")), _f(p["kernel_ms"])] + [_f(p["families_ms"].get(f, 0.0)) for f in FAMILIES]
+                        + [_f(p.get("gap_ms"))])
+        parts.append(f"\nverify profile ({col}): ms per forward by kernel family; idle = measured - kernel time:\n"
+                     + table(rows, ["tokens", "source", "measured", "kernels"] + list(FAMILIES) + ["idle"]))
+        for n in sorted(per_n, key=int):
+            p = per_n[n]
+            ks = p["kernels"][:top] if top else p["kernels"]
+            more = p.get("kernels_total", len(p["kernels"])) - len(ks)
+            parts.append(f"\ntop kernels ({col}, n = {n}){f'; {more} more' if more > 0 else ''}:\n" + table(
+                [[k["name"][:70], k["family"], _f(k["ms"]), _f(k["launches"], 1), _f(100 * k["share"], 1)] for k in ks],
+                ["kernel", "family", "ms", "launches", "share %"]))
+    return "\n".join(parts)
+
+
 def render(result: dict[str, Any]) -> str:
     parts: list[str] = []
     spec = result["spec"]
@@ -19,9 +43,10 @@ def render(result: dict[str, Any]) -> str:
                  f"prefix {spec['prefix_len']} tokens, {result['date']}")
 
     vc = result["verify_curve_ms"]
-    cols = [c for c in ("graph", "graph_unfused", "eager") if c in vc]
+    cols = [c for c in ("graph", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager") if c in vc and vc[c]]
     ns = sorted(set().union(*(vc[c] for c in cols)))
-    note = "; graph_unfused = the same graph with the PyTorch twin ops" if "graph_unfused" in vc else ""
+    note = ("; graph: attention over the live slots; graph_sdpa: SDPA over a cache narrowed to prefix + n; "
+            "graph_sdpa_whole: SDPA over the whole cache; graph_unfused: the PyTorch twin ops") if "graph_unfused" in vc else ""
     parts.append(f"\nverify forward (ms) vs query tokens (layer ops: {result.get('layer_ops', 'torch')}{note}):\n" + table(
         [[n] + [_f(vc[c].get(n)) for c in cols] for n in ns], ["tokens"] + cols))
     roof = result.get("verify_roofline")
@@ -32,6 +57,10 @@ def render(result: dict[str, Any]) -> str:
                      f"P = {roof['params'] / 1e9:.2f} B ({roof['timing']} timing; H200 limits){ar_line}:\n" + table(
             [[r["tokens"], _f(r["ms"]), _f(r["roofline_ms"]), _f(r["ratio"], 2), _f(r["achieved_gb_s"], 0), _f(r["achieved_tflop_s"], 1)]
              for r in roof["rows"]], ["tokens", "ms", "roofline ms", "ratio", "GB/s", "TFLOP/s"]))
+
+    prof = result.get("verify_profile")
+    if prof:
+        parts.append(profile_tables(prof))
 
     rows = []
     for r in result["rounds"]:

@@ -60,16 +60,17 @@ def test_bench_engine_bad_input_exits_2(argv, capsys):
     assert capsys.readouterr().err.startswith("error: ")
 
 
-def test_verify_table_shows_the_unfused_graph_beside_the_fused_one():
+def test_verify_table_shows_the_sdpa_and_unfused_graphs_beside_the_live_one():
     from ddtree_bench.perf.tables import render
 
     res = {"spec": {"shape": "qwen3-8b", "model": "toy", "dtype": "bfloat16", "device": "cuda", "prefix_len": 1024},
            "date": "2026-11-29", "gpu": "NVIDIA H200", "layer_ops": "triton", "rounds": [],
-           "verify_curve_ms": {"graph": {1: 5.67, 16: 6.03}, "graph_unfused": {1: 8.7, 16: 10.28}, "eager": {1: 23.4, 16: 16.2}}}
+           "verify_curve_ms": {"graph": {1: 5.2, 16: 5.5}, "graph_sdpa": {1: 5.67, 16: 6.03}, "graph_sdpa_whole": {1: 5.9, 16: 6.2},
+                               "graph_unfused": {1: 8.7, 16: 10.28}, "eager": {1: 23.4, 16: 16.2}}}
     lines = render(res).splitlines()
-    assert "layer ops: triton; graph_unfused" in lines[2]
-    assert lines[3].split() == ["tokens", "graph", "graph_unfused", "eager"]
-    assert lines[5].split() == ["1", "5.67", "8.70", "23.40"]
+    assert "layer ops: triton; graph: attention over the live slots" in lines[2] and "graph_unfused: the PyTorch twin ops" in lines[2]
+    assert lines[3].split() == ["tokens", "graph", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager"]
+    assert lines[5].split() == ["1", "5.20", "5.67", "5.90", "8.70", "23.40"]
 
 
 def test_real_shapes_have_the_published_sizes():

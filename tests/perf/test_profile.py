@@ -1,0 +1,65 @@
+"""The per-kernel profile (perf/profile.py) and its tables (perf/tables.py): the family rule on real
+kernel names, the per-call arithmetic (ms, launches, share, idle gap), a real CPU profile of ATen ops,
+and bench-engine's verify curve with --profile on a CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree_bench.perf.profile import FAMILIES, family, kernel_profile, profile_kernels
+from ddtree_bench.perf.tables import profile_tables
+
+
+@pytest.mark.parametrize("name,fam", [
+    ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm>", "gemm"),
+    ("_live_attn_kernel", "attention"), ("_combine_kernel", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "attention"),
+    ("_rmsnorm_kernel", "layer_ops"), ("_qkv_rope_kernel", "layer_ops"), ("_silu_mul_kernel", "layer_ops"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "elementwise"),
+    ("aten::mm", "gemm"), ("aten::copy_", "elementwise"), ("_compile_kernel", "other"),
+])
+def test_family_names_each_kernel_kind(name, fam):
+    assert family(name) == fam
+
+
+def test_fold_is_per_call_sorted_and_shares_sum_to_one():
+    events = [("gemm_a", 300.0, 1), ("gemm_a", 300.0, 1), ("_rmsnorm_kernel", 50.0, 4), ("_live_attn_kernel", 250.0, 2)]
+    p = kernel_profile(events, reps=2, source="graph", wall_ms=0.6)
+    assert [k.name for k in p.kernels] == ["gemm_a", "_live_attn_kernel", "_rmsnorm_kernel"]
+    assert p.kernels[0].ms == pytest.approx(0.3) and p.kernels[0].launches == 1.0
+    assert p.kernels[2].ms == pytest.approx(0.025) and p.kernels[2].launches == 2.0
+    assert p.kernel_ms == pytest.approx(0.45)
+    assert sum(k.share for k in p.kernels) == pytest.approx(1.0)
+    assert p.families_ms["gemm"] == pytest.approx(0.3) and p.families_ms["attention"] == pytest.approx(0.125)
+    assert set(p.families_ms) == set(FAMILIES)
+    assert p.gap_ms == pytest.approx(0.15)
+    d = p.to_dict(top=1)
+    assert len(d["kernels"]) == 1 and d["kernels_total"] == 3
+
+
+def test_a_cpu_profile_names_the_matmul_and_the_tables_show_it():
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    p = profile_kernels(lambda: torch.softmax(a @ b, dim=-1), torch.device("cpu"), reps=3, wall_ms=1.0)
+    assert p.source == "cpu" and p.reps == 3
+    names = {k.name: k for k in p.kernels}
+    assert "aten::mm" in names and names["aten::mm"].family == "gemm" and names["aten::mm"].launches == 1.0
+    assert p.families_ms["gemm"] > 0 and sum(k.share for k in p.kernels) == pytest.approx(1.0)
+    text = profile_tables({"graph": {64: p.to_dict(top=5)}})
+    assert "verify profile (graph)" in text and "top kernels (graph, n = 64)" in text and "aten::mm" in text
+
+
+def test_verify_curve_with_profile_on_a_cpu():
+    from ddtree_bench.engine.loading import random_pair
+    from ddtree_bench.perf.bench import verify_curve
+
+    target, drafter = random_pair(seed=1, vocab_size=64)
+    out = verify_curve(target, drafter.target_layer_ids, 20, [1, 8], torch.device("cpu"), graphs=True, reps=2,
+                       profile=True, profile_reps=2, profile_top=4)
+    prof = out["profile"]["graph"]
+    assert set(prof) == {1, 8} and set(out["eager"]) == {1, 8}
+    for n, p in prof.items():
+        assert p["source"] == "cpu" and len(p["kernels"]) == 4 and p["families_ms"]["gemm"] > 0
+        assert p["wall_ms"] == out["eager"][n]
