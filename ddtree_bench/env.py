@@ -63,4 +63,7 @@ def environment(device: str | None = None) -> dict[str, Any]:
         if m is None:
             continue
         versions[mod] = getattr(m, "__version__", None)
-    return {"versions": versions, "git_sha": git_sha(), "device": device_info(device), "command": sys.argv}
+    from ddtree_bench.engine.gpu.kernels.cache_dir import triton_cache_dir
+
+    return {"versions": versions, "git_sha": git_sha(), "device": device_info(device), "command": sys.argv,
+            "triton_cache_dir": str(triton_cache_dir())}   # compiled kernels persist there (kernels/cache_dir.py)

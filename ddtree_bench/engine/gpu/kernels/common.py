@@ -1,5 +1,5 @@
 """What every Triton kernel module here shares: the (optional) Triton import, power-of-two padding,
-and the exact score keys.
+and the exact score keys; importing it points Triton's cache at the project's (cache_dir.py).
 
 `_desc` maps an fp32 score to the int64 key tree_vector._desc_key computes (higher score -> smaller
 key, -0.0 == +0.0), so a kernel's order is the PyTorch builder's order bit for bit. Triton is
@@ -8,6 +8,10 @@ module defines its kernels only `if triton is not None`. Knows nothing of trees 
 """
 
 from __future__ import annotations
+
+from ddtree_bench.engine.gpu.kernels.cache_dir import use_project_cache
+
+use_project_cache()   # compiled kernels persist under the project's cache dir (cache_dir.py), set before Triton loads
 
 try:  # Triton ships with CUDA builds of PyTorch; CPU installs may lack it
     import triton
