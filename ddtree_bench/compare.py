@@ -32,7 +32,7 @@ from typing import Any
 
 from ddtree_bench import defaults as D
 from ddtree_bench import metrics
-from ddtree_bench.baseline import Baseline, BaselineEntry
+from ddtree_bench.baselines.file import Baseline, BaselineEntry
 from ddtree_bench.errors import UsageError
 from ddtree_bench.records import RequestRecord
 

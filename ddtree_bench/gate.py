@@ -413,7 +413,7 @@ def evaluate(comparison: Comparison, rules: Rules, num_errors: int, run_info: di
 def run_gate(results: str | Path, baseline_path: str | Path, rules_path: str | Path | None = None,
              reference_runs: list[str | Path] | None = None, near_tie_gap: float | None = None) -> GateResult:
     """Read everything (exit-2 errors first), compare, and apply the rules."""
-    from ddtree_bench.baseline import read_baseline
+    from ddtree_bench.baselines.file import read_baseline
     from ddtree_bench.compare import compare_records
     from ddtree_bench.near_tie_recheck import recheck_near_ties
     from ddtree_bench.results import is_run_dir, read_json, read_records, read_run_info

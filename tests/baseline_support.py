@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_bench import metrics
-from ddtree_bench.baseline import BaselineEntry, write_baseline
+from ddtree_bench.baselines.file import BaselineEntry, write_baseline
 from ddtree_bench.records import RequestRecord
 
 STOP = 258  # the byte tokenizer's <|im_end|>

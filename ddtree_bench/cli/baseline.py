@@ -39,8 +39,8 @@ def record_cmd(
 ) -> None:
     """Record an AR-greedy baseline: prompt ids, output ids and text, and the top-1 minus top-2 logit gap
     at every output position - from the reference engine, or from a running server's logprobs (--backend, --url)."""
-    from ddtree_bench.baseline import check_out_file, write_baseline
-    from ddtree_bench.baseline_record import record, record_from_server
+    from ddtree_bench.baselines.file import check_out_file, write_baseline
+    from ddtree_bench.baselines.record import record, record_from_server
 
     check_out_file(out)
     if backend != "inprocess":
@@ -87,8 +87,8 @@ def import_cmd(
     quiet: Quiet = False,
 ) -> None:
     """Import a DDTree benchmark .pt as a baseline, matching responses to the suite by their prompt tokens."""
-    from ddtree_bench.baseline import check_out_file, write_baseline
-    from ddtree_bench.baseline_import import import_baseline
+    from ddtree_bench.baselines.file import check_out_file, write_baseline
+    from ddtree_bench.baselines.import_pt import import_baseline
 
     check_out_file(out)
     header, result = import_baseline(pt, trust_pickle, tokenizer, suite, limit, subset, method, accept_from,

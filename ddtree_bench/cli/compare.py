@@ -27,7 +27,7 @@ def compare_cmd(
     """Diff a run's greedy outputs against a baseline, prompt by prompt."""
     import json
 
-    from ddtree_bench.baseline import read_baseline
+    from ddtree_bench.baselines.file import read_baseline
     from ddtree_bench.compare import compare_run
     from ddtree_bench.records import json_safe
 

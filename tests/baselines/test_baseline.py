@@ -7,7 +7,7 @@ import json
 import pytest
 
 from baseline_support import cli
-from ddtree_bench.baseline import read_baseline
+from ddtree_bench.baselines.file import read_baseline
 from ddtree_bench.errors import UsageError
 
 MAX_NEW = 24
@@ -109,7 +109,7 @@ def test_malformed_baselines_name_the_problem(tmp_path, lines, message):
 
 
 def test_unknown_entry_keys_round_trip(tmp_path):
-    from ddtree_bench.baseline import write_baseline
+    from ddtree_bench.baselines.file import write_baseline
 
     b = read_baseline(_write(tmp_path / "b.jsonl", [HEADER, {**GOOD, "note": "kept", "logit_gap": None}]))
     assert b.entries[0].extra == {"note": "kept"} and b.entries[0].logit_gap is None and not b.has_gaps

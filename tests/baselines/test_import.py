@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from baseline_support import cli
-from ddtree_bench.baseline import read_baseline
+from ddtree_bench.baselines.file import read_baseline
 from ddtree_bench.tokenizer import ChatTokenizer
 from ddtree_bench.toy.tokenizer import IM_END, write_tokenizer
 
@@ -111,7 +111,7 @@ def test_import_matches_sharded_and_two_turn_responses(setup, capsys):
 
 
 def test_method_choice_and_text_fallback(setup):
-    from ddtree_bench.baseline_import import import_responses
+    from ddtree_bench.baselines.import_pt import import_responses
     from ddtree_bench.suites.prompts import load_prompts
 
     _, tok, suite, pt, _ = setup
@@ -152,7 +152,7 @@ def test_missing_method_and_bad_file_exit_2(setup, tmp_path, capsys):
 def test_gaps_from_model_rescore_equals_the_engines_own_gaps(setup, capsys):
     """--gaps-from-model re-scores teacher-forced; on the model's own greedy output that must give the
     gaps the engine reported while decoding (up to fp32 reduction order)."""
-    from ddtree_bench.baseline_record import rescore_gaps
+    from ddtree_bench.baselines.record import rescore_gaps
     from ddtree_bench.pair import load_pair
 
     d, tok, suite, pt, _ = setup

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from ddtree_bench import defaults as D
-from ddtree_bench.baseline import Baseline, BaselineEntry
-from ddtree_bench.baseline_record import logprob_gaps
+from ddtree_bench.baselines.file import Baseline, BaselineEntry
+from ddtree_bench.baselines.record import logprob_gaps
 from ddtree_bench.compare import compare_records
 from ddtree_bench.records import RequestRecord
 

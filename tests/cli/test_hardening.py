@@ -265,7 +265,7 @@ def test_near_ties_are_capped_where_no_reference_engine_can_recheck(tmp_path, ca
 def toy_near_tie(tmp_path_factory):
     """A toy baseline with one crafted near tie, and two runs that flip there: one continues as the
     reference engine would from the flipped prefix, the other with garbage."""
-    from ddtree_bench.baseline import read_baseline
+    from ddtree_bench.baselines.file import read_baseline
     from ddtree_bench.cli import main
     from ddtree_bench.pair import load_pair
 
@@ -319,7 +319,7 @@ def test_sweep_help_defaults_come_from_defaults(capsys):
 
 
 def test_committed_baselines_carry_no_machine_paths_and_old_headers_still_read(tmp_path):
-    from ddtree_bench.baseline import portable_header, read_baseline
+    from ddtree_bench.baselines.file import portable_header, read_baseline
 
     for f in sorted((ROOT / "baselines").glob("*.jsonl")):
         header = f.read_text(encoding="utf-8").splitlines()[0]
@@ -331,7 +331,7 @@ def test_committed_baselines_carry_no_machine_paths_and_old_headers_still_read(t
     h["model_path"] = "/work/main/ddtree_bench/models/toy/target"  # as the recorder used to write it
     old.write_text("\n".join([json.dumps(h), *lines[1:]]) + "\n")
     assert len(read_baseline(old).entries) == len(lines) - 1
-    from ddtree_bench.baseline import PACKAGE_DIR
+    from ddtree_bench.baselines.file import PACKAGE_DIR
 
     p = portable_header({"model_path": str(PACKAGE_DIR / "models" / "toy" / "target"), "command": ["/usr/bin/ddtree-bench", "x"],
                          "suite_info": {"spec_file": "/elsewhere/s.yaml"}}, cwd=tmp_path)

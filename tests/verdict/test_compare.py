@@ -8,7 +8,7 @@ import pytest
 
 from baseline_support import STOP, baseline_file, cli, entry, record, run_dir
 from ddtree_bench import defaults as D
-from ddtree_bench.baseline import read_baseline
+from ddtree_bench.baselines.file import read_baseline
 from ddtree_bench.compare import compare_records
 from ddtree_bench.errors import UsageError
 

@@ -189,7 +189,7 @@ def check_out_file(out: str | Path) -> Path:
     return check_output_file(out, "--out")
 
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent   # ddtree_bench/
 BUNDLED_PREFIX = "bundled:"   # a path inside the installed package, e.g. "bundled:models/toy/target"
 
 

@@ -26,7 +26,7 @@ import hashlib
 from typing import Any
 
 from ddtree_bench import defaults as D
-from ddtree_bench.baseline import BaselineEntry
+from ddtree_bench.baselines.file import BaselineEntry
 from ddtree_bench.errors import UsageError
 
 ACCEPT_METHODS = ("dflash", "ddtree")

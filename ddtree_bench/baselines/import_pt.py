@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddtree_bench.baseline import BaselineEntry
+from ddtree_bench.baselines.file import BaselineEntry
 from ddtree_bench.errors import UsageError
 from ddtree_bench.records import Prompt
 
@@ -256,7 +256,7 @@ def import_baseline(pt: str | Path, trust_pickle: bool, tokenizer: str, suite: s
                     progress: bool = True) -> tuple[dict[str, Any], ImportResult]:
     """The whole import: load (after the trust check), match, optionally re-score gaps; (header, result).
     suite None = the file's `args.dataset`; limit None = its `args.max_samples` (else the suite's default)."""
-    from ddtree_bench.baseline_record import environment_fields, rescore_gaps, template_sha256
+    from ddtree_bench.baselines.record import environment_fields, rescore_gaps, template_sha256
     from ddtree_bench.engine.loading import file_hash
     from ddtree_bench.suites.prompts import load_prompts
 
