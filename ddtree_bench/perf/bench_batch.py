@@ -1,0 +1,215 @@
+"""`bench-engine --batch`: per-stage round times and output tok/s of the batched fast loop per (batch, budget).
+
+For each batch size B in `batches` and each method point (AR; DFlash; DDTree at each budget) it
+admits B requests (random prompts of `prefix_len` tokens, a different prompt per request) into
+one `gpu.batch_loop.BatchFastLoop` with B slots, runs `rounds` measured rounds with every slot
+live after `warmup` rounds (round 1 captures the bucket's CUDA graphs: its wall time is reported
+as `first_round_ms`, the cold start of a new (bucket, budget) shape), and reports per stage the
+median ms over the measured rounds (draft, tree_build, tree_compile, verify, walk, commit, as
+CUDA events between the stages) and the median round.
+
+Output tok/s of a row = B * tau / round_ms * 1000, with
+  tau = the acceptance length per request and round (accepted nodes counting the root), AR 1;
+        DDTree: `tau[budget]` when given (random weights accept ~nothing, so on a real shape tau
+        is supplied, as bench-engine does at batch 1), DFlash: `tau[0]` when given; else the mean
+        a_r measured over the measured rounds (`tau_source` says which);
+and per-request tok/s = tau / round_ms * 1000 (what one request's decode rate is at that load).
+`best` lists per batch the budget with the highest output tok/s among the DDTree rows (and
+whether it beats DFlash and AR at that batch). Knows nothing of the CLI; returns JSON-able dicts.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ddtree_bench import defaults as D
+from ddtree_bench.display import table
+from ddtree_bench.engine.gpu.loop import ROUND_STAGES
+from ddtree_bench.perf.timing import median
+
+COLUMNS = ["batch", "method", "budget", "rounds", *[f"{s}_ms" for s in ROUND_STAGES], "round_ms", "first_round_ms",
+           "tau", "tau_source", "tok_s", "tok_s_per_request", "bucket"]
+
+
+@dataclass
+class BatchBenchSpec:
+    batches: list[int]
+    budgets: list[int]
+    methods: tuple[str, ...] = ("ar", "dflash", "ddtree")
+    prefix_len: int = D.BENCH_PREFIX_LEN
+    rounds: int = D.BENCH_ROUNDS
+    warmup: int = 2                    # unmeasured rounds first (round 1 captures the graphs)
+    graphs: bool = True
+    layer_ops: str = "auto"
+    tau: dict[int, float] | None = None   # given tau per budget (DDTree), key 0 for DFlash
+    seed: int = D.SEED
+
+
+def parse_batches(text: str) -> list[int]:
+    """'1,2,4,8,16' -> [1, 2, 4, 8, 16] (ValueError on anything else)."""
+    parts = [x.strip() for x in text.split(",")]
+    if not parts or any(not x for x in parts):
+        raise ValueError(f"--batch {text!r}: expected a comma list of batch sizes, e.g. 1,2,4,8,16")
+    out = sorted({int(x) for x in parts})
+    if out[0] < 1:
+        raise ValueError("--batch sizes must be >= 1")
+    return out
+
+
+def _prompt(vocab: int, n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(vocab) for _ in range(n)]
+
+
+@torch.inference_mode()
+def batch_row(target, drafter, method: str, budget: int, batch: int, spec: BatchBenchSpec) -> dict[str, Any]:
+    """One (batch, method, budget) measurement (module docstring)."""
+    from ddtree_bench.engine.batch import BatchRequest
+    from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
+    from ddtree_bench.engine.proposer import DFlashProposer
+
+    proposer = DFlashProposer(drafter, target) if method != "ar" else None
+    loop = BatchFastLoop(target, proposer, method, budget, batch, graphs=spec.graphs, layer_ops=spec.layer_ops)
+    per_round = 1 + (proposer.block_size - 1 if proposer is not None else 0)   # most tokens a round can emit
+    n_new = (spec.warmup + spec.rounds) * per_round + 1                          # every slot stays live throughout
+    V = target.cfg.vocab_size
+    for i in range(batch):
+        loop.admit(BatchRequest(_prompt(V, spec.prefix_len, spec.seed + i), max_new_tokens=n_new))
+    cuda = loop.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    loop.step()
+    first_ms = (time.perf_counter_ns() - t0) / 1e6
+    for _ in range(spec.warmup - 1):
+        loop.step()
+    n0 = {id(st): len(st.accept_lengths) for st in loop.active}
+    start = len(loop.rounds)
+    for _ in range(spec.rounds):
+        loop.step()
+    measured = [r for r in loop.rounds[start:] if r["batch"] == batch]
+    acc = [a for st in loop.active for a in st.accept_lengths[n0.get(id(st), 0):]]
+    med = {f"{s}_ms": median([r.get(s, 0.0) for r in measured]) for s in ROUND_STAGES if any(s in r for r in measured)}
+    round_ms = median([sum(r.get(s, 0.0) for s in ROUND_STAGES) for r in measured])
+    given = (spec.tau or {}).get(budget if method == "ddtree" else 0) if method != "ar" else None
+    if method == "ar":
+        tau, source = 1.0, "ar"
+    elif given is not None:
+        tau, source = float(given), "given"
+    else:
+        tau, source = (sum(acc) / len(acc) if acc else float("nan")), "measured"
+    row = {"batch": batch, "method": method, "budget": budget if method == "ddtree" else None, "rounds": len(measured),
+           **med, "round_ms": round_ms, "first_round_ms": first_ms, "tau": tau, "tau_source": source,
+           "tok_s": batch * tau / round_ms * 1e3 if round_ms else float("nan"),
+           "tok_s_per_request": tau / round_ms * 1e3 if round_ms else float("nan"),
+           "bucket": measured[0]["bucket"] if measured else None}
+    loop.release()
+    del loop
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def best_per_batch(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per batch: the DDTree budget with the highest output tok/s, and the DFlash and AR tok/s beside it."""
+    out = []
+    for b in sorted({r["batch"] for r in rows}):
+        at = [r for r in rows if r["batch"] == b]
+        dd = [r for r in at if r["method"] == "ddtree"]
+        top = max(dd, key=lambda r: r["tok_s"]) if dd else None
+        other = {m: next((r["tok_s"] for r in at if r["method"] == m), None) for m in ("dflash", "ar")}
+        out.append({"batch": b, "best_budget": top["budget"] if top else None, "ddtree_tok_s": top["tok_s"] if top else None,
+                    "dflash_tok_s": other["dflash"], "ar_tok_s": other["ar"]})
+    return out
+
+
+def run_batch_bench(target, drafter, spec: BatchBenchSpec, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Every (batch, method point) row, the best budget per batch, and the spec."""
+    points = [(m, 0) for m in spec.methods if m != "ddtree"]
+    if "ddtree" in spec.methods:
+        points += [("ddtree", b) for b in spec.budgets]
+    rows = []
+    for batch in spec.batches:
+        for method, budget in points:
+            progress(f"batch {batch}: {method}{f' B={budget}' if method == 'ddtree' else ''}")
+            rows.append(batch_row(target, drafter, method, budget, batch, spec))
+    return {"kind": "bench-engine-batch", "version": 1, "rows": rows, "best": best_per_batch(rows),
+            "spec": {k: v for k, v in spec.__dict__.items()}}
+
+
+def render_batch(result: dict[str, Any]) -> str:
+    """The terminal tables: per (batch, method, budget) stage medians and tok/s, then the best budget per batch."""
+    def f(x, d=2):
+        return None if x is None else (round(x, d) if isinstance(x, float) else x)
+
+    rows = [[r["batch"], r["method"], r["budget"] if r["budget"] is not None else "-", r["rounds"]]
+            + [f(r.get(f"{s}_ms"), 3) for s in ROUND_STAGES] + [f(r["round_ms"], 3), f(r["first_round_ms"], 1),
+                                                                f(r["tau"]), r["tau_source"], f(r["tok_s"], 1),
+                                                                f(r["tok_s_per_request"], 1)]
+            for r in result["rows"]]
+    head = ["batch", "method", "budget", "rounds", *ROUND_STAGES, "round", "first round", "tau", "tau from",
+            "tok/s", "tok/s/req"]
+    best = [[b["batch"], b["best_budget"], f(b["ddtree_tok_s"], 1), f(b["dflash_tok_s"], 1), f(b["ar_tok_s"], 1)]
+            for b in result["best"]]
+    return ("batched fast loop, ms per round (medians; first round = cold start of the shape, graphs captured):\n"
+            + table(rows, head) + "\n\nbest DDTree budget per batch (output tok/s):\n"
+            + table(best, ["batch", "best budget", "ddtree tok/s", "dflash tok/s", "ar tok/s"]))
+
+
+def csv_text(result: dict[str, Any]) -> str:
+    """The rows as CSV (COLUMNS order)."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    for r in result["rows"]:
+        w.writerow(r)
+    return buf.getvalue()
+
+
+def batch_cli(bench_spec, batch_text: str, out, say: Callable[[str], None]) -> None:
+    """bench-engine --batch: validate, load the pair (bench.load_bench_pair: --model or --shape), run,
+    print the tables, write --out FILE.json and FILE.csv, and end stdout with the JSON document."""
+    import json
+
+    import typer
+
+    from ddtree_bench.errors import UsageError
+    from ddtree_bench.perf.bench import load_bench_pair
+    from ddtree_bench.records import json_safe
+    from ddtree_bench.results import write_json_atomic, write_text_atomic
+
+    try:
+        batches = parse_batches(batch_text)
+    except ValueError as e:
+        msg = str(e) if str(e).startswith("--batch") else f"--batch {batch_text!r}: expected a comma list of batch sizes, e.g. 1,2,4,8,16"
+        raise UsageError(msg) from None
+    target, drafter, _, info = load_bench_pair(bench_spec)
+    spec = BatchBenchSpec(batches=batches, budgets=list(bench_spec.budgets), prefix_len=bench_spec.prefix_len,
+                          rounds=bench_spec.rounds, graphs=bench_spec.graphs, layer_ops=bench_spec.layer_ops,
+                          tau=bench_spec.tau, seed=bench_spec.seed,
+                          methods=("ar", "dflash", "ddtree") if drafter is not None else ("ar",))
+    result = run_batch_bench(target, drafter, spec, say)
+    result["pair"] = info
+    result["device"] = str(target.lm_head.weight.device)
+    result["dtype"] = str(target.lm_head.weight.dtype).replace("torch.", "")
+    if target.lm_head.weight.device.type == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(target.lm_head.weight.device)
+    typer.echo(render_batch(result))
+    if out is not None:
+        from ddtree_bench.outpaths import make_dirs
+
+        make_dirs(out.parent)
+        write_json_atomic(out, result)
+        write_text_atomic(out.with_suffix(".csv"), csv_text(result))
+        typer.echo(f"wrote {out} and {out.with_suffix('.csv')}")
+    typer.echo(json.dumps(json_safe(result), separators=(",", ":")))
