@@ -3,7 +3,7 @@
 Starts `ddtree-bench serve --null` (instant tokens, no model; or uses --url) and, per concurrency C,
 alternates two clients over the same requests (streaming /v1/chat/completions, same body):
   * raw    - a minimal aiohttp client: one session, C workers, time from post() to `[DONE]`;
-  * driver - `load.drive` with the HTTP backend (SSE parsing, per-chunk stamps, records; no tqdm).
+  * driver - `driver.drive` with the HTTP backend (SSE parsing, per-chunk stamps, records; no tqdm).
 Reported per client: end-to-end ms (mean, p50, p99), requests/s and the client process's CPU time
 per request (the least noisy figure on a shared machine); "added" = driver - raw. Then,
 open loop: for each rate R, the achieved dispatch rate ((n-1) / span of t_dispatch_ns), the rate
@@ -29,7 +29,7 @@ import sys
 import time
 
 from ddtree_bench.backends.client import HTTPBackend
-from ddtree_bench.load import drive, poisson_schedule
+from ddtree_bench.driver import drive, poisson_schedule
 from ddtree_bench.metrics import percentile
 from ddtree_bench.records import Prompt
 

@@ -41,7 +41,7 @@ def default_out(spec: RunSpec, root: Path = Path("results")) -> Path:
 def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backend=None, overwrite: bool = False) -> RunResult:
     """Run `spec` and write its results directory. `backend` may be passed in (sweeps reuse one).
     An `out` that already holds a run is refused (UsageError) unless `overwrite` (`results.check_run_out`)."""
-    from ddtree_bench import load, metrics
+    from ddtree_bench import driver, metrics
     from ddtree_bench.backends import make_backend
     from ddtree_bench.engine.facts import run_facts
     from ddtree_bench.suites.prompts import load_prompts
@@ -63,7 +63,7 @@ def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backe
             **environment(spec.device if spec.backend == "inprocess" else None),
         }
         writer.write_run(info)
-        records = asyncio.run(load.drive(
+        records = asyncio.run(driver.drive(
             backend, prompts, max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p,
             seed=spec.seed, concurrency=spec.concurrency, request_rate=spec.request_rate, warmup=spec.warmup,
             on_record=writer.append, progress=progress, desc=f"{spec.method}" + (f" B={spec.budget}" if spec.method == "ddtree" else ""),

@@ -1,4 +1,4 @@
-"""The request driver (load.py) against in-memory fake backends: load shapes, schedules, warmup, failures."""
+"""The request driver (driver.py) against in-memory fake backends: load shapes, schedules, warmup, failures."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ddtree_bench.errors import UsageError
-from ddtree_bench.load import drive, poisson_schedule
+from ddtree_bench.driver import drive, poisson_schedule
 from ddtree_bench.records import GenerationRequest, Prompt, RequestRecord
 
 

@@ -4,7 +4,7 @@ For every prompt and turn of a suite: render the conversation with the model's c
 decode greedily with plain AR (`Engine.generate(method="ar", return_logit_gaps=True)`), and keep
 the prompt ids, the output ids and text, and the target's top-1 minus top-2 logit gap at every
 output position. Multi-turn prompts carry the model's own earlier answers, exactly as the request
-driver does (`load._run_conversation`: the assistant message is the decoded output text), so a
+driver does (`driver._run_conversation`: the assistant message is the decoded output text), so a
 faithful run's turn-t prompt ids equal the baseline's.
 
 With `accept_method` (dflash | ddtree) the same prompt ids are also decoded speculatively and the

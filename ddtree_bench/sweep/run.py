@@ -361,7 +361,7 @@ class _Sweep:
         """`grid.warmup` short requests on the first prompt, not recorded (outside every counter window)."""
         if self.grid.warmup <= 0:
             return
-        from ddtree_bench import load
+        from ddtree_bench import driver
         from ddtree_bench.backends import make_backend
         from ddtree_bench.records import Prompt
 
@@ -372,7 +372,7 @@ class _Sweep:
         async def go() -> None:
             backend = make_backend(spec)
             try:
-                await load.drive(backend, warm, max_new_tokens=min(16, self.grid.max_new_tokens),
+                await driver.drive(backend, warm, max_new_tokens=min(16, self.grid.max_new_tokens),
                                  temperature=p.temperature, top_p=self.grid.top_p, seed=self.grid.seed, progress=False)
             finally:
                 await backend.aclose()

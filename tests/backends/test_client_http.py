@@ -10,7 +10,7 @@ from aiohttp import web
 
 from ddtree_bench.backends.client import HTTPBackend
 from ddtree_bench.config import RunSpec
-from ddtree_bench.load import drive
+from ddtree_bench.driver import drive
 from ddtree_bench.records import Prompt
 from http_support import ThreadedServer, sse, write_suite
 

@@ -17,7 +17,7 @@ import requests
 from ddtree_bench.backends.client import HTTPBackend
 from ddtree_bench.backends.inprocess import InProcessBackend
 from ddtree_bench.backends.server_metrics import parse_prometheus
-from ddtree_bench.load import drive
+from ddtree_bench.driver import drive
 from ddtree_bench.records import Prompt
 from http_support import ServeProcess, write_suite
 
