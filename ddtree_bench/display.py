@@ -38,8 +38,34 @@ def run_summary(summary: dict[str, Any]) -> str:
         ("TTFT p50 / p99 ms", f"{fmt(summary['ttft_ms'].get('p50'), 1)} / {fmt(summary['ttft_ms'].get('p99'), 1)}"),
         ("TPOT p50 / p99 ms", f"{fmt(summary['tpot_ms'].get('p50'), 2)} / {fmt(summary['tpot_ms'].get('p99'), 2)}"),
     ]
+    if (summary.get("concurrency_requested") or 1) > 1 or summary.get("concurrency_honoured") is False:
+        rows.append(("concurrency", concurrency_text(summary)))
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+
+
+def honoured(v: Any) -> bool | None:
+    """summary.json / summary.csv `concurrency_honoured` (True, False, None, or their CSV spellings)."""
+    if v is None or v == "":
+        return None
+    return str(v).lower() in ("true", "1", "yes")
+
+
+def concurrency_text(summary: dict[str, Any]) -> str:
+    """'4 requested, honoured (batches 2.7 full on average, 4 at most)', or 'NOT honoured: <why>', or unknown."""
+    req = summary.get("concurrency_requested")
+    h = honoured(summary.get("concurrency_honoured"))
+    head = f"{req} requested, " if req is not None else ""
+    if h is False:
+        return head + "NOT honoured: " + str(summary.get("concurrency_why") or "the backend did not run them at once")
+    fill = ""
+    if isinstance(summary.get("batch_size_mean"), (int, float)):
+        fill = f" (batches {summary['batch_size_mean']:.1f} full on average, {summary.get('batch_size_max')} at most)"
+    if h:
+        return head + "honoured" + fill
+    overlap = summary.get("max_decode_overlap")
+    return head + "not known to be honoured (the backend does not say)" + (
+        f"; at most {overlap} requests were decoding at once" if overlap is not None else "") + fill
 
 
 def with_interval(v: Any, low: Any, high: Any, digits: int = 2) -> str:
@@ -71,7 +97,9 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
     pct = f"{100 * D.CI_LEVEL:g}%"
     tps_ci = any(r.get("output_throughput_tok_s_ci_low") is not None for r in shown)
     heavy = any(r.get("heavy_load") for r in shown)
+    loaded = any(_loaded(r) for r in shown)  # batched columns: the throughput ratio, batch fill, honoured
     header = ["method", "budget", *vary, "tau", f"tok/s [{pct} CI]" if tps_ci else "tok/s", f"speedup [{pct} CI]",
+              *(["tok/s x AR", "batch fill", "load honoured"] if loaded else []),
               "TTFT p50 ms", "TPOT p50 ms", *(["repeats"] if agg else []), *(["heavy load"] if heavy else []), "status"]
     body = []
     for r in shown:
@@ -80,13 +108,48 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
                      with_interval(r.get("output_throughput_tok_s"), r.get("output_throughput_tok_s_ci_low"),
                                    r.get("output_throughput_tok_s_ci_high"), 1),
                      with_interval(r.get("speedup_vs_ar"), r.get("speedup_vs_ar_ci_low"), r.get("speedup_vs_ar_ci_high")),
+                     *([r.get("throughput_ratio_vs_ar"), _fill(r), _honoured_cell(r)] if loaded else []),
                      round(ttft, 1) if isinstance(ttft, float) else ttft, r.get("tpot_ms_p50"),
                      *([r.get("repeats_ok")] if agg else []), *(["yes" if r.get("heavy_load") else ""] if heavy else []),
                      r["status"]])
     out = table(body, header)
+    if loaded:
+        out += ("\n(tok/s x AR: output tok/s / AR's at the same load, the batched speedup; batch fill: requests per "
+                "engine round, mean / max)")
+        for label, why in unhonoured_loads(shown):
+            out += f"\nNOT honoured ({label}): {why}. Its rows are not measurements at that load; no takeaway is drawn there."
     if agg:
         out += (f"\n(over {max(int(r.get('repeats_ok') or 0) for r in agg)} repeats; one row per repeat in summary.csv. "
                 f"tok/s: mean, Student t interval over repeats; speedup: paired, bootstrap over repeats and prompts)")
     else:
         out += "\n(speedup interval: paired bootstrap over prompts; tok/s needs --repeats >= 2 for an interval)"
     return out
+
+
+def _loaded(r: dict[str, Any]) -> bool:
+    """A row measured under load: concurrency > 1 or a request rate."""
+    c = r.get("concurrency")
+    return r.get("request_rate") not in (None, "") or (c not in (None, "") and int(float(c)) > 1)
+
+
+def _fill(r: dict[str, Any]) -> str:
+    m, mx = r.get("batch_size_mean"), r.get("batch_size_max")
+    if m in (None, ""):
+        return "-"
+    return f"{float(m):.1f} / {mx}"
+
+
+def _honoured_cell(r: dict[str, Any]) -> str:
+    if not _loaded(r):
+        return ""
+    return {True: "yes", False: "NO", None: "?"}[honoured(r.get("concurrency_honoured"))]
+
+
+def unhonoured_loads(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(settings label, why) once per distinct load whose concurrency some row did not honour."""
+    out: dict[str, str] = {}
+    for r in rows:
+        if honoured(r.get("concurrency_honoured")) is False:
+            label = ", ".join(x for x in (str(r.get("backend") or ""), f"c={r.get('concurrency')}") if x)
+            out.setdefault(label, str(r.get("concurrency_why") or "the backend did not run the requests at once"))
+    return list(out.items())

@@ -121,6 +121,8 @@ def sweep_cmd(
             typer.echo(f"report: {path}")
     for t in (summary or {}).get("takeaways") or []:  # the closing line: a winner only when intervals separate
         typer.echo("takeaway" + (f" ({t['settings']})" if t.get("settings") else "") + ": " + t["sentence"])
+    for t in (summary or {}).get("no_takeaway") or []:  # a load the backend did not honour: said, not silently skipped
+        typer.echo("no takeaway" + (f" ({t['settings']})" if t.get("settings") else "") + ": " + t["why"])
     if outcome.failed:
         raise RunFailed(f"{len(outcome.failed)} of {len(outcome.points)} points failed (see status.json in {outcome.out}/points/)",
                         hint=f"rerun the failed points with: ddtree-bench sweep --resume {outcome.out}")

@@ -14,7 +14,11 @@ repeat ran under heavy load. Status `ok` when every repeat finished, else `faile
 
 summary.json (kind `ddtree-bench-sweep-summary`, version 1): the interval method and defaults,
 every row (per repeat and aggregate) and the takeaways (`noise.verdict`), one per group of
-settings that share an AR baseline.
+settings that share an AR baseline, except groups in which some point did not honour its
+concurrency (`concurrency_honoured` false): those are listed under `no_takeaway` with the why.
+Aggregate rows carry the batching columns too: honoured only when every repeat was,
+batch_size_mean / max over repeats, and throughput_ratio_vs_ar = the row's mean tok/s / the AR
+aggregate row's at the same settings.
 
 Knows the sweep's rows and point directories (through the `SweepDir` it is given); nothing of
 servers or engines.
@@ -161,8 +165,27 @@ def aggregate_rows(sdir, points: list[Point], rows: list[dict[str, Any]]) -> lis
         row["heavy_load"] = any(heavy) if heavy else None
         shares = [r.get("other_cpu_share") for r in rep_rows if r is not None and r.get("other_cpu_share") is not None]
         row["other_cpu_share"] = max(shares) if shares else None
+        row.update(_batching([r for r in rep_rows if r is not None and r.get("status") == "ok"]))
+        row["_ar_key"] = base.ar_key()
         out.append(row)
+    ar_rows = {r["_ar_key"]: r for r in out if r.get("method") == "ar"}
+    for r in out:
+        ar = ar_rows.get(r.pop("_ar_key"))
+        r["throughput_ratio_vs_ar"] = metrics.throughput_ratio_vs_ar(
+            r.get("output_throughput_tok_s"), ar.get("output_throughput_tok_s") if ar is not None else None)
     return out
+
+
+def _batching(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The aggregate row's batching columns: honoured only if every repeat was (False if any was not,
+    with the first repeat's why), batch_size_mean the mean and batch_size_max the max over repeats."""
+    flags = [r.get("concurrency_honoured") for r in reps]
+    honoured = False if any(str(f) == "False" for f in flags) else (True if flags and all(str(f) == "True" for f in flags) else None)
+    why = next((r.get("concurrency_why") for r in reps if str(r.get("concurrency_honoured")) == "False"), None)
+    means = [float(r["batch_size_mean"]) for r in reps if r.get("batch_size_mean") not in (None, "")]
+    maxes = [int(float(r["batch_size_max"])) for r in reps if r.get("batch_size_max") not in (None, "")]
+    return {"concurrency_honoured": honoured, "concurrency_why": why,
+            "batch_size_mean": sum(means) / len(means) if means else None, "batch_size_max": max(maxes) if maxes else None}
 
 
 # ---------------------------------------------------------------------------- takeaways
@@ -219,8 +242,7 @@ def takeaways(rows: list[dict[str, Any]]) -> list[tuple[str, Verdict]]:
         groups.setdefault(_settings(r), []).append(r)
     keys = ("backend", "model", "dtype", "device", "suite", "concurrency", "request_rate", "temperature")
     varying = [k for k in keys if len({str(r.get(k)) for r in cands}) > 1]
-    # settings whose concurrency a backend did not honour (it ran the requests one at a time) give no takeaway
-    unhonoured = {_settings(r) for r in rows if str(r.get("concurrency_honoured")) == "False"}
+    unhonoured = {k for k, _ in _unhonoured(rows)}
     out = []
     for key, rs in groups.items():
         if key in unhonoured:
@@ -236,11 +258,40 @@ def takeaways(rows: list[dict[str, Any]]) -> list[tuple[str, Verdict]]:
     return out
 
 
+def _unhonoured(rows: list[dict[str, Any]]) -> list[tuple[tuple, dict[str, Any]]]:
+    """(settings, first such row) per group of settings in which some point's concurrency was not honoured
+    (the backend ran its requests one at a time, or fewer at once than asked): such a group gets no takeaway,
+    since its rows are not measurements at the load they are labelled with."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        if str(r.get("concurrency_honoured")) == "False":
+            out.setdefault(_settings(r), r)
+    return list(out.items())
+
+
+def no_takeaways(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """{settings label, why} per group of settings that gets no takeaway because a load was not honoured."""
+    cands = [r for r in rows if r.get("status") == "ok"]
+    keys = ("backend", "model", "dtype", "device", "suite", "concurrency", "request_rate", "temperature")
+    varying = [k for k in keys if len({str(r.get(k)) for r in cands}) > 1]
+    out = []
+    for key, first in _unhonoured(rows):
+        who = ", ".join(dict.fromkeys(config_label(r) for r in rows
+                                      if _settings(r) == key and str(r.get("concurrency_honoured")) == "False"))
+        out.append({"settings": _settings_label(first, varying),
+                    "why": f"concurrency {first.get('concurrency')} not honoured ({who}): "
+                           + str(first.get("concurrency_why") or "the backend did not run the requests at once")})
+    return out
+
+
 def closing_line(rows: list[dict[str, Any]]) -> str:
-    """The sweep's last console line(s): one takeaway per group of settings."""
+    """The sweep's last console line(s): one takeaway per group of settings, and a 'no takeaway' line for
+    each group whose load was not honoured."""
     lines = []
     for label, v in takeaways(rows):
         lines.append(("takeaway" + (f" ({label})" if label else "") + ": ") + sentence(v))
+    for t in no_takeaways(rows):
+        lines.append("no takeaway" + (f" ({t['settings']})" if t["settings"] else "") + ": " + t["why"])
     return "\n".join(lines)
 
 
@@ -255,7 +306,8 @@ def write_summary(sdir, rows: list[dict[str, Any]], aggregates: list[dict[str, A
     allrows = rows + aggregates
     doc = {"kind": SUMMARY_KIND, "version": SUMMARY_VERSION, "written_at": now_iso(), "intervals": interval_method(),
            "schedule": schedule, "rows": allrows,
-           "takeaways": [{"settings": label, **v.to_dict()} for label, v in takeaways(allrows)]}
+           "takeaways": [{"settings": label, **v.to_dict()} for label, v in takeaways(allrows)],
+           "no_takeaway": no_takeaways(allrows)}
     for t in doc["takeaways"]:
         for c in t["ranked"]:
             c.pop("ref", None)

@@ -242,6 +242,8 @@ class _Sweep:
                   (f"  {tps:.1f} tok/s" if tps is not None else "") + (f"  x{sp:.2f} vs AR" if sp is not None else "")
             if row.get("num_errors"):
                 msg += f"  ({row['num_errors']} request errors)"
+            if row.get("concurrency_honoured") is False:
+                msg += f"  [concurrency NOT honoured: {row.get('concurrency_why')}]"
             if row.get("acceptance_crosscheck_agree") is False:
                 msg += f"  [server acceptance {row['server_acceptance_length']:.2f} disagrees]"
         elif row["status"] == "unsupported":
