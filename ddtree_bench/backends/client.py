@@ -116,15 +116,35 @@ class HTTPBackend:
         self.info: dict[str, Any] = {}
         self.tokenizer = None
         self.connections_opened = 0  # TCP connections the pool opened (keep-alive: about one per concurrent request)
+        self.concurrency: int | None = None  # the run's closed-loop concurrency (set by from_spec), for batching()
         self._session = None
 
     @classmethod
     def from_spec(cls, spec) -> "HTTPBackend":
         if not spec.url:
             raise UsageError(f"--backend {spec.backend} needs --url (the server's base URL)")
-        return cls(spec.backend, spec.url, model=spec.model, endpoint=spec.endpoint, api_key=spec.api_key,
-                   timeout_s=spec.timeout_s, stop_ids=spec.stop_ids, extra_body=spec.extra.get("extra_body"),
-                   stream=getattr(spec, "stream", True))
+        b = cls(spec.backend, spec.url, model=spec.model, endpoint=spec.endpoint, api_key=spec.api_key,
+                timeout_s=spec.timeout_s, stop_ids=spec.stop_ids, extra_body=spec.extra.get("extra_body"),
+                stream=getattr(spec, "stream", True))
+        b.concurrency = None if spec.request_rate is not None else spec.concurrency  # for batching()
+        return b
+
+    def batching(self) -> dict[str, Any] | None:
+        """A closed-loop concurrency the server says it cannot run at once: its own batch limit
+        (ddtree-bench serve's /server_info `max_batch`, SGLang's `max_running_requests`) below the
+        run's concurrency -> {honoured False, why}; the rest waited in its queue, so the run is not a
+        measurement at that load. None otherwise: whether a server batched is not the client's to
+        vouch for (`metrics.concurrency_summary` still flags a run whose requests never overlapped)."""
+        info = self.info.get("server_info") or {}
+        limit = info.get("max_batch", info.get("max_running_requests"))
+        wanted = self.concurrency
+        if not isinstance(limit, int) or isinstance(limit, bool) or wanted is None or limit >= wanted:
+            return None
+        key = "max_batch" if "max_batch" in info else "max_running_requests"
+        runs = "one request at a time" if limit == 1 else f"at most {limit} requests at once"
+        return {"max_batch": limit, "honoured": False,
+                "why": f"the server runs {runs} (its /server_info {key} = {limit}), so of the {wanted} concurrent "
+                       "requests the others waited in its queue"}
 
     # ------------------------------------------------------------------ lifecycle
 

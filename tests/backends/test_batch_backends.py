@@ -164,3 +164,32 @@ def test_no_takeaway_from_a_load_that_was_not_honoured():
     rows = [row("ar", 1, 10.0, True), row("dflash", 1, 20.0, True), row("ar", 4, 10.0, False), row("dflash", 4, 26.0, False)]
     labels = [label for label, _ in takeaways(rows)]
     assert labels == ["c=1"]
+
+
+def test_a_server_that_reports_a_smaller_batch_than_the_concurrency_is_not_honoured():
+    """ddtree-bench serve's /server_info max_batch (SGLang's max_running_requests) below the run's
+    concurrency: the others queued, so the run is flagged even where some requests did overlap."""
+    spec = RunSpec(backend="standalone", url="http://127.0.0.1:9", model="toy", concurrency=4)
+    b = HTTPBackend.from_spec(spec)
+    assert b.batching() is None  # nothing known of the server yet
+    b.info["server_info"] = {"max_batch": 2}
+    got = b.batching()
+    assert got["honoured"] is False and got["max_batch"] == 2
+    assert "at most 2 requests at once (its /server_info max_batch = 2)" in got["why"]
+    b.info["server_info"] = {"max_batch": 1}
+    assert "one request at a time" in b.batching()["why"]
+    b.info["server_info"] = {"max_batch": 4}
+    assert b.batching() is None  # enough room: whether it batched is judged from the records
+    sglang = HTTPBackend.from_spec(RunSpec(backend="sglang", url="http://127.0.0.1:9", model="toy", concurrency=8))
+    sglang.info["server_info"] = {"max_running_requests": 4}
+    assert sglang.batching()["honoured"] is False and "max_running_requests = 4" in sglang.batching()["why"]
+    rate = HTTPBackend.from_spec(RunSpec(backend="standalone", url="http://127.0.0.1:9", model="toy", concurrency=4,
+                                         request_rate=2.0))
+    rate.info["server_info"] = {"max_batch": 1}
+    assert rate.batching() is None  # open loop: a rate was asked, not a concurrency
+    # what summary.json then says, with two requests overlapping (which alone would leave it unknown)
+    recs = [rec("a", 0, 10, 100), rec("b", 0, 20, 200)]
+    b.info["server_info"] = {"max_batch": 2}
+    s = metrics.concurrency_summary(recs, 4, None, b.batching())
+    assert s["max_decode_overlap"] == 2 and s["concurrency_honoured"] is False and "max_batch = 2" in s["concurrency_why"]
+    assert metrics.concurrency_summary(recs, 4, None, None)["concurrency_honoured"] is None
