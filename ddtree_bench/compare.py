@@ -289,6 +289,11 @@ def _warnings(run_info: dict[str, Any], b: Baseline) -> list[str]:
         out.append(f"run suite {suite!r} vs baseline suite {h['suite']!r}")
     if stops is not None and h.get("stop_ids") is not None and sorted(stops) != sorted(h["stop_ids"]):
         out.append(f"run stop ids {stops} vs baseline {h['stop_ids']}")
+    load = run_info.get("load") or {}  # summary.json's concurrency fields (compare_run adds them)
+    if load.get("concurrency_honoured") is False:
+        out.append(f"the run asked for concurrency {load.get('concurrency_requested')}, which was not honoured "
+                   f"({load.get('concurrency_why')}): its outputs were not produced in shared batches, so this "
+                   "compare says nothing of the server's correctness under that load")
     return out
 
 
@@ -355,7 +360,9 @@ def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_g
         missing_in_run=[_key(e.key) for e in baseline.entries if e.key not in run_by_key],
         not_in_baseline=[_key(k) for k in run_by_key if k not in base_by_key],
         acceptance=acceptance, warnings=warnings,
-        run_info={**{k: spec.get(k) for k in ("backend", "model", "method", "budget", "suite", "temperature", "device", "max_new_tokens")},
+        run_info={**{k: spec.get(k) for k in ("backend", "model", "method", "budget", "suite", "temperature", "device", "max_new_tokens",
+                                              "concurrency", "request_rate")},
+                  "concurrency_honoured": (run_info.get("load") or {}).get("concurrency_honoured"),
                   "dtype": run_fact(run_info, "dtype"),
                   "token_source": "retokenized" if n_retok else next((r.token_source for r in run_paired if r.token_source), None)},
         baseline_info={"source": h.get("source"), "method": h.get("method"), "model": h.get("model"), "dtype": h.get("dtype"),
@@ -372,4 +379,12 @@ def compare_run(run_dir: str | Path, baseline: Baseline, near_tie_gap: float | N
     if not is_run_dir(run_dir):
         hint = "pass one point: SWEEP/points/<point-id>" if is_sweep_dir(run_dir) else "pass a directory written by `ddtree-bench run`"
         raise UsageError(f"{run_dir} is not a run directory (run.json + records.jsonl)", hint=hint)
-    return compare_records(read_records(run_dir), baseline, near_tie_gap, read_run_info(run_dir), str(run_dir))
+    info = read_run_info(run_dir)
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():  # whether the run's load was real (metrics.concurrency_summary)
+        from ddtree_bench.results import read_json
+
+        summary = read_json(summary_path)
+        if isinstance(summary, dict):
+            info = {**info, "load": {k: summary.get(k) for k in ("concurrency_requested", "concurrency_honoured", "concurrency_why")}}
+    return compare_records(read_records(run_dir), baseline, near_tie_gap, info, str(run_dir))

@@ -23,7 +23,11 @@ def render(c: Comparison) -> str:
     lines = [f"compare {c.run} against {c.baseline}"]
     bi, ri = c.baseline_info, c.run_info
     budget = f" B={ri.get('budget')}" if ri.get("method") == "ddtree" else ""
-    lines.append(f"  run: {ri.get('backend')} {ri.get('method')}{budget}, suite {ri.get('suite')}, T={ri.get('temperature')}, "
+    load = (f", {ri['request_rate']:g} req/s" if isinstance(ri.get("request_rate"), (int, float))
+            else f", c={ri['concurrency']}" if isinstance(ri.get("concurrency"), int) and ri["concurrency"] > 1 else "")
+    if load and ri.get("concurrency_honoured") is False:
+        load += " (NOT honoured)"
+    lines.append(f"  run: {ri.get('backend')} {ri.get('method')}{budget}, suite {ri.get('suite')}, T={ri.get('temperature')}{load}, "
                  f"{ri.get('dtype')}  |  baseline: {bi.get('source')} {bi.get('method')}, {bi.get('model')}, {bi.get('dtype')}, "
                  f"logit gaps {'yes' if bi.get('has_logit_gaps') else 'no'}")
     for w in c.warnings:

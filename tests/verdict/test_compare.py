@@ -145,3 +145,21 @@ def test_server_runs_are_described_by_the_servers_own_report(tmp_path):
     assert c.run_info["dtype"] == "bfloat16"
     sglang = {"spec": {"backend": "sglang", "dtype": "float16"}, "backend": {"kind": "sglang"}}
     assert compare_records([record("p", OUT)], b, run_info=sglang).warnings == []  # unknown dtype: no claim
+
+
+def test_a_run_whose_concurrency_was_not_honoured_says_so(tmp_path, capsys):
+    """Outputs compare as they are, but a serialised run did not test batched correctness: compare says so."""
+    base = baseline_file(tmp_path / "b.jsonl", [entry("a", OUT, GAPS)])
+    why = "the server runs one request at a time (its /server_info max_batch = 1)"
+    serial = run_dir(tmp_path / "serial", [record("a", OUT)], concurrency=4,
+                     summary={"concurrency_requested": 4, "concurrency_honoured": False, "concurrency_why": why})
+    batched = run_dir(tmp_path / "batched", [record("a", OUT)], concurrency=4,
+                      summary={"concurrency_requested": 4, "concurrency_honoured": True, "concurrency_why": None})
+    code, out, _ = cli(["compare", serial, "--baseline", base], capsys)
+    assert code == 0 and "c=4 (NOT honoured)" in out
+    assert f"warning: the run asked for concurrency 4, which was not honoured ({why})" in out
+    code, out, _ = cli(["compare", batched, "--baseline", base], capsys)
+    assert code == 0 and "c=4," in out and "honoured" not in out
+    code, out, _ = cli(["compare", serial, "--baseline", base, "--json"], capsys)
+    doc = json.loads(out)
+    assert doc["run_info"]["concurrency"] == 4 and doc["run_info"]["concurrency_honoured"] is False
