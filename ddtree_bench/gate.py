@@ -75,7 +75,7 @@ class Rules:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    from ddtree_bench.config import read_yaml_mapping
+    from ddtree_bench.yaml_mapping import read_yaml_mapping
 
     if not path.exists():
         raise UsageError(f"rules file {path} does not exist")

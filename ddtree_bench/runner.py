@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddtree_bench.config import RunSpec
+from ddtree_bench.run_spec import RunSpec
 from ddtree_bench.env import environment, now_iso
 from ddtree_bench.errors import RunFailed
 from ddtree_bench.records import RequestRecord

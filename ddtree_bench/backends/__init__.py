@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ddtree_bench.backends.base import Backend
-    from ddtree_bench.config import RunSpec
+    from ddtree_bench.run_spec import RunSpec
 
 
 def make_backend(spec: "RunSpec") -> "Backend":

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from ddtree_bench.config import RunSpec
+from ddtree_bench.run_spec import RunSpec
 from ddtree_bench.records import GenerationRequest, RequestRecord
 
 

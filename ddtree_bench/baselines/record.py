@@ -34,7 +34,7 @@ ACCEPT_METHODS = ("dflash", "ddtree")
 
 def check_args(max_new_tokens: int, limit: int | None, dtype: str, device: str, accept_method: str | None, budget: int) -> None:
     """Flag validation (UsageError naming the flag), through the same checks `ddtree-bench run` uses."""
-    from ddtree_bench.config import RunSpec
+    from ddtree_bench.run_spec import RunSpec
 
     if accept_method is not None and accept_method not in ACCEPT_METHODS:
         raise UsageError(f"unknown --accept-method {accept_method!r}; expected one of {', '.join(ACCEPT_METHODS)}")

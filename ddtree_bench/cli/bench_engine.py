@@ -47,7 +47,7 @@ def bench_engine_cmd(
     import json
     import sys
 
-    from ddtree_bench.config import parse_budgets
+    from ddtree_bench.run_spec import parse_budgets
     from ddtree_bench.perf.costmodel import parse_points
     from ddtree_bench.errors import UsageError
     from ddtree_bench.records import json_safe

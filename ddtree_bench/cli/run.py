@@ -41,7 +41,7 @@ def run_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table.")] = False,
 ) -> None:
     """Run one configuration over one suite and write run.json, records.jsonl and summary.json."""
-    from ddtree_bench.config import RunSpec
+    from ddtree_bench.run_spec import RunSpec
     from ddtree_bench.display import run_summary
     from ddtree_bench.runner import execute
 

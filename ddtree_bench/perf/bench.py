@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ddtree_bench import defaults as D
-from ddtree_bench.config import parse_budgets
+from ddtree_bench.run_spec import parse_budgets
 from ddtree_bench.perf.costmodel import CostModel, Curve, best
 from ddtree_bench.engine.gpu.loop import ROUND_STAGES
 from ddtree_bench.perf.roofline import roofline_ms, roofline_rows, weight_bytes_and_params

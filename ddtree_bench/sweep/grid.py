@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ddtree_bench import defaults as D
-from ddtree_bench.config import BACKENDS, DTYPES, RunSpec, parse_budgets
+from ddtree_bench.run_spec import BACKENDS, DTYPES, RunSpec, parse_budgets
 from ddtree_bench.errors import UsageError
 
 CLOSED = "closed"          # request_rates entry meaning "closed loop at each concurrency"
@@ -314,7 +314,7 @@ def check_keys(keys: Any, where: str) -> None:
 
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read a grid YAML file into {key: raw value}; unknown keys and malformed YAML are UsageErrors."""
-    from ddtree_bench.config import read_yaml_mapping
+    from ddtree_bench.yaml_mapping import read_yaml_mapping
 
     data = read_yaml_mapping(path, f"--config {path}", "a mapping of grid keys at the top level")
     check_keys(data, str(path))

@@ -27,7 +27,7 @@ from ddtree_bench.backends.client import HTTPBackend
 from ddtree_bench.backends.inprocess import InProcessBackend
 from ddtree_bench.backends.serve_engine import EngineSource
 from ddtree_bench.backends.standalone import build_app
-from ddtree_bench.config import RunSpec
+from ddtree_bench.run_spec import RunSpec
 from ddtree_bench.driver import drive
 from ddtree_bench.pair import load_pair
 from ddtree_bench.records import Prompt, RequestRecord

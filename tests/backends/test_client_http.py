@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from ddtree_bench.backends.client import HTTPBackend
-from ddtree_bench.config import RunSpec
+from ddtree_bench.run_spec import RunSpec
 from ddtree_bench.driver import drive
 from ddtree_bench.records import Prompt
 from http_support import ThreadedServer, sse, write_suite

@@ -144,7 +144,7 @@ def test_empty_items_unbounded_ranges_and_missing_paths_are_exit_2(case, files, 
 
 
 def test_budget_ceiling_is_written_once_and_enforced_everywhere():
-    from ddtree_bench.config import RunSpec, parse_budgets
+    from ddtree_bench.run_spec import RunSpec, parse_budgets
     from ddtree_bench.errors import UsageError
     from ddtree_bench.sweep.grid import parse_budget_list
 

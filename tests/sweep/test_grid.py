@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddtree_bench.cli import main
-from ddtree_bench.config import parse_budgets
+from ddtree_bench.run_spec import parse_budgets
 from ddtree_bench.errors import UsageError
 from ddtree_bench.sweep.grid import GRID_KEYS, build_grid, expand, server_groups, to_spec
 

@@ -135,7 +135,7 @@ def test_completions_endpoint_with_client_rendered_ids_equals_in_process(servers
 
 def test_run_command_end_to_end_through_runner_and_server_counters(servers, reference, tmp_path):
     from ddtree_bench import metrics
-    from ddtree_bench.config import RunSpec
+    from ddtree_bench.run_spec import RunSpec
     from ddtree_bench.results import read_json, read_records
     from ddtree_bench.runner import execute
 

@@ -1,8 +1,8 @@
-"""Run specifications: one dataclass per thing a user configures, validated in one place.
+"""The run specification: `RunSpec`, everything a user configures for one run, validated in one place.
 
 `RunSpec` is what `ddtree-bench run` (and every sweep point) executes. Defaults come from
-`defaults.py`; `validate()` raises `UsageError` with a message that names the flag. YAML loading
-for sweeps (unknown keys are errors) and budget-range parsing live here too.
+`defaults.py`; `validate()` raises `UsageError` with a message that names the flag. Tree-budget
+checks and budget-range parsing (`16..1024`, `16,48,100`) live here too.
 This module knows nothing of models, HTTP or files of results.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ddtree_bench import defaults as D
@@ -143,32 +142,3 @@ def parse_budgets(text: str) -> list[int]:
     if not out:
         raise UsageError(f"no budgets in {text!r}")
     return out
-
-
-def read_yaml_mapping(path: str | Path, label: str, expect: str) -> dict[str, Any]:
-    """A YAML file whose top level is a mapping ({} when empty). Missing file, malformed YAML or
-    another top level raise UsageError starting with `label` (e.g. "--config grid.yaml")."""
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{label} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{label}: not UTF-8 text (a binary file?) at byte {e.start}") from None
-    except yaml.YAMLError as e:
-        raise UsageError(f"{label}: malformed YAML ({str(e).splitlines()[0]})") from None
-    except RecursionError:
-        raise UsageError(f"{label}: YAML nested too deeply") from None
-    except OSError as e:
-        raise UsageError(f"{label}: cannot read ({e.strerror or e})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UsageError(f"{label}: expected {expect}")
-    return data
-
-
-def resolve_path(p: str | Path) -> Path:
-    return Path(p).expanduser()
