@@ -118,7 +118,9 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
 
 
 def best_per_batch(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per batch: the DDTree budget with the highest output tok/s, and the DFlash and AR tok/s beside it."""
+    """Per batch: the DDTree budget with the highest output tok/s, and the DFlash and AR tok/s beside it
+    (rows that failed are left out)."""
+    rows = [r for r in rows if "error" not in r]
     out = []
     for b in sorted({r["batch"] for r in rows}):
         at = [r for r in rows if r["batch"] == b]
@@ -138,8 +140,20 @@ def run_batch_bench(target, drafter, spec: BatchBenchSpec, progress: Callable[[s
     rows = []
     for batch in spec.batches:
         for method, budget in points:
-            progress(f"batch {batch}: {method}{f' B={budget}' if method == 'ddtree' else ''}")
-            rows.append(batch_row(target, drafter, method, budget, batch, spec))
+            what = f"batch {batch}: {method}{f' B={budget}' if method == 'ddtree' else ''}"
+            progress(what)
+            try:
+                row = batch_row(target, drafter, method, budget, batch, spec)
+            except Exception as e:  # one shape that cannot run (memory, a kernel) must not lose the others
+                row = {"batch": batch, "method": method, "budget": budget if method == "ddtree" else None,
+                       "error": f"{type(e).__name__}: {e}"}
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            progress(f"{what}: " + (f"error {row['error']}" if "error" in row else
+                                    f"round {row['round_ms']:.3f} ms, first {row['first_round_ms']:.0f} ms, "
+                                    f"{row['tok_s']:.1f} tok/s"))
+            rows.append(row)
     return {"kind": "bench-engine-batch", "version": 1, "rows": rows, "best": best_per_batch(rows),
             "spec": {k: v for k, v in spec.__dict__.items()}}
 
@@ -149,18 +163,21 @@ def render_batch(result: dict[str, Any]) -> str:
     def f(x, d=2):
         return None if x is None else (round(x, d) if isinstance(x, float) else x)
 
+    ok = [r for r in result["rows"] if "error" not in r]
+    failed = [f"  batch {r['batch']} {r['method']} {r['budget'] or ''}: {r['error']}" for r in result["rows"] if "error" in r]
     rows = [[r["batch"], r["method"], r["budget"] if r["budget"] is not None else "-", r["rounds"]]
             + [f(r.get(f"{s}_ms"), 3) for s in ROUND_STAGES] + [f(r["round_ms"], 3), f(r["first_round_ms"], 1),
                                                                 f(r["tau"]), r["tau_source"], f(r["tok_s"], 1),
                                                                 f(r["tok_s_per_request"], 1)]
-            for r in result["rows"]]
+            for r in ok]
     head = ["batch", "method", "budget", "rounds", *ROUND_STAGES, "round", "first round", "tau", "tau from",
             "tok/s", "tok/s/req"]
     best = [[b["batch"], b["best_budget"], f(b["ddtree_tok_s"], 1), f(b["dflash_tok_s"], 1), f(b["ar_tok_s"], 1)]
             for b in result["best"]]
     return ("batched fast loop, ms per round (medians; first round = cold start of the shape, graphs captured):\n"
             + table(rows, head) + "\n\nbest DDTree budget per batch (output tok/s):\n"
-            + table(best, ["batch", "best budget", "ddtree tok/s", "dflash tok/s", "ar tok/s"]))
+            + table(best, ["batch", "best budget", "ddtree tok/s", "dflash tok/s", "ar tok/s"])
+            + ("\n\nfailed:\n" + "\n".join(failed) if failed else ""))
 
 
 def csv_text(result: dict[str, Any]) -> str:
@@ -213,3 +230,5 @@ def batch_cli(bench_spec, batch_text: str, out, say: Callable[[str], None]) -> N
         write_text_atomic(out.with_suffix(".csv"), csv_text(result))
         typer.echo(f"wrote {out} and {out.with_suffix('.csv')}")
     typer.echo(json.dumps(json_safe(result), separators=(",", ":")))
+    if any("error" in r for r in result["rows"]):
+        raise typer.Exit(1)
