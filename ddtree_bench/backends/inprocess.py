@@ -8,8 +8,10 @@ the batch wait in the engine's queue and that wait counts in their TTFT. The bat
 run's `--concurrency` (also with `--request-rate`, where it caps the batch). Each request keeps
 its own seed (batch.py: its own generator), so outputs do not depend on who shares the batch.
 
-With `--cuda-graphs` the CUDA-graph loop is batch 1: requests then run one at a time and
-`batching()` says so (summary.json `concurrency_honoured: false` + why; a warning on stderr).
+With `--cuda-graphs` the batched loop is the batched fast loop (engine/gpu/batch_loop.BatchFastLoop:
+fixed shapes, CUDA graphs per batch bucket and budget), except DDTree at budget 0, which the plain
+BatchLoop runs; `describe()["batch_loop"]` (run.json) says which loop ran: "fast" | "plain", or
+None at batch 1.
 Each record's `server_stats["batch_sizes"]` lists the batch size of every round the request
 took part in (metrics.batch_fullness turns them into summary.json's batch fullness).
 
@@ -40,8 +42,7 @@ class InProcessBackend:
         self.concurrency = spec.concurrency if spec else 1
         self.request_rate = spec.request_rate if spec else None
         self.graphs = bool(getattr(pair.engine, "cuda_graphs", False))
-        # the batch the engine runs: the driver's concurrency, except on the batch-1 CUDA-graph loop
-        self.max_batch = 1 if self.graphs else max(1, self.concurrency)
+        self.max_batch = max(1, self.concurrency)   # the batch the engine runs: the driver's concurrency
         self._lock: asyncio.Lock | None = None  # made in start(): each drive() runs its own event loop
         self._sched = None
 
@@ -66,15 +67,21 @@ class InProcessBackend:
     def batching(self) -> dict[str, Any]:
         """{max_batch, honoured, why}: whether the run's concurrency overlaps for real in the engine."""
         wanted = self.concurrency if self.request_rate is None else None
-        if self.graphs and self.concurrency > 1:
-            return {"max_batch": 1, "honoured": False,
-                    "why": f"--cuda-graphs: the CUDA-graph loop is batch 1, so the {self.concurrency} concurrent requests ran "
-                           "one at a time (drop --cuda-graphs for the batched plain loop)"}
         return {"max_batch": self.max_batch, "honoured": True if wanted is not None else None, "why": None}
+
+    def batch_loop(self) -> str | None:
+        """Which batched loop serves the requests: "fast" (BatchFastLoop, with --cuda-graphs) | "plain"
+        (BatchLoop) | None (batch 1: Engine.generate)."""
+        if self.max_batch <= 1:
+            return None
+        if self._sched is not None:
+            return self._sched.loop.kind
+        return "fast" if self.graphs and (self.method != "ddtree" or self.budget > 0) else "plain"
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "method": self.method, "budget": self.budget, "stop_ids": self.stop_ids,
                 "max_batch": self.max_batch, "batching": "continuous" if self.max_batch > 1 else "batch-1",
+                "batch_loop": self.batch_loop(),
                 **self.pair.info}
 
     def prompt_ids(self, req: GenerationRequest) -> list[int]:

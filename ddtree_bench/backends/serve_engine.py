@@ -139,6 +139,7 @@ class EngineSource:
             from ddtree_bench.engine.batch_scheduler import BatchScheduler
 
             self._batch = BatchScheduler(batch_loop_for(pair.engine, method, budget, max_batch), name="ddtree-engine")
+        self.info["batch_loop"] = self._batch.loop.kind if self._batch is not None else None   # fast | plain | None (batch 1)
 
     def draft_tokens_per_round(self) -> int:
         return {"ddtree": self.budget, "dflash": self.block_size - 1}.get(self.method, 0)

@@ -55,9 +55,6 @@ def serve_cmd(
         raise UsageError(f"--max-queue must be >= 0, got {max_queue}")
     if max_batch < 1:
         raise UsageError(f"--max-batch must be an integer >= 1, got {max_batch}")
-    if max_batch > 1 and cuda_graphs:
-        raise UsageError("--cuda-graphs runs the CUDA-graph loop, which is batch 1; it cannot batch --max-batch "
-                         f"{max_batch} requests", hint="drop --cuda-graphs (the batched plain loop) or use --max-batch 1")
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {port}")
     if not 0 <= shutdown_grace < math.inf:

@@ -3,9 +3,9 @@
 * `run --backend inprocess --concurrency C`: the C requests really overlap (decoding intervals
   overlap, batches fill), every record equals the concurrency-1 run's (outputs, acceptance
   lengths, chunks), and summary.json says concurrency_honoured true with the batch fullness.
-* `--cuda-graphs` (the batch-1 CUDA-graph loop, run without capture on a CPU) at C > 1: requests
-  run one at a time and summary.json says concurrency_honoured false and why; `serve --max-batch
-  2 --cuda-graphs` exits 2.
+* `--cuda-graphs` at C > 1 runs the batched fast loop (gpu/batch_loop.py, without capture on a
+  CPU): the requests overlap, equal the concurrency-1 run's records, run.json says batch_loop fast;
+  `serve --max-batch 2 --cuda-graphs` starts the same loop; `--max-batch 0` exits 2.
 * `serve --max-batch N`: concurrent HTTP requests overlap on the server and equal the in-process
   outputs; /server_info reports max_batch; a serial server (max-batch 1) at concurrency 4 is
   detected from its records (no two requests decoding at once) and flagged not honoured.
@@ -83,24 +83,34 @@ def test_run_summary_records_honoured_concurrency_and_batch_fullness(pair, tmp_p
     assert all(r.server_stats["batch_sizes"] for r in res.records)
 
 
-def test_cuda_graphs_at_concurrency_above_1_is_recorded_as_not_honoured(tmp_path, capsys):
+def test_cuda_graphs_at_concurrency_above_1_runs_the_batched_fast_loop(tmp_path, capsys):
     pair = load_pair("random", None, "ddtree", cuda_graphs=True)
-    spec = RunSpec(method="ddtree", budget=16, concurrency=2, limit=3, max_new_tokens=8, warmup=0, cuda_graphs=True)
-    execute(spec, tmp_path / "run", progress=False, backend=InProcessBackend(pair, "ddtree", 16, spec))
-    s = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert s["concurrency_honoured"] is False and "batch 1" in s["concurrency_why"]
-    assert s["batch_size_max"] == 1 and s["max_batch"] == 1
-    assert "warning: --cuda-graphs" in capsys.readouterr().err
+    outs = {}
+    for c in (1, 2):
+        spec = RunSpec(method="ddtree", budget=16, concurrency=c, limit=3, max_new_tokens=8, warmup=0, cuda_graphs=True)
+        backend = InProcessBackend(pair, "ddtree", 16, spec)
+        res = execute(spec, tmp_path / f"run{c}", progress=False, backend=backend)
+        outs[c] = {r.prompt_id: (r.output_ids, r.accept_lengths) for r in res.records}
+        assert backend.describe()["batch_loop"] == ("fast" if c == 2 else None)
+    s = json.loads((tmp_path / "run2" / "summary.json").read_text())
+    assert s["concurrency_honoured"] is True and s["concurrency_why"] is None
+    assert s["max_batch"] == 2 and s["batch_size_max"] == 2
+    assert outs[1] == outs[2]
+    assert "warning: --cuda-graphs" not in capsys.readouterr().err
 
 
-def test_serve_cuda_graphs_with_max_batch_exits_2(capsys):
+def test_serve_cuda_graphs_with_max_batch_runs_the_fast_loop_and_bad_max_batch_exits_2(capsys):
     from ddtree_bench.cli import main
 
-    for args, says in ((["--cuda-graphs", "--max-batch", "2"], "batch 1"), (["--max-batch", "0"], "--max-batch")):
-        with pytest.raises(SystemExit) as e:
-            main(["serve", "--model", "random", *args])
-        err = capsys.readouterr().err
-        assert e.value.code == 2 and err.startswith("error: ") and says in err and "Traceback" not in err
+    src = EngineSource(load_pair("random", None, "ddtree", cuda_graphs=True), "ddtree", 16, "random", max_batch=2)
+    try:
+        assert src.info["batch_loop"] == "fast"
+    finally:
+        src.close()
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", "random", "--max-batch", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and "--max-batch" in err and "Traceback" not in err
 
 
 def serve_records(pair, max_batch, concurrency, **kw):
