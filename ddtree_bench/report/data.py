@@ -9,7 +9,9 @@ one per run or per sweep grid point — plus the compare results (`--compare FIL
 Numbers are never recomputed here when the files carry them: summary.json (from
 `metrics.summarize`) is the source, summary.csv fills what it lacks (a sweep's `speedup_vs_ar`,
 or a failed point without a directory). The one derived number is `speedup_vs_ar` for points that
-have none: it comes from `metrics.speedup_vs_ar` against an AR point with the same settings.
+have none: it comes from `metrics.speedup_vs_ar` against an AR point with the same settings (and
+likewise `throughput_ratio_vs_ar`, tok/s over that AR point's). Whether a point's load was real is
+summary.json's `concurrency_honoured` / `concurrency_why` (the CSV's when there is no summary).
 
 Sweep rows are joined to `points/` directories by a `point_id` column when summary.csv has one,
 else by their settings (method, budget, concurrency, request rate, temperature, suite, backend,
@@ -50,6 +52,7 @@ CSV_NUMBERS = (
     "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
     "speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high", "output_throughput_tok_s_ci_low", "output_throughput_tok_s_ci_high",
     "other_cpu_share", "load_avg_1m_before", "load_avg_1m_after", "cpu_mhz_before", "cpu_mhz_after", "repeats_ok",
+    "throughput_ratio_vs_ar", "batch_size_mean", "batch_size_max",
 )
 AGGREGATE = "all"        # summary.csv `repeat` of a configuration's row over its repeats
 # (key in Point.values, summary.json path, summary.csv column)
@@ -63,6 +66,8 @@ HEADLINE = (
     ("tpot_ms_p99", ("tpot_ms", "p99"), "tpot_ms_p99"),
     ("num_requests", ("num_requests",), None),
     ("num_errors", ("num_errors",), None),
+    ("batch_size_mean", ("batch_size_mean",), "batch_size_mean"),
+    ("batch_size_max", ("batch_size_max",), "batch_size_max"),
 )
 
 
@@ -153,6 +158,29 @@ class Point:
         if isinstance(self.noise, dict) and _num(self.noise.get("other_cpu_share")) is not None:
             return _num(self.noise["other_cpu_share"])
         return _num((self.csv_row or {}).get("other_cpu_share"))
+
+    @property
+    def concurrency_honoured(self) -> bool | None:
+        """summary.json `concurrency_honoured` (metrics.concurrency_summary), else the CSV's; None = unknown."""
+        v = (self.summary or {}).get("concurrency_honoured")
+        if v is None:
+            v = (self.csv_row or {}).get("concurrency_honoured")
+        return None if v in (None, "") else str(v).lower() in ("true", "1", "yes")
+
+    @property
+    def concurrency_why(self) -> str | None:
+        v = (self.summary or {}).get("concurrency_why") or (self.csv_row or {}).get("concurrency_why")
+        return str(v) if v else None
+
+    @property
+    def loaded(self) -> bool:
+        """Measured under load: concurrency > 1 or a request rate."""
+        return self.request_rate is not None or (self.concurrency or 1) > 1
+
+    @property
+    def load_not_honoured(self) -> bool:
+        """A loaded point whose backend did not run its requests at that load (it serialised them)."""
+        return self.concurrency_honoured is False
 
     @property
     def ok(self) -> bool:
@@ -327,7 +355,9 @@ def _fill_values(p: Point) -> None:
         p.values[key] = v
     if p.csv_row is not None:
         p.values["speedup_vs_ar"] = _num(p.csv_row.get("speedup_vs_ar"))
+        p.values["throughput_ratio_vs_ar"] = _num(p.csv_row.get("throughput_ratio_vs_ar"))
     p.values.setdefault("speedup_vs_ar", None)
+    p.values.setdefault("throughput_ratio_vs_ar", None)
 
 
 def load_run(path: Path, source: str) -> Point:
@@ -502,7 +532,8 @@ def load(paths: list[Path], compare: list[dict[str, Any]] | None = None) -> Repo
 
 
 def _fill_speedups(points: list[Point]) -> None:
-    """speedup_vs_ar from `metrics.speedup_vs_ar` for points that lack one and have an AR partner."""
+    """speedup_vs_ar from `metrics.speedup_vs_ar`, and throughput_ratio_vs_ar from
+    `metrics.throughput_ratio_vs_ar`, for points that lack them and have an AR partner."""
     ar = {}
     for p in points:
         if p.method == "ar" and p.records and p.summary is not None:
@@ -513,6 +544,10 @@ def _fill_speedups(points: list[Point]) -> None:
         partner = ar.get((p.settings_key(), p.repeat))
         if partner is not None:
             p.values["speedup_vs_ar"] = 1.0 if partner is p else metrics.speedup_vs_ar(p.records, partner.records)
+    for p in points:  # the batched speedup: tok/s over AR's at the same settings and load
+        partner = ar.get((p.settings_key(), p.repeat))
+        if p.values.get("throughput_ratio_vs_ar") is None and partner is not None:
+            p.values["throughput_ratio_vs_ar"] = metrics.throughput_ratio_vs_ar(p.values.get("tok_s"), partner.values.get("tok_s"))
 
 
 # ---------------------------------------------------------------------------- configurations

@@ -237,12 +237,27 @@ def verdicts(data: ReportData) -> list[tuple[tuple, Verdict]]:
         groups[c.group_key()].append(c)
     out = []
     for key, cs in groups.items():
-        if any((q.summary or {}).get("concurrency_honoured") is False for c in cs for q in c.points):
-            continue  # a load the backend did not honour (it ran requests one at a time) gives no takeaway
+        if any(q.load_not_honoured for c in cs for q in c.points):
+            continue  # a load the backend did not honour (it ran requests one at a time): `unhonoured_groups`
         metric = "speedup_vs_ar" if all(c.speedup_value is not None for c in cs) else "output_throughput_tok_s"
         cands = [Candidate(c.label, c.value(metric), c.interval(metric), c) for c in cs]
         out.append((key, decide(cands, metric, max(c.repeats for c in cs))))
     return sorted(out, key=lambda kv: kv[1].ranked[0].ref.first.sort_key() if kv[1].ranked else ())
+
+
+def unhonoured_groups(data: ReportData) -> list[tuple[tuple, Point]]:
+    """(suite, temperature, load) and its first point whose concurrency was not honoured, per load level
+    that therefore gets no takeaway (said in the Takeaways section, never skipped silently)."""
+    out: dict[tuple, Point] = {}
+    for c in data.configs:
+        for q in c.points:
+            if q.load_not_honoured:
+                out.setdefault(c.group_key(), q)
+    return sorted(out.items(), key=lambda kv: kv[1].sort_key())
+
+
+def _not_honoured_text(p: Point) -> str:
+    return "concurrency not honoured" + (f": {p.concurrency_why}" if p.concurrency_why else "")
 
 
 def _winner_points(data: ReportData) -> set[int]:
@@ -267,7 +282,8 @@ def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
     """Per load level: the fastest configuration when the intervals say so, else which are indistinguishable
     and how many repeats would separate them; then every configuration's intervals and the noise flags."""
     vs = verdicts(data)
-    if len(data.ok_points) < 2 or not vs:
+    skipped = unhonoured_groups(data)
+    if len(data.ok_points) < 2 or not (vs or skipped):
         return Html("")
     pct = f"{100 * D.CI_LEVEL:g}%"
     items = []
@@ -277,6 +293,11 @@ def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
         if v.winner is not None:
             link = [" (", el("a", "row", href=f"#{anchors[id(v.winner.ref.first)]}"), ")"]
         items.append(el("li", head, sentence(v), *link))
+    for (suite, temp, load), p in skipped:
+        head = f"{suite}, {load}" + (f", T={temp:g}" if temp else "") + ": "
+        items.append(el("li", head, el("strong", "no takeaway"), f" \u2014 {p.config_label} at this load: {_not_honoured_text(p)}. "
+                        "Its figures are not measurements at that load, so they are not ranked or compared across loads (",
+                        el("a", "row", href=f"#{anchors[id(p)]}"), ").", class_="warn"))
     rows = []
     for (_, _, _), v in vs:
         for c in v.ranked:
@@ -329,12 +350,24 @@ _HEADLINE_COLUMNS: tuple[tuple[str, str | None, Any, str | None, bool], ...] = (
     ("tok/s", "output throughput", lambda p, v: fmt(v.get("tok_s"), 1), "num", True),
     ("speedup", "vs AR at the same settings, paired per prompt; [95% interval: bootstrap over prompts]",
      lambda p, v: _point_speedup(p, v), "num", True),
+    ("tok/s \u00d7 AR", "throughput ratio: output tok/s / the AR point's at the same settings and load (the batched speedup)",
+     lambda p, v: fmt(v.get("throughput_ratio_vs_ar"), 2, "\u00d7"), "num", False),
+    ("batch fill", "requests per engine round, mean / max (how full the batches were)",
+     lambda p, v: f"{fmt(v.get('batch_size_mean'), 1)} / {fmt(v.get('batch_size_max'), 0)}" if v.get("batch_size_mean") is not None
+     else "\u2014", "num", False),
+    ("load honoured", "did the backend run the requests at this concurrency? yes / NO (why in the note) / ? (it does not say)",
+     lambda p, v: ({True: "yes", False: "NO", None: "?"}[p.concurrency_honoured] if p.loaded else ""), None, False),
     ("TTFT p50 / p99 ms", None, lambda p, v: f"{fmt(v.get('ttft_ms_p50'), 1)} / {fmt(v.get('ttft_ms_p99'), 1)}", "num", True),
     ("TPOT p50 / p99 ms", None, lambda p, v: f"{fmt(v.get('tpot_ms_p50'), 2)} / {fmt(v.get('tpot_ms_p99'), 2)}", "num", True),
     ("requests (errors)", None, lambda p, v: f"{int(v['num_requests'])} ({int(v.get('num_errors') or 0)})"
      if v.get("num_requests") is not None else "\u2014", "num", True),
-    ("note", None, lambda p, v: _clip("; ".join(x for x in (p.error, _heavy_text(p)) if x), MAX_CELL), "err", False),
+    ("note", None, lambda p, v: _clip(_note(p), MAX_CELL), "err", False),
 )
+_LOAD_COLUMNS = ("tok/s \u00d7 AR", "batch fill", "load honoured")  # kept whenever some point ran under load
+
+
+def _note(p: Point) -> str:
+    return "; ".join(x for x in (p.error, _not_honoured_text(p) if p.load_not_honoured else None, _heavy_text(p)) if x)
 
 
 def _point_speedup(p: Point, v: dict[str, Any]) -> str:
@@ -350,9 +383,11 @@ def section_headline(data: ReportData, anchors: dict[int, str]) -> Html:
     """One row per point; columns whose value is the same on every row (e.g. one suite) are left to the metadata."""
     best = _winner_points(data)
     cells = [[(col, col[2](p, p.values)) for col in _HEADLINE_COLUMNS] for p in data.points]
+    loaded = any(p.loaded for p in data.points)
     keep = [i for i, col in enumerate(_HEADLINE_COLUMNS)
             if col[4] or len({str(r[i][1]) for r in cells}) > 1
-            or (col[0] == "note" and any(p.error or p.heavy_load for p in data.points))]
+            or (col[0] in _LOAD_COLUMNS and loaded)
+            or (col[0] == "note" and any(p.error or p.heavy_load or p.load_not_honoured for p in data.points))]
     head = el("tr", *[el("th", _HEADLINE_COLUMNS[i][0], title=_HEADLINE_COLUMNS[i][1]) for i in keep])
     rows = []
     for p, row in zip(data.points, cells):
@@ -360,13 +395,18 @@ def section_headline(data: ReportData, anchors: dict[int, str]) -> Html:
         tds = []
         for i in keep:
             col, value = row[i]
-            tds.append(el("td", value, class_=col[3], title=(p.error or _heavy_text(p)) if col[0] == "note" else None))
+            tds.append(el("td", value, class_=col[3], title=_note(p) or None if col[0] == "note" else None))
         rows.append(el("tr", *tds, id=anchors[id(p)], class_=cls))
     legend = el("p", "One row per run or grid point. \u03c4 counts the bonus token; the speedup is against the AR point "
                      "at the same settings (blank when there is none), with its interval over prompts where known. Bold "
                      "rows: the fastest configuration per load level, only where its interval clears the runner-up's "
                      "(see Takeaways). Failed points are listed with their error and left out of the plots. Settings shared by "
-                     "every row are in the metadata above.", class_="muted")
+                     "every row are in the metadata above." + (
+                         " Under load (c > 1 or a request rate): tok/s \u00d7 AR is the throughput ratio to AR at the same "
+                         "load (the batched speedup, beside the latency-based speedup), batch fill the requests per engine "
+                         "round (mean / max), and load honoured whether the backend really ran that many requests at once "
+                         "(NO: it ran them one at a time, or fewer at once; such a row is not a measurement at its load)."
+                         if loaded else ""), class_="muted")
     return el("section", el("h2", "Headline numbers"), legend,
               el("div", el("table", el("thead", head), el("tbody", *rows), class_="grid"), class_="table-wrap"), id="headline")
 

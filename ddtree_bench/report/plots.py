@@ -246,6 +246,7 @@ def fig_throughput_vs_budget(data: ReportData) -> Figure | None:
     groups = dict(list(groups.items())[:4])
     fig, axes = _new(len(groups), 2, w=10.5, h=3.4 * len(groups))
     any_bars = False
+    unhonoured: set[str] = set()  # load levels some point did not honour (labelled; no cross-load reading)
     for row, (g, gp) in enumerate(groups.items()):
         loads = sorted({(p.request_rate is not None, p.request_rate or p.concurrency or 0): p.load_label for p in gp}.items())
         colours = _colours(len(loads))
@@ -253,6 +254,9 @@ def fig_throughput_vs_budget(data: ReportData) -> Figure | None:
         any_speedup = False
         for ((_, _), label), col in zip(loads, colours):
             lp = [p for p in gp if p.load_label == label]
+            if any(p.load_not_honoured for p in lp):
+                unhonoured.add(label)
+                label += " (not honoured)"
             for ax, key in ((ax_t, "tok_s"), (ax_s, "speedup_vs_ar")):
                 metric = "output_throughput_tok_s" if key == "tok_s" else key
                 xs, ys, lo, hi = [], [], [], []
@@ -303,6 +307,9 @@ def fig_throughput_vs_budget(data: ReportData) -> Figure | None:
             "colour per load level (concurrency c or request rate); dashed: DFlash, dotted: AR. Pick the budget at the "
             "peak for the load you serve, and compare the peaks across loads: when verify work competes with other "
             "requests, the best budget can move smaller." + (
+                f" Load levels marked \u2018not honoured\u2019 ({', '.join(sorted(unhonoured))}): the backend did not run "
+                "that many requests at once, so those lines are not that load; do not compare their peaks with the "
+                "other loads'." if unhonoured else "") + (
                 " Error bars (and shaded bands around the DFlash / AR lines) are 95% confidence intervals: the speedup's "
                 "from a paired bootstrap over prompts (and repeats), tok/s's from the spread over repeats (none with one "
                 "repeat). Peaks whose bars overlap are not distinguishable on this data." if any_bars else
@@ -424,17 +431,25 @@ def _fig_latency(data: ReportData, closed_loop: bool) -> Figure | None:
         return None
     entries = _config_entries(pts, with_ar=True)[:10]
     colours = _config_colour_map(entries)
+    # points whose concurrency was not honoured are no measurement at their load: marked, never on a curve
+    unhonoured = sorted({p.load_label for p in pts if p.load_not_honoured})
     fig, axes = _new(1, 2, w=10.5, h=3.6)
     for ax, metric, unit in ((axes[0][0], "ttft", "TTFT (ms)"), (axes[0][1], "tpot", "TPOT (ms / token)")):
         for lbl, ps in entries:
             for q, ls, mk in (("p50", "-", "o"), ("p99", "--", "^")):
-                xs, ys = [], []
+                xs, ys, xs_bad, ys_bad = [], [], [], []
                 for x in xs_all:
-                    v = _mean([p.values.get(f"{metric}_ms_{q}") for p in ps if xval(p) == x])
+                    good = [p for p in ps if xval(p) == x and not p.load_not_honoured]
+                    v = _mean([p.values.get(f"{metric}_ms_{q}") for p in good])
                     if v is not None:
                         xs.append(x), ys.append(v)
+                    bad = _mean([p.values.get(f"{metric}_ms_{q}") for p in ps if xval(p) == x and p.load_not_honoured])
+                    if bad is not None:
+                        xs_bad.append(x), ys_bad.append(bad)
                 if xs:
                     ax.plot(xs, ys, ls=ls, marker=mk, ms=3.5, color=colours[lbl])
+                if xs_bad:
+                    ax.plot(xs_bad, ys_bad, ls="none", marker="x", ms=6, color=colours[lbl])
         _load_axis(ax, xs_all, "concurrency (requests in flight)" if closed_loop else "request rate (requests / s)")
         ax.set_ylabel(unit)
         _ylim_from_zero(ax)
@@ -444,14 +459,21 @@ def _fig_latency(data: ReportData, closed_loop: bool) -> Figure | None:
     handles = [Line2D([], [], color=colours[lbl], lw=2, label=lbl) for lbl, _ in entries]
     handles += [Line2D([], [], color="#333", ls="-", marker="o", ms=3.5, label="p50"),
                 Line2D([], [], color="#333", ls="--", marker="^", ms=3.5, label="p99")]
+    if unhonoured:
+        handles.append(Line2D([], [], color="#333", ls="none", marker="x", ms=6, label="load not honoured"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8)
     which = "concurrency" if closed_loop else "request rate"
+    caption = (f"Time to first token (left) and time per output token after the first (right), median and 99th "
+               f"percentile, against {which}. ")
+    if unhonoured:
+        caption += (f"\u00d7: points at {', '.join(unhonoured)} whose backend did not honour the concurrency (it ran "
+                    "the requests one at a time, or fewer at once, so they queued): their latencies are not those of "
+                    "that load, so they are on no curve, and no trend across load should be read from them. ")
+    caption += ("Speculative decoding should lower TPOT at low load; where the curves are drawn, watch where its TPOT "
+                "curve crosses AR's as load grows \u2014 past that point the tree's extra verify work costs more than "
+                "it saves. TTFT includes queueing, so it grows with load for every method.")
     return Figure(
-        f"fig-latency-vs-{'concurrency' if closed_loop else 'rate'}", f"TTFT and TPOT percentiles vs {which}", (
-            f"Time to first token (left) and time per output token after the first (right), median and 99th "
-            f"percentile, against {which}. Speculative decoding should lower TPOT at low load; watch where its TPOT "
-            "curve crosses AR's as load grows \u2014 past that point the tree's extra verify work costs more than "
-            "it saves. TTFT includes queueing, so it grows with load for every method."),
+        f"fig-latency-vs-{'concurrency' if closed_loop else 'rate'}", f"TTFT and TPOT percentiles vs {which}", caption,
         _to_uri(fig), f"Line charts of TTFT and TPOT percentiles against {which}")
 
 

@@ -396,3 +396,62 @@ def test_a_load_the_backend_did_not_honour_gives_no_takeaway(fx):
             p.summary = {**p.summary, "concurrency_honoured": False}
     after = {key for key, _ in rhtml.verdicts(data)}
     assert after == before - {("smoke", 0.0, "c=2")}
+
+
+def _headline_rows(html: str) -> list[dict[str, str]]:
+    """The headline table as {column header: cell text} per grid-point row."""
+    section = re.search(r'<section id="headline">.*?</section>', html, flags=re.S).group(0)
+    head = [Page(c).all_text() for c in re.findall(r"<th[^>]*>(.*?)</th>", section, flags=re.S)]
+    out = []
+    for tr in re.findall(r'<tr id="pt-[^"]*"[^>]*>(.*?)</tr>', section, flags=re.S):
+        cells = [Page(c).all_text() for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, flags=re.S)]
+        out.append(dict(zip(head, cells)))
+    return out
+
+
+def _captions(html: str) -> dict[str, str]:
+    return {fid: Page(cap).all_text() for fid, cap in
+            re.findall(r'<figure id="([^"]+)">.*?<figcaption>(.*?)</figcaption>', html, flags=re.S)}
+
+
+def test_loaded_points_show_the_throughput_ratio_batch_fill_and_that_their_load_was_honoured(fx):
+    from ddtree_bench.report import html as rhtml
+    from ddtree_bench.report import plots as rplots
+
+    data = rdata.load([fx.sweep])
+    html = rhtml.render(data, rplots.make_figures(data))
+    rows = [r for r in _headline_rows(html) if r.get("status", "ok") == "ok" and r["τ"] != "\u2014"]
+    ar_tok_s = {p.load_label: p.values["tok_s"] for p in data.points if p.method == "ar" and p.ok}
+    for p, r in zip([p for p in data.points if p.ok], rows):
+        assert r["point"] == p.id
+        # in-process points run the batched engine at c=2 (summary.json says honoured; batch sizes recorded)
+        assert r["load honoured"] == ("yes" if p.concurrency == 2 else "")
+        assert r["tok/s \u00d7 AR"] == f"{p.values['tok_s'] / ar_tok_s[p.load_label]:.2f}\u00d7"
+        assert r["batch fill"] == f"{p.summary['batch_size_mean']:.1f} / {p.summary['batch_size_max']}"
+    assert "no takeaway" not in _takeaways_text(html)
+    assert all("not honoured" not in c for c in _captions(html).values())
+
+
+def test_a_load_that_was_not_honoured_is_said_in_the_table_takeaways_and_captions(fx):
+    from ddtree_bench.report import html as rhtml
+    from ddtree_bench.report import plots as rplots
+
+    data = rdata.load([fx.sweep])
+    why = "the server runs one request at a time (its /server_info max_batch = 1)"
+    for p in data.points:
+        if p.load_label == "c=2" and p.summary is not None:
+            p.summary = {**p.summary, "concurrency_honoured": False, "concurrency_why": why}
+    html = rhtml.render(data, rplots.make_figures(data))
+    for r in _headline_rows(html):
+        if r["load"] == "c=2" and r["τ"] != "\u2014":
+            assert r["load honoured"] == "NO" and f"concurrency not honoured: {why}" in r["note"], r
+        elif r["load"] == "c=1":
+            assert r["load honoured"] == "" and "not honoured" not in r.get("note", "")
+    takeaways = _takeaways_text(html)
+    assert "smoke, c=2: no takeaway" in takeaways and why in takeaways
+    assert "smoke, c=1: " in takeaways          # the honoured load keeps its verdict
+    assert takeaways.count("c=2") == 1          # ... and c=2 is in no ranking table
+    caps = _captions(html)
+    assert "points at c=2 whose backend did not honour the concurrency" in caps["fig-latency-vs-concurrency"]
+    assert "no trend across load should be read from them" in caps["fig-latency-vs-concurrency"]
+    assert "not honoured\u2019 (c=2)" in caps["fig-throughput-vs-budget"]
