@@ -59,33 +59,22 @@ def target_forward_batch(target: Target, rows: Sequence[TargetRow], hidden_layer
     positions = torch.cat([r.positions for r in rows])
     x = target.model.embed_tokens(ids)
     cos, sin = target.rotary(positions, x.dtype)
-    wanted = {l: None for l in hidden_layers}
-    last = len(target.model.layers) - 1
-    for i, block in enumerate(target.model.layers):
+
+    def run_block(i, block, x):
         a = block.self_attn
-        h = block.input_layernorm(x)
-        T = h.shape[0]
-        q = a.q_proj(h).view(T, a.n_heads, a.head_dim)
-        k = a.k_proj(h).view(T, a.n_kv, a.head_dim)
-        v = a.v_proj(h).view(T, a.n_kv, a.head_dim)
-        if a.qk_norm:
-            q, k = a.q_norm(q), a.k_norm(k)
-        q = apply_rope(q.transpose(0, 1), cos, sin)  # [Hq, T, D]
-        k = apply_rope(k.transpose(0, 1), cos, sin)  # [Hkv, T, D]
-        v = v.transpose(0, 1)
-        outs = []
-        for r, (s, e) in zip(rows, spans):
-            r.cache.write(i, r.start, k[:, s:e], v[:, s:e])
-            keys, values = r.cache.view(i, r.start + (e - s))
-            outs.append(attend(q[:, s:e], keys, values, r.mask))
-        x = x + a.o_proj(torch.cat(outs))
-        x = x + block.mlp(block.post_attention_layernorm(x))
-        if i in wanted and i != last:
-            wanted[i] = x
-    x = target.model.norm(x)
-    if last in wanted:
-        wanted[last] = x
-    hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
+
+        def attention(h):  # the projections over every request at once, attention per request
+            q, k, v = a.project(h, cos, sin)
+            outs = []
+            for r, (s, e) in zip(rows, spans):
+                r.cache.write(i, r.start, k[:, s:e], v[:, s:e])
+                keys, values = r.cache.view(i, r.start + (e - s))
+                outs.append(attend(q[:, s:e], keys, values, r.mask))
+            return a.o_proj(torch.cat(outs))
+
+        return block.around(x, attention)
+
+    x, hidden = target.run_layers(x, run_block, hidden_layers)
     logits = target.lm_head(x)
     return [(logits[s:e], hidden[s:e] if hidden is not None else None) for s, e in spans]
 

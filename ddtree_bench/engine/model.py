@@ -36,18 +36,21 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int, mask):
-        # x: [T, H]; cos, sin: [T, D]; mask: [T, start + T] bool or None
+    def project(self, x, cos, sin):
+        """x [T, H] -> q [Hq, T, D], k [Hkv, T, D] (q/k-normed where the model has it, then RoPE), v [Hkv, T, D]."""
         T = x.shape[0]
         q = self.q_proj(x).view(T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(T, self.n_kv, self.head_dim)
         v = self.v_proj(x).view(T, self.n_kv, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(0, 1), cos, sin)  # [Hq, T, D]
-        k = apply_rope(k.transpose(0, 1), cos, sin)  # [Hkv, T, D]
-        cache.write(layer, start, k, v.transpose(0, 1))
-        keys, values = cache.view(layer, start + T)
+        return apply_rope(q.transpose(0, 1), cos, sin), apply_rope(k.transpose(0, 1), cos, sin), v.transpose(0, 1)
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int, mask):
+        # x: [T, H]; cos, sin: [T, D]; mask: [T, start + T] bool or None
+        q, k, v = self.project(x, cos, sin)
+        cache.write(layer, start, k, v)
+        keys, values = cache.view(layer, start + x.shape[0])
         return self.o_proj(attend(q, keys, values, mask))
 
 
@@ -60,7 +63,11 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, cache, layer, start, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, start, mask)
+        return self.around(x, lambda h: self.self_attn(h, cos, sin, cache, layer, start, mask))
+
+    def around(self, x, attention):
+        """The block around an attention (h -> its output after o_proj): both residuals and the MLP."""
+        x = x + attention(self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -112,15 +119,21 @@ class Target(nn.Module):
             mask = causal_mask(start, ids.shape[0], ids.device)
         x = self.model.embed_tokens(ids)
         cos, sin = self.rotary(positions, x.dtype)
+        x, hidden = self.run_layers(x, lambda i, block, x: block(x, cos, sin, cache, i, start, mask), hidden_layers)
+        logits = self.lm_head(x[-1:] if last_logits_only else x)
+        return logits, hidden
+
+    def run_layers(self, x, run_block, hidden_layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [T, H] through every decoder block (`run_block(i, block, x)` runs block i) and the final norm;
+        returns (normed x, the hidden states of `hidden_layers` concatenated on the feature axis, or None).
+        Layer i's state is its block's output, the last layer's after the final norm (HF's)."""
         wanted = {l: None for l in hidden_layers}
         last = len(self.model.layers) - 1
         for i, block in enumerate(self.model.layers):
-            x = block(x, cos, sin, cache, i, start, mask)
+            x = run_block(i, block, x)
             if i in wanted and i != last:
                 wanted[i] = x
         x = self.model.norm(x)
         if last in wanted:
             wanted[last] = x
-        hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
-        logits = self.lm_head(x[-1:] if last_logits_only else x)
-        return logits, hidden
+        return x, torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
