@@ -28,13 +28,13 @@ def compare_cmd(
     import json
 
     from ddtree_bench.baselines.file import read_baseline
-    from ddtree_bench.compare import compare_run
     from ddtree_bench.records import json_safe
+    from ddtree_bench.verdict.compare import compare_run
 
     c = compare_run(results, read_baseline(baseline), near_tie_gap)  # None: the baseline's default (server baselines: SERVER_NEAR_TIE_GAP)
     if json_out:
         typer.echo(json.dumps(json_safe(c.to_json()), ensure_ascii=False, allow_nan=False))
     else:
-        from ddtree_bench.compare_text import render
+        from ddtree_bench.verdict.compare_render import render
 
         typer.echo(render(c))

@@ -27,25 +27,25 @@ def _check_report_path(path: Optional[Path], flag: str) -> None:
 def gate_cmd(
     results: Annotated[Path, typer.Argument(help="A run directory (run.json + records.jsonl).", show_default=False)],
     baseline: BaselineOpt,
-    rules: Annotated[Optional[Path], typer.Option("--rules", help="Rules YAML merged over the defaults (ddtree_bench/gate_rules.yaml).")] = None,
+    rules: Annotated[Optional[Path], typer.Option("--rules", help="Rules YAML merged over the defaults (ddtree_bench/verdict/gate_rules.yaml).")] = None,
     reference_run: Annotated[Optional[List[Path]], typer.Option("--reference-run", help="A finished run to compare tok/s and latency with; repeat for noise-aware tolerances.")] = None,
     junit: Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML here (one testcase per rule and per prompt).")] = None,
     markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Write a markdown summary here (for a PR comment).")] = None,
     near_tie_gap: NearTieGap = None,
 ) -> None:
     """Judge a run: hard fail on confident greedy divergences and errors, soft noise-aware fail on tau and tok/s."""
-    from ddtree_bench import gate_report
     from ddtree_bench.errors import RunFailed
-    from ddtree_bench.gate import run_gate
+    from ddtree_bench.verdict import gate_render
+    from ddtree_bench.verdict.gate import run_gate
 
     _check_report_path(junit, "--junit")
     _check_report_path(markdown, "--markdown")
     g = run_gate(results, baseline, rules, reference_run or [], near_tie_gap)
     if junit is not None:
-        gate_report.write_text(junit, gate_report.junit_xml(g))
+        gate_render.write_text(junit, gate_render.junit_xml(g))
     if markdown is not None:
-        gate_report.write_text(markdown, gate_report.markdown(g))
-    typer.echo(gate_report.text(g))
+        gate_render.write_text(markdown, gate_render.markdown(g))
+    typer.echo(gate_render.text(g))
     if not g.passed:
         raise RunFailed(f"gate failed: {', '.join(c.name for c in g.failed)}",
                         hint=f"see `ddtree-bench compare {results} --baseline {baseline}` for the per-prompt diff")

@@ -126,7 +126,7 @@ def _check_records(recs: list[dict], tokenizer) -> None:
 def _check_parity(out: Path) -> dict:
     """The reference engine's greedy output, token for token (or an explained difference)."""
     from ddtree_bench.baselines.file import read_baseline
-    from ddtree_bench.compare import BENIGN_LENGTH_REASONS, compare_run
+    from ddtree_bench.verdict.compare import BENIGN_LENGTH_REASONS, compare_run
 
     c = compare_run(out, read_baseline(BASELINE)).to_json()
     for p in c["prompts"]:

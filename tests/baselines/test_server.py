@@ -19,7 +19,7 @@ import pytest
 from ddtree_bench import defaults as D
 from ddtree_bench.baselines.file import Baseline, BaselineEntry
 from ddtree_bench.baselines.record import logprob_gaps
-from ddtree_bench.compare import compare_records
+from ddtree_bench.verdict.compare import compare_records
 from ddtree_bench.records import RequestRecord
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import pytest
 from baseline_support import STOP, baseline_file, cli, entry, record, run_dir
 from ddtree_bench import defaults as D
 from ddtree_bench.baselines.file import read_baseline
-from ddtree_bench.compare import compare_records
+from ddtree_bench.verdict.compare import compare_records
 from ddtree_bench.errors import UsageError
 
 OUT = [10, 11, 12, 13, 14, 15, 16, STOP]

@@ -9,7 +9,8 @@ import pytest
 from baseline_support import STOP, baseline_file, cli, entry, record, run_dir
 from ddtree_bench import defaults as D
 from ddtree_bench.errors import UsageError
-from ddtree_bench.gate import MetricRule, judge, load_rules
+from ddtree_bench.verdict.gate import judge
+from ddtree_bench.verdict.rules import MetricRule, load_rules
 
 OUT = [10, 11, 12, 13, 14, 15, 16, STOP]
 GAPS = [3.0, 0.2, 4.0, 0.05, 2.5, 1.0, 0.7, 6.0]
@@ -91,7 +92,7 @@ def test_reference_runs_and_noise(tmp_path, base, capsys):
 
 
 def test_reference_spread_is_the_t_prediction_interval():
-    from ddtree_bench.gate import reference_spread
+    from ddtree_bench.verdict.gate import reference_spread
 
     assert reference_spread([100.0]) is None and reference_spread([100.0, 100.0, 100.0]) == 0.0
     assert reference_spread([80.0, 100.0, 120.0]) == pytest.approx(4.302653 * 20 * (4 / 3) ** 0.5 / 100, rel=1e-4)

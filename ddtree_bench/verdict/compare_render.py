@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ddtree_bench.compare import BENIGN_LENGTH_REASONS, Comparison
 from ddtree_bench.display import fmt, table
+from ddtree_bench.verdict.compare import BENIGN_LENGTH_REASONS, Comparison
 
 MAX_ROWS_ALL = 40      # above this many prompts, matching rows are summarised, not listed
 CONTEXT_WIDTH = 90

@@ -13,7 +13,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ddtree_bench.gate import GateResult
+from ddtree_bench.verdict.gate import GateResult
 
 ICON = {"pass": "✅", "fail": "❌", "warn": "⚠️", "skip": "⏭️"}
 MAX_MD_PROMPTS = 20
