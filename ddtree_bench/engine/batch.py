@@ -52,7 +52,7 @@ from ddtree_bench.engine.interface import METHODS, STAGES, Generation, OutputStr
 from ddtree_bench.engine.model import Target
 from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.tree import build_tree, build_tree_fast, chain_tree, compile_tree, verify_mask
-from ddtree_bench.engine.verify import pick, walk, walk_fast
+from ddtree_bench.engine.verify import pick, request_generator, walk, walk_fast
 
 
 @dataclass
@@ -232,10 +232,7 @@ class BatchLoop:
             raise RuntimeError("no free slot in the batch")
         dev = self.device
         P = len(req.prompt_ids)
-        gen = None
-        if req.temperature > 0:
-            gen = torch.Generator(device=dev)
-            gen.manual_seed(0 if req.seed is None else req.seed)
+        gen = request_generator(dev, req.temperature, req.seed)
         width = 1 + (self.budget if self.method == "ddtree" else self.block_size - 1) if self.spec else 1
         tcache, dcache = self._caches(P + req.max_new_tokens + max(width, self.block_size) + 1)
         t0 = self._now()

@@ -37,7 +37,7 @@ from ddtree_bench.engine.interface import METHODS, STAGES, Generation, OutputStr
 from ddtree_bench.engine.model import Target
 from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.tree import build_tree, build_tree_fast, chain_tree, compile_tree, verify_mask
-from ddtree_bench.engine.verify import pick, walk, walk_fast
+from ddtree_bench.engine.verify import pick, request_generator, walk, walk_fast
 
 __all__ = ["Engine", "PlainLoop", "DFlashProposer", "Generation", "OutputStream", "RoundTrace", "METHODS", "STAGES"]
 
@@ -89,10 +89,7 @@ class PlainLoop:
                  record_trees: bool = False, return_logit_gaps: bool = False) -> Generation:
         dev = self.device
         P = len(prompt_ids)
-        gen = None
-        if temperature > 0:
-            gen = torch.Generator(device=dev)
-            gen.manual_seed(0 if seed is None else seed)
+        gen = request_generator(dev, temperature, seed)
         spec = method != "ar"
         width = 1 + (budget if method == "ddtree" else self.block_size - 1) if spec else 1
         tcache, dcache = self._caches(P + max_new_tokens + max(width, self.block_size) + 1)

@@ -20,6 +20,18 @@ from ddtree_bench.engine.tree import Tree
 GREEDY_EPS = 1e-5  # below this temperature decoding is greedy (the papers, SGLang, vLLM)
 
 
+def request_generator(device, temperature: float, seed: int | None) -> torch.Generator | None:
+    """The generator every sample of one request comes from: None when greedy (`pick` draws nothing),
+    else one on the engine's device seeded with the request's seed (0 when None). The batch-1, batched
+    and CUDA-graph loops all seed it so and draw from it in the same order, which is what makes a
+    request's samples the same batched as alone (docs/batching.md, Seeds)."""
+    if temperature < GREEDY_EPS:
+        return None
+    gen = torch.Generator(device=device)
+    gen.manual_seed(0 if seed is None else seed)
+    return gen
+
+
 def pick(logits: torch.Tensor, temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
     """logits [T, V] -> token ids [T]: argmax when greedy, else one sample per row."""
     if temperature < GREEDY_EPS:

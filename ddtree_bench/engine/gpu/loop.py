@@ -49,7 +49,7 @@ from ddtree_bench.engine.gpu.graphs import Pool, Stage
 from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, commit_static, verify_visible, walk_static
 from ddtree_bench.engine.interface import Generation, OutputStream, RoundTrace, WalkLayout, logit_gaps, wants_round
 from ddtree_bench.engine.proposer import DFlashProposer
-from ddtree_bench.engine.verify import GREEDY_EPS, pick
+from ddtree_bench.engine.verify import GREEDY_EPS, pick, request_generator
 
 ROUND_STAGES = ("draft", "tree_build", "tree_compile", "verify", "walk", "commit")
 CAPACITY_ALIGN = 64  # cache slots; keeps the attention bias rows aligned for fused SDPA kernels
@@ -456,10 +456,7 @@ class FastLoop:
         width_hint = 1 + (budget if method == "ddtree" else bs - 1) if spec else 1
         self._ensure(P + max_new_tokens + max(width_hint, bs) + bs + 1)  # + bs: a draft queued ahead
         greedy = temperature < GREEDY_EPS
-        gen = None
-        if not greedy:
-            gen = torch.Generator(device=dev)
-            gen.manual_seed(0 if seed is None else seed)
+        gen = request_generator(dev, temperature, seed)
         layers = self.proposer.target_layer_ids if spec else ()
         b = self._bucket(method, budget, greedy)
 
