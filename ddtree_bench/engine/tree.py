@@ -14,9 +14,9 @@ Two builders, tested to agree exactly:
 * `build_tree_fast` - vectorised on the logits' device: per depth keep the top B extensions of the
   previous depth's kept prefixes (every global top-B node survives this, since its parent is in
   its own depth's top B), then take the global top B by (score desc, rank tuple asc). On a CPU,
-  where that B x K candidate matrix per depth and the vocabulary sort are the cost, it runs the
-  heap instead over `tree_vector.exact_topk_logprobs` (the same top K, ties included, from chunk
-  maxima and one small keyed topk): the same tree.
+  where that B x K candidate matrix per depth and the vocabulary sort are the cost, it runs
+  `tree_cpu.build_tree_cpu` instead: the same heap, reading each depth's exact top ranks (ties
+  included) only as far as the heap goes: the same tree.
 
 `Tree` lists the non-root nodes: token_ids, parents (0 = root, i = node i, 1-based), depths (1..L).
 `compile_tree` turns a tree plus its root (the bonus token) into verify ids, positions
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddtree_bench.engine.tree_vector import SortedTreeBuilder, _topk_logprobs, exact_topk_logprobs
+from ddtree_bench.engine.tree_vector import SortedTreeBuilder, _topk_logprobs
 
 
 @dataclass
@@ -130,8 +130,10 @@ def build_tree_fast(draft_logits: torch.Tensor, budget: int) -> Tree:
     L, V = draft_logits.shape
     if budget <= 0 or L == 0:
         return empty_tree(draft_logits.device)
-    if draft_logits.device.type == "cpu":   # the exact top-K without sorting V, then the heap
-        return _heap_tree(*exact_topk_logprobs(draft_logits, min(budget, V)), budget)
+    if draft_logits.device.type == "cpu":   # the heap over lazily loaded exact top ranks, no sort of V
+        from ddtree_bench.engine.tree_cpu import build_tree_cpu
+
+        return build_tree_cpu(draft_logits, budget)
     token_ids, parents, depths = SortedTreeBuilder(L, V, budget, draft_logits.device)(draft_logits)
     return Tree(token_ids, parents, depths)
 

@@ -216,10 +216,13 @@ def round_times(target, drafter, method: str, budget: int, prefix_len: int, roun
 
 @torch.inference_mode()
 def build_times(V: int, L: int, budgets: list[int], device: torch.device, reps: int) -> list[dict[str, Any]]:
-    """ms per tree build for each budget: heap (CPU), vectorised (CPU and device), static (device, eager/graph)."""
+    """ms per tree build for each budget: heap (CPU), vectorised (CPU and device), the paper's Algorithm 1
+    written plainly (CPU, `perf.plain_tree`: the speed reference) and its ratio to the vectorised CPU
+    build, static (device, eager/graph)."""
     from ddtree_bench.engine.tree import build_tree, build_tree_fast
     from ddtree_bench.engine.gpu import _probe
     from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+    from ddtree_bench.perf.plain_tree import plain_algorithm1
 
     cpu = torch.device("cpu")
     logits_cpu = torch.randn(L, V, generator=torch.Generator().manual_seed(0)) * 3
@@ -229,6 +232,8 @@ def build_times(V: int, L: int, budgets: list[int], device: torch.device, reps: 
         row: dict[str, Any] = {"budget": B}
         row["heap_cpu"] = time_fn(lambda: build_tree(logits_cpu, B), cpu, reps=reps, warmup=1)
         row["vectorised_cpu"] = time_fn(lambda: build_tree_fast(logits_cpu, B), cpu, reps=reps, warmup=1)
+        row["plain_alg1_cpu"] = time_fn(lambda: plain_algorithm1(logits_cpu, B), cpu, reps=reps, warmup=1)
+        row["plain/vectorised_cpu"] = row["plain_alg1_cpu"] / row["vectorised_cpu"]   # > 1: the engine's build is faster
         if device.type == "cuda":
             row["vectorised_gpu"] = time_fn(lambda: build_tree_fast(logits_dev, B), device, reps=reps, warmup=2)
             sb = StaticTreeBuilder(L, V, B, device)

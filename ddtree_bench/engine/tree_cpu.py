@@ -1,0 +1,164 @@
+"""The CPU tree build: the paper's heap, reading each depth's exact top-k only as far as the heap goes.
+
+The heap (`tree._heap_tree`, Algorithm 1) pops B nodes; at depth d it only ever reads the log-probs of
+ranks it pushes: rank 0 of a depth below a popped node, and rank r + 1 after rank r was popped. On
+real drafter logits that is a few ranks at most depths and a few hundred at one or two, never K =
+min(B, V) at all fifteen. So each depth's ranks are loaded lazily: the exact top k_d of that depth
+(k_d = 64 first, then x16 up to the rank the heap asks for, capped at K), found without sorting the
+vocabulary (`row_topk_ids`). The order inside a loaded top k_d is exact, ties included (equal logits
+rank by ascending token id at every rank, the stable sort's order), and a top-k of a total order is a
+prefix of every larger top-k of it, so growing k_d never reorders what the heap already read: the
+tree is node for node the heap's over the full stable sort (`tree.build_tree`, tested).
+
+Log-probabilities are logit - logsumexp(row) in fp32, as the reference computes them. The build
+runs on one torch thread: its ops are small and many (a few per depth read), and with two threads
+on a loaded machine each parallel op waited for the other core (0.2-0.5x the plain build, measured,
+against 2.4x and more on one thread). One thread also keeps a one-row logsumexp on the bits of the
+reference's [L, V] call, which reduces every row serially; a one-row call on several threads splits
+its sum across them and differs in the last bit (tested at 1 and 2 threads). A NaN logit (an overflowing half-precision
+drafter) shows in its row's max; that row is read as `tree_vector.fp32_logits` reads it (NaN ->
+-inf), in a copy. Vocabularies up to EAGER_MAX_V load every depth at once instead
+(`tree_vector.exact_topk_logprobs`: one call beats L small ones there). Keys are int64: 32 bits of
+order-preserving value, then the token id (V < 2^31, checked).
+Knows nothing of models or devices: CPU tensors in, a `Tree` out. Measurements: docs/gpu-performance.md.
+"""
+
+from __future__ import annotations
+
+import heapq
+from contextlib import contextmanager
+
+import torch
+
+from ddtree_bench.engine.tree_vector import _desc_key, exact_topk_logprobs, fp32_logits
+
+FIRST_K = 64      # ranks loaded the first time a depth is read (a load's cost is mostly fixed below ~256)
+GROWTH = 16       # each later load multiplies the loaded ranks by this (at least to the rank asked for)
+CHUNKS_PER_K = 16  # row_topk_ids: chunks per wanted rank (more chunks: a slower threshold topk)
+EAGER_MAX_V = 4096  # vocabularies up to this load every depth's top K at once (one call beats L small ones)
+
+
+def row_topk_ids(row: torch.Tensor, k: int) -> torch.Tensor:
+    """Ids of the k largest values of one fp32 row (no NaN), value descending, equal values by ascending id.
+
+    Split the row into c ~ 16 k chunks of consecutive ids (width >= 32) and take every chunk's max in
+    one pass; the k-th largest of those maxima (and of the values past the last whole chunk), t0, has at
+    least k values >= it, so {x >= t0} is a superset of the exact top k with every tie at its
+    boundary. It lies in the chunks whose max reaches t0 (k of them unless maxima tie), the only ones
+    scanned (contiguous reads, V / 16 values).
+    That superset gets exact int64 keys (order-preserving value bits desc, then id) and one topk of
+    distinct keys, which is deterministic. Small rows (fewer than 2k chunks) key the whole row."""
+    V = row.numel()
+    bits = max(1, (V - 1).bit_length())
+    if bits > 31:
+        raise ValueError(f"a vocabulary of {V} ids does not fit the int64 keys (32 value bits + id bits)")
+    width = max(32, V // (CHUNKS_PER_K * k))
+    c = V // width
+    if c < 2 * k:
+        key = (_desc_key(row) << bits) | torch.arange(V)
+        return torch.topk(key, k, largest=False, sorted=True).indices
+    head, tail = row[: c * width].view(c, width), row[c * width:]   # chunk j = ids [j * width, (j + 1) * width)
+    chunk_max = head.amax(dim=1)
+    t0 = torch.topk(torch.cat([chunk_max, tail]), k, sorted=False).values.min()
+    ch = torch.nonzero(chunk_max >= t0).squeeze(1)
+    hit, j = torch.nonzero(head[ch] >= t0, as_tuple=True)
+    cols = torch.cat([ch[hit] * width + j, c * width + torch.nonzero(tail >= t0).squeeze(1)])
+    key = (_desc_key(row[cols]) << bits) | cols
+    return torch.topk(key, k, largest=False, sorted=True).values & ((1 << bits) - 1)
+
+
+class _LazyRanks:
+    """Per depth: the log-probs and token ids of its top ranks, as Python lists, loaded on demand."""
+
+    def __init__(self, logits: torch.Tensor, K: int):
+        self.logits, self.given, self.K = logits, logits, K   # given: the caller's tensor, never written
+        L = logits.shape[0]
+        self.checked = [False] * L                 # row read through row(), NaN replaced
+        self.lse: list[torch.Tensor | None] = [None] * L
+        self.lp: list[list[float]] = [[] for _ in range(L)]
+        self.tok: list[list[int]] = [[] for _ in range(L)]
+
+    def normaliser(self, d: int) -> torch.Tensor:
+        """logsumexp of row d (called on one torch thread: see the module docstring)."""
+        if self.lse[d] is None:
+            self.lse[d] = torch.logsumexp(self.row(d), dim=-1)
+        return self.lse[d]
+
+    def row(self, d: int) -> torch.Tensor:
+        """Row d of the logits, NaN read as -inf (checked once per row by its max, which NaN reaches)."""
+        if not self.checked[d]:
+            if torch.isnan(self.logits[d].max()):
+                if self.logits is self.given:
+                    self.logits = self.logits.clone()
+                self.logits[d] = fp32_logits(self.logits[d])
+            self.checked[d] = True
+        return self.logits[d]
+
+    def load_all(self) -> None:
+        """Every depth's exact top K at once (`tree_vector.exact_topk_logprobs`, all rows in one go)."""
+        lp, ids = exact_topk_logprobs(self.logits, self.K)
+        self.lp[:], self.tok[:] = lp.tolist(), ids.tolist()
+
+    def load(self, d: int, rank: int) -> list[float]:
+        """Depth d's log-probs with at least rank + 1 entries (rank < K); the token ids go to self.tok[d]."""
+        have = len(self.lp[d])
+        k = min(self.K, max(rank + 1, FIRST_K if have == 0 else GROWTH * have))
+        row = self.row(d)
+        ids = row_topk_ids(row, k)
+        lp = row[ids] - self.normaliser(d)
+        lp = torch.where(torch.isnan(lp), float("-inf"), lp)   # rows with no finite mass
+        self.lp[d], self.tok[d] = lp.tolist(), ids.tolist()
+        return self.lp[d]
+
+
+def build_tree_cpu(draft_logits: torch.Tensor, budget: int):
+    """The same Tree as `tree.build_tree(draft_logits, budget)`; draft_logits [L, V] on the CPU, budget > 0."""
+    L, V = draft_logits.shape
+    K = min(budget, V)
+    with _one_thread():
+        ranks = _LazyRanks(draft_logits.float(), K)
+        if V <= EAGER_MAX_V:
+            ranks.load_all()
+        return _heap(ranks, L, K, budget)
+
+
+@contextmanager
+def _one_thread():
+    """torch on one intra-op thread inside, the caller's count restored after (~5 us a switch)."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _heap(ranks: _LazyRanks, L: int, K: int, budget: int):
+    """tree._heap_tree over lazily loaded ranks: entries (-score, rank tuple, parent node, depth, rank,
+    parent score), scores summed in fp32 from depth 1 down."""
+    from ddtree_bench.engine.tree import Tree, _F32
+
+    lp, tok, load = ranks.lp, ranks.tok, ranks.load
+    pack, unpack = _F32.pack, _F32.unpack
+    first = lp[0] or load(0, 0)
+    heap = [(-first[0], (0,), 0, 1, 0, 0.0)]
+    push, pop = heapq.heappush, heapq.heappop
+    tokens, parents, depths = [], [], []
+    while heap and len(tokens) < budget:
+        neg, rank_tuple, parent, d, r, parent_score = pop(heap)
+        score = -neg
+        tokens.append(tok[d - 1][r])
+        parents.append(parent)
+        depths.append(d)
+        if r + 1 < K:      # next sibling: same parent, next rank at this depth
+            row = lp[d - 1] if r + 1 < len(lp[d - 1]) else load(d - 1, r + 1)
+            s = unpack(pack(parent_score + row[r + 1]))[0] if d > 1 else row[r + 1]
+            push(heap, (-s, rank_tuple[:-1] + (r + 1,), parent, d, r + 1, parent_score))
+        if d < L:          # first child: rank 0 at the next depth
+            row = lp[d] or load(d, 0)
+            push(heap, (-unpack(pack(score + row[0]))[0], rank_tuple + (0,), len(tokens), d + 1, 0, score))
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+    return Tree(as_long(tokens), as_long(parents), as_long(depths))
