@@ -30,8 +30,9 @@ Same API and same tokens as `batch.BatchLoop` (its slow obvious twin), organised
 Admission runs the request's prefill alone (the plain Target.forward into its slot's region, as
 FastLoop does) and, with the DFlash drafter, writes its prompt's drafter context into its drafter
 region (forward.draft_forward, a one-token block), so its first batched draft sees exactly what
-FastLoop's eager round-1 draft sees. A proposer other than the DFlash drafter (tests rig one)
-drafts eagerly per slot, or once per round through `propose_batch`.
+FastLoop's eager round-1 draft sees. A proposer other than the plain DFlash drafter (tests rig
+one; a drafter variant of draft_variants.py) drafts eagerly per slot through its own `propose`, or
+once per round through `propose_batch`.
 Per request everything follows BatchLoop/PlainLoop: the last-round rule (interface.wants_round),
 the output cut, a_r counting the root, stop ids, max_new_tokens, temperature, top_p, trees, gaps.
 The cache grows (and every graph is dropped) when an admitted request needs more slots per region.
@@ -131,7 +132,10 @@ class BatchFastLoop:
         self.target, self.proposer = target, proposer
         self.method, self.budget, self.max_batch = method, budget, max_batch
         self.spec = method != "ar"
-        self.drafter = proposer.drafter if self.spec and isinstance(proposer, DFlashProposer) else None
+        # the static batched draft is the plain DFlash drafter's; a variant drafter (draft_variants.py) or any other
+        # proposer drafts through its own propose(), per slot, as BatchLoop calls it
+        plain_dflash = self.spec and type(proposer) is DFlashProposer and getattr(proposer.drafter, "variant", None) is None
+        self.drafter = proposer.drafter if plain_dflash else None
         self.device = target.lm_head.weight.device
         self.dtype = target.lm_head.weight.dtype
         self.graphs = graphs and self.device.type == "cuda"
@@ -218,10 +222,9 @@ class BatchFastLoop:
                 kinds = list(zip(d.cfg.layer_causal, d.cfg.layer_window))
                 self.draft_kind = [kinds.index(k) for k in kinds]   # layers with equal masks share one bias
             self.pcache: list[Any] = [None] * B   # a host-side proposer's own cache per slot
-        if self.spec and self.drafter is None:   # a host-side proposer's caches (rigged ones keep none)
-            self.pcache = [self.proposer.new_cache(cap) for _ in range(B)]
-            for st in self.active:
-                st.dcache = self.pcache[st.slot]
+        if self.spec and self.drafter is None:   # a host-side proposer's own caches: new ones for the free slots
+            live = {st.slot for st in self.active}   # (a live request keeps its cache: it fit at admission)
+            self.pcache = [self.pcache[i] if i in live else self.proposer.new_cache(cap) for i in range(B)]
         self.capacity = cap
         if dev.type == "cuda" and old is not None:
             del old
@@ -464,6 +467,8 @@ class BatchFastLoop:
         else:
             drafts = [p.propose(r.ctx, r.bonus, r.cache, r.draft_len, r.start) for r in rows]
         for st, dl in zip(self.active, drafts):
+            if dl.shape[0] != self.L:   # fixed shapes: a shorter draft (a draft_length variant) needs the plain loop
+                raise ValueError(f"the batched fast loop needs drafts of {self.L} depths, the proposer gave {dl.shape[0]}")
             self.dlogits[st.slot].copy_(dl)
 
     @torch.inference_mode()

@@ -15,8 +15,8 @@ Equality comparisons as they ran (requests x budgets x drafters x temperatures; 
 by the last test): random drafter 5 requests x 7 (method/budget, T) points (AR, DFlash, DDTree 16 at
 T = 0 and 0.8, DDTree 1 at T = 0) = 35; toy drafter 5 x 3 (DFlash T 0, DDTree 16 at T 0 and 0.8) = 15;
 rigged 5 x 2 (DFlash, DDTree 16) x T 0 = 10 - those 60 against batch 1 AND BatchLoop; plus padding
-buckets 5, cache growth 4, logit gaps 5, thread scheduler 5 against batch 1: 79 request runs, all
-equal (and 3 survivors of a failing/cancelled batch).
+buckets 5, cache growth 4, logit gaps 5, thread scheduler 5, a drafter variant 5 against batch 1:
+84 request runs, all equal (and 3 survivors of a failing/cancelled batch).
 """
 
 from __future__ import annotations
@@ -294,6 +294,22 @@ def test_a_failing_request_leaves_alone(rnd):
             assert_same(futs[i].result(timeout=120), alone(rnd, "ddtree", 16, reqs[i]), ("survivor", i))
     finally:
         sched.close()
+
+
+def test_a_drafter_variant_drafts_through_its_own_proposer(rnd):
+    """A VariantProposer (explain's drafter variants) is not the plain DFlash drafter: the loop calls its
+    propose() per slot, so the batch equals the variant's own batch-1 runs."""
+    from ddtree_bench.engine.draft_variants import VariantProposer, parse_variant
+
+    prop = VariantProposer(rnd.drafter, rnd.target, parse_variant("causal"))
+    loop = BatchFastLoop(rnd.target, prop, "ddtree", 16, SLOTS)
+    assert loop.drafter is None
+    reqs = make_requests(64, 0.0, seed=10)
+    got = loop.run(reqs)
+    one = Engine(rnd.target, proposer=prop)
+    for r, g in zip(reqs, got):
+        assert_same(g, alone(one, "ddtree", 16, r), ("variant", r.key))
+    _count("variant", len(reqs))
 
 
 def test_zz_case_count(capsys):
