@@ -65,7 +65,7 @@ from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, commit_static, ve
 from ddtree_bench.engine.interface import METHODS, OutputStream, RoundTrace, WalkLayout, logit_gaps, wants_round
 from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.tree_vector import StaticTreeBuilder
-from ddtree_bench.engine.verify import GREEDY_EPS, pick
+from ddtree_bench.engine.verify import GREEDY_EPS, pick, request_generator
 
 __all__ = ["BatchFastLoop", "buckets_for", "Cancelled"]
 
@@ -250,10 +250,7 @@ class BatchFastLoop:
         P = len(req.prompt_ids)
         self._ensure(P + req.max_new_tokens + max(self.width, self.block_size) + self.block_size + 1)
         i = len(self.active)   # live slots are 0..n-1
-        gen = None
-        if req.temperature > 0:
-            gen = torch.Generator(device=dev)
-            gen.manual_seed(0 if req.seed is None else req.seed)
+        gen = request_generator(dev, req.temperature, req.seed)   # batch 1's seeding, so batch 1's draws
         tcache = slot_cache(self.tk, self.tv, i)
         t0 = self._now()
         st = _Slot(req, None, self.pcache[i], gen, OutputStream(req.max_new_tokens, req.stop_ids, req.on_chunk), t0,
