@@ -1,4 +1,4 @@
-"""Compile the engine's tree kernels to PTX for sm_90 (H100/H200) on a machine without a GPU.
+"""Compile the engine's tree and attention kernels to PTX for sm_90 (H100/H200) on a machine without a GPU.
 
 Triton's CPU interpreter runs kernels as NumPy and does not type-check them as the compiler does:
 H200 run J's commit kernel (a mask named alike in both branches of a runtime `if`) passed every
@@ -18,7 +18,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from ddtree_bench.engine.gpu.kernels import argmax as argmax_triton, topk as topk_triton, tree_block as tree_triton, tree_grid
-from ddtree_bench.engine.gpu.kernels import tree_verify as tree_verify_triton
+from ddtree_bench.engine.gpu.kernels import attention as attention_triton, tree_verify as tree_verify_triton
 from ddtree_bench.engine.gpu.kernels.common import _pow2
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -33,7 +33,8 @@ def t(dtype):
 
 def check(kernel, args: dict, consts: dict) -> bool:
     """args: name -> tensor (pointer) or int (i32); consts: name -> compile-time constant."""
-    sig = {n: TYPES[a.dtype] if isinstance(a, torch.Tensor) else "i32" for n, a in args.items()}
+    sig = {n: TYPES[a.dtype] if isinstance(a, torch.Tensor) else "fp32" if isinstance(a, float) else "i32"
+           for n, a in args.items()}
     sig.update({n: "constexpr" for n in consts})
     name = kernel.fn.__name__
     try:
@@ -117,6 +118,20 @@ for guard in (False, True):
 ok.append(check(argmax_triton._span_kernel, dict(x_ptr=bf16, part_ptr=i64, stride=V),
                 dict(V=V, SPAN=38912, S=4, BLOCK=argmax_triton.BLOCK)))
 ok.append(check(argmax_triton._pick_kernel, dict(part_ptr=i64, out_ptr=i64), dict(S=4, SP=4)))
+
+# live-slot attention and its split combine (8B: 8 KV heads, head dim 128; bf16 and the fp32 tests' IEEE dots)
+for dt, ptr in ((torch.bfloat16, bf16), (torch.float32, f32)):
+    for bm in (16, 64, 128):
+        for prefix, split in ((True, True), (True, False), (False, True), (False, False)):
+            ok.append(check(attention_triton._live_attn_kernel,
+                            dict(Q=ptr, K=ptr, V=ptr, BIAS=ptr, LIVE=i64, PREFIX=i64, O=ptr, PACC=f32 if split else ptr,
+                                 PM=f32 if split else ptr, PL=f32 if split else ptr, M=4 * 257, T=257, G=4, n_split=3,
+                                 scale=0.088, sqh=4 * 257 * 128, sqm=128, skh=2112 * 128, skn=128,
+                                 svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096),
+                            dict(D=128, BLOCK_M=bm, BLOCK_N=attention_triton.BLOCK_N, BLOCK_D=128, HAS_PREFIX=prefix,
+                                 SPLIT=split, IEEE=dt == torch.float32)))
+    ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=ptr, M=4 * 17, T=17, G=4, n_split=3,
+                                                           n_heads=8, sot=4096), dict(D=128, BLOCK_M=64, BLOCK_D=128)))
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
 sys.exit(0 if all(ok) else 1)

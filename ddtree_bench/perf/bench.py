@@ -266,9 +266,9 @@ def end_to_end(target, drafter, tokenizer, spec: BenchSpec, progress: Callable[[
     """tok/s (decode: first token to last) and mean acceptance length per method/budget, fast engine and
     (spec.plain) plain engine."""
     from ddtree_bench.engine.generate import Engine
-    from ddtree_bench.suites.prompts import load_prompts
+    from ddtree_bench.suites.prompts import load_suite
 
-    prompts, _ = load_prompts(spec.suite, spec.limit)
+    prompts = load_suite(spec.suite, spec.limit).prompts
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": p.turns[0]}]) for p in prompts]
     configs = [("ar", 0), ("dflash", 0)] + [("ddtree", b) for b in spec.budgets]
     engines = {"fast": Engine(target, drafter, cuda_graphs=True)}
@@ -350,6 +350,10 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
                           profile=spec.profile)
     if "profile" in curves:
         result["verify_profile"] = curves.pop("profile")
+        for col, per_n in result["verify_profile"].items():
+            progress(f"verify profile {col}: " + "; ".join(
+                f"n={n} kernels {p['kernel_ms']:.3f} ms " + " ".join(f"{f} {ms:.3f}" for f, ms in p["families_ms"].items())
+                + f" idle {p['gap_ms'] if p['gap_ms'] is not None else float('nan'):.3f}" for n, p in per_n.items()))
     result["verify_curve_ms"] = curves
     progress(f"verify curve ms: {curves}")
     curve = curves["graph"] or curves["eager"]

@@ -57,7 +57,7 @@ if triton is not None:
         rmask = rows < M
         dmask = dims < D
         q = tl.load(Q + h * sqh + rows[:, None] * sqm + dims[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
-        m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)   # NEG_BIG
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         if HAS_PREFIX:  # tree row t sees no slot past prefix + t: stop at the block's last row
@@ -106,12 +106,12 @@ if triton is not None:
         rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         dims = tl.arange(0, BLOCK_D)
         rmask = rows < M
-        m = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+        m = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)   # NEG_BIG
         l_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         for s_id in range(0, n_split):
             base = (s_id * n_heads + h) * M + rows
-            ms = tl.load(PM + base, mask=rmask, other=NEG_BIG)
+            ms = tl.load(PM + base, mask=rmask, other=-1.0e30)
             ls = tl.load(PL + base, mask=rmask, other=0.0)
             a = tl.load(PACC + base[:, None] * BLOCK_D + dims[None, :], mask=rmask[:, None], other=0.0)
             m_new = tl.maximum(m, ms)
