@@ -191,7 +191,7 @@ class BatchLoop:
         self.spec = method != "ar"
         self.device = target.lm_head.weight.device
         self.fast_walk = True if fast is None else fast
-        self.fast_build = (self.device.type == "cuda") if fast is None else fast
+        self.fast_build = True if fast is None else fast   # as PlainLoop: build_tree_fast on every device
         self.sync = sync_stages and self.device.type == "cuda"
         self.layers = tuple(proposer.target_layer_ids) if self.spec else ()
         self.block_size = proposer.block_size if self.spec else 1
@@ -426,7 +426,6 @@ def batch_loop_for(engine, method: str, budget: int, max_batch: int):
 
 def _fast_of(plain) -> bool | None:
     """The `fast` argument that gives `plain`'s walk/build choice (None when it is the default)."""
-    default_build = plain.device.type == "cuda"
-    if plain.fast_walk and plain.fast_build == default_build:
+    if plain.fast_walk and plain.fast_build:
         return None
     return plain.fast_walk

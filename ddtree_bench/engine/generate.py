@@ -66,9 +66,10 @@ class PlainLoop:
     def __init__(self, target: Target, proposer=None, fast: bool | None = None, sync_stages: bool = True):
         self.target, self.proposer = target, proposer
         self.device = target.lm_head.weight.device
-        # The vectorised tree build pays off on GPUs; on CPUs the heap is faster (README, bench-engine).
+        # build_tree_fast: vectorised on GPUs; on CPUs the heap over lazily loaded exact top ranks
+        # (tree_cpu), which never sorts the vocabulary as build_tree does (docs/gpu-performance.md).
         self.fast_walk = True if fast is None else fast
-        self.fast_build = (self.device.type == "cuda") if fast is None else fast
+        self.fast_build = True if fast is None else fast
         self.sync_stages = sync_stages
         self._tcache = self._dcache = None
 
