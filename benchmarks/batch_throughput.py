@@ -34,10 +34,10 @@ def main() -> None:
 
     from ddtree_bench.engine.batch import BatchRequest, batch_loop_for
     from ddtree_bench.pair import load_pair
-    from ddtree_bench.suites.prompts import load_prompts
+    from ddtree_bench.suites.prompts import load_suite
 
     pair = load_pair("toy", None, "ddtree")
-    prompts, _ = load_prompts("gsm8k", args.prompts)
+    prompts = load_suite("gsm8k", args.prompts).prompts
     ids = [pair.tokenizer.apply_chat_template([{"role": "user", "content": p.turns[0]}]) for p in prompts]
     configs = [("ar", 0), ("dflash", 0)] + [("ddtree", int(b)) for b in args.budgets.split(",")]
     cs = [int(c) for c in args.concurrency.split(",")]

@@ -40,7 +40,7 @@ def quantiles(xs: list[float]) -> dict[str, float]:
 
 def main() -> None:
     from ddtree_bench.pair import load_pair
-    from ddtree_bench.suites.prompts import load_prompts
+    from ddtree_bench.suites.prompts import load_suite
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="random")
@@ -54,7 +54,7 @@ def main() -> None:
 
     ref = load_pair(a.model, None, "ar", "float32", a.ref_device or a.device)
     low = load_pair(a.model, None, "ar", a.dtype, a.device)
-    prompts, _ = load_prompts(a.suite, a.limit)
+    prompts = load_suite(a.suite, a.limit).prompts
     gaps, d_low, d_full, flips = [], [], [], []
     for p in prompts:
         prompt = ref.tokenizer.apply_chat_template([{"role": "user", "content": p.turns[0]}])

@@ -14,7 +14,7 @@ import json
 import time
 
 from ddtree_bench.pair import load_pair
-from ddtree_bench.suites.prompts import load_prompts
+from ddtree_bench.suites.prompts import load_suite
 
 
 def conversation_requests(pair, prompts, max_new):
@@ -46,7 +46,7 @@ def main() -> None:
     rows = []
     print(f"{'suite':10s} {'method':7s} {'B':>5s} {'tau':>6s} {'tok/s':>8s} {'xAR':>5s} {'=AR':>4s}", flush=True)
     for suite in args.suites.split(","):
-        prompts, _ = load_prompts(suite, args.limit)
+        prompts = load_suite(suite, args.limit).prompts
         reqs = conversation_requests(pair, prompts, args.max_new_tokens)
         ar_out, ar_tps = {}, None
         for method, budget in methods:

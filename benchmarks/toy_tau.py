@@ -7,12 +7,12 @@ import json
 import torch
 
 from ddtree_bench.pair import load_pair
-from ddtree_bench.suites.prompts import load_prompts
+from ddtree_bench.suites.prompts import load_suite
 
 torch.set_num_threads(1)
 lp = load_pair("toy", None, "ddtree", "float32", "cpu")
 eng, tok = lp.engine, lp.tokenizer
-prompts, _ = load_prompts("gsm8k", 3)
+prompts = load_suite("gsm8k", 3).prompts
 ids = [tok.apply_chat_template([{"role": "user", "content": p.turns[0]}]) for p in prompts]
 out = {"prompt_tokens": [len(i) for i in ids]}
 ar = [eng.generate(p, "ar", 0, 96).output_ids for p in ids]

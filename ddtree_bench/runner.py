@@ -11,13 +11,16 @@ import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ddtree_bench.run_spec import RunSpec
 from ddtree_bench.env import environment, now_iso
 from ddtree_bench.errors import RunFailed
 from ddtree_bench.records import RequestRecord
 from ddtree_bench.results import RUN_KIND, RUN_VERSION, RunWriter, check_run_out
+from ddtree_bench.run_spec import RunSpec
+
+if TYPE_CHECKING:
+    from ddtree_bench.suites.prompts import SuitePrompts
 
 
 @dataclass
@@ -38,17 +41,24 @@ def default_out(spec: RunSpec, root: Path = Path("results")) -> Path:
     return out
 
 
-def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backend=None, overwrite: bool = False) -> RunResult:
-    """Run `spec` and write its results directory. `backend` may be passed in (sweeps reuse one).
+def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backend=None, overwrite: bool = False,
+            suite: SuitePrompts | None = None) -> RunResult:
+    """Run `spec` and write its results directory. `backend` may be passed in (sweeps reuse one), and
+    so may `suite`, the spec's suite already loaded (`suites.prompts.load_suite`: a sweep loads each
+    suite once for all its points); either way the suite is loaded once and only that record is used.
     An `out` that already holds a run is refused (UsageError) unless `overwrite` (`results.check_run_out`)."""
     from ddtree_bench import driver, metrics
     from ddtree_bench.backends import make_backend
     from ddtree_bench.engine.facts import run_facts
-    from ddtree_bench.suites.prompts import load_prompts
+    from ddtree_bench.suites.prompts import load_suite
 
     spec.validate()
     out = check_run_out(out or default_out(spec), overwrite)
-    prompts, suite_info = load_prompts(spec.suite, spec.limit, subset=spec.subset)
+    if suite is None:
+        suite = load_suite(spec.suite, spec.limit, subset=spec.subset)
+    elif not suite.answers(spec.suite, spec.limit, spec.subset):
+        raise ValueError(f"execute: suite {suite.suite!r} (limit {suite.limit}, subset {suite.subset}) is not the spec's "
+                         f"{spec.suite!r} (limit {spec.limit}, subset {spec.subset})")
     if backend is None:
         backend = make_backend(spec)
     with RunWriter(out, overwrite) as writer:
@@ -56,7 +66,7 @@ def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backe
             "kind": RUN_KIND,
             "version": RUN_VERSION,  # results.RUN_VERSION says what each version added
             "spec": spec.public_dict(),
-            "suite": suite_info.to_dict(),
+            "suite": suite.info.to_dict(),
             "backend": backend.describe(),
             **run_facts(spec, backend),  # the drafter's attention mode and the stop-id rule (engine/facts.py)
             "started_at": now_iso(),
@@ -64,7 +74,7 @@ def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backe
         }
         writer.write_run(info)
         records = asyncio.run(driver.drive(
-            backend, prompts, max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p,
+            backend, suite.prompts, max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p,
             seed=spec.seed, concurrency=spec.concurrency, request_rate=spec.request_rate, warmup=spec.warmup,
             on_record=writer.append, progress=progress, desc=f"{spec.method}" + (f" B={spec.budget}" if spec.method == "ddtree" else ""),
         ))

@@ -258,7 +258,7 @@ def import_baseline(pt: str | Path, trust_pickle: bool, tokenizer: str, suite: s
     suite None = the file's `args.dataset`; limit None = its `args.max_samples` (else the suite's default)."""
     from ddtree_bench.baselines.record import environment_fields, rescore_gaps, template_sha256
     from ddtree_bench.engine.loading import file_hash
-    from ddtree_bench.suites.prompts import load_prompts
+    from ddtree_bench.suites.prompts import load_suite
 
     obj = load_pt(pt, trust_pickle)
     args = obj.get("args") if isinstance(obj.get("args"), dict) else {}
@@ -269,7 +269,8 @@ def import_baseline(pt: str | Path, trust_pickle: bool, tokenizer: str, suite: s
     if limit is None and isinstance(args.get("max_samples"), int):
         limit = args["max_samples"]  # with the zlab-paper subset rule this selects the authors' items
     tok, stop_ids, tok_desc = resolve_tokenizer(tokenizer)
-    prompts, info = load_prompts(suite, limit, subset=subset)
+    loaded = load_suite(suite, limit, subset=subset)
+    prompts, info = loaded.prompts, loaded.info
     result = import_responses(obj, tok, prompts, method, accept_from, source=str(pt))
     if not result.entries:
         raise UsageError(f"none of the {len(obj['responses'])} responses in {pt} matches a prompt of suite {info.name!r}",

@@ -64,10 +64,11 @@ def record(model: str = D.MODEL, draft: str | None = None, suite: str = D.SUITE,
     from tqdm.auto import tqdm
 
     from ddtree_bench.pair import load_pair
-    from ddtree_bench.suites.prompts import load_prompts
+    from ddtree_bench.suites.prompts import load_suite
 
     check_args(max_new_tokens, limit, dtype, device, accept_method, budget)
-    prompts, info = load_prompts(suite, limit, subset=subset)
+    loaded = load_suite(suite, limit, subset=subset)
+    prompts, info = loaded.prompts, loaded.info
     pair = load_pair(model, draft, accept_method or "ar", dtype, device)
     engine, tok, stops = pair.engine, pair.tokenizer, list(pair.stop_ids)
 
@@ -250,14 +251,15 @@ def record_from_server(kind: str, url: str, model: str = D.MODEL, suite: str = D
 
     from tqdm.auto import tqdm
 
-    from ddtree_bench.suites.prompts import load_prompts
+    from ddtree_bench.suites.prompts import load_suite
 
     if kind not in SERVER_KINDS:
         raise UsageError(f"--backend {kind!r} cannot record a baseline from a server; expected one of {', '.join(SERVER_KINDS)}")
     if not 2 <= top_logprobs <= 20:
         raise UsageError(f"--top-logprobs must be in 2..20, got {top_logprobs}")
     check_args(max_new_tokens, limit, D.DTYPE, D.DEVICE, None, D.BUDGET)
-    prompts, info = load_prompts(suite, limit, subset=subset)
+    loaded = load_suite(suite, limit, subset=subset)
+    prompts, info = loaded.prompts, loaded.info
     bar = tqdm(total=sum(len(p.turns) for p in prompts), desc=f"baseline ({kind})", unit="turn", disable=not progress, leave=False)
     try:
         described, entries, notes = asyncio.run(_record_server(kind, url, model, prompts, max_new_tokens, api_key, timeout_s, top_logprobs, bar))

@@ -78,11 +78,12 @@ def suites_show(
     import json
 
     from ddtree_bench.errors import UsageError
-    from ddtree_bench.suites.prompts import load_prompts
+    from ddtree_bench.suites.prompts import load_suite
 
     if limit <= 0:
         raise UsageError(f"--limit must be a positive integer, got {limit}")
-    prompts, info = load_prompts(name, n, subset=subset)
+    loaded = load_suite(name, n, subset=subset)
+    prompts, info = loaded.prompts, loaded.info
     if jsonl:
         for p in prompts:
             typer.echo(json.dumps({"id": p.prompt_id, "turns": p.turns}, ensure_ascii=False))

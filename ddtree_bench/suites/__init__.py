@@ -1,7 +1,7 @@
 """Benchmark suites: from a name or file to the prompts a run sends, and what is recorded about them.
 
 Modules, one concept each:
-* `prompts` — a suite's prompts in run order and its `SuiteInfo` (the entry point of a run);
+* `prompts` — `load_suite`, a run's one entry: a `SuitePrompts` record (prompts in run order, `SuiteInfo`);
 * `catalog` — where named suite YAMLs are found (`DDTREE_BENCH_SUITES`, `suite_specs/`, `suites/`);
 * `spec`    — one suite YAML: schema, validation, Jinja2 user-turn templates;
 * `sources` — a source's raw items: bundled/local JSONL or a Hugging Face dataset;

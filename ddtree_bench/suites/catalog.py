@@ -72,12 +72,18 @@ def get_spec(name: str) -> SuiteSpec:
         if not p.is_file():
             raise UsageError(f"suite file {p} does not exist")
         return _load_spec(p)
-    path = spec_files().get(name)
-    if path is None:
+    spec = find_spec(name)
+    if spec is None:
         known = ", ".join(suite_names()) or "none found"
         raise UsageError(f"unknown suite {name!r} (known: {known})",
                          hint="see `ddtree-bench suites`, or pass a JSONL file of {\"id\", \"turns\"}")
-    return _load_spec(path)
+    return spec
+
+
+def find_spec(name: str) -> SuiteSpec | None:
+    """The validated definition of the suite YAML named `name`, or None when no directory has one."""
+    path = spec_files().get(name)
+    return None if path is None else _load_spec(path)
 
 
 def list_specs() -> list[SuiteSpec]:

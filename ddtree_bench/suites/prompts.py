@@ -2,8 +2,9 @@
 
 A suite is a name (`suites/<name>.yaml`, see `ddtree-bench suites` and `catalog.py`), a suite YAML
 file, a JSONL file of `{"id": str, "turns": [str, ...]}` (z-lab's cache format), or the built-in
-`smoke` suite. `load_prompts` returns the prompts and a `SuiteInfo` that baselines and run.json
-record (source, subset rule, template, count).
+`smoke` suite. `load_suite` is the one entry a run makes into this package: it resolves the name
+once and returns a `SuitePrompts` record (the prompts in run order, and the `SuiteInfo` that
+baselines and run.json record: source, subset rule, template, count) that the rest consumes.
 The schema is in `spec.py`, subset rules in `subsets.py`, data loading in `sources.py`, the lookup
 of named suites in `catalog.py`. Knows nothing of models or HTTP.
 """
@@ -17,7 +18,7 @@ from typing import Any
 from ddtree_bench.errors import UsageError
 from ddtree_bench.jsonl import iter_jsonl
 from ddtree_bench.records import Prompt
-from ddtree_bench.suites.catalog import describe_source, get_spec, spec_files
+from ddtree_bench.suites.catalog import describe_source, find_spec, get_spec
 from ddtree_bench.suites.spec import SuiteSpec
 from ddtree_bench.suites.subsets import check_rule, select_indices
 
@@ -41,6 +42,23 @@ class SuiteInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class SuitePrompts:
+    """One suite as a run uses it, loaded once (`load_suite`): what was asked, the prompts in run
+    order and the `SuiteInfo` recorded about them. The runner, a sweep (for every point of the
+    suite) and the baseline commands consume this record; none of them enters the package again."""
+
+    suite: str                 # as asked: a suite name, a suite YAML or a JSONL path
+    limit: int | None          # as asked (None: the suite's default n)
+    subset: str | None         # as asked (None: the suite's own rule)
+    prompts: list[Prompt]
+    info: SuiteInfo
+
+    def answers(self, suite: str, limit: int | None, subset: str | None) -> bool:
+        """Whether this is what `load_suite(suite, limit, subset=subset)` returns."""
+        return (self.suite, self.limit, self.subset) == (suite, limit, subset)
 
 
 # --------------------------------------------------------------------------- custom JSONL suites
@@ -111,7 +129,23 @@ def _spec_prompts(spec: SuiteSpec, n: int | None, rule: str | None, _depth: int 
     return prompts, len(items)
 
 
-def load_prompts(suite: str, limit: int | None = None, *, subset: str | None = None) -> tuple[list[Prompt], SuiteInfo]:
+def _resolve(suite: str) -> SuiteSpec | Path | None:
+    """What `suite` names, looked up once: a suite definition (a named suite or a YAML file), a
+    custom JSONL file, or None for the built-in smoke suite. An unknown name is a UsageError."""
+    if suite.endswith((".yaml", ".yml")):
+        return get_spec(suite)
+    if suite == "smoke":
+        return None
+    if not suite.endswith(".jsonl"):
+        spec = find_spec(suite)
+        if spec is not None:
+            return spec
+        if not Path(suite).is_file():
+            return get_spec(suite)  # raises: unknown suite, naming the known ones
+    return Path(suite).expanduser()
+
+
+def load_suite(suite: str, limit: int | None = None, *, subset: str | None = None) -> SuitePrompts:
     """Prompts of a suite, in run order, and what baselines / run.json record about them.
 
     limit: number of prompts (None: the suite's default `n`; custom JSONL: every prompt).
@@ -122,20 +156,18 @@ def load_prompts(suite: str, limit: int | None = None, *, subset: str | None = N
     check_rule(subset)
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
         raise UsageError(f"--limit must be a positive integer, got {limit!r}")
-    is_yaml = suite.endswith((".yaml", ".yml"))
-    if not is_yaml and (suite.endswith(".jsonl") or (suite not in ("smoke", *spec_files()) and Path(suite).is_file())):
-        path = Path(suite).expanduser()
-        all_prompts = read_jsonl_suite(path)
+    found = _resolve(suite)
+    if isinstance(found, Path):
+        all_prompts = read_jsonl_suite(found)
         prompts = [all_prompts[i] for i in select_indices(len(all_prompts), limit, subset)]
-        info = SuiteInfo(name=path.stem, source=str(path), subset_rule=subset, num_available=len(all_prompts))
-    elif suite == "smoke":
+        info = SuiteInfo(name=found.stem, source=str(found), subset_rule=subset, num_available=len(all_prompts))
+    elif found is None:
         prompts = [SMOKE[i] for i in select_indices(len(SMOKE), limit, subset)]
         info = SuiteInfo(name="smoke", source="built-in", subset_rule=subset, num_available=len(SMOKE))
     else:
-        spec = get_spec(suite)
-        rule = subset or spec.subset
-        prompts, available = _spec_prompts(spec, limit if limit is not None else spec.n, rule)
-        info = SuiteInfo(name=spec.name, source=describe_source(spec), subset_rule=rule, template=spec.template_text(),
-                         default_n=spec.n, num_available=available, spec_file=str(spec.path))
+        rule = subset or found.subset
+        prompts, available = _spec_prompts(found, limit if limit is not None else found.n, rule)
+        info = SuiteInfo(name=found.name, source=describe_source(found), subset_rule=rule, template=found.template_text(),
+                         default_n=found.n, num_available=available, spec_file=str(found.path))
     info.num_prompts = len(prompts)
-    return prompts, info
+    return SuitePrompts(suite, limit, subset, prompts, info)

@@ -5,9 +5,9 @@ then sets CUDA_VISIBLE_DEVICES for it), `num_cpus` = `D.SWEEP_RAY_CPUS_PER_POINT
 `ray_resources` (custom resources, e.g. a node label). It runs `executors.run_group` into a
 temporary directory on its node and streams back, per finished point, the point directory's files
 as bytes (a Ray generator task); the driver writes them into the sweep directory exactly as a local
-run would (`executors.Absorber`). No shared file system is assumed: models, drafters and suites given
-as paths must exist at those paths on the workers, and ddtree-bench (with the serving engine) must be
-installed there.
+run would (`executors.Absorber`). No shared file system is assumed: models and drafters given as
+paths must exist at those paths on the workers, and ddtree-bench (with the serving engine) must be
+installed there; the suites' prompts are loaded once on the driver and travel with each task.
 
 The CPU-or-CUDA default of sglang/vllm points is decided on a cluster node (`external_device_fn`: a
 probe task that asks for a GPU when the cluster has any), not on the driver, which may have none.

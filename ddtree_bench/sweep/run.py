@@ -41,6 +41,7 @@ from ddtree_bench.env import environment, now_iso
 from ddtree_bench.errors import RunFailed, UsageError
 from ddtree_bench.outpaths import check_output_dir, make_dirs
 from ddtree_bench.results import read_json, read_records, write_json_atomic, write_text_atomic
+from ddtree_bench.suites.prompts import SuitePrompts, load_suite
 from ddtree_bench.noise import probe
 from ddtree_bench.sweep import aggregate as A
 from ddtree_bench.sweep import counters as C
@@ -101,7 +102,7 @@ def latest_sweep(root: Path = Path("results")) -> Path:
 @dataclass
 class _Prepared:
     points: list[Point]
-    prompts: dict[str, list]                     # suite -> prompts (first one is used for server warmup)
+    suites: dict[str, SuitePrompts]              # suite -> its prompts, loaded once for every point (first: server warmup)
     profiles: dict[str, Profile]
     api_key: str | None
     server_pythons: dict[str, str] = field(default_factory=dict)  # backend -> interpreter ({server_python})
@@ -110,14 +111,12 @@ class _Prepared:
 
 def prepare(grid: GridSpec, api_key: str | None = None, external_device_fn: Callable[[], str] | None = None) -> _Prepared:
     """Expand and check everything that can be checked before any work: exit 2 on bad input."""
-    from ddtree_bench.suites.prompts import load_prompts
-
     points = expand(grid, external_device_fn)  # (ray: a cluster node picks sglang/vllm's default device)
-    prompts = {s: load_prompts(s, grid.limit)[0] for s in dict.fromkeys(p.suite for p in points)}
-    for s, ps in prompts.items():
-        if not ps:
+    suites = {s: load_suite(s, grid.limit) for s in dict.fromkeys(p.suite for p in points)}
+    for s, loaded in suites.items():
+        if not loaded.prompts:
             raise UsageError(f"suite {s!r} has no prompts")
-    prep = _Prepared(points, prompts, {}, api_key)
+    prep = _Prepared(points, suites, {}, api_key)
     for p in points:
         if p.backend == "inprocess" or p.model == "toy":
             from ddtree_bench.pair import model_dirs
@@ -276,7 +275,8 @@ class _Sweep:
         from ddtree_bench.runner import execute
 
         try:
-            execute(spec, self.sdir.point_dir(p.id), progress=self.progress, backend=backend, overwrite=True)
+            execute(spec, self.sdir.point_dir(p.id), progress=self.progress, backend=backend, overwrite=True,
+                    suite=self.prep.suites[p.suite])
             return None
         except (RunFailed, UsageError) as e:
             return str(e)
@@ -368,7 +368,7 @@ class _Sweep:
         from ddtree_bench.records import Prompt
 
         spec = to_spec(p, self.grid, url=srv.url, api_key=self.prep.api_key)
-        first = self.prep.prompts[p.suite][0]
+        first = self.prep.suites[p.suite].prompts[0]
         warm = [Prompt(f"warmup-{i}", first.turns[:1]) for i in range(self.grid.warmup)]
 
         async def go() -> None:

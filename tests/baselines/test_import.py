@@ -112,11 +112,11 @@ def test_import_matches_sharded_and_two_turn_responses(setup, capsys):
 
 def test_method_choice_and_text_fallback(setup):
     from ddtree_bench.baselines.import_pt import import_responses
-    from ddtree_bench.suites.prompts import load_prompts
+    from ddtree_bench.suites.prompts import load_suite
 
     _, tok, suite, pt, _ = setup
     obj = torch.load(pt, weights_only=False)
-    prompts, _ = load_prompts(str(suite))
+    prompts = load_suite(str(suite)).prompts
     chosen = import_responses(obj, tok, prompts, method="ddtree_tb64")
     assert all(e.output_ids[-2] == ord("!") for e in chosen.entries)  # the ddtree outputs, not their AR
     assert chosen.entries[0].accept_lengths == [4, 4]  # --accept-from defaults to --method
@@ -175,10 +175,11 @@ def test_gaps_from_model_rescore_equals_the_engines_own_gaps(setup, capsys):
 def test_suite_and_sample_count_default_to_the_files_args(setup, tmp_path, capsys):
     """The authors' args name the dataset and max_samples; with the bundled mt-bench suite (zlab-paper
     subset, the paper's rule) the import needs neither --suite nor --limit."""
-    from ddtree_bench.suites.prompts import load_prompts
+    from ddtree_bench.suites.prompts import load_suite
 
     d, tok, _, _, _ = setup
-    prompts, info = load_prompts("mt-bench", 4)
+    loaded = load_suite("mt-bench", 4)
+    prompts, info = loaded.prompts, loaded.info
     assert info.subset_rule == "zlab-paper" and all(len(p.turns) == 2 for p in prompts)
     pt = tmp_path / "mt.pt"
     build_pt(pt, tok, [{"id": p.prompt_id, "turns": p.turns} for p in prompts],

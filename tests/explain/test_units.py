@@ -51,10 +51,10 @@ def test_variant_names_parse_and_describe():
 @pytest.fixture(scope="module")
 def toy():
     from ddtree_bench.pair import load_pair
-    from ddtree_bench.suites.prompts import load_prompts
+    from ddtree_bench.suites.prompts import load_suite
 
     pair = load_pair("toy", None, "dflash")
-    prompts, _ = load_prompts("gsm8k", 2)
+    prompts = load_suite("gsm8k", 2).prompts
     ids = [pair.tokenizer.apply_chat_template([{"role": "user", "content": p.turns[0]}]) for p in prompts]
     return pair, ids
 

@@ -19,7 +19,7 @@ import pytest
 from ddtree_bench.cli import main
 from ddtree_bench.errors import UsageError
 from ddtree_bench.suites import sources as suite_sources
-from ddtree_bench.suites.prompts import load_prompts
+from ddtree_bench.suites.prompts import load_suite
 
 
 def _cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -56,7 +56,7 @@ def test_list_json(capsys):
 def test_show_prints_rendered_turns(capsys):
     code, out, _ = _cli(capsys, "suites", "show", "gsm8k", "--limit", "2")
     assert code == 0
-    first = load_prompts("gsm8k", 1)[0][0]
+    first = load_suite("gsm8k", 1).prompts[0]
     assert f"id {first.prompt_id}" in out and first.turns[0] in out
     assert "selected  128 of 1319 items, subset rule zlab-paper" in out
     assert out.count("=== [") == 2
@@ -69,8 +69,8 @@ def test_show_jsonl_round_trips_as_a_custom_suite(capsys, tmp_path):
     assert code == 0
     path = tmp_path / "he4.jsonl"
     path.write_text(out, encoding="utf-8")
-    mine = load_prompts(str(path))[0]
-    ref = load_prompts("humaneval", 4)[0]
+    mine = load_suite(str(path)).prompts
+    ref = load_suite("humaneval", 4).prompts
     assert [(p.prompt_id, p.turns) for p in mine] == [(p.prompt_id, p.turns) for p in ref]
 
 
@@ -85,7 +85,7 @@ def test_missing_datasets_package_is_one_clear_error(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a))
     with pytest.raises(UsageError, match=r"suite 'math500' loads the Hugging Face dataset HuggingFaceH4/MATH-500 .*needs the `datasets` package") as e:
-        load_prompts("math500", 3)
+        load_suite("math500", 3)
     assert "ddtree-bench[datasets]" in e.value.hint
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from ddtree_bench.errors import UsageError
 from ddtree_bench.suites import catalog
-from ddtree_bench.suites.prompts import load_prompts
+from ddtree_bench.suites.prompts import load_suite
 from ddtree_bench.suites.sources import DATA_DIR
 from ddtree_bench.suites.subsets import select_indices
 
@@ -37,7 +37,7 @@ def _bundled(name: str) -> list[dict]:
 
 
 def _ids(suite: str, limit: int | None = None, subset: str | None = None) -> list[str]:
-    return [p.prompt_id for p in load_prompts(suite, limit, subset=subset)[0]]
+    return [p.prompt_id for p in load_suite(suite, limit, subset=subset).prompts]
 
 
 # ----------------------------------------------------------------------------- templates
@@ -46,7 +46,8 @@ def _ids(suite: str, limit: int | None = None, subset: str | None = None) -> lis
 def test_gsm8k_template_on_bundled_item():
     item = _bundled("gsm8k_test.jsonl")[0]
     assert item["question"].startswith("Janet")
-    prompts, info = load_prompts("gsm8k", 1, subset="first")
+    loaded = load_suite("gsm8k", 1, subset="first")
+    prompts, info = loaded.prompts, loaded.info
     assert prompts[0].turns == [item["question"] + BOXED]
     assert catalog.user_turns("gsm8k", {"question": "What is 2+2?"}) == ["What is 2+2?" + BOXED]
     assert info.template == "{{ question }}" + BOXED
@@ -54,14 +55,15 @@ def test_gsm8k_template_on_bundled_item():
 
 def test_humaneval_template_on_bundled_item():
     item = _bundled("humaneval.jsonl")[0]
-    prompts, _ = load_prompts("humaneval", 1, subset="first")
+    prompts = load_suite("humaneval", 1, subset="first").prompts
     assert prompts[0].prompt_id == "HumanEval/0"
     assert prompts[0].turns == [HUMANEVAL_PREFIX + item["prompt"] + "\n```"]
 
 
 def test_mt_bench_carries_both_turns_verbatim():
     items = _bundled("mt_bench_questions.jsonl")
-    prompts, info = load_prompts("mt-bench")
+    loaded = load_suite("mt-bench")
+    prompts, info = loaded.prompts, loaded.info
     assert len(prompts) == 80 and info.num_prompts == 80
     assert all(len(p.turns) == 2 for p in prompts)
     assert prompts[0].prompt_id == "81" and prompts[0].turns == items[0]["turns"]
@@ -70,7 +72,7 @@ def test_mt_bench_carries_both_turns_verbatim():
 
 def test_sharegpt_uses_first_human_turn():
     item = _bundled("sharegpt_sample500.jsonl")[0]
-    prompts, _ = load_prompts("sharegpt", 1, subset="first")
+    prompts = load_suite("sharegpt", 1, subset="first").prompts
     assert prompts[0].prompt_id == item["id"]
     assert prompts[0].turns == [item["conversations"][0]["value"]]
 
@@ -138,7 +140,8 @@ def test_hf_sources_named():
 
 def test_offline_suites_load_fully():
     for name, n in [("gsm8k", 128), ("humaneval", 164), ("mt-bench", 80), ("sharegpt", 128), ("chat-mix", 80)]:
-        prompts, info = load_prompts(name)
+        loaded = load_suite(name)
+        prompts, info = loaded.prompts, loaded.info
         assert len(prompts) == n == info.num_prompts, name
         assert len({p.prompt_id for p in prompts}) == n, name
         assert info.subset_rule == "zlab-paper" and info.default_n == n and info.template
@@ -166,7 +169,7 @@ def test_zlab_current_golden_ids():
     assert _ids("gsm8k", 8, "zlab-current") == ["1101", "120", "474", "991", "192", "1020", "350", "480"]
     assert _ids("humaneval", 5, "zlab-current") == ["HumanEval/146", "HumanEval/67", "HumanEval/68", "HumanEval/94", "HumanEval/54"]
     assert _ids("mt-bench", 6, "zlab-current") == ["137", "125", "123", "131", "105", "112"]
-    _, info = load_prompts("gsm8k", 2, subset="zlab-current")
+    info = load_suite("gsm8k", 2, subset="zlab-current").info
     assert info.subset_rule == "zlab-current"
 
 
@@ -176,7 +179,7 @@ def test_zlab_paper_matches_hf_datasets_shuffle():
     ds = datasets.Dataset.from_list([{"i": i, "question": r["question"]} for i, r in enumerate(rows)])
     hf = ds.shuffle(seed=0).select(range(128))
     assert [r["i"] for r in hf] == select_indices(len(rows), 128, "zlab-paper")
-    assert [p.turns[0] for p in load_prompts("gsm8k")[0]] == [r["question"] + BOXED for r in hf]
+    assert [p.turns[0] for p in load_suite("gsm8k").prompts] == [r["question"] + BOXED for r in hf]
     mt = datasets.Dataset.from_list(_bundled("mt_bench_questions.jsonl"))
     assert [str(r["question_id"]) for r in mt.shuffle(seed=0).select(range(10))] == _ids("mt-bench", 10)
 
@@ -208,13 +211,14 @@ def test_limit_is_a_prefix_of_the_default_selection():
     assert _ids("gsm8k", 300)[:128] == full
     assert len(_ids("smoke", 10)) == 3
     with pytest.raises(UsageError, match="--limit"):
-        load_prompts("gsm8k", 0)
+        load_suite("gsm8k", 0)
     with pytest.raises(UsageError, match="subset"):
-        load_prompts("gsm8k", 3, subset="random")
+        load_suite("gsm8k", 3, subset="random")
 
 
 def test_chat_mix_is_balanced_round_robin():
-    prompts, info = load_prompts("chat-mix", 8)
+    loaded = load_suite("chat-mix", 8)
+    prompts, info = loaded.prompts, loaded.info
     cats = [p.meta["category"] for p in prompts]
     assert cats == ["multi_turn", "math_reasoning", "coding", "chat"] * 2
     assert [p.prompt_id for p in prompts[:4]] == ["mt-bench/131", "gsm8k/264", "humaneval/HumanEval/139", "sharegpt/YlSddAS_0"]
@@ -227,7 +231,7 @@ def test_chat_mix_is_balanced_round_robin():
 
 def test_unknown_suite():
     with pytest.raises(UsageError, match="unknown suite 'nope'"):
-        load_prompts("nope")
+        load_suite("nope")
 
 
 @pytest.fixture
@@ -248,15 +252,16 @@ GOOD = 'source: {file: items.jsonl}\nn: 2\nsubset: first\nid_field: key\nturns: 
 def test_user_suite_dir_and_relative_file(suite_dir):
     _write(suite_dir, "items.jsonl", '{"key": "a", "q": "one"}\n{"key": "b", "q": "two"}\n{"key": "c", "q": "three"}\n')
     _write(suite_dir, "mine.yaml", GOOD)
-    prompts, info = load_prompts("mine")
+    loaded = load_suite("mine")
+    prompts, info = loaded.prompts, loaded.info
     assert [(p.prompt_id, p.turns) for p in prompts] == [("a", ["Q: one"]), ("b", ["Q: two"])]
     assert info.subset_rule == "first" and info.num_available == 3 and info.spec_file.endswith("mine.yaml")
     assert "mine" in catalog.suite_names()
     # a user directory comes first, so it can override a built-in name
     _write(suite_dir, "gsm8k.yaml", GOOD.replace("Q: ", "Mine: "))
-    assert load_prompts("gsm8k")[0][0].turns == ["Mine: one"]
+    assert load_suite("gsm8k").prompts[0].turns == ["Mine: one"]
     # a YAML path works as --suite too
-    assert load_prompts(str(suite_dir / "mine.yaml"), 1)[0][0].prompt_id == "a"
+    assert load_suite(str(suite_dir / "mine.yaml"), 1).prompts[0].prompt_id == "a"
 
 
 @pytest.mark.parametrize("text, match", [
@@ -275,7 +280,7 @@ def test_user_suite_dir_and_relative_file(suite_dir):
 def test_bad_suite_yaml_is_a_usage_error_naming_the_file(suite_dir, text, match):
     _write(suite_dir, "bad.yaml", text)
     with pytest.raises(UsageError, match=match) as e:
-        load_prompts("bad")
+        load_suite("bad")
     assert "bad.yaml" in str(e.value)
 
 
@@ -294,7 +299,7 @@ def test_render_errors_name_the_item(suite_dir):
     _write(suite_dir, "items.jsonl", '{"key": "a", "q": "one"}\n{"key": "b"}\n')
     _write(suite_dir, "mine.yaml", GOOD)
     with pytest.raises(UsageError, match=r"item 1 \(b\).*'q' is undefined"):
-        load_prompts("mine")
+        load_suite("mine")
 
 
 # ----------------------------------------------------------------------------- custom JSONL
@@ -311,18 +316,19 @@ def test_render_errors_name_the_item(suite_dir):
 def test_custom_jsonl_errors_name_the_line(tmp_path, lines, match):
     p = _write(tmp_path, "x.jsonl", lines)
     with pytest.raises(UsageError, match=match):
-        load_prompts(str(p))
+        load_suite(str(p))
 
 
 def test_custom_jsonl_suite(tmp_path):
     p = _write(tmp_path, "c.jsonl", "".join(json.dumps({"id": f"p{i}", "turns": [f"t{i}", "again"], "tag": i}) + "\n" for i in range(5))
                + json.dumps({"question_id": 99, "turns": ["spec-bench style"]}) + "\n")
-    prompts, info = load_prompts(str(p))
+    loaded = load_suite(str(p))
+    prompts, info = loaded.prompts, loaded.info
     assert [x.prompt_id for x in prompts] == ["p0", "p1", "p2", "p3", "p4", "99"]
     assert prompts[0].turns == ["t0", "again"] and prompts[0].meta["tag"] == 0
     assert info.subset_rule is None and info.num_available == 6
-    assert [x.prompt_id for x in load_prompts(str(p), 2)[0]] == ["p0", "p1"]
-    picked = load_prompts(str(p), 2, subset="zlab-paper")[0]
+    assert [x.prompt_id for x in load_suite(str(p), 2).prompts] == ["p0", "p1"]
+    picked = load_suite(str(p), 2, subset="zlab-paper").prompts
     assert [x.prompt_id for x in picked] == [f"p{i}" if i < 5 else "99" for i in select_indices(6, 2, "zlab-paper")]
     with pytest.raises(UsageError, match="does not exist"):
-        load_prompts(str(tmp_path / "missing.jsonl"))
+        load_suite(str(tmp_path / "missing.jsonl"))
