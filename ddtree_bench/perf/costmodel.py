@@ -15,7 +15,15 @@ its own tau. The best budget maximises tok/s. Curves given at a few points (`Cur
 interpolated linearly in the number of tokens between points and extended by the slope of the last
 two points beyond them (verify cost grows about linearly once the forward is compute-bound).
 tau(B) comes from a sweep (mean acceptance length per budget) or is given (e.g. the DDTree paper's
-Fig. 3). Knows nothing of engines or GPUs: it is arithmetic on measured numbers.
+Fig. 3).
+
+`calibrate` builds the model from the stage totals of real generate() calls (`RoundSample`: rounds
+as they run, first rounds and cache growth included) instead of isolated forwards; per-round means,
+since tok/s divides tokens by summed round time. The batched model (`BatchStageCosts`,
+`predict_batched`, `best_per_batch`, `calibrate_batched` from measured (batch, budget) points)
+extends the round to C requests: one draft at batch C, one verify over the C concatenated trees,
+overhead fixed plus per request, tau per request. Knows nothing of engines or GPUs: it is
+arithmetic on measured numbers.
 """
 
 from __future__ import annotations
@@ -121,3 +129,214 @@ def best(predictions: list[Prediction]) -> Prediction:
 def break_even_tau(model: CostModel, budget: int) -> float:
     """The acceptance length at which budget B just matches AR: tau = T_round(B) / T_AR."""
     return model.round_ms(budget) / model.t_ar
+
+
+# ---------------------------------------------------------------------------- calibrated on rounds as they run
+
+
+@dataclass
+class RoundSample:
+    """What real generate() calls at one (method, budget) spent per stage: totals over their rounds.
+
+    stage_ms: Generation.stage_ns summed over the calls, in ms, prefill left out (draft, tree_build,
+    verify, commit on the plain loop; the fast loop adds tree_compile and walk). rounds: their
+    accept_lengths counted; tokens: the accepted lengths summed (the tau numerator)."""
+    method: str              # "ar" | "dflash" | "ddtree"
+    budget: int              # DDTree: tree nodes; DFlash: block_size - 1 (its chain); AR: 0
+    rounds: int
+    tokens: int
+    stage_ms: dict[str, float]
+
+    @property
+    def verify_tokens(self) -> int:
+        """Query tokens of this method's verify forward: the root (bonus) plus the tree or chain."""
+        return 1 + self.budget
+
+    def per_round(self, stage: str) -> float:
+        return self.stage_ms.get(stage, 0.0) / self.rounds
+
+    @property
+    def round_ms(self) -> float:
+        return sum(self.stage_ms.values()) / self.rounds
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / self.rounds
+
+
+def calibrate(samples: list[RoundSample]) -> CostModel:
+    """The cost model from stage times measured inside generation (not from isolated forwards):
+
+        T_draft       = sum of draft ms / sum of rounds, over every DDTree sample (one drafter forward a
+                        round, whatever the budget; DFlash's when there is no DDTree sample)
+        T_verify(n)   = verify ms / rounds of the sample whose verify takes n = 1 + budget tokens
+                        (AR: n = 1, DFlash: n = block_size, DDTree B: n = 1 + B)
+        T_overhead(B) = (round - draft - verify) ms / rounds of the DDTree sample at B (build, compile,
+                        walk, commit: everything else the round spent)
+        T_AR          = the AR sample's round ms / rounds
+
+    Means, not medians: tok/s is tokens over the summed round times, so the mean round is what it
+    divides by. Several samples at one point (or one n) are pooled by their rounds."""
+    if not samples:
+        raise ValueError("no samples to calibrate on")
+
+    def pooled(group: list[RoundSample], stages: tuple[str, ...] | None) -> float:
+        rounds = sum(s.rounds for s in group)
+        ms = sum(sum(v for k, v in s.stage_ms.items() if stages is None or k in stages) for s in group)
+        return ms / rounds
+
+    by_n: dict[int, list[RoundSample]] = {}
+    by_budget: dict[int, list[RoundSample]] = {}
+    for s in samples:
+        if s.rounds <= 0:
+            raise ValueError(f"sample {s.method} {s.budget} has no rounds")
+        by_n.setdefault(s.verify_tokens, []).append(s)
+        if s.method == "ddtree":
+            by_budget.setdefault(s.budget, []).append(s)
+    verify = Curve({n: pooled(g, ("verify",)) for n, g in by_n.items()})
+    drafting = [s for s in samples if s.method == "ddtree"] or [s for s in samples if s.method == "dflash"]
+    if not drafting:
+        raise ValueError("calibration needs DDTree (or DFlash) samples for the draft cost")
+    draft = pooled(drafting, ("draft",))
+    overhead = {b: pooled(g, None) - pooled(g, ("draft", "verify")) for b, g in by_budget.items()}
+    if not overhead:   # DFlash only: its chain's overhead stands for every budget
+        overhead = {0: pooled(drafting, None) - pooled(drafting, ("draft", "verify"))}
+    ar = [s for s in samples if s.method == "ar"]
+    return CostModel(verify, draft, Curve(overhead), pooled(ar, None) if ar else None)
+
+
+# ---------------------------------------------------------------------------- batched (issue 19)
+
+
+@dataclass
+class BatchStageCosts:
+    """Per-round stage costs of the batched engine, C requests in flight, each with a tree of B nodes.
+
+        verify_ms(n)         one target forward over the C trees concatenated, n = C * (1 + B) query
+                             tokens (each request attends to its own prefix and ancestors); a Curve in n
+        draft_ms(C)          one drafter forward over C requests (C * block_size tokens); a Curve in C
+        overhead_fixed_ms(B) per round, whatever C (launches, the host sync); a Curve in B
+        overhead_per_request_ms(B)  per request and round (its tree build, compile, walk, commit); a Curve in B
+        ar_overhead_per_request_ms  AR's per request and round (pick + commit); AR's fixed part is
+                             overhead_fixed_ms(0)
+
+    Attention over C prefixes is inside verify_ms's points but not modelled apart: a curve measured at
+    one prefix length predicts that length."""
+    verify_ms: Curve
+    draft_ms: Curve
+    overhead_fixed_ms: Curve
+    overhead_per_request_ms: Curve
+    ar_overhead_per_request_ms: float = 0.0
+
+
+@dataclass
+class BatchPrediction:
+    batch: int               # C, requests per round
+    budget: int              # B, tree nodes per request
+    tau: float               # acceptance length per request and round, bonus counted
+    draft_ms: float
+    verify_ms: float
+    overhead_ms: float
+    round_ms: float
+    tok_s: float             # output tokens per second over all C requests
+    tok_s_per_request: float
+    ar_tok_s: float          # AR at the same batch
+    speedup: float           # tok_s / ar_tok_s
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def predict_batched(costs: BatchStageCosts, tau: Mapping[int, float] | Curve, batches: list[int],
+                    budgets: list[int]) -> list[BatchPrediction]:
+    """Output tok/s per (batch C, budget B), batch-major:
+
+        T_round(C, B)  = T_draft(C) + T_verify(C * (1 + B)) + T_fixed(B) + C * T_request(B)
+        tok/s(C, B)    = 1000 * C * tau(B) / T_round(C, B)          (per request: 1000 * tau(B) / T_round)
+        T_AR(C)        = T_verify(C) + T_fixed(0) + C * T_request_AR;   AR tok/s(C) = 1000 * C / T_AR(C)
+        speedup(C, B)  = tok/s(C, B) / AR tok/s(C)
+
+    tau(B) is per request and does not depend on C: batching is lossless (each request accepts what it
+    accepts alone), so tau comes from batch-1 runs or is given."""
+    tau_curve = tau if isinstance(tau, Curve) else Curve(tau)
+    out = []
+    for c in batches:
+        if c < 1:
+            raise ValueError(f"batch {c} < 1")
+        ar_round = costs.verify_ms(c) + costs.overhead_fixed_ms(0) + c * costs.ar_overhead_per_request_ms
+        ar_tok_s = 1000.0 * c / ar_round
+        for b in budgets:
+            t = tau_curve(b)
+            draft, verify = costs.draft_ms(c), costs.verify_ms(c * (1 + b))
+            overhead = costs.overhead_fixed_ms(b) + c * costs.overhead_per_request_ms(b)
+            r = draft + verify + overhead
+            tok_s = 1000.0 * c * t / r
+            out.append(BatchPrediction(c, b, t, draft, verify, overhead, r, tok_s, tok_s / c, ar_tok_s, tok_s / ar_tok_s))
+    return out
+
+
+def best_per_batch(predictions: list[BatchPrediction]) -> dict[int, BatchPrediction]:
+    """Per batch C, the budget with the highest output tok/s (the smaller budget on an exact tie)."""
+    best_of: dict[int, BatchPrediction] = {}
+    for p in predictions:
+        cur = best_of.get(p.batch)
+        if cur is None or (p.tok_s, -p.budget) > (cur.tok_s, -cur.budget):
+            best_of[p.batch] = p
+    return best_of
+
+
+@dataclass
+class BatchRoundPoint:
+    """Measured per-round stage times (ms, medians or means over rounds) at one (batch C, budget B);
+    budget 0 = AR. overhead_ms is the round less draft and verify."""
+    batch: int
+    budget: int
+    draft_ms: float
+    verify_ms: float
+    overhead_ms: float
+
+
+def calibrate_batched(points: list[BatchRoundPoint]) -> BatchStageCosts:
+    """BatchStageCosts from measured (C, B) points (leave a batch out of `points` to predict it honestly):
+
+        verify_ms    Curve over n = C * (1 + B) of the points' verify (points at one n averaged)
+        draft_ms     Curve over C of the DDTree points' draft (averaged over budgets)
+        overhead     per budget, a least-squares line overhead(C) = fixed(B) + C * per_request(B) over
+                     its batches (one batch: all of it per request, fixed 0); AR's (budget 0) per-request
+                     slope is ar_overhead_per_request_ms and its intercept fixed(0)"""
+    if not points:
+        raise ValueError("no points to calibrate on")
+    by_n: dict[int, list[float]] = {}
+    by_c: dict[int, list[float]] = {}
+    by_b: dict[int, list[BatchRoundPoint]] = {}
+    for p in points:
+        by_n.setdefault(p.batch * (1 + p.budget), []).append(p.verify_ms)
+        if p.budget > 0:
+            by_c.setdefault(p.batch, []).append(p.draft_ms)
+        by_b.setdefault(p.budget, []).append(p)
+    if not by_c:
+        raise ValueError("calibration needs DDTree points (budget > 0) for the draft cost")
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    fixed, per_req = {}, {}
+    for b, group in by_b.items():
+        fixed[b], per_req[b] = _line([p.batch for p in group], [p.overhead_ms for p in group])
+    ar_slope = per_req.pop(0, None)
+    tree_fixed = {b: v for b, v in fixed.items() if b > 0}
+    return BatchStageCosts(
+        verify_ms=Curve({n: mean(v) for n, v in by_n.items()}),
+        draft_ms=Curve({c: mean(v) for c, v in by_c.items()}),
+        overhead_fixed_ms=Curve(fixed if 0 in fixed else {0: 0.0, **tree_fixed}),
+        overhead_per_request_ms=Curve(per_req),
+        ar_overhead_per_request_ms=ar_slope or 0.0,
+    )
+
+
+def _line(xs: list[int], ys: list[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ys on xs; with one distinct x: (0, mean y / x)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0, my / mx
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
