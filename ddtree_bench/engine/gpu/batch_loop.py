@@ -13,8 +13,9 @@ Same API and same tokens as `batch.BatchLoop` (its slow obvious twin), organised
   they emit nothing and never move;
 * a round is FastLoop's six stages over the bucket, each a fixed-shape function captured lazily
   as one CUDA graph per (bucket, budget) on its first use (graphs.Stage): draft - ONE drafter
-  forward over every slot (batch_forward.draft_forward_batch); tree_build - each slot's tree
-  (the exact PyTorch builder tree_vector.StaticTreeBuilder, or DFlash's chain, per slot);
+  forward over every slot (batch_forward.draft_forward_batch); tree_build - every slot's tree
+  in one call (batch_tree.BatchTreeBuilder: tree_vector.StaticTreeBuilder batched over the slots,
+  the same trees), or DFlash's chain per slot;
   tree_compile - each slot's ids, positions, ancestor matrix and bias over its own region;
   verify - ONE target forward over the concatenated trees (batch_forward.target_forward_batch:
   each slot's rows see only its own prefix and its own ancestors) and the greedy picks; walk -
@@ -38,7 +39,7 @@ the output cut, a_r counting the root, stop ids, max_new_tokens, temperature, to
 The cache grows (and every graph is dropped) when an admitted request needs more slots per region.
 
 Not done here (FastLoop does them at batch 1): the Triton tree builders (pruned, with a
-certificate flag and a redo; here every tree is built by the exact PyTorch builder), the fused
+certificate flag and a redo; here the trees are built by the exact batched PyTorch builder), the fused
 Triton tree compile/walk, and queuing the next draft before the host has read the walk result.
 On a CPU the same code runs without capture, which is how CI checks it. `rounds` holds per
 round the batch size, the bucket and the stage times (ms), for bench-engine --batch.
@@ -57,6 +58,7 @@ import torch
 from ddtree_bench.engine.batch import BatchLoop, BatchRequest, BatchStats, Cancelled, ProposeRow, Retired, _Active
 from ddtree_bench.engine.cache import KVCache
 from ddtree_bench.engine.gpu.batch_forward import draft_forward_batch, target_forward_batch
+from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
 from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visible, group_size, visible_bias
 from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
 from ddtree_bench.engine.gpu.graphs import Pool, Stage
@@ -64,7 +66,6 @@ from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN, Laps
 from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, commit_static, verify_visible, walk_static
 from ddtree_bench.engine.interface import METHODS, OutputStream, RoundTrace, WalkLayout, logit_gaps, wants_round
 from ddtree_bench.engine.proposer import DFlashProposer
-from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 from ddtree_bench.engine.verify import GREEDY_EPS, pick, request_generator
 
 __all__ = ["BatchFastLoop", "buckets_for", "Cancelled"]
@@ -146,7 +147,7 @@ class BatchFastLoop:
         self.L = self.block_size - 1
         self.builder = None
         if method == "ddtree":
-            self.builder = StaticTreeBuilder(self.L, target.cfg.vocab_size, budget, self.device)
+            self.builder = BatchTreeBuilder(self.L, target.cfg.vocab_size, budget, self.device)
         self.width = 1 + (self.builder.N if method == "ddtree" else self.L) if self.spec else 1
         self.layout = WalkLayout(self.L) if self.spec else None
         self.result_size = self.layout.size if self.spec else 1
@@ -396,7 +397,7 @@ class BatchFastLoop:
         """Per slot (tokens, parents 1-based, depths) of its non-root nodes."""
         if self.method == "dflash":
             return [chain(self.dlogits[i]) for i in range(b)]
-        return [self.builder(self.dlogits[i]) for i in range(b)]
+        return self.builder(self.dlogits[:b]).slots()   # one batched build, read per slot
 
     def _compile(self, b: int, trees) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
         """Verify inputs of every slot: ids, positions [b*W], ancestor matrices [W, W] per slot, bias [b, g*W, S]."""
