@@ -20,6 +20,7 @@ variants; nothing of HTTP.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -100,12 +101,94 @@ def _reference_dirs(model: str | None, draft: str | None, spec: dict[str, Any]) 
     return model, draft
 
 
+@dataclass
+class _ServerRequests:
+    """What the run's records give explain: the server's acceptance and the requests to replay."""
+
+    with_rounds: bool                    # the records carry per-request acceptance lengths
+    ordered: bool                        # ... in round order (not a histogram)
+    acceptance: Acceptance               # the server's, over the replayed requests
+    summary_rates: list[Any] | None      # summary.json's per-depth rates (when the records have none)
+    requests: list[ReplayRequest]
+    max_new_tokens: int
+
+    @property
+    def keys(self) -> list[tuple[str, int]]:
+        return [q.key for q in self.requests]
+
+
+def _config_findings(target_dir: Path | None, draft_dir: Path | None, server_draft: str | None) -> list:
+    """The drafter config checks (and the served drafter's config diff, with --server-draft)."""
+    findings = []
+    if target_dir is not None and draft_dir is not None:
+        findings += check_pair(draft_dir, target_dir)
+        if server_draft is not None:
+            if not (Path(server_draft) / "config.json").exists():
+                raise UsageError(f"--server-draft {server_draft} has no config.json")
+            findings += diff_configs(draft_dir, Path(server_draft))
+    return findings
+
+
+def _server_requests(run_dir: Path, spec: dict[str, Any], records: list, summary: Any, limit: int | None) -> _ServerRequests:
+    """The records explain can use (acceptance lengths and prompt ids; else summary.json's per-depth
+    rates), the first `limit` of them. UsageError when the run has nothing to replay or compare."""
+    with_rounds = [r for r in records if r.accept_lengths and r.prompt_ids]
+    if limit is not None:
+        with_rounds = with_rounds[:limit]
+    ordered = bool(with_rounds) and all((r.accept_lengths_source or "rounds") == "rounds" for r in with_rounds)
+    server = Acceptance("server", {(r.prompt_id, r.turn): list(r.accept_lengths) for r in with_rounds},
+                        {(r.prompt_id, r.turn): list(r.output_ids or []) for r in with_rounds}, ordered)
+    summary_rates = (summary.get("metrics") or summary).get("acceptance_rate_by_depth") if isinstance(summary, dict) else None
+    if not with_rounds:
+        if not records or not any(r.prompt_ids for r in records):
+            raise UsageError(f"{run_dir}: no request has both prompt ids and acceptance lengths; nothing to replay")
+        if not summary_rates:
+            raise UsageError(f"{run_dir}: the server reported no acceptance (no accept_lengths, no per-depth rates)",
+                             hint="for vLLM, launch with --per-request-spec-decode-metrics detailed")
+    req_records = with_rounds or [r for r in records if r.prompt_ids][: limit or None]
+    max_new = int(spec.get("max_new_tokens") or D.MAX_NEW_TOKENS)
+    requests = [ReplayRequest((r.prompt_id, r.turn), list(r.prompt_ids), max_new) for r in req_records]
+    return _ServerRequests(bool(with_rounds), ordered, server, summary_rates, requests, max_new)
+
+
+def _replay_variants(eng, todo: list, sr: _ServerRequests, method: str, budget: int, stops: list[int],
+                     s_rates: list[float], s_tau: float | None, progress: bool) -> tuple[list[dict[str, Any]], Any]:
+    """Every variant's row (tau, per-depth rates, distance to the server, outputs equal, round
+    agreement; or why it does not apply), in `todo` order, and the reference variant's replay."""
+    from tqdm.auto import tqdm
+
+    cfg, keys, depth = eng.drafter.cfg, sr.keys, eng.drafter.block_size - 1
+    has_sliding = any(w is not None for w in cfg.layer_window)
+    bar = tqdm(total=len(todo) * len(sr.requests), desc="explain", unit="req", disable=not progress, leave=False)
+    rows, ref_res = [], None
+    try:
+        for v in todo:
+            why = v.not_applicable(cfg.num_hidden_layers, eng.target.cfg.num_hidden_layers, cfg.target_layer_ids,
+                                   eng.target.cfg.vocab_size, eng.drafter.block_size, has_sliding)
+            if why:
+                rows.append({**v.to_dict(), "skipped": why})
+                bar.update(len(sr.requests))
+                continue
+            res = replay(eng, sr.requests, method, budget, stops, v, on_request=lambda: bar.update(1))
+            if v.is_reference and ref_res is None:
+                ref_res = res
+            acc = res.acceptance
+            rates = acc.rates(depth, keys)
+            rows.append({**v.to_dict(), "tau": acc.tau(keys), "rates_by_depth": rates,
+                         "distance": curve_distance(s_rates, rates or []),
+                         "delta_tau": (acc.tau(keys) - s_tau) if s_tau is not None and acc.tau(keys) is not None else None,
+                         "outputs_equal_to_server": (sum(1 for k in keys if sr.acceptance.outputs.get(k) == acc.outputs.get(k))
+                                                     if sr.with_rounds else None),
+                         "round_agreement": round_agreement(sr.acceptance, acc, keys) if sr.ordered else None})
+    finally:
+        bar.close()
+    return rows, ref_res
+
+
 def explain(run_dir: str | Path, model: str | None = None, draft: str | None = None, server_draft: str | None = None,
             variants: list[str] | None = None, limit: int | None = None, dtype: str = D.DTYPE, device: str = D.DEVICE,
             progress: bool = True) -> dict[str, Any]:
     """Everything explain finds about one run, as a JSON-ready dict (see the module docstring)."""
-    from tqdm.auto import tqdm
-
     from ddtree_bench.engine.draft_variants import REFERENCE, catalog, parse_variant
     from ddtree_bench.env import environment, now_iso
     from ddtree_bench.pair import load_pair, model_dirs
@@ -124,41 +207,17 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
             raise UsageError(str(e)) from None
     model, draft = _reference_dirs(model, draft, spec)
     target_dir, draft_dir = model_dirs(model, draft)
-
-    findings = []
-    if target_dir is not None and draft_dir is not None:
-        findings += check_pair(draft_dir, target_dir)
-        if server_draft is not None:
-            if not (Path(server_draft) / "config.json").exists():
-                raise UsageError(f"--server-draft {server_draft} has no config.json")
-            findings += diff_configs(draft_dir, Path(server_draft))
+    findings = _config_findings(target_dir, draft_dir, server_draft)
     fatal = [f for f in findings if f.severity == "error" and not f.code.startswith("server_")]
-
     method, budget = spec["method"], int(spec.get("budget") or D.BUDGET)
-    with_rounds = [r for r in records if r.accept_lengths and r.prompt_ids]
-    if limit is not None:
-        with_rounds = with_rounds[:limit]
-    ordered = bool(with_rounds) and all((r.accept_lengths_source or "rounds") == "rounds" for r in with_rounds)
-    server = Acceptance("server", {(r.prompt_id, r.turn): list(r.accept_lengths) for r in with_rounds},
-                        {(r.prompt_id, r.turn): list(r.output_ids or []) for r in with_rounds}, ordered)
-    summary_rates = (summary.get("metrics") or summary).get("acceptance_rate_by_depth") if isinstance(summary, dict) else None
-    if not with_rounds:
-        if not records or not any(r.prompt_ids for r in records):
-            raise UsageError(f"{run_dir}: no request has both prompt ids and acceptance lengths; nothing to replay")
-        if not summary_rates:
-            raise UsageError(f"{run_dir}: the server reported no acceptance (no accept_lengths, no per-depth rates)",
-                             hint="for vLLM, launch with --per-request-spec-decode-metrics detailed")
-    req_records = with_rounds or [r for r in records if r.prompt_ids][: limit or None]
-    max_new = int(spec.get("max_new_tokens") or D.MAX_NEW_TOKENS)
-    requests = [ReplayRequest((r.prompt_id, r.turn), list(r.prompt_ids), max_new) for r in req_records]
-    keys = [q.key for q in requests]
+    sr = _server_requests(run_dir, spec, records, summary, limit)
 
     result: dict[str, Any] = {
         "kind": KIND, "version": VERSION, "run": str(run_dir), "created_at": now_iso(),
         "backend": (run.get("backend") or {}).get("kind") or spec.get("backend"), "url": spec.get("url"),
         "server_info": run.get("server") or (run.get("backend") or {}).get("server"),
-        "method": method, "budget": budget if method == "ddtree" else None, "max_new_tokens": max_new,
-        "num_requests": len(requests), "reference_model": model, "reference_draft": draft,
+        "method": method, "budget": budget if method == "ddtree" else None, "max_new_tokens": sr.max_new_tokens,
+        "num_requests": len(sr.requests), "reference_model": model, "reference_draft": draft,
         "server_draft": server_draft, "config_findings": [f.to_dict() for f in findings],
         "distance": DISTANCE_DOC,
         "thresholds": {"match_rms": D.EXPLAIN_MATCH_RMS, "ambiguous_ratio": D.EXPLAIN_AMBIGUOUS_RATIO},
@@ -183,37 +242,14 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
     if not any(v.is_reference for v in todo):
         todo = [REFERENCE] + todo
 
-    s_rates = server.rates(depth) if with_rounds else [float(x) for x in summary_rates][:depth]
-    s_tau = server.tau() if with_rounds else (summary.get("metrics") or summary).get("acceptance_length_mean")
-    result["server"] = {"tau": s_tau, "rates_by_depth": s_rates, "rounds": len(server.pooled()),
-                        "source": ("rounds" if ordered else "histogram") if with_rounds else "summary"}
+    s_rates = sr.acceptance.rates(depth) if sr.with_rounds else [float(x) for x in sr.summary_rates][:depth]
+    s_tau = sr.acceptance.tau() if sr.with_rounds else (summary.get("metrics") or summary).get("acceptance_length_mean")
+    result["server"] = {"tau": s_tau, "rates_by_depth": s_rates, "rounds": len(sr.acceptance.pooled()),
+                        "source": ("rounds" if sr.ordered else "histogram") if sr.with_rounds else "summary"}
     result["block_size"] = block
+    rows, ref_res = _replay_variants(eng, todo, sr, method, budget, stops, s_rates, s_tau, progress)
 
-    n_layers_t = eng.target.cfg.num_hidden_layers
-    bar = tqdm(total=len(todo) * len(requests), desc="explain", unit="req", disable=not progress, leave=False)
-    rows, ref_res = [], None
-    try:
-        for v in todo:
-            why = v.not_applicable(cfg.num_hidden_layers, n_layers_t, cfg.target_layer_ids, eng.target.cfg.vocab_size,
-                                   block, has_sliding)
-            if why:
-                rows.append({**v.to_dict(), "skipped": why})
-                bar.update(len(requests))
-                continue
-            res = replay(eng, requests, method, budget, stops, v, on_request=lambda: bar.update(1))
-            if v.is_reference and ref_res is None:
-                ref_res = res
-            acc = res.acceptance
-            rates = acc.rates(depth, keys)
-            row = {**v.to_dict(), "tau": acc.tau(keys), "rates_by_depth": rates,
-                   "distance": curve_distance(s_rates, rates or []),
-                   "delta_tau": (acc.tau(keys) - s_tau) if s_tau is not None and acc.tau(keys) is not None else None,
-                   "outputs_equal_to_server": sum(1 for k in keys if server.outputs.get(k) == acc.outputs.get(k)) if with_rounds else None,
-                   "round_agreement": round_agreement(server, acc, keys) if ordered else None}
-            rows.append(row)
-    finally:
-        bar.close()
-
+    keys = sr.keys
     ran = [r for r in rows if "skipped" not in r]
     ranked = sorted(ran, key=lambda r: (r["distance"], not r["changes"] == {})) + [r for r in rows if "skipped" in r]
     ref_row = next(r for r in ran if r["changes"] == {})
@@ -221,8 +257,8 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
                            "rounds": len(ref_res.acceptance.pooled(keys)) if ref_res else None,
                            "outputs_equal_to_server": ref_row["outputs_equal_to_server"]}
     result["variants"] = ranked
-    if ordered and ref_res is not None:
-        result["parting"] = _partings(server, ref_res, keys, method)
+    if sr.ordered and ref_res is not None:
+        result["parting"] = _partings(sr.acceptance, ref_res, keys, method)
     result["depth_gap"] = _depth_gap(s_rates, ref_row["rates_by_depth"] or [])
     result["verdict"] = _verdict(result, ranked, ref_row, findings)
     result["versions"] = environment(device)["versions"]
