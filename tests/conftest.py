@@ -44,3 +44,13 @@ def vllm_ar(vllm_servers):
 @pytest.fixture(scope="session")
 def vllm_dflash(vllm_servers):
     return vllm_servers["dflash"]
+
+
+@pytest.fixture(scope="session")
+def vllm_dflash_url(request):
+    """The DFlash server's base URL: DDTREE_BENCH_VLLM_DFLASH_URL when set (on its own: no AR server is
+    started for it), else the session's shared server (`vllm_dflash`)."""
+    import os
+
+    url = os.environ.get("DDTREE_BENCH_VLLM_DFLASH_URL")
+    return url.rstrip("/") if url else request.getfixturevalue("vllm_dflash").url

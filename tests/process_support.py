@@ -1,4 +1,5 @@
-"""Helpers the sweep and process tests share: run the CLI in-process, read summary.csv, watch processes.
+"""Helpers the sweep and process tests share: run the CLI in-process or as a child process, read
+summary.csv, watch processes (by session or process group).
 
 Knows /proc and the CLI entry point; nothing of any one test's grid.
 """
@@ -6,8 +7,13 @@ Knows /proc and the CLI entry point; nothing of any one test's grid.
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(argv) -> int:
@@ -19,6 +25,16 @@ def run_cli(argv) -> int:
     except SystemExit as e:
         return e.code
     return 0
+
+
+def cli_process(*args: str, timeout_s: float = 900.0, check: bool = True) -> subprocess.CompletedProcess:
+    """`python -m ddtree_bench ARGS` in a child process (cwd the repo root, OMP_NUM_THREADS=1), output
+    captured; with `check`, a nonzero exit fails the test with the command's output."""
+    p = subprocess.run([sys.executable, "-m", "ddtree_bench", *args], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=timeout_s, cwd=ROOT)
+    if check and p.returncode != 0:
+        raise AssertionError(f"ddtree-bench {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p
 
 
 def csv_rows(out: Path) -> list[dict]:
@@ -33,6 +49,21 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def members(*, session: int | None = None, group: int | None = None) -> list[int]:
+    """Live (not zombie) processes whose session id or process group id is the one given (/proc/<pid>/stat)."""
+    field, want = (3, session) if session is not None else (2, group)
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if f[0] != "Z" and int(f[field]) == want:
+                out.append(int(d.name))
+    return out
 
 
 def wait_for(pred, timeout_s: float = 240.0, step_s: float = 0.1):

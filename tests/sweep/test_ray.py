@@ -13,7 +13,6 @@ The module starts a head (`--num-cpus 1`) and a second node (`--num-cpus 2`, res
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ import pytest
 pytest.importorskip("ray", reason='ray is not installed (pip install "ddtree-bench[ray]")')
 
 from ddtree_bench.results import read_records  # noqa: E402
+from process_support import csv_rows, members, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow
 GRID = ["--backends", "inprocess,standalone", "--models", "random", "--suites", "smoke", "--methods", "ddtree",
@@ -45,42 +45,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def session(sid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if f[0] != "Z" and int(f[3]) == sid:
-                out.append(int(d.name))
-    return out
-
-
 def kill_session(sid: int) -> None:
     for _ in range(3):
-        for pid in session(sid):
+        for pid in members(session=sid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         time.sleep(0.3)
-
-
-def wait_for(pred, timeout_s: float, step_s: float = 0.2):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step_s)
-    return pred()
-
-
-def csv_rows(out: Path) -> list[dict]:
-    with open(out / "summary.csv", newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def results(out: Path) -> dict[str, tuple]:
@@ -137,7 +109,7 @@ class Cluster:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        left = [pid for p in self.procs for pid in session(p.pid)]
+        left = [pid for p in self.procs for pid in members(session=p.pid)]
         shutil.rmtree(getattr(self, "temp", ""), ignore_errors=True) if getattr(self, "temp", None) else None
         assert not left, f"Ray processes left behind: {left}"
 

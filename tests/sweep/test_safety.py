@@ -24,7 +24,7 @@ import pytest
 from ddtree_bench.results import RunWriter
 from ddtree_bench.sweep.lock import LOCK_NAME, SweepLock
 from ddtree_bench.sweep.server import reap_recorded, write_record
-from process_support import alive, wait_for
+from process_support import alive, members, wait_for
 
 SWEEP = [sys.executable, "-m", "ddtree_bench", "sweep", "--models", "random", "--suites", "smoke", "--methods", "ar",
          "--limit", "2", "--max-new-tokens", "4", "--no-report", "-q"]
@@ -155,27 +155,14 @@ def test_a_sigkilled_sweep_takes_its_servers_grandchildren_with_it(tmp_path):
         rec = wait_for(lambda: next(iter((out / "servers").glob("*.pid.json")), None) if (out / "servers").is_dir() else None)
         assert rec is not None, "the sweep never recorded its server"
         pgid = json.loads(rec.read_text())["pgid"]
-        members = wait_for(lambda: [p for p in group(pgid) if p != pgid] and group(pgid), 30)
-        assert len(members) >= 2, members  # sh and its child, the server
+        group_pids = wait_for(lambda: [p for p in members(group=pgid) if p != pgid] and members(group=pgid), 30)
+        assert len(group_pids) >= 2, group_pids  # sh and its child, the server
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        assert wait_for(lambda: not [p for p in members if alive(p)], 30), "part of the server's group outlived the sweep"
+        assert wait_for(lambda: not [p for p in group_pids if alive(p)], 30), "part of the server's group outlived the sweep"
     finally:
         if proc.poll() is None:
             proc.kill()
-
-
-def group(pgid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if f[0] != "Z" and int(f[2]) == pgid:
-                out.append(int(d.name))
-    return out
 
 
 def test_resume_reaps_a_recorded_server_that_outlived_its_driver_but_never_a_reused_pid(tmp_path):
