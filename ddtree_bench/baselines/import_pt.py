@@ -250,13 +250,42 @@ def resolve_tokenizer(name: str) -> tuple[Any, list[int], str]:
     return tok, generation_stop_ids(target_dir, tok), str(target_dir)
 
 
+def _drop_final_empty_rounds(entries: list[BaselineEntry], max_new_tokens: int | None) -> int:
+    """The last-round rule (docs/engine-tests.md): the authors' final round, whose every token fell past
+    max_new_tokens, is left out of each entry's acceptance lengths. Returns how many were dropped."""
+    from ddtree_bench.engine.interface import drop_final_empty_round
+
+    dropped = 0
+    for e in entries:
+        if e.accept_lengths:
+            e.accept_lengths, cut = drop_final_empty_round(e.accept_lengths, max_new_tokens)
+            dropped += cut
+    return dropped
+
+
+def _rescore_entries(entries: list[BaselineEntry], model: str, dtype: str, device: str, progress: bool) -> dict[str, Any]:
+    """Fill every entry's logit gaps with the reference engine's (`--gaps-from-model`, teacher-forced);
+    returns the header's `logit_gap_source`."""
+    from tqdm.auto import tqdm
+
+    from ddtree_bench.baselines.record import rescore_gaps
+    from ddtree_bench.pair import load_pair
+
+    pair = load_pair(model, None, "ar", dtype, device)
+    for e in tqdm(entries, desc="re-scoring gaps", unit="turn", disable=not progress, leave=False):
+        if e.prompt_ids:
+            e.logit_gap = rescore_gaps(pair.engine, e.prompt_ids, e.output_ids)
+    return {"model": model, "model_hash": pair.info.get("model_hash"), "dtype": dtype,
+            "device": device, "how": "teacher-forced full-sequence forward of the reference engine"}
+
+
 def import_baseline(pt: str | Path, trust_pickle: bool, tokenizer: str, suite: str | None = None, limit: int | None = None,
                     subset: str | None = None, method: str = "baseline", accept_from: str | None = None,
                     gaps_from_model: str | None = None, dtype: str = "float32", device: str = "cpu",
                     progress: bool = True) -> tuple[dict[str, Any], ImportResult]:
     """The whole import: load (after the trust check), match, optionally re-score gaps; (header, result).
     suite None = the file's `args.dataset`; limit None = its `args.max_samples` (else the suite's default)."""
-    from ddtree_bench.baselines.record import environment_fields, rescore_gaps, template_sha256
+    from ddtree_bench.baselines.record import environment_fields, template_sha256
     from ddtree_bench.engine.loading import file_hash
     from ddtree_bench.suites.prompts import load_suite
 
@@ -277,26 +306,10 @@ def import_baseline(pt: str | Path, trust_pickle: bool, tokenizer: str, suite: s
                          hint="check --suite (and --subset / --limit: import needs every prompt the run used) and --tokenizer")
     max_new = args.get("max_new_tokens") if isinstance(args.get("max_new_tokens"), int) else None
     finish_reasons(result.entries, stop_ids, max_new)
-    from ddtree_bench.engine.interface import drop_final_empty_round
-
-    dropped = 0  # the last-round rule (docs/engine-tests.md): their final round past max_new_tokens is left out
-    for e in result.entries:
-        if e.accept_lengths:
-            e.accept_lengths, cut = drop_final_empty_round(e.accept_lengths, max_new)
-            dropped += cut
-
+    dropped = _drop_final_empty_rounds(result.entries, max_new)
     gaps_info = None
     if gaps_from_model is not None:
-        from tqdm.auto import tqdm
-
-        from ddtree_bench.pair import load_pair
-
-        pair = load_pair(gaps_from_model, None, "ar", dtype, device)
-        for e in tqdm(result.entries, desc="re-scoring gaps", unit="turn", disable=not progress, leave=False):
-            if e.prompt_ids:
-                e.logit_gap = rescore_gaps(pair.engine, e.prompt_ids, e.output_ids)
-        gaps_info = {"model": gaps_from_model, "model_hash": pair.info.get("model_hash"), "dtype": dtype,
-                     "device": device, "how": "teacher-forced full-sequence forward of the reference engine"}
+        gaps_info = _rescore_entries(result.entries, gaps_from_model, dtype, device, progress)
 
     src_method, _ = method_budget(method)
     acc_method, acc_budget = method_budget(accept_from or method)
