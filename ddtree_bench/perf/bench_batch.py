@@ -15,7 +15,17 @@ Output tok/s of a row = B * tau / round_ms * 1000, with
         a_r measured over the measured rounds (`tau_source` says which);
 and per-request tok/s = tau / round_ms * 1000 (what one request's decode rate is at that load).
 `best` lists per batch the budget with the highest output tok/s among the DDTree rows (and
-whether it beats DFlash and AR at that batch). Knows nothing of the CLI; returns JSON-able dicts.
+whether it beats DFlash and AR at that batch).
+
+`model` checks the batched cost model (perf/costmodel.py: predict_batched) against the measured
+grid, leaving one batch out: for each batch C the stage costs are calibrated (calibrate_batched) on
+the AR and DDTree rows of the *other* batches only, with each row's overhead = round - draft -
+verify (medians), and predict C's round at every budget with the rows' own tau (so the check is of
+the round time: predicted tok/s = 1000 * C * tau / predicted round). Per (C, B): predicted and
+measured round ms and tok/s, error = predicted / measured - 1; per C: the predicted best budget, the
+measured one, and `loss` = 1 - measured tok/s at the predicted best / measured best. A grid of one
+batch has nothing to leave out: it is fitted on itself (`fit` says which). Knows nothing of the CLI;
+returns JSON-able dicts.
 """
 
 from __future__ import annotations
@@ -155,7 +165,39 @@ def run_batch_bench(target, drafter, spec: BatchBenchSpec, progress: Callable[[s
                                     f"{row['tok_s']:.1f} tok/s"))
             rows.append(row)
     return {"kind": "bench-engine-batch", "version": 1, "rows": rows, "best": best_per_batch(rows),
-            "spec": {k: v for k, v in spec.__dict__.items()}}
+            "model": model_check(rows), "spec": {k: v for k, v in spec.__dict__.items()}}
+
+
+def model_check(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The batched cost model against the measured rows, one batch left out at a time (module docstring)."""
+    from ddtree_bench.perf.costmodel import BatchRoundPoint, best_per_batch as model_best, calibrate_batched, predict_batched
+
+    ok = [r for r in rows if "error" not in r and r["method"] in ("ar", "ddtree") and r.get("round_ms")]
+    points = {id(r): BatchRoundPoint(r["batch"], r["budget"] or 0, r.get("draft_ms", 0.0), r["verify_ms"],
+                                     r["round_ms"] - r.get("draft_ms", 0.0) - r["verify_ms"]) for r in ok}
+    batches = sorted({r["batch"] for r in ok})
+    fit = "leave-one-batch-out" if len(batches) > 1 else "in-sample"
+    cells, best = [], []
+    for c in batches:
+        at = {r["budget"]: r for r in ok if r["batch"] == c and r["method"] == "ddtree"}
+        train = [points[id(r)] for r in ok if r["batch"] != c or fit == "in-sample"]
+        if not at or not any(p.budget > 0 for p in train):
+            continue
+        try:
+            costs = calibrate_batched(train)
+        except ValueError:
+            continue
+        preds = predict_batched(costs, {b: r["tau"] for b, r in at.items()}, [c], sorted(at))
+        for p in preds:
+            m = at[p.budget]
+            cells.append({"batch": c, "budget": p.budget, "tau": p.tau, "pred_round_ms": p.round_ms,
+                          "meas_round_ms": m["round_ms"], "pred_tok_s": p.tok_s, "meas_tok_s": m["tok_s"],
+                          "error": p.tok_s / m["tok_s"] - 1 if m["tok_s"] else float("nan")})
+        pb = model_best(preds)[c].budget
+        mb = max(at.values(), key=lambda r: (r["tok_s"], -r["budget"]))
+        best.append({"batch": c, "pred_best_budget": pb, "meas_best_budget": mb["budget"],
+                     "loss": 1 - at[pb]["tok_s"] / mb["tok_s"] if mb["tok_s"] else float("nan")})
+    return {"fit": fit, "cells": cells, "best": best}
 
 
 def render_batch(result: dict[str, Any]) -> str:
@@ -174,9 +216,18 @@ def render_batch(result: dict[str, Any]) -> str:
             "tok/s", "tok/s/req"]
     best = [[b["batch"], b["best_budget"], f(b["ddtree_tok_s"], 1), f(b["dflash_tok_s"], 1), f(b["ar_tok_s"], 1)]
             for b in result["best"]]
+    model = result.get("model") or {"cells": [], "best": []}
+    cells = [[m["batch"], m["budget"], f(m["tau"]), f(m["pred_round_ms"], 3), f(m["meas_round_ms"], 3), f(m["pred_tok_s"], 1),
+              f(m["meas_tok_s"], 1), f"{100 * m['error']:+.1f}%"] for m in model["cells"]]
+    picks = [[m["batch"], m["pred_best_budget"], m["meas_best_budget"], f"{100 * m['loss']:.1f}%"] for m in model["best"]]
+    checked = ("" if not cells else
+               f"\n\ncost model vs measured (DDTree; fit {model['fit']}; same tau, so the check is of the round):\n"
+               + table(cells, ["batch", "budget", "tau", "pred round", "meas round", "pred tok/s", "meas tok/s", "error"])
+               + "\n\nbest budget per batch, predicted vs measured (loss = tok/s given up by the predicted pick):\n"
+               + table(picks, ["batch", "predicted", "measured", "loss"]))
     return ("batched fast loop, ms per round (medians; first round = cold start of the shape, graphs captured):\n"
             + table(rows, head) + "\n\nbest DDTree budget per batch (output tok/s):\n"
-            + table(best, ["batch", "best budget", "ddtree tok/s", "dflash tok/s", "ar tok/s"])
+            + table(best, ["batch", "best budget", "ddtree tok/s", "dflash tok/s", "ar tok/s"]) + checked
             + ("\n\nfailed:\n" + "\n".join(failed) if failed else ""))
 
 

@@ -1,7 +1,7 @@
 """bench-engine --batch on the CPU with the random tiny pair: one row per (batch, method point) with
 every stage of the batched fast loop, tok/s that follow from tau and the round time, the given tau
 used where given, the best budget per batch, JSON (last stdout line and --out) and CSV beside it;
-a bad --batch exits 2."""
+a bad --batch exits 2; the cost-model check (leave one batch out) on rows made from known costs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from ddtree_bench.cli import main
 from ddtree_bench.engine.gpu.loop import ROUND_STAGES
-from ddtree_bench.perf.bench_batch import parse_batches
+from ddtree_bench.perf.bench_batch import model_check, parse_batches
 from process_support import run_cli
 
 
@@ -51,6 +51,8 @@ def test_batch_table_rows_and_sane_numbers(tmp_path, capsys):
         else:
             assert r["tau_source"] == "measured" and 1.0 <= r["tau"] <= 16
     assert [b["batch"] for b in res["best"]] == [1, 3] and all(b["best_budget"] in (4, 16) for b in res["best"])
+    assert "cost model vs measured" in text and res["model"]["fit"] == "leave-one-batch-out"
+    assert {(c["batch"], c["budget"]) for c in res["model"]["cells"]} == {(b, k) for b in (1, 3) for k in (4, 16)}
     with open(out.with_suffix(".csv"), newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(res["rows"]) and {"tok_s", "verify_ms", "first_round_ms"} <= set(rows[0])
@@ -63,3 +65,42 @@ def test_parse_batches_and_bad_batch_exits_2(capsys):
     assert run_cli(["bench-engine", "--model", "random", "--batch", "two"]) == 2
     err = capsys.readouterr().err
     assert "--batch" in err and "Traceback" not in err
+
+
+def known_rows(bump: dict | None = None) -> list[dict]:
+    """Rows from costs the batched model can represent: verify 5 + 0.01 n (n = C(1 + B)), draft 1 + 0.2 C,
+    overhead 0.5 + 0.01 B + 0.1 C (AR 0.3 + 0.02 C); `bump` multiplies one (C, B) round."""
+    tau = {16: 3.0, 32: 3.5}
+    rows = []
+    for c in (1, 2, 4, 8):
+        v = 5 + 0.01 * c
+        rows.append({"batch": c, "method": "ar", "budget": None, "verify_ms": v, "round_ms": v + 0.3 + 0.02 * c,
+                     "tau": 1.0, "tok_s": 1000 * c / (v + 0.3 + 0.02 * c)})
+        for b, t in tau.items():
+            d, v = 1 + 0.2 * c, 5 + 0.01 * c * (1 + b)
+            r = (d + v + 0.5 + 0.01 * b + 0.1 * c) * (bump or {}).get((c, b), 1.0)
+            rows.append({"batch": c, "method": "ddtree", "budget": b, "draft_ms": d, "verify_ms": v, "round_ms": r,
+                         "tau": t, "tok_s": 1000 * c * t / r})
+    rows.append({"batch": 2, "method": "ddtree", "budget": 64, "error": "OOM"})   # failed rows are left out
+    return rows
+
+
+def test_model_check_predicts_rows_it_did_not_see():
+    got = model_check(known_rows())
+    assert got["fit"] == "leave-one-batch-out" and len(got["cells"]) == 8
+    for c in got["cells"]:
+        assert c["pred_round_ms"] == pytest.approx(c["meas_round_ms"], rel=1e-9) and abs(c["error"]) < 1e-9
+    assert all(b["pred_best_budget"] == b["meas_best_budget"] and b["loss"] == pytest.approx(0) for b in got["best"])
+
+
+def test_model_check_reports_a_wrong_pick_and_its_loss():
+    rows = known_rows(bump={(8, 32): 1.5})   # batch 8's budget 32 measured slower than the other batches predict
+    got = model_check(rows)
+    at8 = {c["budget"]: c for c in got["cells"] if c["batch"] == 8}
+    assert at8[32]["error"] == pytest.approx(0.5) and at8[16]["error"] == pytest.approx(0, abs=1e-9)
+    meas = {r["budget"]: r["tok_s"] for r in rows if r["batch"] == 8 and r["method"] == "ddtree"}
+    best8 = next(b for b in got["best"] if b["batch"] == 8)
+    assert (best8["pred_best_budget"], best8["meas_best_budget"]) == (32, 16)
+    assert best8["loss"] == pytest.approx(1 - meas[32] / meas[16]) and best8["loss"] > 0.2
+    one = model_check([r for r in rows if r["batch"] == 4])
+    assert one["fit"] == "in-sample" and {c["batch"] for c in one["cells"]} == {4}
