@@ -56,10 +56,9 @@ class InProcessBackend:
     async def start(self) -> None:
         self._lock = asyncio.Lock()
         if self.max_batch > 1 and self._sched is None:
-            from ddtree_bench.engine.batch import batch_loop_for
             from ddtree_bench.engine.batch_scheduler import BatchScheduler
 
-            self._sched = BatchScheduler(batch_loop_for(self.pair.engine, self.method, self.budget, self.max_batch))
+            self._sched = BatchScheduler(self.pair.engine.batch_loop(self.method, self.budget, self.max_batch))
         why = self.batching()["why"]
         if why and not self.batching()["honoured"]:
             print(f"warning: {why}", file=sys.stderr, flush=True)

@@ -135,10 +135,9 @@ class EngineSource:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ddtree-engine")
         self._batch = None
         if max_batch > 1:
-            from ddtree_bench.engine.batch import batch_loop_for
             from ddtree_bench.engine.batch_scheduler import BatchScheduler
 
-            self._batch = BatchScheduler(batch_loop_for(pair.engine, method, budget, max_batch), name="ddtree-engine")
+            self._batch = BatchScheduler(pair.engine.batch_loop(method, budget, max_batch), name="ddtree-engine")
         self.info["batch_loop"] = self._batch.loop.kind if self._batch is not None else None   # fast | plain | None (batch 1)
 
     def draft_tokens_per_round(self) -> int:

@@ -33,7 +33,7 @@ part in (what it waited for). Other requests' prefills between its rounds appear
 `stats` counts rounds and how full each was (batch size per round).
 
 The batched fast loop (gpu/batch_loop.BatchFastLoop: fixed shapes, CUDA graphs) is tested against
-this one; `batch_loop_for` picks it for engines with cuda_graphs. Knows nothing of threads or HTTP (batch_scheduler.py feeds it from callers).
+this one; `Engine.batch_loop` picks it for engines with cuda_graphs. Knows nothing of threads or HTTP (batch_scheduler.py feeds it from callers).
 """
 
 from __future__ import annotations
@@ -410,22 +410,3 @@ class BatchLoop:
             if results[i].error is not None:
                 raise results[i].error
         return [results[i].generation for i in range(len(requests))]
-
-
-def batch_loop_for(engine, method: str, budget: int, max_batch: int):
-    """The batched loop for an `Engine`: with cuda_graphs the batched fast loop
-    (gpu/batch_loop.BatchFastLoop) where it supports the method and budget (DDTree needs budget > 0),
-    else a BatchLoop with its plain loop's settings. Either has `.kind` ("fast" | "plain")."""
-    if getattr(engine, "cuda_graphs", False) and (method != "ddtree" or budget > 0):
-        from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
-
-        return BatchFastLoop(engine.target, engine.proposer, method, budget, max_batch)
-    plain = engine.plain
-    return BatchLoop(engine.target, engine.proposer, method, budget, max_batch, fast=_fast_of(plain), sync_stages=plain.sync_stages)
-
-
-def _fast_of(plain) -> bool | None:
-    """The `fast` argument that gives `plain`'s walk/build choice (None when it is the default)."""
-    if plain.fast_walk and plain.fast_build:
-        return None
-    return plain.fast_walk

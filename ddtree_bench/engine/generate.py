@@ -33,6 +33,7 @@ from typing import Callable
 import torch
 
 from ddtree_bench.engine.draft import DFlashDrafter
+from ddtree_bench.engine.batch import BatchLoop
 from ddtree_bench.engine.interface import METHODS, STAGES, Generation, OutputStream, RoundTrace, logit_gaps, wants_round
 from ddtree_bench.engine.model import Target
 from ddtree_bench.engine.proposer import DFlashProposer
@@ -216,6 +217,20 @@ class Engine:
 
             self._fast_loop = FastLoop(self.target, self.proposer)
         return self._fast_loop
+
+    def batch_loop(self, method: str, budget: int, max_batch: int):
+        """The batched loop for this engine: with cuda_graphs the batched fast loop
+        (gpu/batch_loop.BatchFastLoop) where it supports the method and budget (DDTree needs budget > 0),
+        else the reference BatchLoop with the plain loop's walk/build settings. Either has `.kind`
+        ("fast" | "plain"); the dispatch is here so the reference half reaches into gpu/ only
+        through Engine."""
+        if self.cuda_graphs and (method != "ddtree" or budget > 0):
+            from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
+
+            return BatchFastLoop(self.target, self.proposer, method, budget, max_batch)
+        plain = self.plain
+        fast = None if plain.fast_walk and plain.fast_build else plain.fast_walk   # None: the default choice
+        return BatchLoop(self.target, self.proposer, method, budget, max_batch, fast=fast, sync_stages=plain.sync_stages)
 
     def generate(
         self,

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from ddtree_bench.engine import batch as batch_mod
-from ddtree_bench.engine.batch import BatchLoop, BatchRequest, Cancelled, batch_loop_for
+from ddtree_bench.engine.batch import BatchLoop, BatchRequest, Cancelled
 from ddtree_bench.engine.batch_scheduler import BatchScheduler
 from ddtree_bench.engine.generate import Engine
 from ddtree_bench.engine.loading import load_drafter, load_target, random_pair
@@ -88,7 +88,7 @@ def stops_from(engine: Engine, reqs: list[BatchRequest]) -> dict[int, int]:
 
 
 def check_batch(engine: Engine, drafter_name: str, method: str, budget: int, reqs: list[BatchRequest], max_batch: int = MAX_BATCH):
-    loop = batch_loop_for(engine, method, budget, max_batch)
+    loop = engine.batch_loop(method, budget, max_batch)
     got = loop.run(reqs)
     for i, (r, g) in enumerate(zip(reqs, got)):
         assert_same(g, alone(engine, method, budget, r), (drafter_name, method, budget, r.temperature, i))
@@ -188,7 +188,7 @@ def test_one_target_and_one_drafter_forward_per_round(rnd, monkeypatch):
 
     monkeypatch.setattr(batch_mod, "target_forward_batch", count_t)
     monkeypatch.setattr(batch_mod, "drafter_forward_batch", count_d)
-    loop = batch_loop_for(rnd, "ddtree", 16, 4)
+    loop = rnd.batch_loop("ddtree", 16, 4)
     loop.run(make_requests(64, 0.0, seed=4))
     assert loop.stats.rounds > 0 and calls == {"target": loop.stats.rounds, "drafter": loop.stats.rounds}
     assert loop.stats.mean_batch_size > 1.5
@@ -196,11 +196,11 @@ def test_one_target_and_one_drafter_forward_per_round(rnd, monkeypatch):
 
 def test_results_do_not_depend_on_max_batch_or_order(rnd):
     reqs = make_requests(64, 0.8, seed=5)
-    base = batch_loop_for(rnd, "ddtree", 16, 1).run(reqs)
+    base = rnd.batch_loop("ddtree", 16, 1).run(reqs)
     for mb in (2, N_REQ):
-        got = batch_loop_for(rnd, "ddtree", 16, mb).run(reqs)
+        got = rnd.batch_loop("ddtree", 16, mb).run(reqs)
         assert [g.output_ids for g in got] == [g.output_ids for g in base]
-    rev = batch_loop_for(rnd, "ddtree", 16, 3).run(reqs[::-1])[::-1]
+    rev = rnd.batch_loop("ddtree", 16, 3).run(reqs[::-1])[::-1]
     assert [g.output_ids for g in rev] == [g.output_ids for g in base]
     assert [g.accept_lengths for g in rev] == [g.accept_lengths for g in base]
     _count("random", 3 * len(reqs))
@@ -208,7 +208,7 @@ def test_results_do_not_depend_on_max_batch_or_order(rnd):
 
 def test_scheduler_admits_requests_arriving_mid_flight(rnd):
     reqs = make_requests(64, 0.8, seed=6)
-    sched = BatchScheduler(batch_loop_for(rnd, "dflash", 0, 3))
+    sched = BatchScheduler(rnd.batch_loop("dflash", 0, 3))
     seen_active = []
     try:
         futs = []
@@ -239,7 +239,7 @@ def test_a_failing_or_cancelled_request_leaves_alone(rnd):
     reqs[0].on_chunk = bad
     reqs[2].cancelled = flag.is_set
     reqs[3].on_chunk = lambda toks: flag.set()  # request 2 is cancelled once request 3 produced something
-    sched = BatchScheduler(batch_loop_for(rnd, "ddtree", 16, N_REQ))
+    sched = BatchScheduler(rnd.batch_loop("ddtree", 16, N_REQ))
     try:
         futs = [sched.submit(r) for r in reqs]
         with pytest.raises(ConnectionError):

@@ -27,7 +27,7 @@ import time
 import pytest
 import torch
 
-from ddtree_bench.engine.batch import BatchLoop, BatchRequest, batch_loop_for
+from ddtree_bench.engine.batch import BatchLoop, BatchRequest
 from ddtree_bench.engine.batch_scheduler import BatchScheduler
 from ddtree_bench.engine.generate import Engine
 from ddtree_bench.engine.gpu import batch_loop as bl
@@ -89,7 +89,7 @@ def check(engine: Engine, what: str, method: str, budget: int, reqs: list[BatchR
           twin: bool = True):
     loop = BatchFastLoop(engine.target, engine.proposer, method, budget, slots)
     got = loop.run(reqs)
-    plain = batch_loop_for(engine, method, budget, slots).run(reqs) if twin else [None] * len(reqs)
+    plain = engine.batch_loop(method, budget, slots).run(reqs) if twin else [None] * len(reqs)
     for i, (r, g, p) in enumerate(zip(reqs, got, plain)):
         key = (what, method, budget, r.temperature, i)
         assert_same(g, alone(engine, method, budget, r), key)
@@ -262,11 +262,11 @@ def test_scheduler_runs_the_fast_loop_with_mid_flight_arrivals(rnd):
     _count("scheduler", len(reqs))
 
 
-def test_batch_loop_for_picks_the_fast_loop_for_cuda_graph_engines(rnd):
+def test_engine_batch_loop_picks_the_fast_loop_for_cuda_graph_engines(rnd):
     fast = Engine(rnd.target, rnd.drafter, cuda_graphs=True)
-    assert isinstance(batch_loop_for(fast, "ddtree", 16, 4), BatchFastLoop)
-    assert isinstance(batch_loop_for(rnd, "ddtree", 16, 4), BatchLoop)
-    assert isinstance(batch_loop_for(fast, "ddtree", 0, 4), BatchLoop)   # budget 0: the plain loop handles it
+    assert isinstance(fast.batch_loop("ddtree", 16, 4), BatchFastLoop)
+    assert isinstance(rnd.batch_loop("ddtree", 16, 4), BatchLoop)
+    assert isinstance(fast.batch_loop("ddtree", 0, 4), BatchLoop)   # budget 0: the plain loop handles it
 
 
 def test_a_failing_request_leaves_alone(rnd):
