@@ -145,20 +145,24 @@ def _heap(ranks: _LazyRanks, L: int, K: int, budget: int):
     pack, unpack = _F32.pack, _F32.unpack
     first = lp[0] or load(0, 0)
     heap = [(-first[0], (0,), 0, 1, 0, 0.0)]
-    push, pop = heapq.heappush, heapq.heappop
+    push, pop, replace = heapq.heappush, heapq.heappop, heapq.heapreplace
     tokens, parents, depths = [], [], []
-    while heap and len(tokens) < budget:
-        neg, rank_tuple, parent, d, r, parent_score = pop(heap)
+    n = 0
+    while heap and n < budget:
+        neg, rank_tuple, parent, d, r, parent_score = heap[0]   # popped below: replaced by its next sibling
         score = -neg
         tokens.append(tok[d - 1][r])
         parents.append(parent)
         depths.append(d)
+        n += 1
         if r + 1 < K:      # next sibling: same parent, next rank at this depth
             row = lp[d - 1] if r + 1 < len(lp[d - 1]) else load(d - 1, r + 1)
             s = unpack(pack(parent_score + row[r + 1]))[0] if d > 1 else row[r + 1]
-            push(heap, (-s, rank_tuple[:-1] + (r + 1,), parent, d, r + 1, parent_score))
+            replace(heap, (-s, rank_tuple[:-1] + (r + 1,), parent, d, r + 1, parent_score))
+        else:
+            pop(heap)
         if d < L:          # first child: rank 0 at the next depth
             row = lp[d] or load(d, 0)
-            push(heap, (-unpack(pack(score + row[0]))[0], rank_tuple + (0,), len(tokens), d + 1, 0, score))
+            push(heap, (-unpack(pack(score + row[0]))[0], rank_tuple + (0,), n, d + 1, 0, score))
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
     return Tree(as_long(tokens), as_long(parents), as_long(depths))
