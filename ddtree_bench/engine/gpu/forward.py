@@ -5,11 +5,13 @@ so every round has new shapes. Here every shape depends only on the number of qu
 * the frontier `start` is a 0-d device tensor; new K/V go to slots start + arange(T), written by
   the layer ops' `qkv_rope` (fused.py);
 * an additive bias [T, capacity] (0 = visible, -inf = hidden) hides the slots past the frontier, as
-  gpt-fast does. With the fused Triton ops (CUDA) attention reads only the live slots, < start + T,
-  whose count the kernel reads from the device (kernels/attention.py), so a captured graph stays valid
-  as the prefix grows and its cost follows the live length, not the capacity; the target's verify
-  also skips the bias over the committed prefix (every row sees it). Its twin, `grouped_attend`, spans
-  the whole preallocated cache (CPUs, the PyTorch ops, `attention="sdpa"`);
+  gpt-fast does. With the fused Triton ops (CUDA) attention over up to AUTO_MAX_ROWS folded query rows
+  (AR, the draft, trees to ~190 nodes) reads only the live slots, < start + T, whose count the kernel
+  reads from the device (kernels/attention.py), so a captured graph stays valid as the prefix grows
+  and its cost follows the live length, not the capacity; the target's verify also skips the bias
+  over the committed prefix (every row sees it). Larger trees, the PyTorch ops, CPUs and
+  `attention="sdpa"` run `grouped_attend`, SDPA over the whole preallocated cache (the kernel's twin;
+  on an H200 SDPA's cuDNN flash kernel beat it there even over the whole cache);
 * grouped-query attention folds the query-head group into the query axis ([Hkv, g*T, D] against
   K/V [Hkv, S, D]), so SDPA sees plain multi-head attention with a mask and can use any fused
   kernel (the memory-efficient one refuses `enable_gqa=True`); it is faster than the plain `attend`
@@ -75,8 +77,9 @@ ATTENTION = ("auto", "sdpa", "live")
 
 def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix) -> torch.Tensor:
     """grouped_attend's result: over the live slots only (the Triton kernel) when `attention` is live, or
-    auto with the fused Triton ops on a device that runs the kernel; else SDPA over every slot."""
-    if attention == "live" or (attention == "auto" and ops.name == "triton" and live_kernel.available(q.device)):
+    auto with the fused Triton ops where the kernel runs and is the faster (live_kernel.wanted: up to
+    AUTO_MAX_ROWS query rows); else SDPA over every slot."""
+    if attention == "live" or (attention == "auto" and ops.name == "triton" and live_kernel.wanted(q, k)):
         return live_kernel.live_attend(q, k, v, bias, live, prefix)
     return grouped_attend(q, k, v, bias)
 

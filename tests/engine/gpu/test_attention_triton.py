@@ -104,3 +104,16 @@ def test_target_and_draft_forwards_with_live_attention_match_sdpa():
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert torch.equal(outs[0][0].argmax(-1), outs[1][0].argmax(-1))
+
+
+@pytest.mark.gpu
+@triton_only
+def test_auto_takes_the_kernel_up_to_its_row_limit_and_sdpa_above():
+    """forward's auto attention: the live-slot kernel up to AUTO_MAX_ROWS folded query rows (g*T), SDPA above
+    (where SDPA's fused kernel measured faster on an H200)."""
+    from ddtree_bench.engine.gpu.kernels.attention import AUTO_MAX_ROWS, wanted
+
+    k = torch.empty(8, 64, 16, device=DEV)
+    assert wanted(torch.empty(32, AUTO_MAX_ROWS // 4, 16, device=DEV), k)
+    assert not wanted(torch.empty(32, AUTO_MAX_ROWS // 4 + 1, 16, device=DEV), k)
+    assert wanted(torch.empty(8, AUTO_MAX_ROWS, 16, device=DEV), k)   # no grouping: rows = T

@@ -33,6 +33,10 @@ import torch
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 
 SM_TARGET = 264          # programs to aim for (two per SM of an H100/H200) when choosing n_split
+# forward.py's auto choice takes this kernel up to this many query rows (g*T) and SDPA over every slot above:
+# on an H200 (2026-12-01, 8B shape, 2048-slot cache) the kernel won up to 516 rows (n <= 128) and lost to
+# SDPA's cuDNN flash kernel from 1028 rows (n >= 256) by 1.4x-2.5x in attention time (docs/gpu-performance.md)
+AUTO_MAX_ROWS = 768
 BLOCK_N = 64             # cache slots per inner step
 NEG_BIG = -1.0e30        # running-max start: finite, so a range with nothing visible gives e^(..)=0, never NaN
 
@@ -125,6 +129,12 @@ if triton is not None:
         t = rows - g * T
         ptr = O + t[:, None] * sot + (h * G + g)[:, None] * D + dims[None, :]
         tl.store(ptr, out.to(O.dtype.element_ty), mask=rmask[:, None] & (dims < D)[None, :])
+
+
+def wanted(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """auto's choice for q [Hq, T, D] against k [Hkv, S, D]: this kernel when it runs here and the folded
+    query rows g*T are at most AUTO_MAX_ROWS."""
+    return available(q.device) and (q.shape[0] // k.shape[0]) * q.shape[1] <= AUTO_MAX_ROWS
 
 
 def available(device) -> bool:
