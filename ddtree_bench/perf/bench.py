@@ -97,10 +97,11 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     """ms of one static-shape target forward over n tokens (a chain tree) after prefix_len tokens, in a
     cache of capacity prefix_len + max(tokens) (aligned):
     "graph" (replayed, with `layer_ops` and the forward's default attention: on CUDA with the fused ops,
-    only the live slots), "eager" (the same, not captured) and, when those ops are the fused kernels,
-    "graph_sdpa" (SDPA over a cache narrowed to prefix_len + n: how the curve was taken before the
-    live-slot kernel), "graph_sdpa_whole" (SDPA over the whole cache: what the engine's rounds ran
-    before it) and "graph_unfused" (the PyTorch twin ops: what fusion saves).
+    the live slots only up to kernels/attention.AUTO_MAX_ROWS query rows, SDPA over the whole cache
+    above), "eager" (the same, not captured) and, when those ops are the fused kernels, "graph_live"
+    (the live-slot kernel at every n), "graph_sdpa" (SDPA over a cache narrowed to prefix_len + n: how
+    the curve was taken before the live-slot kernel), "graph_sdpa_whole" (SDPA over the whole cache:
+    what the engine's rounds ran before it) and "graph_unfused" (the PyTorch twin ops: what fusion saves).
     profile: also "profile" = {column: {n: perf.profile.KernelProfile as a dict, top kernels}} for
     graph and graph_sdpa (CUDA; the ATen ops on a CPU)."""
     from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN
@@ -122,7 +123,7 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     fused = ops is not TORCH_OPS and on_graphs
     out: dict[str, Any] = {"graph": {}, "eager": {}}
     if fused:
-        out.update({"graph_sdpa": {}, "graph_sdpa_whole": {}, "graph_unfused": {}})
+        out.update({"graph_live": {}, "graph_sdpa": {}, "graph_sdpa_whole": {}, "graph_unfused": {}})
     profiles: dict[str, dict[int, Any]] = {"graph": {}, **({"graph_sdpa": {}} if fused else {})}
     dt = target.lm_head.weight.dtype
     for n in tokens:
@@ -137,7 +138,7 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
 
         fns = {"graph": forward(whole)}
         if fused:
-            fns.update({"graph_sdpa": forward(align(prefix_len + n), attention="sdpa"),
+            fns.update({"graph_live": forward(whole, attention="live"), "graph_sdpa": forward(align(prefix_len + n), attention="sdpa"),
                         "graph_sdpa_whole": forward(whole, attention="sdpa"), "graph_unfused": forward(whole, TORCH_OPS)})
         if on_graphs:
             for col, fn in fns.items():

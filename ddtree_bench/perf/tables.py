@@ -43,10 +43,11 @@ def render(result: dict[str, Any]) -> str:
                  f"prefix {spec['prefix_len']} tokens, {result['date']}")
 
     vc = result["verify_curve_ms"]
-    cols = [c for c in ("graph", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager") if c in vc and vc[c]]
+    cols = [c for c in ("graph", "graph_live", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager") if c in vc and vc[c]]
     ns = sorted(set().union(*(vc[c] for c in cols)))
-    note = ("; graph: attention over the live slots; graph_sdpa: SDPA over a cache narrowed to prefix + n; "
-            "graph_sdpa_whole: SDPA over the whole cache; graph_unfused: the PyTorch twin ops") if "graph_unfused" in vc else ""
+    note = ("; graph: the engine's attention choice; graph_live: attention over the live slots only; graph_sdpa: SDPA "
+            "over a cache narrowed to prefix + n; graph_sdpa_whole: SDPA over the whole cache; graph_unfused: the PyTorch "
+            "twin ops") if "graph_unfused" in vc else ""
     parts.append(f"\nverify forward (ms) vs query tokens (layer ops: {result.get('layer_ops', 'torch')}{note}):\n" + table(
         [[n] + [_f(vc[c].get(n)) for c in cols] for n in ns], ["tokens"] + cols))
     roof = result.get("verify_roofline")

@@ -68,7 +68,8 @@ def test_verify_table_shows_the_sdpa_and_unfused_graphs_beside_the_live_one():
            "verify_curve_ms": {"graph": {1: 5.2, 16: 5.5}, "graph_sdpa": {1: 5.67, 16: 6.03}, "graph_sdpa_whole": {1: 5.9, 16: 6.2},
                                "graph_unfused": {1: 8.7, 16: 10.28}, "eager": {1: 23.4, 16: 16.2}}}
     lines = render(res).splitlines()
-    assert "layer ops: triton; graph: attention over the live slots" in lines[2] and "graph_unfused: the PyTorch twin ops" in lines[2]
+    assert "layer ops: triton; graph: the engine's attention choice; graph_live: attention over the live slots only" in lines[2]
+    assert "graph_unfused: the PyTorch twin ops" in lines[2]
     assert lines[3].split() == ["tokens", "graph", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager"]
     assert lines[5].split() == ["1", "5.20", "5.67", "5.90", "8.70", "23.40"]
 
