@@ -18,8 +18,7 @@ reference's [L, V] call, which reduces every row serially; a one-row call on sev
 its sum across them and differs in the last bit (tested at 1 and 2 threads). A NaN logit (an overflowing half-precision
 drafter) shows in its row's max; that row is read as `tree_vector.fp32_logits` reads it (NaN ->
 -inf), in a copy. Vocabularies up to EAGER_MAX_V load every depth at once instead
-(`tree_vector.exact_topk_logprobs`: one call beats L small ones there). Keys are int64: 32 bits of
-order-preserving value, then the token id (V < 2^31, checked).
+(`tree_vector.exact_topk_logprobs`: one call beats L small ones there).
 Knows nothing of models or devices: CPU tensors in, a `Tree` out. Measurements: docs/gpu-performance.md.
 """
 
@@ -28,9 +27,10 @@ from __future__ import annotations
 import heapq
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 
-from ddtree_bench.engine.tree_vector import _desc_key, exact_topk_logprobs, fp32_logits
+from ddtree_bench.engine.tree_vector import exact_topk_logprobs, fp32_logits
 
 FIRST_K = 64      # ranks loaded the first time a depth is read (a load's cost is mostly fixed below ~256)
 GROWTH = 16       # each later load multiplies the loaded ranks by this (at least to the rank asked for)
@@ -38,33 +38,33 @@ CHUNKS_PER_K = 16  # row_topk_ids: chunks per wanted rank (more chunks: a slower
 EAGER_MAX_V = 4096  # vocabularies up to this load every depth's top K at once (one call beats L small ones)
 
 
-def row_topk_ids(row: torch.Tensor, k: int) -> torch.Tensor:
+def row_topk_ids(row: torch.Tensor, k: int) -> np.ndarray:
     """Ids of the k largest values of one fp32 row (no NaN), value descending, equal values by ascending id.
 
     Split the row into c ~ 16 k chunks of consecutive ids (width >= 32) and take every chunk's max in
-    one pass; the k-th largest of those maxima (and of the values past the last whole chunk), t0, has at
-    least k values >= it, so {x >= t0} is a superset of the exact top k with every tie at its
+    one pass; the k-th largest of those maxima (and of the values past the last whole chunk), t0, has
+    at least k values >= it, so {x >= t0} is a superset of the exact top k with every tie at its
     boundary. It lies in the chunks whose max reaches t0 (k of them unless maxima tie), the only ones
-    scanned (contiguous reads, V / 16 values).
-    That superset gets exact int64 keys (order-preserving value bits desc, then id) and one topk of
-    distinct keys, which is deterministic. Small rows (fewer than 2k chunks) key the whole row."""
-    V = row.numel()
-    bits = max(1, (V - 1).bit_length())
-    if bits > 31:
-        raise ValueError(f"a vocabulary of {V} ids does not fit the int64 keys (32 value bits + id bits)")
+    scanned (contiguous reads, about V / 16 values). Small rows (fewer than 2k chunks) take t0 as the
+    row's own k-th largest value. The superset (about k values on real logits; all of V when
+    everything ties) is ordered exactly by one stable lexsort on (value desc, id asc), where -0.0 and
+    +0.0 tie as in the stable sort. In numpy on the row's memory (but the chunk maxima): the work is a
+    dozen small steps, each a few microseconds there against tens in torch's dispatcher."""
+    x = row.numpy()
+    V = x.size
     width = max(32, V // (CHUNKS_PER_K * k))
     c = V // width
     if c < 2 * k:
-        key = (_desc_key(row) << bits) | torch.arange(V)
-        return torch.topk(key, k, largest=False, sorted=True).indices
-    head, tail = row[: c * width].view(c, width), row[c * width:]   # chunk j = ids [j * width, (j + 1) * width)
-    chunk_max = head.amax(dim=1)
-    t0 = torch.topk(torch.cat([chunk_max, tail]), k, sorted=False).values.min()
-    ch = torch.nonzero(chunk_max >= t0).squeeze(1)
-    hit, j = torch.nonzero(head[ch] >= t0, as_tuple=True)
-    cols = torch.cat([ch[hit] * width + j, c * width + torch.nonzero(tail >= t0).squeeze(1)])
-    key = (_desc_key(row[cols]) << bits) | cols
-    return torch.topk(key, k, largest=False, sorted=True).values & ((1 << bits) - 1)
+        cols = np.flatnonzero(x >= np.partition(x, V - k)[V - k])
+    else:
+        head, tail = x[: c * width].reshape(c, width), x[c * width:]   # chunk j = ids [j * width, (j + 1) * width)
+        chunk_max = row[: c * width].view(c, width).amax(dim=1).numpy()  # torch's: 10x numpy's on short rows
+        pool = np.concatenate([chunk_max, tail])
+        t0 = np.partition(pool, pool.size - k)[pool.size - k]
+        ch = np.flatnonzero(chunk_max >= t0)
+        hit, j = np.nonzero(head[ch] >= t0)
+        cols = np.concatenate([ch[hit] * width + j, c * width + np.flatnonzero(tail >= t0)])
+    return cols[np.lexsort((cols, -x[cols]))[:k]]
 
 
 class _LazyRanks:
@@ -105,8 +105,9 @@ class _LazyRanks:
         k = min(self.K, max(rank + 1, FIRST_K if have == 0 else GROWTH * have))
         row = self.row(d)
         ids = row_topk_ids(row, k)
-        lp = row[ids] - self.normaliser(d)
-        lp = torch.where(torch.isnan(lp), float("-inf"), lp)   # rows with no finite mass
+        with np.errstate(invalid="ignore"):                              # inf - inf: rows with no finite mass
+            lp = row.numpy()[ids] - np.float32(self.normaliser(d).item())   # one fp32 subtraction, as torch's
+        lp[np.isnan(lp)] = -np.inf
         self.lp[d], self.tok[d] = lp.tolist(), ids.tolist()
         return self.lp[d]
 
