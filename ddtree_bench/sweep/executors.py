@@ -3,14 +3,14 @@
 A batch (`sweep/order.py`) is one server group or one in-process engine's points; batches share
 nothing, so they may run at once. Three executors:
 
-* serial (`--workers 1`, the default): `make_executor` returns None and `sweep/run.py` runs every
-  batch in the driver process, as it always did;
+* serial (`--workers 1`, the default): `executor_choice.make_executor` returns None and
+  `sweep/loop.py` runs every batch in the driver process, as it always did;
 * local (`--workers N`): up to N batches at once, each in its own worker process on this host
   (`multiprocessing` spawn; a worker loads its own model pair or starts its own server);
 * ray (`--executor ray`): one Ray task per batch, anywhere in a cluster (`sweep/ray_executor.py`).
 
 The unit of work is `run_group(job, emit)`: it runs the job's points with the sweep loop's own code
-(`run._Sweep.run_inprocess` / `run_server_group`) into a scratch directory named like the sweep (so
+(`loop.SweepLoop.run_inprocess` / `run_server_group`) into a scratch directory named like the sweep (so
 run.json names the real sweep id), and emits, per finished point, every file of its point directory
 as bytes (`PointResult`), then `GroupDone`. The driver writes each point directory into the sweep
 directory whole (staged under `points/.<id>.incoming-*`, then renamed), rewrites the scratch path
@@ -81,7 +81,7 @@ class Slot:
 
 @dataclass
 class GroupJob:
-    """One batch to run elsewhere: the grid, the driver's preparation (`run._Prepared`) and the points."""
+    """One batch to run elsewhere: the grid, the driver's preparation (`prepare.Prepared`) and the points."""
 
     sweep_id: str
     grid: GridSpec
@@ -205,7 +205,7 @@ def run_group(job: GroupJob, emit: Callable[[Any], None], scratch_parent: str | 
               worker: dict[str, Any] | None = None) -> None:
     """Run `job.points` (one batch) into a scratch sweep directory; emit a PointResult per point,
     Messages for the console, then GroupDone. The scratch directory is removed at the end."""
-    from ddtree_bench.sweep import run as R
+    from ddtree_bench.sweep.loop import SweepLoop
 
     root = Path(tempfile.mkdtemp(prefix="ddtree-sweep-worker-", dir=scratch_parent))
     scratch = root / job.sweep_id
@@ -214,7 +214,7 @@ def run_group(job: GroupJob, emit: Callable[[Any], None], scratch_parent: str | 
     sdir.servers_dir.mkdir()
     me = {"executor": job.executor, "slot": job.slot, **(worker or {}), **pin_record()}
 
-    class GroupSweep(R._Sweep):
+    class GroupSweep(SweepLoop):
         def _finish(self, p: Point) -> None:
             status = self.sdir.read_point_json(p.id, "status.json")
             if status is not None:
@@ -333,19 +333,6 @@ class Executor(Protocol):
     def describe(self) -> list[str]: ...
 
     def run(self, sweep: Any, batches: list) -> None: ...
-
-
-def make_executor(grid: GridSpec, points: list[Point], echo: Callable[[str], None] = print) -> "Executor | None":
-    """None = the serial loop. Raises UsageError (exit 2) for a layout this host cannot give, or
-    `--executor ray` without ray installed."""
-    if grid.executor == "ray":
-        from ddtree_bench.sweep.ray_executor import RayExecutor
-
-        return RayExecutor(grid, echo)
-    if grid.workers <= 1:
-        return None
-    slots = assign_slots(grid.workers, grid.gpus_per_point, needs_gpu(points), visible_devices(), available_cores())
-    return LocalExecutor(slots)
 
 
 # --------------------------------------------------------------------------- local processes

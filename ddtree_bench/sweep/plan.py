@@ -123,9 +123,9 @@ def dry_run(grid, sweep_dir=None, api_key: str | None = None) -> list[str]:
     and return the plan's lines. Ray: checks that ray is installed, connects to nothing."""
     import copy
 
-    from ddtree_bench.sweep import executors as X
     from ddtree_bench.sweep import order as O
-    from ddtree_bench.sweep.run import prepare
+    from ddtree_bench.sweep.executor_choice import make_executor
+    from ddtree_bench.sweep.prepare import prepare
 
     grid = copy.deepcopy(grid)
     sdir = SweepDir(sweep_dir) if sweep_dir is not None else None
@@ -138,7 +138,7 @@ def dry_run(grid, sweep_dir=None, api_key: str | None = None) -> list[str]:
         import_ray()
     prep = prepare(grid, api_key)
     if grid.executor != "ray":
-        executor = X.make_executor(grid, prep.points)
+        executor = make_executor(grid, prep.points)
     O.fix_seed(grid)
     plan = plan_for(grid, prep.points, sdir, executor)
     if grid.executor == "ray":

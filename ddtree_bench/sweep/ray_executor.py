@@ -18,7 +18,7 @@ again (the points the task had reported are kept). Ctrl-C cancels every task (fo
 process dies, and its servers with it, `sweep/server.py`).
 
 Ray is an optional extra: without it, `--executor ray` is exit 2 with the install hint.
-Knows Ray's task API; the sweep loop and the files are `executors.py`'s and `run.py`'s.
+Knows Ray's task API; the sweep loop and the files are `loop.py`'s and `executors.py`'s.
 """
 
 from __future__ import annotations

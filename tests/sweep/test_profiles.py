@@ -110,7 +110,7 @@ def test_method_probe_marks_points_unsupported_instead_of_failing(tmp_path):
     import sys
 
     from ddtree_bench.sweep.grid import build_grid
-    from ddtree_bench.sweep.run import prepare
+    from ddtree_bench.sweep.prepare import prepare
 
     (tmp_path / "vllm.yaml").write_text(
         "name: vllm\npython_module: json\nargv: ['{server_python}', -c, pass, '{model}', '{port}']\n"
@@ -174,7 +174,7 @@ def test_user_profiles_override_the_bundled_ones(tmp_path):
 
 
 def test_sweep_refuses_engines_that_are_not_installed(tmp_path):
-    from ddtree_bench.sweep.run import prepare
+    from ddtree_bench.sweep.prepare import prepare
 
     g = build_grid(overrides={"backends": "sglang", "models": "/ckpt/Qwen3-8B", "drafts": "/ckpt/d", "suites": "smoke"})
     with pytest.raises(UsageError, match="no Python on PATH can import 'sglang'"):
@@ -287,10 +287,10 @@ def test_prometheus_parser_handles_escapes_timestamps_and_junk():
 def test_standalone_servers_batch_up_to_the_grids_largest_concurrency():
     """A standalone server serves every client-side point of its group: it must batch to the largest."""
     from ddtree_bench.sweep.grid import build_grid, expand
-    from ddtree_bench.sweep.run import _command
+    from ddtree_bench.sweep.prepare import server_command
 
     grid = build_grid(None, {"backends": "standalone", "methods": "ddtree", "budgets": "16", "suites": "smoke",
                              "concurrency": "1,4"})
     p = next(q for q in expand(grid) if q.method == "ddtree")
-    argv = _command(load_profile("standalone"), p, grid, port=1, api_key=None).argv
+    argv = server_command(load_profile("standalone"), p, grid, port=1, api_key=None).argv
     assert _val(argv, "--max-batch") == "4"
