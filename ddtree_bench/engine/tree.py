@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ddtree_bench.engine.tree_cpu import build_tree_cpu
 from ddtree_bench.engine.tree_vector import SortedTreeBuilder, _topk_logprobs
 
 
@@ -131,9 +132,7 @@ def build_tree_fast(draft_logits: torch.Tensor, budget: int) -> Tree:
     if budget <= 0 or L == 0:
         return empty_tree(draft_logits.device)
     if draft_logits.device.type == "cpu":   # the heap over lazily loaded exact top ranks, no sort of V
-        from ddtree_bench.engine.tree_cpu import build_tree_cpu
-
-        return build_tree_cpu(draft_logits, budget)
+        return Tree(*build_tree_cpu(draft_logits, budget))
     token_ids, parents, depths = SortedTreeBuilder(L, V, budget, draft_logits.device)(draft_logits)
     return Tree(token_ids, parents, depths)
 

@@ -19,12 +19,13 @@ its sum across them and differs in the last bit (tested at 1 and 2 threads). A N
 drafter) shows in its row's max; that row is read as `tree_vector.fp32_logits` reads it (NaN ->
 -inf), in a copy. Vocabularies up to EAGER_MAX_V load every depth at once instead
 (`tree_vector.exact_topk_logprobs`: one call beats L small ones there).
-Knows nothing of models or devices: CPU tensors in, a `Tree` out. Measurements: docs/gpu-performance.md.
+Knows nothing of models or devices: CPU tensors in, (token_ids, parents, depths) out. Measurements: docs/gpu-performance.md.
 """
 
 from __future__ import annotations
 
 import heapq
+import struct
 from contextlib import contextmanager
 
 import numpy as np
@@ -35,6 +36,7 @@ from ddtree_bench.engine.tree_vector import exact_topk_logprobs, fp32_logits
 FIRST_K = 64      # ranks loaded the first time a depth is read (a load's cost is mostly fixed below ~256)
 GROWTH = 16       # each later load multiplies the loaded ranks by this (at least to the rank asked for)
 CHUNKS_PER_K = 16  # row_topk_ids: chunks per wanted rank (more chunks: a slower threshold topk)
+_F32 = struct.Struct("f")   # a double rounded to fp32 by pack/unpack, as tree._f32 rounds the heap's sums
 EAGER_MAX_V = 4096  # vocabularies up to this load every depth's top K at once (one call beats L small ones)
 
 
@@ -112,8 +114,10 @@ class _LazyRanks:
         return self.lp[d]
 
 
-def build_tree_cpu(draft_logits: torch.Tensor, budget: int):
-    """The same Tree as `tree.build_tree(draft_logits, budget)`; draft_logits [L, V] on the CPU, budget > 0."""
+def build_tree_cpu(draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token_ids, parents, depths) of `tree.build_tree(draft_logits, budget)`'s Tree, as
+    `tree_vector.StaticTreeBuilder` returns them (tree.build_tree_fast wraps them; this module does
+    not import tree.py, which imports it); draft_logits [L, V] on the CPU, budget > 0."""
     L, V = draft_logits.shape
     K = min(budget, V)
     with _one_thread():
@@ -137,11 +141,9 @@ def _one_thread():
         torch.set_num_threads(n)
 
 
-def _heap(ranks: _LazyRanks, L: int, K: int, budget: int):
+def _heap(ranks: _LazyRanks, L: int, K: int, budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """tree._heap_tree over lazily loaded ranks: entries (-score, rank tuple, parent node, depth, rank,
     parent score), scores summed in fp32 from depth 1 down."""
-    from ddtree_bench.engine.tree import Tree, _F32
-
     lp, tok, load = ranks.lp, ranks.tok, ranks.load
     pack, unpack = _F32.pack, _F32.unpack
     first = lp[0] or load(0, 0)
@@ -166,4 +168,4 @@ def _heap(ranks: _LazyRanks, L: int, K: int, budget: int):
             row = lp[d] or load(d, 0)
             push(heap, (-unpack(pack(score + row[0]))[0], rank_tuple + (0,), n, d + 1, 0, score))
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-    return Tree(as_long(tokens), as_long(parents), as_long(depths))
+    return as_long(tokens), as_long(parents), as_long(depths)

@@ -94,7 +94,7 @@ def test_cpu_build_equals_the_heap(kind, threads):
     g = torch.Generator().manual_seed(5)
     for L, V, budget in CASES:
         x = logits_of(kind, L, V, g)
-        assert as_lists(build_tree_cpu(x, budget)) == as_lists(build_tree(x, budget)), (kind, L, V, budget)
+        assert as_lists(Tree(*build_tree_cpu(x, budget))) == as_lists(build_tree(x, budget)), (kind, L, V, budget)
 
 
 def test_build_tree_fast_on_a_cpu_is_the_lazy_build_and_keeps_the_thread_count(threads):
@@ -108,11 +108,11 @@ def test_the_callers_logits_are_not_written_and_half_precision_reads_as_fp32():
     g = torch.Generator().manual_seed(3)
     x = logits_of("special", 6, 40000, g)
     before = x.clone()
-    tree = build_tree_cpu(x, 300)
+    tree = Tree(*build_tree_cpu(x, 300))
     assert torch.equal(x.isnan(), before.isnan()) and torch.equal(x.nan_to_num(), before.nan_to_num())
     assert as_lists(tree) == as_lists(build_tree(before, 300))
     h = (torch.randn(5, 40000, generator=g) * 3).half()
-    assert as_lists(build_tree_cpu(h, 500)) == as_lists(build_tree(h, 500))
+    assert as_lists(Tree(*build_tree_cpu(h, 500))) == as_lists(build_tree(h, 500))
 
 
 def test_a_depth_is_loaded_only_as_far_as_the_heap_reads():
@@ -130,7 +130,7 @@ def test_a_depth_is_loaded_only_as_far_as_the_heap_reads():
         return out
 
     ranks.load = spy
-    tree = tree_cpu._heap(ranks, 15, 1024, 1024)
+    tree = Tree(*tree_cpu._heap(ranks, 15, 1024, 1024))
     assert as_lists(tree) == as_lists(build_tree(x, 1024))
     depths_read = {d for d, _ in loaded}
     assert max(depths_read) <= int(tree.depths.max())          # a depth is read only below a popped node
