@@ -2,18 +2,18 @@
 
 Shows the verdict and fix, server vs reference tau and per-depth acceptance (d1..d6), the first
 parting, config findings, and the variants ranked by curve distance. Knows the explain.json
-format (explain/analyse.py) and the report's HTML helpers; nothing of engines.
+format (explain/analyse.py) and the report's markup helpers (report/markup.py); nothing of engines.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ddtree_bench.report.markup import el, fmt
+
 
 def section_explain(data: Any) -> str:
     """'' when no run carries an explain.json."""
-    from ddtree_bench.report.html import el, fmt
-
     blocks = []
     for p in data.points:
         ex = getattr(p, "explain", None)

@@ -1,28 +1,28 @@
 """Rendering the report page: `ReportData` + figures -> one self-contained HTML string.
 
-Escaping is by construction: every fragment is an `Html` (already safe) or gets escaped by `esc`
-when it is put into an element or attribute, so a prompt, model output, file name, flag or error
-string containing `<script>` shows as text. Element ids come from `Ids.make`, which keeps only
-[A-Za-z0-9_-] and makes them unique. The page has no scripts, no external resources (the CSS is
-inlined, figures are `data:` URIs) and a Content-Security-Policy that would block any that
-slipped in; it reads the same without JavaScript and prints without clipping.
+Escaping is by construction (report/markup.py): every fragment is an `Html` (already safe) or gets
+escaped by `esc` when it is put into an element or attribute, so a prompt, model output, file name,
+flag or error string containing `<script>` shows as text. Element ids come from `Ids.make`, which
+keeps only [A-Za-z0-9_-] and makes them unique. The page has no scripts, no external resources
+(the CSS is inlined, figures are `data:` URIs) and a Content-Security-Policy that would block any
+that slipped in; it reads the same without JavaScript and prints without clipping.
 
 This module knows nothing of loading files or drawing plots.
 """
 
 from __future__ import annotations
 
-import html as _html
 import json
 import re
 import shlex
 from collections import defaultdict
 from datetime import datetime, timezone
 from importlib import resources
-from typing import Any, Iterable
+from typing import Any
 
 from ddtree_bench import __version__, metrics
 from ddtree_bench.report.explain_section import section_explain
+from ddtree_bench.report.markup import Html, Ids, el, esc, fmt, join
 from ddtree_bench import defaults as D
 from ddtree_bench.noise.probe import HEAVY_RULE
 from ddtree_bench.noise.verdict import FORMULA, Candidate, Verdict, decide, sentence
@@ -34,56 +34,6 @@ MAX_REQUEST_ROWS = 200
 MAX_TEXT = 4000          # characters of one output text shown in full
 MAX_CELL = 300           # characters of an error in a table cell
 MAX_META_VALUES = 16     # distinct values listed in one metadata row
-
-
-class Html(str):
-    """A fragment of markup that is already safe to emit."""
-
-
-def esc(x: Any) -> Html:
-    if isinstance(x, Html):
-        return x
-    return Html(_html.escape("" if x is None else str(x), quote=True))
-
-
-def join(parts: Iterable[Any], sep: str = "") -> Html:
-    return Html(esc(sep).join(esc(p) for p in parts))
-
-
-def el(tag: str, *children: Any, **attrs: Any) -> Html:
-    """<tag attrs>children</tag>; attribute names: trailing '_' dropped, '_' -> '-'; None skips, True is bare."""
-    parts = [tag]
-    for k, v in attrs.items():
-        if v is None or v is False:
-            continue
-        name = k.rstrip("_").replace("_", "-")
-        parts.append(name if v is True else f'{name}="{esc(v)}"')
-    return Html(f"<{' '.join(parts)}>{join(children)}</{tag}>")
-
-
-class Ids:
-    """Unique, sanitised element ids: only [A-Za-z0-9_-], starting with a letter."""
-
-    def __init__(self) -> None:
-        self.used: set[str] = set()
-
-    def make(self, prefix: str, text: Any) -> str:
-        base = re.sub(r"[^A-Za-z0-9_-]+", "-", str(text)).strip("-")[:60] or "x"
-        cand = f"{prefix}-{base}"
-        n = 2
-        while cand in self.used:
-            cand = f"{prefix}-{base}-{n}"
-            n += 1
-        self.used.add(cand)
-        return cand
-
-
-def fmt(v: Any, digits: int = 2, suffix: str = "") -> str:
-    if v is None:
-        return "\u2014"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}{suffix}"
-    return f"{v}{suffix}"
 
 
 def _clip(s: Any, n: int) -> str:
