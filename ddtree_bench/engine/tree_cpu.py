@@ -11,15 +11,15 @@ prefix of every larger top-k of it, so growing k_d never reorders what the heap 
 tree is node for node the heap's over the full stable sort (`tree.build_tree`, tested).
 
 Log-probabilities are logit - logsumexp(row) in fp32, as the reference computes them. The build
-runs on one torch thread: its ops are small and many (a few per depth read), and with two threads
-on a loaded machine each parallel op waited for the other core (0.2-0.5x the plain build, measured,
-against 2.4x and more on one thread). One thread also keeps a one-row logsumexp on the bits of the
-reference's [L, V] call, which reduces every row serially; a one-row call on several threads splits
-its sum across them and differs in the last bit (tested at 1 and 2 threads). A NaN logit (an overflowing half-precision
-drafter) shows in its row's max; that row is read as `tree_vector.fp32_logits` reads it (NaN ->
--inf), in a copy. Vocabularies up to EAGER_MAX_V load every depth at once instead
-(`tree_vector.exact_topk_logprobs`: one call beats L small ones there).
-Knows nothing of models or devices: CPU tensors in, (token_ids, parents, depths) out. Measurements: docs/gpu-performance.md.
+runs on one torch thread: its ops are small and many (a few per depth read), and with two threads on
+a busy machine each parallel op waits for the other core (docs/gpu-performance.md). One thread also
+keeps a one-row logsumexp on the bits of the reference's [L, V] call, which reduces every row
+serially; a one-row call on several threads splits its sum across them and can differ in the last
+bit (tested at 1 and 2 threads). A NaN logit (an overflowing half-precision drafter) shows in its
+row's max; that row is read as `tree_vector.fp32_logits` reads it (NaN -> -inf), in a copy.
+Vocabularies up to EAGER_MAX_V load every depth at once instead (`tree_vector.exact_topk_logprobs`:
+one call beats L small ones there). Knows nothing of models or devices: CPU tensors in,
+(token_ids, parents, depths) out.
 """
 
 from __future__ import annotations
