@@ -130,8 +130,9 @@ for dt, ptr in ((torch.bfloat16, bf16), (torch.float32, f32)):
                                  svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096),
                             dict(D=128, BLOCK_M=bm, BLOCK_N=attention_triton.BLOCK_N, BLOCK_D=128, HAS_PREFIX=prefix,
                                  SPLIT=split, IEEE=dt == torch.float32)))
-    ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=ptr, M=4 * 17, T=17, G=4, n_split=3,
-                                                           n_heads=8, sot=4096), dict(D=128, BLOCK_M=64, BLOCK_D=128)))
+    for sp in (2, 32):
+        ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=ptr, M=4 * 17, T=17, G=4,
+                                                               n_split=3, n_heads=8, sot=4096), dict(D=128, BLOCK_D=128, SP=sp)))
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
 sys.exit(0 if all(ok) else 1)
