@@ -90,7 +90,7 @@ def main() -> None:
         raise SystemExit(f"error: --out {args.out}: no such directory {args.out.parent}")
     torch.set_num_threads(args.threads)
 
-    from ddtree_bench.engine.batch import BatchRequest, batch_loop_for
+    from ddtree_bench.engine.batch import BatchRequest
     from ddtree_bench.pair import load_pair
     from ddtree_bench.suites.prompts import load_suite
 
@@ -100,7 +100,7 @@ def main() -> None:
     configs: list[tuple[str, int | None]] = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
 
     def measure(method: str, budget: int | None, c: int) -> Cell:
-        loop = batch_loop_for(pair.engine, method, budget or 0, c)
+        loop = pair.engine.batch_loop(method, budget or 0, c)
         reqs = [BatchRequest(p, args.max_new_tokens, stop_ids=pair.stop_ids) for p in ids]
         before = os.getloadavg()[0]
         t0 = time.perf_counter()
