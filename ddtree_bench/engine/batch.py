@@ -172,6 +172,20 @@ class Retired:
     error: BaseException | None = None
 
 
+def retirement(st, wants) -> Retired | None:
+    """What retires a request after a round, the same rule in both batched loops: a cancellation
+    (checked here) or an error retires it with that error, a request `wants` no further round retires
+    it with its final Generation; None keeps it. `st` is a loop's per-request state (req, error,
+    generation())."""
+    if st.error is None and st.req.cancelled is not None and st.req.cancelled():
+        st.error = Cancelled()
+    if st.error is not None:
+        return Retired(st.req, None, st.error)
+    if not wants(st):
+        return Retired(st.req, st.generation())
+    return None
+
+
 class BatchLoop:
     """The batched plain loop (module docstring). `fast` picks the vectorised tree build and walk
     as `PlainLoop` does (None: vectorised walk; vectorised build on CUDA only)."""
@@ -259,20 +273,12 @@ class BatchLoop:
 
     def _retire(self, only: Iterable[_Active] | None = None) -> list[Retired]:
         out, keep = [], []
-        pool = set(only) if only is not None else None
         for st in self.active:
-            if pool is not None and st not in pool:
+            done = retirement(st, self._wants) if only is None or st in only else None
+            if done is None:
                 keep.append(st)
                 continue
-            if st.error is None and st.req.cancelled is not None and st.req.cancelled():
-                st.error = Cancelled()
-            if st.error is not None:
-                out.append(Retired(st.req, None, st.error))
-            elif not self._wants(st):
-                out.append(Retired(st.req, st.generation()))
-            else:
-                keep.append(st)
-                continue
+            out.append(done)
             self._free.append((st.tcache, st.dcache))
         self.active = keep
         del self._free[: max(0, len(self._free) - self.max_batch)]  # keep at most one batch of spare caches

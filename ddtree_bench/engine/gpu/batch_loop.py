@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from ddtree_bench.engine.batch import BatchLoop, BatchRequest, BatchStats, Cancelled, ProposeRow, Retired, _Active
+from ddtree_bench.engine.batch import BatchLoop, BatchRequest, BatchStats, Cancelled, ProposeRow, Retired, _Active, retirement
 from ddtree_bench.engine.cache import KVCache
 from ddtree_bench.engine.gpu.batch_forward import draft_forward_batch, target_forward_batch
 from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
@@ -297,20 +297,12 @@ class BatchFastLoop:
 
     def _retire(self, only: Sequence[_Slot] | None = None) -> list[Retired]:
         out, keep = [], []
-        pool = set(only) if only is not None else None
         for st in self.active:
-            if pool is not None and st not in pool:
+            done = retirement(st, self._wants) if only is None or st in only else None
+            if done is None:
                 keep.append(st)
                 continue
-            if st.error is None and st.req.cancelled is not None and st.req.cancelled():
-                st.error = Cancelled()
-            if st.error is not None:
-                out.append(Retired(st.req, None, st.error))
-            elif not self._wants(st):
-                out.append(Retired(st.req, st.generation()))
-            else:
-                keep.append(st)
-                continue
+            out.append(done)
             self.live[st.slot].fill_(0)
             self.start[st.slot].fill_(0)   # a padding slot computes at frontier 0, inside its region
         self.active = keep
