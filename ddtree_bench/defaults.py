@@ -49,6 +49,7 @@ SERVER_STARTUP_TIMEOUT_S = 600.0   # large models on SGLang/vLLM take minutes to
 SERVER_POLL_INTERVAL_S = 0.5
 SERVER_HEALTH_TIMEOUT_S = 5.0      # per readiness request (vLLM binds its port before it can answer)
 SERVER_STOP_GRACE_S = 10.0         # SIGTERM, then SIGKILL to the whole process group
+SERVER_DEATH_SETTLE_S = 5.0        # after a point whose requests failed: how long a dying server gets to exit before it counts as alive
 CROSSCHECK_REL_TOL = 0.05          # client-side vs server-counter acceptance length: flag beyond 5%
 # `ddtree-bench serve` and the OpenAI-compatible HTTP client (backends/standalone.py, backends/client.py)
 SERVE_MAX_QUEUE = 128              # requests waiting for the engine before new ones get 503

@@ -279,7 +279,7 @@ class SweepLoop:
         window = probe.start([srv.pid] if srv.pid else None)  # the server's CPU is not "other load"
         err = self._execute(p, spec)
         noise = window.finish()
-        died = not srv.alive()
+        died = not srv.alive(settle_s=D.SERVER_DEATH_SETTLE_S if err else 0.0)   # failed requests: did the server die?
         after, after_text = C.scrape_with_text(kind, srv.url, api_key=api_key) if not died else ({}, None)
         log_end = srv.log_size()
         pdir = self.sdir.point_dir(p.id)

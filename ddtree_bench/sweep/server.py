@@ -158,8 +158,19 @@ class ServerProcess:
                                   f"(GET {self.health_path}: {last})", tail)
             time.sleep(self.poll_interval_s)
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def alive(self, settle_s: float = 0.0) -> bool:
+        """Is the server process still running? With settle_s, a process that is dying gets that long
+        to finish: a SIGKILLed server closes its sockets (its clients see broken streams) before the
+        kernel has torn down gigabytes of memory and made it a zombie, so an instant poll can still
+        call it alive."""
+        if self.proc is None:
+            return False
+        if settle_s > 0:
+            try:
+                self.proc.wait(timeout=settle_s)
+            except subprocess.TimeoutExpired:
+                return True
+        return self.proc.poll() is None
 
     @property
     def returncode(self) -> int | None:
