@@ -32,6 +32,7 @@ from ddtree_bench.errors import UsageError
 from ddtree_bench.jsonl import iter_jsonl
 from ddtree_bench.outpaths import atomic_write_text, check_output_dir, check_output_file, make_dirs, unique_sibling
 from ddtree_bench.records import RequestRecord, json_safe
+from ddtree_bench.text_file import parse_text_file
 
 
 RUN_KIND = "ddtree-bench-run"
@@ -192,16 +193,7 @@ def read_json(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path} does not exist")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: not UTF-8 text (a binary file?) at byte {e.start}") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: malformed JSON ({e})") from None
-    except RecursionError:
-        raise UsageError(f"{path}: JSON nested too deeply") from None
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read ({e.strerror or e})") from None
+    return parse_text_file(path, str(path), "JSON", json.loads, json.JSONDecodeError)
 
 
 def check_run_info(info: Any, path: Path | str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_bench.errors import UsageError
+from ddtree_bench.text_file import parse_text_file
 
 
 def read_yaml_mapping(path: str | Path, label: str, expect: str) -> dict[str, Any]:
@@ -21,16 +22,7 @@ def read_yaml_mapping(path: str | Path, label: str, expect: str) -> dict[str, An
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"{label} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{label}: not UTF-8 text (a binary file?) at byte {e.start}") from None
-    except yaml.YAMLError as e:
-        raise UsageError(f"{label}: malformed YAML ({str(e).splitlines()[0]})") from None
-    except RecursionError:
-        raise UsageError(f"{label}: YAML nested too deeply") from None
-    except OSError as e:
-        raise UsageError(f"{label}: cannot read ({e.strerror or e})") from None
+    data = parse_text_file(path, label, "YAML", yaml.safe_load, yaml.YAMLError, lambda e: str(e).splitlines()[0])
     if data is None:
         return {}
     if not isinstance(data, dict):
