@@ -12,8 +12,9 @@ of a real shape):
    graph-captured on a GPU) on random [L, V] draft logits, per budget;
 4. end to end (pairs with a tokenizer; `random` accepts ~nothing) - tok/s and acceptance length of AR, DFlash and DDTree per budget
    over suite prompts, fast and plain engines, and whether their tokens agree.
-The cost model (costmodel.py) takes 1's curve, 2's draft and overhead times and a tau(B) curve
-(4's, or given) and predicts tok/s, speedup and the best budget next to what was measured.
+The cost model (perf/bench_costmodel.py) is calibrated on the fast engine's rounds as they run (4's
+calls, else 2's) or, failing rounds, built from 1's curve and 2's draft and overhead; with a tau(B)
+curve (4's, or given) it predicts tok/s, speedup and the best budget next to what was measured.
 Knows nothing of the CLI; returns one JSON-able dict.
 """
 
@@ -27,7 +28,6 @@ import torch
 
 from ddtree_bench import defaults as D
 from ddtree_bench.run_spec import parse_budgets
-from ddtree_bench.perf.costmodel import CostModel, Curve, best
 from ddtree_bench.engine.gpu.loop import ROUND_STAGES
 from ddtree_bench.perf.roofline import roofline_ms, roofline_rows, weight_bytes_and_params
 from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
@@ -263,9 +263,11 @@ def build_times(V: int, L: int, budgets: list[int], device: torch.device, reps: 
 
 
 @torch.inference_mode()
-def end_to_end(target, drafter, tokenizer, spec: BenchSpec, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+def end_to_end(target, drafter, tokenizer, spec: BenchSpec, progress: Callable[[str], None],
+               round_log: dict[tuple[str, int], list[dict[str, float]]] | None = None) -> list[dict[str, Any]]:
     """tok/s (decode: first token to last) and mean acceptance length per method/budget, fast engine and
-    (spec.plain) plain engine."""
+    (spec.plain) plain engine. round_log: gets the fast engine's per-round stage ms of the timed calls,
+    keyed (method, budget), for the cost model calibrated on rounds as they run."""
     from ddtree_bench.engine.generate import Engine
     from ddtree_bench.suites.prompts import load_suite
 
@@ -290,6 +292,8 @@ def end_to_end(target, drafter, tokenizer, spec: BenchSpec, progress: Callable[[
             toks, ns, acc, outs = 0, 0, [], []
             for p in ids:
                 g = eng.generate(p, method, budget, spec.max_new_tokens)
+                if round_log is not None and name == "fast":
+                    round_log.setdefault((method, budget), []).extend(dict(r) for r in eng.fast_loop().rounds)
                 toks += len(g.output_ids) - 1          # the first token comes from prefill
                 ns += g.t_done_ns - g.t_first_token_ns
                 acc += g.accept_lengths
@@ -309,23 +313,6 @@ def end_to_end(target, drafter, tokenizer, spec: BenchSpec, progress: Callable[[
             ar = next(r for r in rows if r["method"] == "ar")[name]["tok_s"]
             row[name]["speedup"] = row[name]["tok_s"] / ar
     return rows
-
-
-# ---------------------------------------------------------------------------- the cost model
-
-
-def predict(curve: dict[int, float], rounds: list[dict[str, Any]], tau: dict[int, float], budgets: list[int],
-            ar_ms: float | None) -> dict[str, Any]:
-    """Cost-model predictions from the verify curve, the fast engine's draft and overhead times, and tau(B)."""
-    tree_rounds = [r for r in rounds if r["method"] == "ddtree"]
-    if not tree_rounds or not curve:
-        return {}
-    draft_ms = median([r["fast"]["draft"] for r in tree_rounds])
-    overhead = Curve({r["budget"]: r["fast"]["overhead_ms"] for r in tree_rounds})
-    model = CostModel(Curve(curve), draft_ms, overhead, ar_ms)
-    preds = model.sweep(tau, [b for b in budgets if b in tau] or sorted(tau))
-    return {"draft_ms": draft_ms, "ar_ms": model.t_ar, "tau": tau, "predictions": [p.to_dict() for p in preds],
-            "best_budget": best(preds).budget, "ar_tok_s": model.ar().tok_s}
 
 
 # ---------------------------------------------------------------------------- everything
@@ -377,8 +364,9 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
         progress(f"build: {result['build_tree_ms']}")
 
     has_text = spec.shape is None and drafter is not None and tokenizer is not None  # `random` has the byte tokenizer
+    e2e_rounds: dict[tuple[str, int], list[dict[str, float]]] = {}
     if spec.e2e and has_text:
-        result["e2e"] = end_to_end(target, drafter, tokenizer, spec, progress)
+        result["e2e"] = end_to_end(target, drafter, tokenizer, spec, progress, e2e_rounds)
 
     ar_round = next((r["fast"]["round"] for r in result["rounds"] if r["method"] == "ar"), None)
     if ar_round:
@@ -390,12 +378,8 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
         tau = {r["budget"]: r["fast"]["tau"] for r in result["e2e"] if r["method"] == "ddtree"}
         tau_source = "measured (e2e, fast engine)"
     if tau:
-        pred = predict(curve, result["rounds"], tau, spec.budgets, ar_round)
-        pred["tau_source"] = tau_source
-        if result.get("e2e"):
-            meas = {r["budget"]: r["fast"]["tok_s"] for r in result["e2e"] if r["method"] == "ddtree"}
-            for p in pred.get("predictions", []):
-                p["measured_tok_s"] = meas.get(p["budget"])
-            pred["measured_ar_tok_s"] = next(r["fast"]["tok_s"] for r in result["e2e"] if r["method"] == "ar")
-        result["cost_model"] = pred
+        from ddtree_bench.perf.bench_costmodel import cost_model
+
+        result["cost_model"] = cost_model(curve, result["rounds"], tau, tau_source, spec.budgets, ar_round,
+                                          drafter.block_size if drafter is not None else None, e2e_rounds, result.get("e2e"))
     return result

@@ -19,7 +19,10 @@ Fig. 3).
 
 `calibrate` builds the model from the stage totals of real generate() calls (`RoundSample`: rounds
 as they run, first rounds and cache growth included) instead of isolated forwards; per-round means,
-since tok/s divides tokens by summed round time. The batched model (`BatchStageCosts`,
+since tok/s divides tokens by summed round time. `calibrate_medians` takes per-round stage medians
+(`RoundTimes`: FastLoop.rounds of real calls) instead, robust to the few rounds a shared machine
+slows, and can leave a budget out; `held_out_predictions` predicts every budget from a model that
+never saw its rounds. The batched model (`BatchStageCosts`,
 `predict_batched`, `best_per_batch`, `calibrate_batched` from measured (batch, budget) points)
 extends the round to C requests: one draft at batch C, one verify over the C concatenated trees,
 overhead fixed plus per request, tau per request. Knows nothing of engines or GPUs: it is
@@ -203,6 +206,69 @@ def calibrate(samples: list[RoundSample]) -> CostModel:
         overhead = {0: pooled(drafting, None) - pooled(drafting, ("draft", "verify"))}
     ar = [s for s in samples if s.method == "ar"]
     return CostModel(verify, draft, Curve(overhead), pooled(ar, None) if ar else None)
+
+
+@dataclass
+class RoundTimes:
+    """Per-round stage times of real generate() calls at one (method, budget): rounds as they run.
+
+    rounds: one {stage: ms} a round (FastLoop.rounds: draft, tree_build, tree_compile, verify, walk,
+    commit), first rounds and cache growth included, over every call at this point."""
+    method: str              # "ar" | "dflash" | "ddtree"
+    budget: int              # DDTree: tree nodes; DFlash: block_size - 1 (its chain); AR: 0
+    rounds: list[dict[str, float]]
+
+    @property
+    def verify_tokens(self) -> int:
+        return 1 + self.budget
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def calibrate_medians(samples: list[RoundTimes], leave_out: int | None = None) -> CostModel:
+    """The cost model from per-round stage medians of rounds inside generation (robust to the spikes a
+    shared machine adds to a few rounds; `calibrate` takes means of totals instead):
+
+        T_draft       = median draft over the rounds of every DDTree sample (DFlash's if there is none)
+        T_verify(n)   = median verify over the rounds whose verify takes n = 1 + budget tokens
+        T_overhead(B) = median over B's rounds of (round - draft - verify)
+        T_AR          = median AR round
+
+    leave_out: a DDTree budget whose rounds are not used, so that its prediction comes from the other
+    budgets' curves (calibrating on the budget one then predicts is circular)."""
+    kept = [s for s in samples if s.rounds and not (s.method == "ddtree" and s.budget == leave_out)]
+    if not kept:
+        raise ValueError("no rounds to calibrate on")
+    pool = lambda group, f: _median([f(r) for s in group for r in s.rounds])  # noqa: E731
+    by_n: dict[int, list[RoundTimes]] = {}
+    by_budget: dict[int, list[RoundTimes]] = {}
+    for s in kept:
+        by_n.setdefault(s.verify_tokens, []).append(s)
+        if s.method == "ddtree":
+            by_budget.setdefault(s.budget, []).append(s)
+    drafting = [s for s in kept if s.method == "ddtree"] or [s for s in kept if s.method == "dflash"]
+    if not drafting:
+        raise ValueError("calibration needs DDTree (or DFlash) rounds for the draft cost")
+    rest = lambda r: sum(r.values()) - r.get("draft", 0.0) - r.get("verify", 0.0)  # noqa: E731
+    verify = Curve({n: pool(g, lambda r: r.get("verify", 0.0)) for n, g in by_n.items()})
+    overhead = {b: pool(g, rest) for b, g in by_budget.items()} or {0: pool(drafting, rest)}
+    ar = [s for s in kept if s.method == "ar"]
+    return CostModel(verify, pool(drafting, lambda r: r.get("draft", 0.0)), Curve(overhead),
+                     pool(ar, lambda r: sum(r.values())) if ar else None)
+
+
+def held_out_predictions(samples: list[RoundTimes], tau: Mapping[int, float], budgets: list[int]) -> list[Prediction]:
+    """Each DDTree budget B predicted by `calibrate_medians(samples, leave_out=B)` with tau(B) given:
+    an honest check of the model at every budget (B's own rounds never inform B's prediction)."""
+    return [calibrate_medians(samples, leave_out=b).predict(b, tau[b]) for b in budgets]
+
+
+def rounds_counted(samples: list[RoundTimes]) -> int:
+    return sum(len(s.rounds) for s in samples)
 
 
 # ---------------------------------------------------------------------------- batched (issue 19)

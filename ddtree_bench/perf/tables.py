@@ -97,8 +97,16 @@ def render(result: dict[str, Any]) -> str:
     cm = result.get("cost_model")
     if cm and cm.get("predictions"):
         rows = [[p["budget"], _f(p["tau"], 2), _f(p["round_ms"]), _f(p["tok_s"], 1), _f(p["speedup"], 2),
-                 _f(p.get("measured_tok_s"), 1)] for p in cm["predictions"]]
-        parts.append(f"\ncost model (tau {cm['tau_source']}; draft {cm['draft_ms']:.3f} ms, AR round {cm['ar_ms']:.3f} ms):\n"
-                     + table(rows, ["budget", "tau", "round ms", "pred tok/s", "pred x AR", "measured tok/s"])
-                     + f"\npredicted best budget: {cm['best_budget']}")
+                 _f(p.get("held_out_tok_s"), 1), _f(p.get("measured_tok_s"), 1)] for p in cm["predictions"]]
+        if cm.get("model") == "calibrated":
+            which = (f"calibrated on {cm['calibration_rounds']} rounds as they ran ({cm['calibrated_on']}); held out: "
+                     "each budget predicted with its own rounds left out")
+        else:
+            which = "isolated-forward: the verify curve's single forwards, draft and overhead from the rounds"
+        iso = cm.get("isolated_forward")
+        parts.append(f"\ncost model, {which} (tau {cm['tau_source']}; draft {cm['draft_ms']:.3f} ms, AR round {cm['ar_ms']:.3f} ms):\n"
+                     + table(rows, ["budget", "tau", "round ms", "pred tok/s", "pred x AR", "held out tok/s", "measured tok/s"])
+                     + f"\npredicted best budget: {cm['best_budget']}"
+                     + (f" (isolated-forward model: {iso['best_budget']})" if iso else "")
+                     + (f"; measured: {cm['measured_best_budget']}" if cm.get("measured_best_budget") is not None else ""))
     return "\n".join(parts)

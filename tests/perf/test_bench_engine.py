@@ -46,6 +46,12 @@ def test_bench_engine_cpu_json_and_table(tmp_path, capsys):
     assert cm["tau_source"] == "given" and cm["best_budget"] in (4, 16)
     p4 = next(p for p in cm["predictions"] if p["budget"] == 4)
     assert p4["tok_s"] == pytest.approx(1000 * 1.5 / p4["round_ms"])
+    # calibrated on the end-to-end calls' rounds (every fast round of them), each budget also held out
+    e2e_rounds = sum(r["fast"]["rounds"] for r in res["e2e"])
+    assert cm["model"] == "calibrated" and cm["calibration_rounds"] == e2e_rounds
+    assert f"calibrated on {e2e_rounds} rounds as they ran" in text
+    assert all(p["held_out_tok_s"] > 0 for p in cm["predictions"])
+    assert cm["isolated_forward"]["best_budget"] in (4, 16) and cm["measured_best_budget"] in (4, 16)
     e2e = {(r["method"], r["budget"]): r for r in res["e2e"]}
     assert e2e[("ddtree", 16)]["fast"]["same_as_ar"] == e2e[("ddtree", 16)]["fast"]["num_prompts"] == 1
 
@@ -72,6 +78,41 @@ def test_verify_table_shows_the_sdpa_and_unfused_graphs_beside_the_live_one():
     assert "graph_unfused: the PyTorch twin ops" in lines[2]
     assert lines[3].split() == ["tokens", "graph", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager"]
     assert lines[5].split() == ["1", "5.20", "5.67", "5.90", "8.70", "23.40"]
+
+
+def test_cost_model_section_says_which_model_it_predicted_with():
+    """Random weights (no end-to-end calls): calibrated on bench-engine's rounds, their stage medians;
+    with no DDTree rounds it falls back to the isolated-forward model; the table names the model."""
+    from ddtree_bench.perf.bench_costmodel import cost_model
+    from ddtree_bench.perf.tables import render
+
+    def tree(b, verify):
+        fast = {"draft": 2.0, "tree_build": 0.5, "tree_compile": 0.1, "verify": verify, "walk": 0.1, "commit": 0.3}
+        fast["round"] = sum(fast.values())
+        return {"method": "ddtree", "budget": b, "rounds": 9, "fast": {**fast, "overhead_ms": fast["round"] - 2.0 - verify}}
+
+    rounds = [{"method": "ar", "budget": None, "rounds": 9, "fast": {"verify": 4.0, "walk": 0.1, "commit": 0.2, "round": 4.3,
+                                                                     "overhead_ms": 0.3}},
+              {"method": "dflash", "budget": None, "rounds": 9, "fast": {"draft": 2.0, "tree_build": 0.2, "verify": 4.5,
+                                                                         "walk": 0.1, "commit": 0.3, "round": 7.1, "overhead_ms": 0.6}},
+              tree(16, 5.0), tree(64, 6.0), tree(256, 12.0)]
+    tau = {16: 6.0, 64: 7.0, 256: 8.0}
+    curve = {1: 3.0, 17: 3.5, 65: 4.0, 257: 8.0}    # isolated forwards, faster than the rounds' verify
+    cm = cost_model(curve, rounds, tau, "given", [16, 64, 256], 4.3, 16)
+    assert cm["model"] == "calibrated" and cm["calibration_rounds"] == 5
+    p64 = next(p for p in cm["predictions"] if p["budget"] == 64)
+    assert p64["round_ms"] == pytest.approx(2.0 + 1.0 + 6.0)                       # the rounds' own verify
+    assert p64["held_out_tok_s"] == pytest.approx(1000 * 7.0 / (2.0 + 1.0 + 5.0 + (12.0 - 5.0) * 48 / 240))
+    iso64 = next(p for p in cm["isolated_forward"]["predictions"] if p["budget"] == 64)
+    assert iso64["round_ms"] == pytest.approx(2.0 + 1.0 + 4.0)                     # the curve's
+    res = {"spec": {"model": "x", "dtype": "bfloat16", "device": "cpu", "prefix_len": 8}, "date": "d", "rounds": [],
+           "verify_curve_ms": {"graph": {}, "eager": {}}, "cost_model": cm}
+    assert "cost model, calibrated on 5 rounds as they ran (bench-engine's rounds" in render(res)
+    assert cost_model(curve, rounds[:1], tau, "given", [16], 4.3, 16) == {}       # no DDTree rounds, no model
+    iso = cost_model(curve, rounds, tau, "given", [16, 64, 256], 4.3, 16, e2e_round_log={("ar", 0): [{"verify": 4.0}]})
+    assert iso["model"] == "isolated-forward" and "isolated_forward" not in iso
+    res["cost_model"] = iso
+    assert "cost model, isolated-forward" in render(res)
 
 
 def test_real_shapes_have_the_published_sizes():

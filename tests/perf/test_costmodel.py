@@ -1,6 +1,6 @@
 """The cost model on synthetic curves whose best budget can be worked out by hand, and on the
 issue's H200 anchor curve (Qwen3-8B shape, bf16, CUDA graphs, 1024-token prefix); its calibration
-on stage totals of real rounds; and the batched model (issue 19), whose best budget per concurrency
+on stage totals of real rounds and on per-round medians with a budget left out; and the batched model (issue 19), whose best budget per concurrency
 is worked out by hand below."""
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from ddtree_bench.perf.costmodel import (
     CostModel,
     Curve,
     RoundSample,
+    RoundTimes,
     best,
     best_per_batch,
     break_even_tau,
     calibrate,
     calibrate_batched,
+    calibrate_medians,
+    held_out_predictions,
     parse_points,
     predict_batched,
 )
@@ -136,6 +139,52 @@ def test_calibrate_refuses_what_it_cannot_use():
         calibrate([RoundSample("ddtree", 16, 0, 0, {})])
     with pytest.raises(ValueError, match="draft cost"):
         calibrate([RoundSample("ar", 0, 5, 5, {"verify": 5.0})])
+
+
+def _rounds(n: int, **stages: float) -> list[dict[str, float]]:
+    return [dict(stages) for _ in range(n)]
+
+
+# verify 2 ms + 0.01 ms a token, draft 3 ms, overhead 0.5 ms + 0.002 ms a node: every budget's rounds
+# lie on these lines, so a budget left out is predicted exactly from its neighbours
+def _line_samples(budgets: list[int], spike: bool = False) -> list[RoundTimes]:
+    out = [RoundTimes("ar", 0, _rounds(20, verify=2.01, commit=0.1)),
+           RoundTimes("dflash", 15, _rounds(20, draft=3.0, tree_build=0.2, verify=2.16, commit=0.3))]
+    for b in budgets:
+        rounds = _rounds(9, draft=3.0, tree_build=0.3 + 0.002 * b, verify=2.0 + 0.01 * (1 + b), commit=0.2)
+        if spike:   # one round in nine slowed 10x by another process: the medians ignore it
+            rounds[4] = {k: 10 * v for k, v in rounds[4].items()}
+        out.append(RoundTimes("ddtree", b, rounds))
+    return out
+
+
+def test_calibrate_medians_reads_each_stage_per_round_and_ignores_a_spike():
+    m = calibrate_medians(_line_samples([16, 64, 256], spike=True))
+    assert m.draft_ms == pytest.approx(3.0)                               # DDTree's, not DFlash's
+    assert m.verify_ms(1) == pytest.approx(2.01) and m.verify_ms(16) == pytest.approx(2.16)
+    assert m.verify_ms(65) == pytest.approx(2.65) and m.verify_ms(257) == pytest.approx(4.57)
+    assert m.overhead_ms(64) == pytest.approx(0.5 + 0.128)               # tree_build + commit, not draft or verify
+    assert m.t_ar == pytest.approx(2.11)
+    assert m.predict(64, 5.0).round_ms == pytest.approx(3.0 + 0.628 + 2.65)
+
+
+def test_leaving_a_budget_out_predicts_it_from_the_others_not_from_its_own_rounds():
+    budgets = [16, 32, 64, 128]
+    samples = _line_samples(budgets)
+    samples[-2] = RoundTimes("ddtree", 64, _rounds(9, draft=3.0, tree_build=5.0, verify=9.0, commit=0.2))  # B=64 off the line
+    tau = {16: 4.0, 32: 4.5, 64: 5.0, 128: 5.4}
+    held = {p.budget: p for p in held_out_predictions(samples, tau, budgets)}
+    on_line = 3.0 + (0.5 + 0.002 * 64) + (2.0 + 0.01 * 65)   # interpolated between 32 and 128
+    assert held[64].round_ms == pytest.approx(on_line)
+    assert held[64].tok_s == pytest.approx(1000 * 5.0 / on_line)
+    assert calibrate_medians(samples).predict(64, 5.0).round_ms == pytest.approx(3.0 + 5.2 + 9.0)   # circular: its own
+    # the off-line point does bend its neighbours' held-out predictions (it is in their calibration)
+    assert held[32].round_ms != pytest.approx(3.0 + 0.564 + 2.33)
+    with pytest.raises(ValueError, match="no rounds"):
+        calibrate_medians([RoundTimes("ddtree", 16, [])])
+    with pytest.raises(ValueError, match="draft cost"):
+        calibrate_medians([RoundTimes("ar", 0, _rounds(3, verify=1.0)), RoundTimes("ddtree", 16, _rounds(3, draft=1.0))],
+                          leave_out=16)
 
 
 # ---------------------------------------------------------------------------- batched (issue 19)
