@@ -1,5 +1,5 @@
 """The tree-builder registry: every exact DDTree tree builder by name, a check that a Triton one
-builds the PyTorch builder's tree here, and the choice of the fastest as a replayed CUDA graph.
+builds the PyTorch builder's tree here, and the rule that picks one per budget.
 
 Builders (all return the same (token_ids, parents, depths) [N] for the same draft logits [L, V]):
 * "torch" - tree_vector.StaticTreeBuilder (runs anywhere; the exact fallback);
@@ -7,9 +7,15 @@ Builders (all return the same (token_ids, parents, depths) [N] for the same draf
 * "grid" / "grid-keys" - kernels/tree_grid.GridTreeBuilder, ~30 small launches over the whole GPU,
   without / with precomputed keys (win at large budgets).
 The Triton ones prune candidates and carry a certificate `flag`; a raised flag makes the loop redo
-the round with "torch". `choose(..., kind="auto")` checks every Triton builder, times each
-candidate with `graphs.replay_ms` and takes the fastest; where the crossover sits depends on the
-GPU (docs/gpu-performance.md). Knows nothing of models, caches or rounds.
+the round with "torch". `choose(..., kind="auto")` compiles and checks ONE Triton builder per budget,
+the one `auto_kernel(budget)` names: "block" up to AUTO_BLOCK_MAX_BUDGET, "grid" up to
+AUTO_GRID_MAX_BUDGET, "grid-keys" above. The rule follows the H200's timings of every builder at
+every budget (CUDA-graph replay, Qwen3-8B shape and toy pair); it replaced compiling, checking and
+timing every candidate at each new budget, which made a new budget's cold start mostly compiles
+(docs/gpu-performance.md, "Cold start"). Another GPU may move the crossovers: bench-engine's build
+table still times every builder per budget. The check compiles the builder's kernels concurrently
+(kernels/warm.py) and builds in the rounds' dtype, so the rounds compile nothing more; a failed check
+falls back to "torch". Knows nothing of models, caches or rounds.
 """
 
 from __future__ import annotations
@@ -23,17 +29,25 @@ from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
 KERNELS = ("block", "grid", "grid-keys")      # the Triton builders
 KINDS = ("auto",) + KERNELS + ("torch",)      # what FastLoop(tree_kernel=...) accepts
-# auto never tries the one-block kernel above this budget: its per-depth sorts grow as B*ln(B) on one
-# SM, so compiling and checking it there only delays the first round (docs/gpu-performance.md)
-BLOCK_KERNEL_MAX_BUDGET = 256
+# auto's rule (why these budgets: docs/gpu-performance.md, "Cold start")
+AUTO_BLOCK_MAX_BUDGET = 32    # the one-block kernel up to here
+AUTO_GRID_MAX_BUDGET = 64     # then the grid without precomputed keys; grid-keys above
 
 
 @dataclass
 class Choice:
-    """The builder a budget uses, and (auto on CUDA) the ms per build of every candidate timed."""
+    """The builder a budget uses, and (auto on CUDA) its ms per build as a replayed CUDA graph (only the
+    chosen builder is timed: no other one is compiled; bench-engine's build table times them all)."""
 
     builder: object
     times_ms: dict[str, float] = field(default_factory=dict)
+
+
+def auto_kernel(budget: int) -> str:
+    """The Triton builder auto uses at a budget (module docstring: the rule and its evidence)."""
+    if budget <= AUTO_BLOCK_MAX_BUDGET:
+        return "block"
+    return "grid" if budget <= AUTO_GRID_MAX_BUDGET else "grid-keys"
 
 
 def make(kernel: str, L: int, V: int, budget: int, device):
@@ -51,24 +65,35 @@ def make(kernel: str, L: int, V: int, budget: int, device):
     raise ValueError(f"unknown tree kernel {kernel!r}: {' | '.join(KINDS)}")
 
 
-def checked_builder(L: int, V: int, budget: int, device, kernel: str = "block"):
+def checked_builder(L: int, V: int, budget: int, device, kernel: str = "block", dtype: torch.dtype = torch.float32):
     """A Triton builder for this (L, V, budget) that compiled, ran and matched the PyTorch builder on
-    random logits here, or None (with a warning) - so a kernel that cannot build at some size
-    (resources, a Triton version) costs speed, never a crash or a wrong tree."""
+    random logits of `dtype` here, or None (with a warning) - so a kernel that cannot build at some size
+    (resources, a Triton version) costs speed, never a crash or a wrong tree. Its kernels are compiled
+    concurrently before the first build (kernels/warm.py). Checking in the rounds'
+    dtype compiles only the top-K variants the rounds use; bf16's coarse logits can tie at a pruning
+    boundary and raise the certificate, which proves nothing either way, so that case is checked again
+    on fp32 logits."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown tree kernel {kernel!r}: {' | '.join(KERNELS)}")
     from ddtree_bench.engine.gpu.kernels.tree_block import available
+    from ddtree_bench.engine.gpu.kernels.warm import warm
 
     if not available(device):
         return None
     try:
-        logits = torch.randn(L, V, generator=torch.Generator().manual_seed(budget)).to(device) * 3
         tb = make(kernel, L, V, budget, device)
-        got = tb(logits)
-        ref = StaticTreeBuilder(L, V, budget, device)(logits)
-        if tb.flag.item() == 0 and all(torch.equal(a, b) for a, b in zip(got, ref)):
+        ref = StaticTreeBuilder(L, V, budget, device)
+        for d in dict.fromkeys([dtype, torch.float32]):
+            logits = (torch.randn(L, V, generator=torch.Generator().manual_seed(budget)) * 3).to(device, d)
+            warm(lambda: tb(logits), device)   # its kernels compiled at once, not one after another
+            got = tb(logits)
+            flagged = tb.flag.item() != 0
+            tb.flag.zero_()
+            if not flagged:
+                break
+        if not flagged and all(torch.equal(a, b) for a, b in zip(got, ref(logits))):
             return tb
-        error = "its tree differs from the PyTorch builder's"
+        error = "its certificate failed" if flagged else "its tree differs from the PyTorch builder's"
     except Exception as e:  # pragma: no cover - needs a GPU
         error = f"{type(e).__name__}: {e}"
     warnings.warn(f"Triton {kernel} tree kernel unusable at budget {budget}, using another builder: {error}")
@@ -76,26 +101,23 @@ def checked_builder(L: int, V: int, budget: int, device, kernel: str = "block"):
 
 
 def choose(L: int, V: int, budget: int, device, dtype: torch.dtype, kind: str = "auto") -> Choice:
-    """The builder for a budget. kind auto: of the exact builders that pass their check here, the
-    fastest as a replayed CUDA graph (the one-block kernel is not tried above BLOCK_KERNEL_MAX_BUDGET);
-    block | grid | grid-keys | torch force one (a Triton one that fails its check falls back to torch)."""
+    """The builder for a budget, checked on `dtype` logits (the rounds'). kind auto on CUDA: the Triton
+    builder auto_kernel(budget) names, if it passes its check here (else torch), timed as a replayed
+    CUDA graph; block | grid | grid-keys | torch force one (a Triton one that fails its check falls back
+    to torch). Only the builder returned is compiled."""
     device = torch.device(device)
     if kind in KERNELS:
-        return Choice(checked_builder(L, V, budget, device, kind) or make("torch", L, V, budget, device))
+        return Choice(checked_builder(L, V, budget, device, kind, dtype) or make("torch", L, V, budget, device))
     if kind not in KINDS:
         raise ValueError(f"unknown tree kernel {kind!r}: {' | '.join(KINDS)}")
     if kind == "torch" or device.type != "cuda":
         return Choice(make("torch", L, V, budget, device))
-    kernels = [k for k in KERNELS if k != "block" or budget <= BLOCK_KERNEL_MAX_BUDGET]
-    cands = [b for b in (checked_builder(L, V, budget, device, k) for k in kernels) if b]
-    if not cands:
+    b = checked_builder(L, V, budget, device, auto_kernel(budget), dtype)
+    if b is None:
         return Choice(make("torch", L, V, budget, device))
     from ddtree_bench.engine.gpu.graphs import replay_ms
 
-    cands.append(make("torch", L, V, budget, device))
     probe = torch.randn(L, V, generator=torch.Generator().manual_seed(budget)).to(device, dtype)
-    times = {b.name: replay_ms(lambda b=b: b(probe), reps=10) for b in cands}
-    for b in cands:
-        if hasattr(b, "flag"):
-            b.flag.zero_()
-    return Choice(min(cands, key=lambda b: times[b.name]), times)
+    times = {b.name: replay_ms(lambda: b(probe), reps=10)}
+    b.flag.zero_()
+    return Choice(b, times)

@@ -24,6 +24,7 @@ import torch
 
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 from ddtree_bench.engine.tree_vector import fp32_logits, logprobs_at, topk_logprobs
+from ddtree_bench.engine.gpu.kernels.warm import collecting, launch
 
 MAX_K = 4096          # = CHUNK: the largest K a chunk can hold
 CHUNK = 4096
@@ -157,22 +158,24 @@ def _topk(draft_logits: torch.Tensor, k: int, select: str | None = None, chunk: 
     cand = torch.empty(L, C, k, dtype=torch.long, device=x.device)
     if select == "min":
         ids = torch.empty(L, k, dtype=torch.long, device=x.device)
-        _chunk_kernel[(L, C)](x, cand, V, x.stride(0), C, K=k, CH=ch, VB=VB, num_warps=4 if ch <= 4096 else 8)
-        _merge_kernel[(L,)](cand, ids, C, K=k, NP=_pow2(C * k), VB=VB)
+        launch(_chunk_kernel, (L, C), x, cand, V, x.stride(0), C, K=k, CH=ch, VB=VB, num_warps=4 if ch <= 4096 else 8)
+        launch(_merge_kernel, (L,), cand, ids, C, K=k, NP=_pow2(C * k), VB=VB)
     elif select == "threshold":
         half = x.dtype == torch.bfloat16
-        _select_kernel[(L, C)](x, cand, V, x.stride(0), C, K=k, KP=_pow2(k), CH=ch, VB=VB, HALF=half,
-                               num_warps=4 if ch < 2048 else (8 if ch <= 8192 else 16))
+        launch(_select_kernel, (L, C), x, cand, V, x.stride(0), C, K=k, KP=_pow2(k), CH=ch, VB=VB, HALF=half,
+               num_warps=4 if ch < 2048 else (8 if ch <= 8192 else 16))
         n = C * k
         if merge == "triton" and n <= MERGE_MAX:
             ids = torch.empty(L, k, dtype=torch.long, device=x.device)
             sel = torch.empty(L, _pow2(k), dtype=torch.long, device=x.device)
-            _merge_select_kernel[(L,)](cand, ids, sel, n=n, K=k, KP=_pow2(k), NP=_pow2(n), VB=VB, HALF=half,
-                                       num_warps=4 if n <= 2048 else (8 if n <= 4096 else 16))
+            launch(_merge_select_kernel, (L,), cand, ids, sel, n=n, K=k, KP=_pow2(k), NP=_pow2(n), VB=VB, HALF=half,
+                   num_warps=4 if n <= 2048 else (8 if n <= 4096 else 16))
         elif merge in ("triton", "torch"):
             ids = torch.topk(cand.view(L, C * k), k, dim=-1, largest=False, sorted=True).values & ((1 << VB) - 1)
         else:
             raise ValueError(f"unknown top-K merge {merge!r}: triton | torch")
     else:
         raise ValueError(f"unknown top-K selection {select!r}: min | threshold")
+    if collecting():   # the launches were recorded, not run: ids holds no token ids (kernels/warm.py)
+        return torch.zeros(L, k, device=x.device), torch.zeros(L, k, dtype=torch.long, device=x.device)
     return logprobs_at(fp32_logits(draft_logits), ids), ids

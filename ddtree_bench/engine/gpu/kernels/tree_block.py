@@ -10,7 +10,7 @@ index in the trie of kept prefixes). One block is enough because candidates are 
 global best B. Scratch lives in preallocated device buffers; the launch has fixed shapes
 (graph-capturable). The per-depth top-K of the draft logits comes first (topk.py).
 Needs Triton and a CUDA device (or Triton's CPU interpreter, which the tests use);
-`available()` says whether it can run.
+`available()` says whether it may run (builders.checked_builder checks each size).
 """
 
 from __future__ import annotations
@@ -19,31 +19,22 @@ import torch
 
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 from ddtree_bench.engine.gpu.kernels.tree_pruned import pruned_inputs, pruned_scratch
+from ddtree_bench.engine.gpu.kernels.warm import launch
 
-_SELF_TEST: dict[str, object] = {}
+_SELF_TEST: dict[str, object] = {}   # "ok", and "error": why not (bench-engine's build table shows it)
 
 
 def available(device) -> bool:
-    """Triton is installed, the device is CUDA, and a small tree built by the kernel equals the heap's
-    (checked once per process; a compile or runtime failure makes callers use the PyTorch builder)."""
-    if triton is None or torch.device(device).type != "cuda":
-        return False
-    if "ok" not in _SELF_TEST:
-        try:
-            from ddtree_bench.engine.tree import build_tree
-
-            logits = torch.randn(5, 11, generator=torch.Generator().manual_seed(0))
-            tb = TritonTreeBuilder(5, 11, 9, device)
-            got = [t.tolist() for t in tb(logits.to(device))]
-            ref = build_tree(logits, 9)
-            _SELF_TEST["ok"] = got == [ref.token_ids.tolist(), ref.parents.tolist(), ref.depths.tolist()]
-            _SELF_TEST["error"] = None if _SELF_TEST["ok"] else "kernel tree differs from the heap's"
-        except Exception as e:  # pragma: no cover - needs a GPU
-            _SELF_TEST["ok"], _SELF_TEST["error"] = False, f"{type(e).__name__}: {e}"
-        if not _SELF_TEST["ok"]:
-            import warnings
-
-            warnings.warn(f"Triton tree kernel unavailable, using the PyTorch builder: {_SELF_TEST['error']}")
+    """Triton is installed and the device is CUDA. Whether a kernel compiles here and builds the PyTorch
+    builder's tree is checked per (builder, budget), at its real size, by builders.checked_builder; a
+    tiny one-block build here as well would cost a cold process one more compile of the one-block
+    kernel, whichever builder it then uses (docs/gpu-performance.md, "Cold start")."""
+    if triton is None:
+        _SELF_TEST.update(ok=False, error="Triton is not installed")
+    elif torch.device(device).type != "cuda":
+        _SELF_TEST.update(ok=False, error="not a CUDA device")
+    else:
+        _SELF_TEST.update(ok=True, error=None)
     return bool(_SELF_TEST["ok"])
 
 
@@ -126,9 +117,9 @@ class TritonTreeBuilder:
 
     def __call__(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lp, tok, (tok_out, par_out, dep_out) = pruned_inputs(self, draft_logits)
-        _tree_kernel[(1,)](lp, tok, self.cnt, self.regf, self.regr, self.bndf, self.bndr,
-                           self.ks, self.kl, self.lpar, self.lr, self.ls, self.size, self.pre, self.node_of, self.flag,
-                           tok_out, par_out, dep_out,
-                           L=self.L, K=self.K, BP=self.BP, RP=self.RP, NP=self.NP, TB=self.TB, JB=self.JB, GB=self.GB,
-                           IB=self.IB, N_OUT=self.N, num_warps=self.num_warps)
+        launch(_tree_kernel, (1,), lp, tok, self.cnt, self.regf, self.regr, self.bndf, self.bndr,
+               self.ks, self.kl, self.lpar, self.lr, self.ls, self.size, self.pre, self.node_of, self.flag,
+               tok_out, par_out, dep_out,
+               L=self.L, K=self.K, BP=self.BP, RP=self.RP, NP=self.NP, TB=self.TB, JB=self.JB, GB=self.GB,
+               IB=self.IB, N_OUT=self.N, num_warps=self.num_warps)
         return tok_out, par_out, dep_out

@@ -14,8 +14,8 @@ last grid writes the best N in pop order with their parents.
 Counting is O(n^2) work but n is small (<= ~7.7k candidates at B = 1024) and spread over the GPU:
 each counting program ranks only ROWS items, so even B = 64's few hundred candidates fill dozens
 of SMs. The launches cost a few microseconds each inside a CUDA graph, which is why the smallest
-budgets use the one-block kernel (the engine times both and takes the faster: gpu/builders.py;
-where the crossover sat on an H200: docs/gpu-performance.md).
+budgets use the one-block kernel (gpu/builders.py's rule, from where the crossover sat on an H200:
+docs/gpu-performance.md).
 Scratch lives in preallocated device buffers; every launch has fixed shapes (graph-capturable).
 Needs Triton and a CUDA device (or Triton's CPU interpreter, which the tests use).
 """
@@ -26,6 +26,7 @@ import torch
 
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 from ddtree_bench.engine.gpu.kernels.tree_pruned import pruned_inputs, pruned_scratch
+from ddtree_bench.engine.gpu.kernels.warm import launch
 
 BI = 64  # items per program of the one-pass kernels (keys, emit)
 ROWS = 8  # items ranked per program of the counting kernels (rank, lex, select): fewer rows, more programs (docs/gpu-performance.md)
@@ -172,24 +173,25 @@ class GridTreeBuilder:
     def __call__(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         L, K, BP, RP, TB = self.L, self.K, self.BP, self.RP, self.TB
         lp, tok, (tok_out, par_out, dep_out) = pruned_inputs(self, draft_logits)
-        _init_kernel[(1,)](lp, self.ks, self.kl, self.lpar, self.lr, self.ls, self.size, K=K, KP=_pow2(K))
+        launch(_init_kernel, (1,), lp, self.ks, self.kl, self.lpar, self.lr, self.ls, self.size, K=K, KP=_pow2(K))
         keys, bj, rows = self.keys_first, self.bj, self._rows
         for d in range(1, L):
             R, Fd = self.R[d], self.counts[d]
             if keys:
-                _keys_kernel[(triton.cdiv(RP, BI),)](self.regf, self.regr, self.ks, self.kl, lp, self.ckey, d,
-                                                     K=K, RP=RP, BP=BP, TB=TB, BI=BI)
-            _rank_kernel[(triton.cdiv(R, rows),)](self.regf, self.regr, self.ks, self.kl, lp, self.bndf, self.bndr,
-                                                  self.ktie, self.flag, self.ckey, d, Fd, K=K, RP=RP, BP=BP, TB=TB,
-                                                  BI=rows, BJ=bj, KEYS=keys)
-            _lex_kernel[(triton.cdiv(Fd, rows),)](self.ks, self.ktie, self.kl, self.lpar, self.lr, self.ls, self.size,
-                                                 d, Fd, K=K, BP=BP, BI=rows, BJ=BJ)
-        _preorder_kernel[(1,)](self.cnt, self.lpar, self.size, self.pre, L=L, BP=BP, num_warps=self.pre_warps)
+                launch(_keys_kernel, (triton.cdiv(RP, BI),), self.regf, self.regr, self.ks, self.kl, lp, self.ckey, d,
+                       K=K, RP=RP, BP=BP, TB=TB, BI=BI)
+            launch(_rank_kernel, (triton.cdiv(R, rows),), self.regf, self.regr, self.ks, self.kl, lp, self.bndf,
+                   self.bndr, self.ktie, self.flag, self.ckey, d, Fd, K=K, RP=RP, BP=BP, TB=TB,
+                   BI=rows, BJ=bj, KEYS=keys)
+            launch(_lex_kernel, (triton.cdiv(Fd, rows),), self.ks, self.ktie, self.kl, self.lpar, self.lr, self.ls,
+                   self.size, d, Fd, K=K, BP=BP, BI=rows, BJ=BJ)
+        launch(_preorder_kernel, (1,), self.cnt, self.lpar, self.size, self.pre, L=L, BP=BP, num_warps=self.pre_warps)
         G = L * BP
         if keys:
-            _gkeys_kernel[(triton.cdiv(G, BI),)](self.cnt, self.ls, self.pre, self.gkey, L=L, BP=BP, GB=self.GB, BI=BI)
-        _select_kernel[(triton.cdiv(G, rows),)](self.cnt, self.ls, self.pre, self.node_of, self.inv, self.gkey,
-                                                L=L, BP=BP, GB=self.GB, N=self.N, BI=rows, BJ=bj, KEYS=keys)
-        _emit_kernel[(triton.cdiv(self.N, BI),)](self.inv, self.node_of, self.lpar, self.lr, tok, tok_out, par_out,
-                                                dep_out, K=K, BP=BP, N=self.N, BI=BI)
+            launch(_gkeys_kernel, (triton.cdiv(G, BI),), self.cnt, self.ls, self.pre, self.gkey, L=L, BP=BP,
+                   GB=self.GB, BI=BI)
+        launch(_select_kernel, (triton.cdiv(G, rows),), self.cnt, self.ls, self.pre, self.node_of, self.inv, self.gkey,
+               L=L, BP=BP, GB=self.GB, N=self.N, BI=rows, BJ=bj, KEYS=keys)
+        launch(_emit_kernel, (triton.cdiv(self.N, BI),), self.inv, self.node_of, self.lpar, self.lr, tok, tok_out,
+               par_out, dep_out, K=K, BP=BP, N=self.N, BI=BI)
         return tok_out, par_out, dep_out

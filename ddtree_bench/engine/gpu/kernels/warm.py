@@ -1,0 +1,89 @@
+"""Compile a Triton tree builder's kernels concurrently before its first launch, so a new budget's cold
+start waits for its slowest kernel function instead of the sum of all its compiles.
+
+`launch(kernel, grid, *args, **kwargs)` is how the tree builders and the top-K start a kernel: it runs
+`kernel[grid](...)`, or, inside `collecting()` (this thread only), records the launch instead.
+`warm(fn, device)` calls fn collecting, then compiles every recorded launch with
+`JITFunction.warmup` (compile, no launch) on one thread per kernel function, its launches in order (so
+a variant several launches share is compiled once and then found in Triton's cache), at most
+os.cpu_count() threads. Triton's passes release the GIL and ptxas is a subprocess, so the threads
+compile in parallel (docs/gpu-performance.md, "Cold start"). The compiled kernels land in Triton's
+in-memory and on-disk caches, where fn's real launches then find them. Host code in fn that reads a
+kernel's output must not do so while collecting (`collecting()` is true; the top-K returns zeros).
+Knows nothing of trees.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+_SINK: ContextVar[list | None] = ContextVar("ddtree_bench_kernel_launches", default=None)
+
+
+@dataclass
+class Launch:
+    """One recorded kernel launch."""
+
+    kernel: Any      # a triton JITFunction
+    grid: tuple
+    args: tuple
+    kwargs: dict
+
+
+def collecting() -> bool:
+    """Whether launches on this thread are being recorded instead of run."""
+    return _SINK.get() is not None
+
+
+def launch(kernel, grid: tuple, *args, **kwargs) -> None:
+    """kernel[grid](*args, **kwargs), or record it while collecting."""
+    sink = _SINK.get()
+    if sink is None:
+        kernel[grid](*args, **kwargs)
+    else:
+        sink.append(Launch(kernel, grid, args, kwargs))
+
+
+def record(fn: Callable[[], Any]) -> list[Launch]:
+    """Every launch fn() makes through `launch`, none run."""
+    sink: list[Launch] = []
+    token = _SINK.set(sink)
+    try:
+        fn()
+    finally:
+        _SINK.reset(token)
+    return sink
+
+
+def warm(fn: Callable[[], Any], device) -> int:
+    """Compile (not run) every kernel fn() launches, one thread per kernel function; returns how many
+    launches were warmed. A compile error is raised here, as the real launch would raise it."""
+    launches = record(fn)
+    by_kernel: dict[int, list[Launch]] = {}
+    for la in launches:
+        by_kernel.setdefault(id(la.kernel), []).append(la)
+    dev = torch.device(device)
+
+    def compile_chain(chain: list[Launch]) -> None:
+        ctx = torch.cuda.device(dev) if dev.type == "cuda" else nullcontext()
+        with ctx:   # Triton compiles for the thread's current device
+            for la in chain:
+                la.kernel.warmup(*la.args, grid=la.grid, **la.kwargs)
+
+    chains = list(by_kernel.values())
+    if len(chains) <= 1:
+        for chain in chains:
+            compile_chain(chain)
+    else:
+        with ThreadPoolExecutor(min(len(chains), os.cpu_count() or 1)) as pool:
+            for f in [pool.submit(compile_chain, c) for c in chains]:
+                f.result()
+    return len(launches)
+

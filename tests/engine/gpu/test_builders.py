@@ -1,0 +1,172 @@
+"""The tree builders' choice (engine/gpu/builders.py) and its compiles, on a CPU, no GPU: the auto rule
+names the builder the H200 measured fastest at every budget; the check builds in the rounds' dtype, so
+a round (or a second check at the same budget) launches no kernel variant the check has not compiled;
+a certificate raised on bf16 logits is checked again on fp32; warm() records launches instead of running
+them and compiles each kernel function's launches in order on its own thread (kernels/warm.py).
+Variants are keyed by Triton's own binder for sm_90 (kernels/variants.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddtree_bench.engine.gpu import builders
+from ddtree_bench.engine.gpu.kernels import common
+from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+
+ROOT = Path(__file__).resolve().parents[3]
+NAMES = {"triton-block": "block", "triton-grid": "grid", "triton-grid-keys": "grid-keys"}
+# H200 runs that timed every builder at every budget (CUDA-graph replay; docs/gpu-performance.md)
+EVIDENCE = ["benchmarks/h200-2026-12-01b/roofline/bench_warm.json",   # Qwen3-8B shape, bf16
+            "benchmarks/h200-2026-11-29h/call4/bench_toy.json"]        # toy pair, fp32
+
+
+def _jit_kernels() -> bool:
+    if common.triton is None:
+        return False
+    from triton.runtime.jit import JITFunction
+
+    from ddtree_bench.engine.gpu.kernels import tree_grid
+
+    return isinstance(tree_grid._rank_kernel, JITFunction)
+
+
+jit_only = pytest.mark.skipif(not _jit_kernels(), reason="needs Triton's JIT kernels (installed, TRITON_INTERPRET unset)")
+
+
+def test_auto_rule_follows_its_thresholds():
+    for budget in (1, 8, 16, builders.AUTO_BLOCK_MAX_BUDGET):
+        assert builders.auto_kernel(budget) == "block"
+    for budget in (builders.AUTO_BLOCK_MAX_BUDGET + 1, 48, builders.AUTO_GRID_MAX_BUDGET):
+        assert builders.auto_kernel(budget) == "grid"
+    for budget in (builders.AUTO_GRID_MAX_BUDGET + 1, 128, 256, 512, 1024, 4096):
+        assert builders.auto_kernel(budget) == "grid-keys"
+
+
+@pytest.mark.parametrize("path", EVIDENCE)
+def test_auto_rule_picks_the_builder_the_h200_measured_fastest(path):
+    rounds = [r for r in json.loads((ROOT / path).read_text())["rounds"]
+              if r["method"] == "ddtree" and (r["fast"].get("builder_ms") or {})]
+    assert len(rounds) == 7
+    for r in rounds:
+        times = {NAMES[k]: v for k, v in r["fast"]["builder_ms"].items() if k in NAMES}
+        assert builders.auto_kernel(r["budget"]) == min(times, key=times.get), (r["budget"], times)
+
+
+class _Spy:
+    """A Triton builder whose launches are recorded normally (warm) but whose real builds return the
+    PyTorch builder's tree (no GPU here), raising the certificate on the dtypes in `flag_on`."""
+
+    def __init__(self, inner, flag_on=()):
+        self.inner, self.flag_on, self.dtypes = inner, set(flag_on), []
+        self.name, self.N = inner.name, inner.N
+        self.flag = torch.zeros(1, dtype=torch.int32)
+        self.ref = StaticTreeBuilder(inner.L, inner.V, inner.budget, "cpu")
+
+    def __call__(self, logits):
+        from ddtree_bench.engine.gpu.kernels.warm import collecting
+
+        if collecting():
+            return self.inner(logits)
+        self.dtypes.append(logits.dtype)
+        self.flag.fill_(int(logits.dtype in self.flag_on))
+        return self.ref(logits)
+
+
+@pytest.fixture
+def spied(monkeypatch):
+    """checked_builder on this CPU as on a GPU: available, builders spied, warm() recording variants."""
+    from ddtree_bench.engine.gpu.kernels import tree_block, warm
+    from ddtree_bench.engine.gpu.kernels.variants import launched_variants
+
+    made, warmed, flag_on = [], [], set()
+    make = builders.make
+
+    def spy(kernel, L, V, budget, device):
+        if kernel == "torch":
+            return make(kernel, L, V, budget, device)
+        made.append(_Spy(make(kernel, L, V, budget, device), flag_on))
+        return made[-1]
+
+    monkeypatch.setattr(tree_block, "available", lambda device: True)
+    monkeypatch.setattr(builders, "make", spy)
+    monkeypatch.setattr(warm, "warm", lambda fn, device: warmed.append(set(launched_variants(fn))))
+    return made, warmed, flag_on
+
+
+@jit_only
+@pytest.mark.parametrize("kernel", builders.KERNELS)
+@pytest.mark.parametrize("budget", [8, 32])   # the top-K's two selections: min (K <= 16), threshold
+def test_rounds_and_a_second_check_compile_nothing_the_check_did_not(spied, kernel, budget):
+    from ddtree_bench.engine.gpu.kernels.variants import launched_variants
+
+    made, warmed, _ = spied
+    L, V = 4, 600
+    assert builders.checked_builder(L, V, budget, "cpu", kernel, torch.bfloat16) is made[0]
+    assert made[0].dtypes == [torch.bfloat16] and len(warmed) == 1
+    b = made[0].inner
+    for seed in range(2):   # rounds: other bf16 logits, same builder
+        x = (torch.randn(L, V, generator=torch.Generator().manual_seed(100 + seed)) * 4).to(torch.bfloat16)
+        assert set(launched_variants(lambda: b(x))) <= warmed[0]
+    assert builders.checked_builder(L, V, budget, "cpu", kernel, torch.bfloat16) is made[1]
+    assert warmed[1] <= warmed[0]
+    x32 = torch.randn(L, V, generator=torch.Generator().manual_seed(7))
+    assert not set(launched_variants(lambda: b(x32))) <= warmed[0]   # fp32 rounds would need other variants
+
+
+@jit_only
+def test_a_certificate_raised_on_bf16_logits_is_checked_again_on_fp32(spied):
+    made, warmed, flag_on = spied
+    flag_on.add(torch.bfloat16)
+    assert builders.checked_builder(4, 600, 32, "cpu", "grid", torch.bfloat16) is made[0]
+    assert made[0].dtypes == [torch.bfloat16, torch.float32] and made[0].flag.item() == 0
+    flag_on.add(torch.float32)
+    with pytest.warns(UserWarning, match="certificate failed"):
+        assert builders.checked_builder(4, 600, 32, "cpu", "grid", torch.bfloat16) is None
+
+
+@jit_only
+def test_choose_on_a_cpu_compiles_nothing(spied):
+    made, warmed, _ = spied
+    for kind in ("auto", "torch"):
+        assert builders.choose(4, 600, 32, "cpu", torch.bfloat16, kind).builder.name == "torch"
+    assert made == [] and warmed == []
+
+
+@jit_only
+def test_warm_compiles_each_kernel_functions_launches_in_order_on_its_own_thread(monkeypatch):
+    from triton.runtime.jit import JITFunction
+
+    from ddtree_bench.engine.gpu.kernels import warm
+
+    L = 4
+    b = builders.make("grid-keys", L, 600, 64, "cpu")
+    x = torch.randn(L, 600)
+    launches = warm.record(lambda: b(x))   # on a CPU a kernel that ran would raise: none did
+    assert not warm.collecting()
+    assert len(launches) == 2 + 1 + 3 * (L - 1) + 4   # top-K (threshold), init, keys/rank/lex per depth, 4 after
+    seen, lock = [], threading.Lock()
+    both = threading.Barrier(2, timeout=10)
+    firsts = {id(launches[0].kernel), id(next(la.kernel for la in launches if la.kernel is not launches[0].kernel))}
+
+    def fake_warmup(kernel, *args, grid, **kwargs):
+        with lock:
+            seen.append((id(kernel), threading.get_ident(), grid))
+            first = id(kernel) in firsts and sum(k == id(kernel) for k, _, _ in seen) == 1
+        if first:
+            both.wait()   # two kernel functions' first compiles at the same time, or a BrokenBarrierError
+
+    monkeypatch.setattr(JITFunction, "warmup", fake_warmup)
+    monkeypatch.setattr(warm.os, "cpu_count", lambda: 4)
+    assert warm.warm(lambda: b(x), "cpu") == len(launches)
+    assert len(seen) == len(launches)
+    threads = {}
+    for kernel_id, thread, _ in seen:
+        threads.setdefault(kernel_id, set()).add(thread)
+    assert all(len(t) == 1 for t in threads.values())       # one thread per kernel function
+    for kernel_id in threads:                                  # each kernel's launches in launch order
+        assert [g for k, _, g in seen if k == kernel_id] == [la.grid for la in launches if id(la.kernel) == kernel_id]
