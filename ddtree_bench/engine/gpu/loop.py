@@ -21,8 +21,8 @@ runs this one), organised for a GPU:
 * stage times come from CUDA events between the stages (no syncs), or perf_counter on a CPU.
 
 On CUDA with Triton the layers' elementwise work runs as fused kernels (fused.py) and the tree
-build is the fastest here of the exact builders (builders.py: one Triton block, ~30 small Triton
-grids with or without precomputed keys, or PyTorch), timed once per budget. The Triton ones prune candidates; their rare certificate failure comes back with
+build uses the exact builder builders.py's per-budget rule names (one Triton block, ~30 small Triton
+grids with or without precomputed keys; PyTorch if its check fails), checked once per budget. The Triton ones prune candidates; their rare certificate failure comes back with
 the walk result. The commit already queued sees the flag on the device and leaves every state
 buffer as it was, so the draft queued ahead recomputes this round's draft logits (same inputs,
 same slots written), the round is redone with the exact PyTorch builder, and only that is
@@ -172,8 +172,8 @@ class FastLoop:
         self.device = target.lm_head.weight.device
         self.dtype = target.lm_head.weight.dtype
         self.graphs = graphs and self.device.type == "cuda"
-        self.tree_kernel = tree_kernel  # auto (the fastest exact builder on CUDA) | block | grid | grid-keys | torch
-        self.builder_ms: dict[int, dict[str, float]] = {}  # budget -> builder name -> ms per build (auto's choice)
+        self.tree_kernel = tree_kernel  # auto (builders.auto_kernel's rule on CUDA) | block | grid | grid-keys | torch
+        self.builder_ms: dict[int, dict[str, float]] = {}  # budget -> auto's chosen builder -> ms per build
         self.layer_ops = layer_ops      # auto (fused Triton ops on CUDA when they pass their self-test) | triton | torch
         self.redone_rounds = 0          # rounds rebuilt with the exact builder after a failed certificate
         self.capacity = 0
@@ -257,8 +257,8 @@ class FastLoop:
         self.dlogits.copy_(self.target.lm_head(h[1:]))
 
     def _builder(self, budget: int, kind: str):
-        """The tree builder for a budget (builders.choose: auto times every exact builder that passes its
-        check here and takes the fastest); auto's timings land in builder_ms."""
+        """The tree builder for a budget (builders.choose: auto compiles and checks the one Triton builder
+        its rule names, torch if that fails); the chosen builder's ms per build lands in builder_ms."""
         choice = builders.choose(self.L, self.target.cfg.vocab_size, budget, self.device, self.dtype, kind)
         if choice.times_ms:
             self.builder_ms[budget] = choice.times_ms
