@@ -4,11 +4,14 @@
 # count before and after). bench-engine on the Qwen3-8B shape (random bf16 weights), budgets 16..1024 in
 # one process, as a sweep meets them; the per-budget seconds are the gaps between bench-engine's
 # "rounds ddtree B" progress lines (the cold/warm mode of gpu_roofline.sh, without its verify curve,
-# profile and tests). About 2 min of GPU time. Run from the repo root:
+# profile and tests). Then B = 16, 32 once more on another fresh cache with the grid build where the
+# rule takes the one-block kernel (builders.AUTO_BLOCK_MAX_BUDGET = 0, patched in this process only):
+# what the faster-compiling choice would save there. About 3 min of GPU time. Run from the repo root:
 #   OUT=/tmp/out bash benchmarks/gpu_cold_start.sh
 # Files under $OUT: session.txt (env, cache file counts, the per-budget table), cold.{json,txt,log},
-# warm.{json,txt,log} (.log: timestamped progress lines). Knobs: COLD_TIMEOUT, WARM_TIMEOUT, ROUNDS,
-# FASTPATH_TESTS=1 (then also the fast path's auto-builder GPU test, in its own Triton cache, at the end).
+# warm.{json,txt,log}, grid_small.{json,txt,log} (.log: timestamped progress lines). Knobs:
+# COLD_TIMEOUT, WARM_TIMEOUT, ROUNDS, GRID_SMALL=0 (skip the last run), FASTPATH_TESTS=1 (then also
+# the fast path's auto-builder GPU test, in its own Triton cache, at the end).
 set -u
 OUT=${OUT:-/tmp/ddtree-cold}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -33,6 +36,17 @@ for run in cold warm; do
     --out "$OUT/$run.json" 2> >(stamp > "$OUT/$run.log") | grep -v '^{' > "$OUT/$run.txt"
   echo "bench $run exit ${PIPESTATUS[0]}; cache files $(files)" | tee -a "$LOG"
 done
+if [ "${GRID_SMALL:-1}" = 1 ]; then
+  export DDTREE_BENCH_CACHE_DIR=/tmp/ddtree-cold-cache-grid; rm -rf "$DDTREE_BENCH_CACHE_DIR"
+  step "bench grid_small (B = 16, 32 with the grid build), cache files $(files)"
+  timeout "${COLD_TIMEOUT:-170}" python3 -c "import sys; from ddtree_bench.engine.gpu import builders
+builders.AUTO_BLOCK_MAX_BUDGET = 0
+from ddtree_bench.cli import main
+sys.argv = ['ddtree-bench'] + sys.argv[1:]
+main()" $(echo $BENCH | sed 's/^python3 -m ddtree_bench //; s/--budgets 16..1024/--budgets 16,32/') \
+    --out "$OUT/grid_small.json" 2> >(stamp > "$OUT/grid_small.log") | grep -v '^{' > "$OUT/grid_small.txt"
+  echo "bench grid_small exit ${PIPESTATUS[0]}; cache files $(files)" | tee -a "$LOG"
+fi
 sleep 1   # the stamp pipes flush
 
 python3 - "$OUT" <<'EOF' | tee -a "$LOG"
@@ -48,15 +62,21 @@ def gaps(name):
         if m and i + 1 < len(lines):
             nxt = next((x for x in lines[i + 1:] if "[bench-engine]" in x), None)
             if nxt:
-                res[int(m.group(1))] = (t(nxt) - t(l)).total_seconds()
+                b = re.search(r"'tree_builder': '([^']+)'", nxt)
+                res[int(m.group(1))] = (t(nxt) - t(l)).total_seconds(), b.group(1) if b else "?"
     return res
+import os
 cold, warm = gaps("cold"), gaps("warm")
+grid = gaps("grid_small") if os.path.exists(f"{out}/grid_small.log") else {}
 bs = sorted(set(cold) | set(warm))
 print("seconds per budget from 'rounds ddtree B' to the next progress line (check + compile + capture + rounds):")
 print("| B | " + " | ".join(map(str, bs)) + " |")
 print("|---|" + "---|" * len(bs))
-print("| fresh cache | " + " | ".join(f"{cold[b]:.1f}" if b in cold else "-" for b in bs) + " |")
-print("| second process, same cache | " + " | ".join(f"{warm[b]:.1f}" if b in warm else "-" for b in bs) + " |")
+row = lambda name, r: print(f"| {name} | " + " | ".join(f"{r[b][0]:.1f} ({r[b][1]})" if b in r else "-" for b in bs) + " |")
+row("fresh cache", cold)
+row("second process, same cache", warm)
+if grid:
+    row("fresh cache, grid build at B <= 32", grid)
 EOF
 
 if [ "${FASTPATH_TESTS:-0}" = 1 ]; then
