@@ -78,6 +78,10 @@ def warm(fn: Callable[[], Any], device) -> int:
                 la.kernel.warmup(*la.args, grid=la.grid, **la.kwargs)
 
     chains = list(by_kernel.values())
+    if dev.type == "cuda" and chains:   # Triton's driver set up here, not raced for by the threads
+        from triton.runtime import driver
+
+        driver.active.get_current_target()
     if len(chains) <= 1:
         for chain in chains:
             compile_chain(chain)
