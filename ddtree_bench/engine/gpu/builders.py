@@ -69,10 +69,9 @@ def checked_builder(L: int, V: int, budget: int, device, kernel: str = "block", 
     """A Triton builder for this (L, V, budget) that compiled, ran and matched the PyTorch builder on
     random logits of `dtype` here, or None (with a warning) - so a kernel that cannot build at some size
     (resources, a Triton version) costs speed, never a crash or a wrong tree. Its kernels are compiled
-    concurrently before the first build (kernels/warm.py). Checking in the rounds'
-    dtype compiles only the top-K variants the rounds use; bf16's coarse logits can tie at a pruning
-    boundary and raise the certificate, which proves nothing either way, so that case is checked again
-    on fp32 logits."""
+    concurrently before the first build (kernels/warm.py). Checking in the rounds' dtype compiles only
+    the top-K variants the rounds use; bf16's coarse logits can tie at a pruning boundary and raise the
+    certificate, which proves nothing either way, so that case is checked again on fp32 logits."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown tree kernel {kernel!r}: {' | '.join(KERNELS)}")
     from ddtree_bench.engine.gpu.kernels.tree_block import available
@@ -104,7 +103,7 @@ def choose(L: int, V: int, budget: int, device, dtype: torch.dtype, kind: str = 
     """The builder for a budget, checked on `dtype` logits (the rounds'). kind auto on CUDA: the Triton
     builder auto_kernel(budget) names, if it passes its check here (else torch), timed as a replayed
     CUDA graph; block | grid | grid-keys | torch force one (a Triton one that fails its check falls back
-    to torch). Only the builder returned is compiled."""
+    to torch). No other Triton builder is compiled."""
     device = torch.device(device)
     if kind in KERNELS:
         return Choice(checked_builder(L, V, budget, device, kind, dtype) or make("torch", L, V, budget, device))
