@@ -19,6 +19,7 @@ from triton.compiler import ASTSource
 
 from ddtree_bench.engine.gpu.kernels import argmax as argmax_triton, topk as topk_triton, tree_block as tree_triton, tree_grid
 from ddtree_bench.engine.gpu.kernels import attention as attention_triton, tree_verify as tree_verify_triton
+from ddtree_bench.engine.gpu.kernels import tree_attention as tree_attention_triton
 from ddtree_bench.engine.gpu.kernels.common import _pow2
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -131,8 +132,20 @@ for dt, ptr in ((torch.bfloat16, bf16), (torch.float32, f32)):
                             dict(D=128, BLOCK_M=bm, BLOCK_N=attention_triton.BLOCK_N, BLOCK_D=128, HAS_PREFIX=prefix,
                                  SPLIT=split, IEEE=dt == torch.float32)))
     for sp in (2, 32):
-        ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=ptr, M=4 * 17, T=17, G=4,
-                                                               n_split=3, n_heads=8, sot=4096), dict(D=128, BLOCK_D=128, SP=sp)))
+        for t_major in (False, True):
+            ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=ptr, M=4 * 17, T=17, G=4,
+                                                                   n_split=3, n_heads=8, sot=4096),
+                            dict(D=128, BLOCK_D=128, SP=sp, T_MAJOR=t_major)))
+    # the verify's tree attention (prefix dense, ancestors gathered), at every launch shape `config` picks
+    # and the tuning benchmark's (benchmarks/gpu_attention_tune.py)
+    for bm, bn, split in ((16, 64, True), (64, 64, True), (64, 64, False), (128, 64, False), (128, 128, False),
+                          (64, 128, False)):
+        ok.append(check(tree_attention_triton._tree_attn_kernel,
+                        dict(Q=ptr, K=ptr, V=ptr, PATH=i64, POS=i64, PREFIX=i64, O=ptr, PACC=f32 if split else ptr,
+                             PM=f32 if split else ptr, PL=f32 if split else ptr, M=4 * 257, T=257, G=4, n_split=3,
+                             qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128, svh=2112 * 128, svn=128,
+                             spath=16, sot=4096),
+                        dict(D=128, L1=L + 1, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32)))
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
 sys.exit(0 if all(ok) else 1)

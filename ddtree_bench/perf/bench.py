@@ -29,6 +29,7 @@ import torch
 from ddtree_bench import defaults as D
 from ddtree_bench.run_spec import parse_budgets
 from ddtree_bench.engine.gpu.loop import ROUND_STAGES
+from ddtree_bench.perf.shapes import BLOCK_SIZE
 from ddtree_bench.perf.roofline import roofline_ms, roofline_rows, weight_bytes_and_params
 from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
 
@@ -91,15 +92,42 @@ class _Narrow:
 
 
 @torch.inference_mode()
+CURVE_DEPTH = BLOCK_SIZE - 1   # the verify curve's trees are as deep as the 8B shape's DFlash drafter drafts
+
+
+def curve_tree(n: int, device: torch.device, with_path: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A DDTree-shaped tree of n tokens (root included) for the verify curve: parents [n-1] (1-based),
+    depths [n-1] of the PyTorch builder's tree of the n - 1 best prefixes of random logits [CURVE_DEPTH, 4096]
+    (x3, seeded by n), and (with_path) its path table [n, CURVE_DEPTH+1] (tree_verify.compile_tree's)."""
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+
+    empty = torch.empty(0, dtype=torch.long, device=device)
+    if n == 1:
+        tok = par = dep = empty
+    else:
+        logits = torch.randn(CURVE_DEPTH, 4096, generator=torch.Generator().manual_seed(n)).to(device) * 3
+        tok, par, dep = StaticTreeBuilder(CURVE_DEPTH, 4096, n - 1, device)(logits)
+    if not with_path:
+        return par, dep, None
+    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
+
+    start = torch.zeros((), dtype=torch.long, device=device)
+    path = compile_tree(torch.zeros(1, dtype=torch.long, device=device), tok, par, dep, start, n, torch.float32, 1,
+                        CURVE_DEPTH)[4]
+    return par, dep, path
+
+
 def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: torch.device, graphs: bool,
                  reps: int = 20, eager: bool = True, layer_ops: str = "auto", profile: bool = False,
                  profile_reps: int = 5, profile_top: int = D.BENCH_PROFILE_TOP) -> dict[str, Any]:
-    """ms of one static-shape target forward over n tokens (a chain tree) after prefix_len tokens, in a
-    cache of capacity prefix_len + max(tokens) (aligned):
+    """ms of one static-shape target forward over n tokens after prefix_len tokens, in a cache of capacity
+    prefix_len + max(tokens) (aligned). The n tokens are a DDTree-shaped tree (`curve_tree`: the PyTorch
+    builder's tree of the n - 1 best prefixes of random draft logits, depth <= DRAFT_LEN), compiled as
+    the fast loop compiles it (bias, and the path table on CUDA with the fused ops). Columns:
     "graph" (replayed, with `layer_ops` and the forward's default attention: on CUDA with the fused ops,
-    the live slots only up to kernels/attention.AUTO_MAX_ROWS query rows, SDPA over the whole cache
-    above), "eager" (the same, not captured) and, when those ops are the fused kernels, "graph_live"
-    (the live-slot kernel at every n), "graph_sdpa" (SDPA over a cache narrowed to prefix_len + n: how
+    the tree kernel, kernels/tree_attention.py), "eager" (the same, not captured) and, when those ops are
+    the fused kernels, "graph_live" (the live-slot kernel over the bias at every n: the default before the
+    tree kernel), "graph_sdpa" (SDPA over a cache narrowed to prefix_len + n: how
     the curve was taken before the live-slot kernel), "graph_sdpa_whole" (SDPA over the whole cache:
     what the engine's rounds ran before it) and "graph_unfused" (the PyTorch twin ops: what fusion saves).
     profile: also "profile" = {column: {n: perf.profile.KernelProfile as a dict, top kernels}} for
@@ -107,7 +135,7 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN
     from ddtree_bench.engine.gpu.fused import TORCH_OPS, merge_projections, ops_for
     from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
-    from ddtree_bench.engine.gpu.tree_ops import verify_visible
+    from ddtree_bench.engine.gpu.tree_ops import ancestors, verify_visible
     from ddtree_bench.perf.profile import profile_kernels
 
     ops = ops_for(device, target.lm_head.weight.dtype, layer_ops)
@@ -128,13 +156,15 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     dt = target.lm_head.weight.dtype
     for n in tokens:
         ids = torch.randint(target.cfg.vocab_size, (n,), device=device, generator=torch.Generator(device=device).manual_seed(n))
-        pos = start + torch.arange(n, device=device)
-        anc = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        par, dep, path = curve_tree(n, device, fused)
+        pos = start + torch.cat([torch.zeros(1, dtype=torch.long, device=device), dep])
+        anc = ancestors(par, CURVE_DEPTH)
 
         def forward(cap: int, o=ops, attention: str = "auto"):
             kv = StaticKV(_Narrow(cache, cap))
             bias = visible_bias(verify_visible(anc, start, cap), dt, group_size(target))
-            return lambda: target_forward(target, ids, pos, kv, start, bias, layers, o, attention=attention)
+            return lambda: target_forward(target, ids, pos, kv, start, bias, layers, o, attention=attention,
+                                          tree_path=path if o is ops else None)
 
         fns = {"graph": forward(whole)}
         if fused:

@@ -9,7 +9,9 @@ so every round has new shapes. Here every shape depends only on the number of qu
   (AR, the draft, trees to ~190 nodes) reads only the live slots, < start + T, whose count the kernel
   reads from the device (kernels/attention.py), so a captured graph stays valid as the prefix grows
   and its cost follows the live length, not the capacity; the target's verify also skips the bias
-  over the committed prefix (every row sees it). Larger trees, the PyTorch ops, CPUs and
+  over the committed prefix (every row sees it). A tree verify that brings its path table (the fused
+  tree compile's) reads the prefix densely and gathers each row's <= L+1 ancestors instead of any bias
+  (kernels/tree_attention.py), at every tree size. Larger trees without it, the PyTorch ops, CPUs and
   `attention="sdpa"` run `grouped_attend`, SDPA over the whole preallocated cache (the kernel's twin;
   on an H200 SDPA's cuDNN flash kernel beat it there even over the whole cache);
 * grouped-query attention folds the query-head group into the query axis ([Hkv, g*T, D] against
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 from ddtree_bench.engine.cache import KVCache
 from ddtree_bench.engine.gpu.fused import ensure_merged
 from ddtree_bench.engine.gpu.kernels import attention as live_kernel
+from ddtree_bench.engine.gpu.kernels import tree_attention as tree_kernel
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
 
 NEG_INF = float("-inf")
@@ -72,13 +75,17 @@ def grouped_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     return out.reshape(Hq, T, D).transpose(0, 1).reshape(T, Hq * D)
 
 
-ATTENTION = ("auto", "sdpa", "live")
+ATTENTION = ("auto", "sdpa", "live", "tree")
 
 
-def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix) -> torch.Tensor:
-    """grouped_attend's result: over the live slots only (the Triton kernel) when `attention` is live, or
-    auto with the fused Triton ops where the kernel runs and is the faster (live_kernel.wanted: up to
-    AUTO_MAX_ROWS query rows); else SDPA over every slot."""
+def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tree=None) -> torch.Tensor:
+    """grouped_attend's result. A tree verify (`tree` = (path, positions), with `prefix`) under auto with the
+    fused Triton ops, or attention="tree": the prefix densely and each row's ancestors gathered
+    (kernels/tree_attention.py), the bias unread; attention="live", or auto with the fused ops up to
+    AUTO_MAX_ROWS query rows: over the live slots only (kernels/attention.py); else SDPA over every slot."""
+    if tree is not None and prefix is not None and (
+            attention == "tree" or (attention == "auto" and ops.name == "triton" and tree_kernel.wanted(q))):
+        return tree_kernel.tree_attend(q, k, v, tree[0], tree[1], prefix)
     if attention == "live" or (attention == "auto" and ops.name == "triton" and live_kernel.wanted(q, k)):
         return live_kernel.live_attend(q, k, v, bias, live, prefix)
     return grouped_attend(q, k, v, bias)
@@ -89,7 +96,8 @@ def _norm(module) -> tuple[torch.Tensor, float]:
 
 
 def _attention(attn, ops: TorchOps, h, cos, sin, kv: StaticKV, layer: int, start, bias,
-               ctx=None, ctx_cos=None, ctx_sin=None, ctx_start=None, live=None, prefix=None, attention: str = "sdpa"):
+               ctx=None, ctx_cos=None, ctx_sin=None, ctx_start=None, live=None, prefix=None, attention: str = "sdpa",
+               tree=None):
     """One attention layer of the target (ctx None) or the drafter (ctx = context features to cache
     first) on merged q/k/v weights: h [T, H] (normed) -> o_proj output [T, H]. live: 0-d, slots read
     (start + T); prefix: 0-d or None, slots every row sees (the bias is not read there); see _attend."""
@@ -104,7 +112,7 @@ def _attention(attn, ops: TorchOps, h, cos, sin, kv: StaticKV, layer: int, start
                      k_cache, v_cache, ctx_start)
     q = ops.qkv_rope(F.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps, cos, sin,
                      k_cache, v_cache, start)
-    return attn.o_proj(_attend(ops, attention, q, k_cache, v_cache, bias, live, prefix))
+    return attn.o_proj(_attend(ops, attention, q, k_cache, v_cache, bias, live, prefix, tree))
 
 
 def _mlp(mlp, ops: TorchOps, h):
@@ -119,16 +127,18 @@ def group_size(module) -> int:
 
 def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: StaticKV, start: torch.Tensor,
                    bias: torch.Tensor, hidden_layers: Sequence[int] = (), ops: TorchOps | None = None,
-                   attention: str = "auto") -> tuple[torch.Tensor, torch.Tensor | None]:
+                   attention: str = "auto", tree_path: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same contract as Target.forward with a static cache: logits [T, V] and the hidden states of
     `hidden_layers` concatenated [T, n*H] (the last layer's after the final norm, as HF returns it).
     ops: the fused layer ops (fused.ops_for), default the PyTorch twin. The bias must hide every slot
     >= start + T and show every slot < start to every row (verify_visible and the AR bias do);
-    attention: auto | live | sdpa (see _attend)."""
+    attention: auto | live | tree | sdpa (see _attend); tree_path: [T, L+1] the node at each depth of every
+    row's path (kernels/tree_verify.compile_tree), for the tree kernel (positions - start = depth)."""
     ops = ops or TORCH_OPS
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     live = start + ids.shape[0]
+    tree = (tree_path, positions) if tree_path is not None else None
     ensure_merged(target)
     blocks = target.model.layers
     x = target.model.embed_tokens(ids)
@@ -137,7 +147,8 @@ def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: Stati
     wanted = {l: None for l in hidden_layers}
     last = len(blocks) - 1
     for i, block in enumerate(blocks):
-        a = _attention(block.self_attn, ops, h, cos, sin, kv, i, start, bias, live=live, prefix=start, attention=attention)
+        a = _attention(block.self_attn, ops, h, cos, sin, kv, i, start, bias, live=live, prefix=start, attention=attention,
+                       tree=tree)
         x, h = ops.add_rmsnorm(x, a, *_norm(block.post_attention_layernorm))
         nxt = blocks[i + 1].input_layernorm if i < last else target.model.norm
         x, h = ops.add_rmsnorm(x, _mlp(block.mlp, ops, h), *_norm(nxt))   # h: the next layer's input (last: final norm)

@@ -333,7 +333,8 @@ class FastLoop:
     def _verify_tree(self, b: _Bucket) -> Verified:
         c = b.out.compiled
         layers = self.proposer.target_layer_ids
-        return Verified(*target_forward(self.target, c.ids, c.pos, self.tkv, self.start, c.bias, layers, self.ops))
+        return Verified(*target_forward(self.target, c.ids, c.pos, self.tkv, self.start, c.bias, layers, self.ops,
+                                        tree_path=c.path))
 
     def _walk_tree(self, b: _Bucket, greedy: bool):
         t, c = b.out.tree, b.out.compiled

@@ -117,3 +117,70 @@ def test_auto_takes_the_kernel_up_to_its_row_limit_and_sdpa_above():
     assert wanted(torch.empty(32, AUTO_MAX_ROWS // 4, 16, device=DEV), k)
     assert not wanted(torch.empty(32, AUTO_MAX_ROWS // 4 + 1, 16, device=DEV), k)
     assert wanted(torch.empty(8, AUTO_MAX_ROWS, 16, device=DEV), k)   # no grouping: rows = T
+
+
+def _random_tree(N: int, L: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """parents [N] (1-based, root 0) with every parent before its child and depth <= L; depths [N]; path [1+N, L+1]
+    (row t: the node at each depth 0..depth(t), the rest -1: never read)."""
+    g = torch.Generator().manual_seed(seed)
+    par, dep = [], [0]
+    for i in range(1, N + 1):
+        choices = [j for j in range(i) if dep[j] < L]
+        p = choices[int(torch.randint(len(choices), (1,), generator=g))]
+        par.append(p)
+        dep.append(dep[p] + 1)
+    path = torch.full((N + 1, L + 1), -1, dtype=torch.long)
+    for t in range(N + 1):
+        node = t
+        for d in range(dep[t], -1, -1):
+            path[t, d] = node
+            node = par[node - 1] if node else 0
+    return torch.tensor(par, dtype=torch.long), torch.tensor(dep[1:], dtype=torch.long), path
+
+
+@pytest.mark.gpu
+@triton_only
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Hq,Hkv,N,start,splits", [(4, 1, 0, 100, None), (4, 2, 6, 70, None), (4, 2, 6, 70, 1),
+                                                   (2, 2, 20, 3, 3), (8, 2, 40, 60, 2), (4, 1, 130, 64, 1)])
+def test_tree_attend_equals_sdpa_with_the_trees_bias_and_reads_only_prefix_and_ancestors(dtype, Hq, Hkv, N, start, splits):
+    """Against SDPA over every slot with the ancestor bias (its twin): same values, with every slot past the
+    tree holding NaN (never read); N = 0 is a lone root, N = 130 a tree wider than one row block."""
+    from ddtree_bench.engine.gpu.kernels.tree_attention import tree_attend
+    from ddtree_bench.engine.gpu.tree_ops import ancestors
+
+    dt = getattr(torch, dtype)
+    L, S, D = 5, 256, 32
+    par, dep, path = _random_tree(N, L, seed=N + start)
+    T = N + 1
+    g = torch.Generator().manual_seed(T * 7 + start)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV, dt) for s in ((Hq, T, D), (Hkv, S, D), (Hkv, S, D)))
+    st = torch.tensor(start, device=DEV)
+    anc = ancestors(par.to(DEV), L)
+    want = grouped_attend(q, k, v, visible_bias(verify_visible(anc, st, S), dt, Hq // Hkv))
+    k[:, start + T:] = float("nan")
+    v[:, start + T:] = float("nan")
+    pos = st + torch.cat([torch.zeros(1, dtype=torch.long), dep]).to(DEV)
+    got = tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), **_tol(dt))
+
+
+@pytest.mark.gpu
+@triton_only
+def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
+    """The path table the fast loop hands over (kernels/tree_verify.compile_tree, from the PyTorch builder's
+    tree of random draft logits) gives SDPA's result with compile_tree's own bias."""
+    from ddtree_bench.engine.gpu.kernels.tree_attention import tree_attend
+    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+
+    L, V, B, S, D, start = 4, 50, 12, 64, 16, 37
+    logits = torch.randn(L, V, generator=torch.Generator().manual_seed(3)).to(DEV) * 3
+    tok, par, dep = StaticTreeBuilder(L, V, B, DEV)(logits)
+    st = torch.tensor(start, device=DEV)
+    ids, pos, anc, bias, path = compile_tree(torch.ones(1, dtype=torch.long, device=DEV), tok, par, dep, st, S,
+                                             torch.float32, 2, L)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((4, B + 1, D), (2, S, D), (2, S, D)))
+    torch.testing.assert_close(tree_attend(q, k, v, path, pos, st), grouped_attend(q, k, v, bias), **_tol(torch.float32))

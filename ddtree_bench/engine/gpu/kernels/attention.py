@@ -108,8 +108,9 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["M", "T", "n_split"])
     def _combine_kernel(PACC, PM, PL, O, M, T, G, n_split, n_heads, sot,
-                        D: tl.constexpr, BLOCK_D: tl.constexpr, SP: tl.constexpr):
-        """One program per (KV head, query row): every range's (m, l, acc) loaded at once and reduced."""
+                        D: tl.constexpr, BLOCK_D: tl.constexpr, SP: tl.constexpr, T_MAJOR: tl.constexpr = False):
+        """One program per (KV head, query row): every range's (m, l, acc) loaded at once and reduced.
+        Rows fold (query head in the group, t) g-major (row = g*T + t), or t-major (row = t*G + g: tree_attention.py)."""
         h = tl.program_id(0)
         row = tl.program_id(1)
         sp = tl.arange(0, SP)
@@ -121,8 +122,12 @@ if triton is not None:
         dims = tl.arange(0, BLOCK_D)
         a = tl.load(PACC + base[:, None] * BLOCK_D + dims[None, :], mask=smask[:, None], other=0.0)
         out = tl.sum(a * w[:, None], axis=0) / tl.sum(ls * w, axis=0)
-        g = row // T
-        t = row - g * T
+        if T_MAJOR:
+            t = row // G
+            g = row - t * G
+        else:
+            g = row // T
+            t = row - g * T
         tl.store(O + t * sot + (h * G + g) * D + dims, out.to(O.dtype.element_ty), mask=dims < D)
 
 

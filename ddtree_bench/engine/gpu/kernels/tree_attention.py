@@ -1,0 +1,195 @@
+"""The target's verify attention as one Triton kernel: dense over the committed prefix, gathered over the tree.
+
+In a DDTree verify, tree row t (query tokens at slots prefix + 0..T-1, root first) sees every slot
+of the committed prefix and, in the tree part, exactly its ancestors and itself: the nodes
+path[t, 0..depth(t)] (`path` [T, L+1] from kernels/tree_verify.compile_tree, depth(t) = pos[t] - prefix
+<= L). `tree_attend(q, k, v, path, pos, prefix)` computes
+    out = softmax(q k^T / sqrt(D) + bias) v
+over those slots, the same as forward.grouped_attend (SDPA over every cache slot with compile_tree's
+bias, its PyTorch twin) and kernels/attention.live_attend, but:
+* the prefix phase reads slots [0, prefix) with no bias and no mask (every row sees them): a
+  flash-attention loop over full BLOCK_N tiles, one masked tail tile;
+* the tree phase reads only the <= L+1 ancestor slots of each row, gathered through `path`, so its
+  work is T * (L+1) per head instead of the T * T / 2 of a masked triangle (live_attend) or the
+  T * capacity of SDPA over the whole cache;
+* the g query heads of a KV head are folded t-major (row r = t*g + query head), so the rows of one
+  tree node sit side by side and share their gathered K/V rows (L1 hits);
+* few rows split the prefix into ranges (split-KV) and attention.py's combine kernel reduces them,
+  as live_attend does; the tree phase runs in the first range's program.
+Online softmax in fp32 (running max m, sum l, unnormalised acc); q k^T in fp32 (IEEE for fp32
+inputs); probabilities cast to the value dtype before the P V product, as SDPA's fused kernels do.
+The prefix length comes from a device tensor, so a captured graph stays valid as the prefix grows.
+Block sizes depend only on the folded row count's bucket (`config`), so a new budget compiles at most
+one new variant. Knows nothing of models or of how the tree was built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ddtree_bench.engine.gpu.kernels.attention import NEG_BIG, SM_TARGET, _combine_kernel, available
+from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class Config:
+    """Launch shape of the kernel for a folded row count M."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+
+def config(M: int, dtype: torch.dtype) -> Config:
+    """Rows per program M's power of two (16..64, 128 from 512 rows); 64 slots per step; fp32 (the
+    tests' twin check) single-stage."""
+    bm = 128 if M >= 512 else max(16, min(64, _pow2(M)))
+    stages = 1 if dtype == torch.float32 else 2
+    return Config(bm, 64, 8 if bm >= 128 else 4, stages)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _prefix_step(q, acc, m_i, l_i, K, V, kbase, vbase, cols, skn, svn, dims, qk_scale,
+                     MASKED: tl.constexpr, hi, IEEE: tl.constexpr):
+        """One BLOCK_N tile of the prefix phase (scores in log2 units); MASKED: the tail tile, cols >= hi hidden."""
+        if MASKED:
+            cmask = cols < hi
+            k = tl.load(K + kbase + cols[None, :] * skn + dims[:, None], mask=cmask[None, :], other=0.0)
+        else:
+            k = tl.load(K + kbase + cols[None, :] * skn + dims[:, None])
+        if IEEE:
+            s = tl.dot(q, k, input_precision="ieee") * qk_scale
+        else:
+            s = tl.dot(q, k) * qk_scale
+        if MASKED:
+            s = tl.where(cmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if MASKED:
+            v = tl.load(V + vbase + cols[:, None] * svn + dims[None, :], mask=cmask[:, None], other=0.0)
+        else:
+            v = tl.load(V + vbase + cols[:, None] * svn + dims[None, :])
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return acc, m_new, l_i
+
+    @triton.jit(do_not_specialize=["M", "T", "n_split"])
+    def _tree_attn_kernel(Q, K, V, PATH, POS, PREFIX, O, PACC, PM, PL,
+                          M, T, G, n_split, qk_scale,
+                          sqh, skh, skn, svh, svn, spath, sot,
+                          D: tl.constexpr, L1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          SPLIT: tl.constexpr, IEEE: tl.constexpr):
+        h = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        s_id = tl.program_id(2)
+        prefix = tl.load(PREFIX).to(tl.int32)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < M
+        t = tl.where(rmask, rows // G, 0)        # t-major folding: row = t * G + query head in the group
+        qh = h * G + rows % G
+        dims = tl.arange(0, D)
+        q = tl.load(Q + qh[:, None] * sqh + t[:, None] * D + dims[None, :], mask=rmask[:, None], other=0.0)
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)   # NEG_BIG
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+        kbase = h * skh
+        vbase = h * svh
+        # prefix phase: this program's range of [0, prefix), full tiles then one masked tail
+        per = tl.cdiv(tl.cdiv(prefix, BLOCK_N), n_split) * BLOCK_N
+        lo = s_id * per
+        hi = tl.minimum(lo + per, prefix)
+        full = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
+        for n0 in range(lo, full, BLOCK_N):
+            acc, m_i, l_i = _prefix_step(q, acc, m_i, l_i, K, V, kbase, vbase, n0 + tl.arange(0, BLOCK_N), skn, svn,
+                                         dims, qk_scale, False, hi, IEEE)
+        if full < hi:
+            acc, m_i, l_i = _prefix_step(q, acc, m_i, l_i, K, V, kbase, vbase, full + tl.arange(0, BLOCK_N), skn, svn,
+                                         dims, qk_scale, True, hi, IEEE)
+        # tree phase (first range only): the row's ancestors and itself, path[t, 0..depth(t)]
+        if s_id == 0:
+            depth = tl.load(POS + t, mask=rmask, other=0).to(tl.int32) - prefix
+            qf = q.to(tl.float32)
+            for j in range(L1):
+                ok = rmask & (j <= depth)
+                slot = prefix + tl.load(PATH + t * spath + j, mask=ok, other=0).to(tl.int32)
+                k = tl.load(K + kbase + slot[:, None] * skn + dims[None, :], mask=ok[:, None], other=0.0)
+                s = tl.where(ok, tl.sum(qf * k.to(tl.float32), axis=1) * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, s)
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new)
+                l_i = l_i * alpha + p
+                v = tl.load(V + vbase + slot[:, None] * svn + dims[None, :], mask=ok[:, None], other=0.0)
+                acc = acc * alpha[:, None] + p.to(v.dtype).to(tl.float32)[:, None] * v.to(tl.float32)
+                m_i = m_new
+        if SPLIT:
+            base = (s_id * tl.num_programs(0) + h) * M + rows
+            tl.store(PM + base, m_i / 1.4426950408889634, mask=rmask)   # the combine works in natural-log units
+            tl.store(PL + base, l_i, mask=rmask)
+            tl.store(PACC + base[:, None] * D + dims[None, :], acc, mask=rmask[:, None])
+        else:
+            out = acc / l_i[:, None]
+            tl.store(O + t[:, None] * sot + qh[:, None] * D + dims[None, :], out.to(O.dtype.element_ty),
+                     mask=rmask[:, None])
+
+
+def wanted(q: torch.Tensor) -> bool:
+    """auto's choice: this kernel wherever it runs (a tree verify with the fused Triton ops)."""
+    return available(q.device) and q.shape[-1] == _pow2(q.shape[-1]) and q.shape[-1] >= 16
+
+
+def n_split(n_heads: int, M: int, block_m: int, capacity: int, block_n: int) -> int:
+    """Prefix ranges per (KV head, row block): 1 when the row blocks alone fill the GPU (SM_TARGET / 2 programs),
+    else enough ranges for SM_TARGET programs, at most one per block_n slots."""
+    programs = n_heads * triton.cdiv(M, block_m)
+    if 2 * programs >= SM_TARGET:
+        return 1
+    return max(1, min(triton.cdiv(capacity, block_n), triton.cdiv(SM_TARGET, programs)))
+
+
+def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.Tensor, pos: torch.Tensor,
+                prefix: torch.Tensor, splits: int | None = None, launch: Config | None = None) -> torch.Tensor:
+    """q: [Hq, T, D] (D a power of two >= 16); k, v: [Hkv, S, D] (last dim contiguous); path: [T, L+1] long
+    (row t: node at depth 0..depth(t), compile_tree's); pos: [T] long, prefix + depth; prefix: 0-d long,
+    the committed slots. Returns [T, Hq*D] in q's dtype: forward.grouped_attend's result with the tree's bias.
+    splits / launch: fixed prefix ranges / launch shape (tests and tuning), else chosen from M."""
+    Hq, T, D = q.shape
+    Hkv, S = k.shape[0], k.shape[1]
+    G = Hq // Hkv
+    M = G * T
+    q = q.contiguous()
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        k, v = k.contiguous(), v.contiguous()
+    path = path.contiguous()
+    cfg = launch or config(M, q.dtype)
+    ns = n_split(Hkv, M, cfg.block_m, S, cfg.block_n) if splits is None else splits
+    out = torch.empty((T, Hq * D), dtype=q.dtype, device=q.device)
+    if ns > 1:
+        pacc = torch.empty((ns, Hkv, M, D), dtype=torch.float32, device=q.device)
+        pm = torch.empty((ns, Hkv, M), dtype=torch.float32, device=q.device)
+        pl = torch.empty_like(pm)
+    else:
+        pacc = pm = pl = out
+    grid = (Hkv, triton.cdiv(M, cfg.block_m), ns)
+    _tree_attn_kernel[grid](q, k, v, path, pos, prefix, out, pacc, pm, pl,
+                            M, T, G, ns, D ** -0.5 * LOG2E,
+                            T * D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), path.stride(0), Hq * D,
+                            D=D, L1=path.shape[1], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                            SPLIT=ns > 1, IEEE=q.dtype == torch.float32, num_warps=cfg.warps, num_stages=cfg.stages)
+    if ns > 1:
+        _combine_kernel[(Hkv, M)](pacc, pm, pl, out, M, T, G, ns, Hkv, Hq * D, D=D, BLOCK_D=D, SP=_pow2(ns),
+                                  T_MAJOR=True, num_warps=4)
+    return out
+
+
+__all__ = ["Config", "NEG_BIG", "config", "n_split", "tree_attend", "wanted"]
