@@ -91,7 +91,6 @@ class _Narrow:
         self.capacity = capacity
 
 
-@torch.inference_mode()
 CURVE_DEPTH = BLOCK_SIZE - 1   # the verify curve's trees are as deep as the 8B shape's DFlash drafter drafts
 
 
@@ -117,6 +116,7 @@ def curve_tree(n: int, device: torch.device, with_path: bool) -> tuple[torch.Ten
     return par, dep, path
 
 
+@torch.inference_mode()
 def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: torch.device, graphs: bool,
                  reps: int = 20, eager: bool = True, layer_ops: str = "auto", profile: bool = False,
                  profile_reps: int = 5, profile_top: int = D.BENCH_PROFILE_TOP) -> dict[str, Any]:
