@@ -405,8 +405,10 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
     tau = spec.tau
     tau_source = "given"
     if tau is None and result.get("e2e"):
-        tau = {r["budget"]: r["fast"]["tau"] for r in result["e2e"] if r["method"] == "ddtree"}
-        tau_source = "measured (e2e, fast engine)"
+        # emitted tokens per round (the last round's cut counted), as the measured tok/s counts them
+        tau = {r["budget"]: r["fast"]["tokens"] / r["fast"]["rounds"] for r in result["e2e"]
+               if r["method"] == "ddtree" and r["fast"]["rounds"]}
+        tau_source = "measured (e2e, fast engine: emitted tokens per round)"
     if tau:
         from ddtree_bench.perf.bench_costmodel import cost_model
 

@@ -177,6 +177,11 @@ def test_no_plain_and_no_build_table_leave_those_parts_out(tmp_path, capsys):
     assert "build_tree_ms" not in res and "tree build (ms)" not in text
     assert all("plain" not in r for r in res["rounds"]) and all("plain" not in r for r in res["e2e"])
     assert all(r["fast"]["tok_s"] > 0 for r in res["e2e"])
+    # no --tau: the cost model's tau is the emitted tokens per round, as the measured tok/s counts them
+    tree = next(r["fast"] for r in res["e2e"] if r["method"] == "ddtree")
+    cm = res["cost_model"]
+    assert cm["tau"]["4"] == pytest.approx(tree["tokens"] / tree["rounds"]) and "emitted" in cm["tau_source"]
+    assert cm["model"] == "calibrated" and "held_out_tok_s" not in cm["predictions"][0]   # one budget: nothing to hold out
 
 
 def test_roofline_rows_reproduce_the_issue_figures_and_the_table_shows_them():
