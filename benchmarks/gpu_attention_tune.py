@@ -22,8 +22,10 @@ from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
 from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
 LAYERS, HQ, HKV, D, L = 36, 32, 8, 128, 15
-SHAPES = [tree.Config(16, 64, 4, 2), tree.Config(64, 64, 4, 2), tree.Config(64, 64, 4, 3), tree.Config(64, 128, 4, 2),
-          tree.Config(128, 64, 8, 2), tree.Config(128, 64, 8, 3), tree.Config(128, 128, 8, 2), tree.Config(128, 128, 8, 3)]
+SHAPES = [tree.Config(16, 64, 4, 2), tree.Config(16, 64, 4, 2, True), tree.Config(32, 64, 4, 2),
+          tree.Config(32, 64, 4, 2, True), tree.Config(16, 128, 4, 2), tree.Config(64, 64, 4, 3),
+          tree.Config(64, 64, 4, 3, True), tree.Config(64, 64, 4, 4, True), tree.Config(64, 128, 4, 3, True),
+          tree.Config(64, 64, 8, 3, True), tree.Config(128, 64, 8, 3, True), tree.Config(128, 128, 8, 3, True)]
 
 
 def graph_ms(fn, reps: int = 20) -> float:
@@ -75,7 +77,7 @@ def main() -> None:
         row["tree_auto_ms"] = graph_ms(lambda: [tree.tree_attend(q, k, v, path, pos, start) for k, v in zip(ks, vs)])
         row["tree_err"] = float((tree.tree_attend(q, ks[0], vs[0], path, pos, start).float() - ref.float()).abs().max())
         for c in SHAPES:
-            key = f"tree_{c.block_m}x{c.block_n}w{c.warps}s{c.stages}_ms"
+            key = f"tree_{c.block_m}x{c.block_n}w{c.warps}s{c.stages}{'r' if c.k_rows else ''}_ms"
             try:
                 row[key] = graph_ms(lambda c=c: [tree.tree_attend(q, k, v, path, pos, start, launch=c)
                                                  for k, v in zip(ks, vs)])

@@ -138,14 +138,14 @@ for dt, ptr in ((torch.bfloat16, bf16), (torch.float32, f32)):
                             dict(D=128, BLOCK_D=128, SP=sp, T_MAJOR=t_major)))
     # the verify's tree attention (prefix dense, ancestors gathered), at every launch shape `config` picks
     # and the tuning benchmark's (benchmarks/gpu_attention_tune.py)
-    for bm, bn, split in ((16, 64, True), (64, 64, True), (64, 64, False), (128, 64, False), (128, 128, False),
-                          (64, 128, False)):
+    for bm, bn, split, k_rows in ((16, 64, True, False), (16, 64, True, True), (64, 64, False, False),
+                                  (64, 64, False, True), (128, 128, False, True)):
         ok.append(check(tree_attention_triton._tree_attn_kernel,
                         dict(Q=ptr, K=ptr, V=ptr, PATH=i64, POS=i64, PREFIX=i64, O=ptr, PACC=f32 if split else ptr,
                              PM=f32 if split else ptr, PL=f32 if split else ptr, M=4 * 257, T=257, G=4, n_split=3,
                              qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128, svh=2112 * 128, svn=128,
                              spath=16, sot=4096),
-                        dict(D=128, L1=L + 1, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32)))
+                        dict(D=128, L1=L + 1, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32, K_ROWS=k_rows)))
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
 sys.exit(0 if all(ok) else 1)

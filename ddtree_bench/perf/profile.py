@@ -22,7 +22,7 @@ import torch
 
 FAMILIES = ("gemm", "attention", "layer_ops", "elementwise", "other")
 _RULES = (  # first match wins; lower-case substrings of kernel (or ATen op) names
-    ("attention", ("_live_attn", "_combine_kernel", "flash", "fmha", "attention", "sdpa", "softmax")),
+    ("attention", ("_live_attn", "_tree_attn", "_combine_kernel", "flash", "fmha", "attention", "sdpa", "softmax")),
     ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk", "aten::mm", "aten::addmm", "aten::linear",
               "aten::matmul", "aten::bmm")),
     ("layer_ops", ("_rmsnorm_kernel", "_qkv_rope_kernel", "_silu_mul_kernel")),

@@ -171,7 +171,7 @@ def test_tree_attend_equals_sdpa_with_the_trees_bias_and_reads_only_prefix_and_a
 def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
     """The path table the fast loop hands over (kernels/tree_verify.compile_tree, from the PyTorch builder's
     tree of random draft logits) gives SDPA's result with compile_tree's own bias."""
-    from ddtree_bench.engine.gpu.kernels.tree_attention import tree_attend
+    from ddtree_bench.engine.gpu.kernels.tree_attention import Config, tree_attend
     from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
     from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
@@ -183,4 +183,9 @@ def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
                                              torch.float32, 2, L)
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((4, B + 1, D), (2, S, D), (2, S, D)))
-    torch.testing.assert_close(tree_attend(q, k, v, path, pos, st), grouped_attend(q, k, v, bias), **_tol(torch.float32))
+    want = grouped_attend(q, k, v, bias)
+    torch.testing.assert_close(tree_attend(q, k, v, path, pos, st), want, **_tol(torch.float32))
+    for k_rows in (False, True):   # both K tile layouts, split and not
+        for splits in (1, 2):
+            got = tree_attend(q, k, v, path, pos, st, splits=splits, launch=Config(16, 16, 4, 1, k_rows))
+            torch.testing.assert_close(got, want, **_tol(torch.float32))

@@ -15,7 +15,8 @@ bias, its PyTorch twin) and kernels/attention.live_attend, but:
 * the g query heads of a KV head are folded t-major (row r = t*g + query head), so the rows of one
   tree node sit side by side and share their gathered K/V rows (L1 hits);
 * few rows split the prefix into ranges (split-KV) and attention.py's combine kernel reduces them,
-  as live_attend does; the tree phase runs in the first range's program.
+  as live_attend does; the tree phase is then one more range of its own, so it runs beside the
+  prefix ranges instead of lengthening one of them, and it stops at its row block's deepest row.
 Online softmax in fp32 (running max m, sum l, unnormalised acc); q k^T in fp32 (IEEE for fp32
 inputs); probabilities cast to the value dtype before the P V product, as SDPA's fused kernels do.
 The prefix length comes from a device tensor, so a captured graph stays valid as the prefix grows.
@@ -43,23 +44,31 @@ class Config:
     block_n: int
     warps: int
     stages: int
+    k_rows: bool = False   # K tiles loaded as rows and transposed in registers (else a strided [D, BLOCK_N] view)
 
 
 def config(M: int, dtype: torch.dtype) -> Config:
-    """Rows per program M's power of two (16..64, 128 from 512 rows); 64 slots per step; fp32 (the
-    tests' twin check) single-stage."""
-    bm = 128 if M >= 512 else max(16, min(64, _pow2(M)))
-    stages = 1 if dtype == torch.float32 else 2
-    return Config(bm, 64, 8 if bm >= 128 else 4, stages)
+    """16 rows per program up to 1024 folded rows (n = 256 at 4 query heads per KV head), 64 above; 64 slots
+    per step; fp32 (the tests' twin check) single-stage. (H200 tuning: docs/gpu-performance.md.)"""
+    if dtype == torch.float32:
+        return Config(16 if M <= 1024 else 64, 64, 4, 1)
+    return Config(16, 64, 4, 2) if M <= 1024 else Config(64, 64, 4, 3)
 
 
 if triton is not None:
 
     @triton.jit
     def _prefix_step(q, acc, m_i, l_i, K, V, kbase, vbase, cols, skn, svn, dims, qk_scale,
-                     MASKED: tl.constexpr, hi, IEEE: tl.constexpr):
-        """One BLOCK_N tile of the prefix phase (scores in log2 units); MASKED: the tail tile, cols >= hi hidden."""
-        if MASKED:
+                     MASKED: tl.constexpr, hi, IEEE: tl.constexpr, K_ROWS: tl.constexpr):
+        """One BLOCK_N tile of the prefix phase (scores in log2 units); MASKED: the tail tile, cols >= hi hidden.
+        K_ROWS: load K as [BLOCK_N, D] rows and transpose in registers, else as a [D, BLOCK_N] strided view."""
+        if K_ROWS:
+            if MASKED:
+                cmask = cols < hi
+                k = tl.trans(tl.load(K + kbase + cols[:, None] * skn + dims[None, :], mask=cmask[:, None], other=0.0))
+            else:
+                k = tl.trans(tl.load(K + kbase + cols[:, None] * skn + dims[None, :]))
+        elif MASKED:
             cmask = cols < hi
             k = tl.load(K + kbase + cols[None, :] * skn + dims[:, None], mask=cmask[None, :], other=0.0)
         else:
@@ -69,13 +78,13 @@ if triton is not None:
         else:
             s = tl.dot(q, k) * qk_scale
         if MASKED:
-            s = tl.where(cmask[None, :], s, float("-inf"))
+            s = tl.where((cols < hi)[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if MASKED:
-            v = tl.load(V + vbase + cols[:, None] * svn + dims[None, :], mask=cmask[:, None], other=0.0)
+            v = tl.load(V + vbase + cols[:, None] * svn + dims[None, :], mask=(cols < hi)[:, None], other=0.0)
         else:
             v = tl.load(V + vbase + cols[:, None] * svn + dims[None, :])
         if IEEE:
@@ -89,7 +98,7 @@ if triton is not None:
                           M, T, G, n_split, qk_scale,
                           sqh, skh, skn, svh, svn, spath, sot,
                           D: tl.constexpr, L1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          SPLIT: tl.constexpr, IEEE: tl.constexpr):
+                          SPLIT: tl.constexpr, IEEE: tl.constexpr, K_ROWS: tl.constexpr):
         h = tl.program_id(0)
         pid_m = tl.program_id(1)
         s_id = tl.program_id(2)
@@ -105,22 +114,24 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         kbase = h * skh
         vbase = h * svh
-        # prefix phase: this program's range of [0, prefix), full tiles then one masked tail
+        # prefix phase: this program's range of [0, prefix), full tiles then one masked tail (split: ranges
+        # 0..n_split-1; range n_split is the tree phase alone, so it runs beside them, not after one)
         per = tl.cdiv(tl.cdiv(prefix, BLOCK_N), n_split) * BLOCK_N
         lo = s_id * per
         hi = tl.minimum(lo + per, prefix)
         full = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
         for n0 in range(lo, full, BLOCK_N):
             acc, m_i, l_i = _prefix_step(q, acc, m_i, l_i, K, V, kbase, vbase, n0 + tl.arange(0, BLOCK_N), skn, svn,
-                                         dims, qk_scale, False, hi, IEEE)
+                                         dims, qk_scale, False, hi, IEEE, K_ROWS)
         if full < hi:
             acc, m_i, l_i = _prefix_step(q, acc, m_i, l_i, K, V, kbase, vbase, full + tl.arange(0, BLOCK_N), skn, svn,
-                                         dims, qk_scale, True, hi, IEEE)
-        # tree phase (first range only): the row's ancestors and itself, path[t, 0..depth(t)]
-        if s_id == 0:
+                                         dims, qk_scale, True, hi, IEEE, K_ROWS)
+        # tree phase: the row's ancestors and itself, path[t, 0..depth(t)], to the block's deepest row only
+        if s_id == (n_split if SPLIT else 0):
             depth = tl.load(POS + t, mask=rmask, other=0).to(tl.int32) - prefix
+            deepest = tl.max(tl.where(rmask, depth, 0), axis=0)
             qf = q.to(tl.float32)
-            for j in range(L1):
+            for j in range(0, deepest + 1):
                 ok = rmask & (j <= depth)
                 slot = prefix + tl.load(PATH + t * spath + j, mask=ok, other=0).to(tl.int32)
                 k = tl.load(K + kbase + slot[:, None] * skn + dims[None, :], mask=ok[:, None], other=0.0)
@@ -174,20 +185,21 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     cfg = launch or config(M, q.dtype)
     ns = n_split(Hkv, M, cfg.block_m, S, cfg.block_n) if splits is None else splits
     out = torch.empty((T, Hq * D), dtype=q.dtype, device=q.device)
-    if ns > 1:
-        pacc = torch.empty((ns, Hkv, M, D), dtype=torch.float32, device=q.device)
-        pm = torch.empty((ns, Hkv, M), dtype=torch.float32, device=q.device)
+    if ns > 1:   # ns prefix ranges + the tree phase's partial
+        pacc = torch.empty((ns + 1, Hkv, M, D), dtype=torch.float32, device=q.device)
+        pm = torch.empty((ns + 1, Hkv, M), dtype=torch.float32, device=q.device)
         pl = torch.empty_like(pm)
     else:
         pacc = pm = pl = out
-    grid = (Hkv, triton.cdiv(M, cfg.block_m), ns)
+    grid = (Hkv, triton.cdiv(M, cfg.block_m), ns + 1 if ns > 1 else 1)
     _tree_attn_kernel[grid](q, k, v, path, pos, prefix, out, pacc, pm, pl,
                             M, T, G, ns, D ** -0.5 * LOG2E,
                             T * D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), path.stride(0), Hq * D,
                             D=D, L1=path.shape[1], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                            SPLIT=ns > 1, IEEE=q.dtype == torch.float32, num_warps=cfg.warps, num_stages=cfg.stages)
+                            SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, num_warps=cfg.warps,
+                            num_stages=cfg.stages)
     if ns > 1:
-        _combine_kernel[(Hkv, M)](pacc, pm, pl, out, M, T, G, ns, Hkv, Hq * D, D=D, BLOCK_D=D, SP=_pow2(ns),
+        _combine_kernel[(Hkv, M)](pacc, pm, pl, out, M, T, G, ns + 1, Hkv, Hq * D, D=D, BLOCK_D=D, SP=_pow2(ns + 1),
                                   T_MAJOR=True, num_warps=4)
     return out
 
