@@ -9,7 +9,9 @@ so requests are admitted mid-flight and live requests move down to lower slots; 
 bucket of 4 runs with padding slots. Every request's output, finish reason, per-round acceptance
 lengths and accepted tree nodes must equal its batch-1 run (`Engine.generate`, the plain loop) in
 fp32, and the whole batch must equal `BatchLoop` (the batched plain loop, its twin) token for token.
-The rigged proposer runs at T = 0 only (it checks every bonus against the greedy truth).
+The rigged proposer runs at T = 0 only (it checks every bonus against the greedy truth). The
+requests, engines, batch-1 runs and BatchLoop runs come from tests/batch_support.py (each computed
+once per session, shared with tests/engine/test_batch.py, which checks BatchLoop against batch 1).
 
 Equality comparisons as they ran (requests x budgets x drafters x temperatures; `CASES`, printed
 by the last test): random drafter 5 requests x 7 (method/budget, T) points (AR, DFlash, DDTree 16 at
@@ -21,75 +23,36 @@ buckets 5, cache growth 4, logit gaps 5, thread scheduler 5, a drafter variant 5
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-import torch
 
 from ddtree_bench.engine.batch import BatchLoop, BatchRequest
 from ddtree_bench.engine.batch_scheduler import BatchScheduler
 from ddtree_bench.engine.generate import Engine
 from ddtree_bench.engine.gpu import batch_loop as bl
 from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop, buckets_for
-from ddtree_bench.engine.loading import load_drafter, load_target, random_pair
-from ddtree_bench.pair import TOY_DIR
-from engine_support import RiggedProposer, greedy_reference, one_torch_thread  # noqa: F401 (fixture)
+from batch_support import (KeyedRigged, alone, assert_lengths_and_stops, assert_same, count_forwards,  # noqa: F401
+                           make_requests, one_fails_one_cancelled, plain_batch, requests_with_stops, rigged_alone,
+                           rigged_plain, rnd, toy)
+from engine_support import one_torch_thread  # noqa: F401 (fixture)
 
 RANDOM_CASES = [(m, b, T) for m, b in (("ar", 0), ("dflash", 0), ("ddtree", 1), ("ddtree", 16)) for T in (0.0, 0.8)
                 if (m, b, T) != ("ddtree", 1, 0.8)]
 RANDOM_IDS = [f"{m}{b or ''}-T{T:g}" for m, b, T in RANDOM_CASES]
 SLOTS = 3
 CASES: dict[str, int] = {}
-TEXTS = ("Q: 2+3? A:", "The cat sat on the", "Once upon a time, in a small", "x", "Hello, my name is")
 
 
 def _count(what: str, n: int) -> None:
     CASES[what] = CASES.get(what, 0) + n
 
 
-def make_requests(vocab: int, T: float, seed: int, stops: dict[int, int] | None = None, text: bool = False,
-                  lens=(3, 11, 6, 17, 8), news=(23, 9, 31, 17, 1), gaps: bool = False) -> list[BatchRequest]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i, (n, m) in enumerate(zip(lens, news)):
-        prompt = list(TEXTS[i].encode()) if text else torch.randint(0, vocab - 2, (n,), generator=g).tolist()
-        out.append(BatchRequest(prompt, max_new_tokens=m, temperature=T if i != 1 else 0.0, seed=1000 + i if i != 3 else None,
-                                top_p=0.9 if i == 2 else 1.0, stop_ids=[stops[i]] if stops and i in stops else (),
-                                record_trees=True, return_logit_gaps=gaps, key=i))
-    return out
-
-
-def alone(engine: Engine, method: str, budget: int, r: BatchRequest):
-    return engine.generate(r.prompt_ids, method, budget, r.max_new_tokens, r.temperature, r.top_p, r.seed, r.stop_ids,
-                           record_trees=True, return_logit_gaps=r.return_logit_gaps)
-
-
-def assert_same(got, ref, what) -> None:
-    assert got.output_ids == ref.output_ids, what
-    assert got.accept_lengths == ref.accept_lengths, what
-    assert got.finish_reason == ref.finish_reason, what
-    if ref.trees is not None:
-        assert [t.accepted for t in got.trees] == [t.accepted for t in ref.trees], what
-
-
-def stops_from(engine: Engine, reqs: list[BatchRequest]) -> dict[int, int]:
-    """Stop ids for requests 0 and 2: a token their greedy output produces mid-way."""
-    out = {}
-    for i in (0, 2):
-        r = reqs[i]
-        toks = engine.generate(r.prompt_ids, "ar", 0, r.max_new_tokens).output_ids
-        k = next((j for j in range(3, len(toks)) if toks[j] not in toks[:j]), None)
-        if k is not None:
-            out[i] = toks[k]
-    return out
-
-
 def check(engine: Engine, what: str, method: str, budget: int, reqs: list[BatchRequest], slots: int = SLOTS,
           twin: bool = True):
     loop = BatchFastLoop(engine.target, engine.proposer, method, budget, slots)
     got = loop.run(reqs)
-    plain = engine.batch_loop(method, budget, slots).run(reqs) if twin else [None] * len(reqs)
+    plain = plain_batch(engine, method, budget, slots, reqs)[0] if twin else [None] * len(reqs)
     for i, (r, g, p) in enumerate(zip(reqs, got, plain)):
         key = (what, method, budget, r.temperature, i)
         assert_same(g, alone(engine, method, budget, r), key)
@@ -101,19 +64,6 @@ def check(engine: Engine, what: str, method: str, budget: int, reqs: list[BatchR
     return got, loop
 
 
-@pytest.fixture(scope="module")
-def rnd():
-    target, drafter = random_pair(seed=0)
-    return Engine(target, drafter)
-
-
-@pytest.fixture(scope="module")
-def toy():
-    target = load_target(TOY_DIR / "target", "float32", "cpu")
-    drafter = load_drafter(TOY_DIR / "draft", target.cfg, "float32", "cpu")
-    return Engine(target, drafter)
-
-
 def test_buckets_are_powers_of_two_then_max_batch():
     assert buckets_for(1) == (1,)
     assert buckets_for(8) == (1, 2, 4, 8)
@@ -123,12 +73,8 @@ def test_buckets_are_powers_of_two_then_max_batch():
 
 @pytest.mark.parametrize("method,budget,T", RANDOM_CASES, ids=RANDOM_IDS)
 def test_random_drafter_equals_batch1_and_batchloop(rnd, method, budget, T):
-    reqs = make_requests(64, T, seed=1)
-    reqs = make_requests(64, T, seed=1, stops=stops_from(rnd, reqs))
-    got, loop = check(rnd, "random", method, budget, reqs)
-    assert any(g.finish_reason == "length" for g in got)
-    if T == 0.0:
-        assert any(g.finish_reason == "stop" for g in got)
+    got, loop = check(rnd, "random", method, budget, requests_with_stops(rnd, T, seed=1))
+    assert_lengths_and_stops(got, T)
     assert {r["bucket"] for r in loop.rounds} >= {1, 3}   # the batch shrank as requests retired
 
 
@@ -141,43 +87,17 @@ def test_trained_toy_drafter_equals_batch1_and_batchloop(toy, method, budget, T)
         assert max(a for g in got for a in g.accept_lengths) >= min(4, budget + 1 if method == "ddtree" else 16)
 
 
-class KeyedRigged:
-    """One RiggedProposer per request (by BatchRequest.key), called once per round for all of them."""
-
-    def __init__(self, rigs: dict):
-        self.rigs = rigs
-        first = next(iter(rigs.values()))
-        self.block_size, self.target_layer_ids = first.block_size, first.target_layer_ids
-        self.batched_calls = 0
-
-    def new_cache(self, capacity):
-        return None
-
-    def propose_batch(self, rows):
-        self.batched_calls += 1
-        return [self.rigs[r.key].propose(r.ctx, r.bonus, r.cache, r.draft_len, r.start) for r in rows]
-
-
 @pytest.mark.parametrize("method,budget", [("dflash", 0), ("ddtree", 16)], ids=["dflash", "ddtree16"])
 def test_rigged_drafter_deep_paths_compaction_and_context(rnd, method, budget):
-    target = rnd.target
     reqs = make_requests(64, 0.0, seed=3)
-    layers = rnd.proposer.target_layer_ids
-
-    def rig(r, s):
-        truth = r.prompt_ids + greedy_reference(target, r.prompt_ids, r.max_new_tokens + 17)
-        return RiggedProposer(truth, 64, layers, seed=s)
-
-    keyed = KeyedRigged({r.key: rig(r, 5 + r.key) for r in reqs})
-    loop = BatchFastLoop(target, keyed, method, budget, SLOTS)
+    keyed = KeyedRigged(rnd, reqs)
+    loop = BatchFastLoop(rnd.target, keyed, method, budget, SLOTS)
     got = loop.run(reqs)
     assert keyed.batched_calls == loop.stats.rounds
-    twin = BatchLoop(target, KeyedRigged({r.key: rig(r, 5 + r.key) for r in reqs}), method, budget, SLOTS).run(reqs)
+    twin = rigged_plain(rnd, method, budget, SLOTS, reqs)[0]
     non_prefix = 0
     for r, g, p in zip(reqs, got, twin):
-        ref = Engine(target, proposer=rig(r, 5 + r.key)).generate(r.prompt_ids, method, budget, r.max_new_tokens,
-                                                                  stop_ids=r.stop_ids, record_trees=True)
-        assert_same(g, ref, ("rigged", method, budget, r.key))
+        assert_same(g, rigged_alone(rnd, method, budget, r), ("rigged", method, budget, r.key))
         assert_same(g, p, ("rigged twin", method, budget, r.key))
         non_prefix += sum(t.accepted != list(range(len(t.accepted))) for t in g.trees)
     assert max(a for g in got for a in g.accept_lengths) >= (2 if budget == 1 else 8)
@@ -215,19 +135,7 @@ def test_cache_grows_mid_flight_and_keeps_the_live_regions(rnd):
 
 
 def test_one_target_and_one_drafter_forward_per_round(rnd, monkeypatch):
-    calls = {"target": 0, "drafter": 0}
-    tf, df = bl.target_forward_batch, bl.draft_forward_batch
-
-    def count_t(*a, **k):
-        calls["target"] += 1
-        return tf(*a, **k)
-
-    def count_d(*a, **k):
-        calls["drafter"] += 1
-        return df(*a, **k)
-
-    monkeypatch.setattr(bl, "target_forward_batch", count_t)
-    monkeypatch.setattr(bl, "draft_forward_batch", count_d)
+    calls = count_forwards(monkeypatch, bl, "target_forward_batch", "draft_forward_batch")
     loop = BatchFastLoop(rnd.target, rnd.proposer, "ddtree", 16, 4)
     loop.run(make_requests(64, 0.0, seed=6))
     assert loop.stats.rounds > 0 and calls == {"target": loop.stats.rounds, "drafter": loop.stats.rounds}
@@ -270,30 +178,7 @@ def test_engine_batch_loop_picks_the_fast_loop_for_cuda_graph_engines(rnd):
 
 
 def test_a_failing_request_leaves_alone(rnd):
-    reqs = make_requests(64, 0.0, seed=9)
-    n = {"chunks": 0}
-
-    def bad(tokens):
-        n["chunks"] += 1
-        if n["chunks"] == 3:
-            raise ConnectionError("client went away")
-
-    reqs[0].on_chunk = bad
-    flag = threading.Event()
-    reqs[2].cancelled = flag.is_set
-    reqs[3].on_chunk = lambda toks: flag.set()
-    sched = BatchScheduler(BatchFastLoop(rnd.target, rnd.proposer, "ddtree", 16, 5))
-    try:
-        futs = [sched.submit(r) for r in reqs]
-        with pytest.raises(ConnectionError):
-            futs[0].result(timeout=120)
-        with pytest.raises(Exception) as e:
-            futs[2].result(timeout=120)
-        assert type(e.value).__name__ == "Cancelled"
-        for i in (1, 3, 4):
-            assert_same(futs[i].result(timeout=120), alone(rnd, "ddtree", 16, reqs[i]), ("survivor", i))
-    finally:
-        sched.close()
+    one_fails_one_cancelled(rnd, BatchFastLoop(rnd.target, rnd.proposer, "ddtree", 16, 5), make_requests(64, 0.0, seed=9))
 
 
 def test_a_drafter_variant_drafts_through_its_own_proposer(rnd):
