@@ -25,6 +25,11 @@ VOCAB = 97
 DTYPES = ["float32"] + (["bfloat16"] if DEV == "cuda" else [])
 
 
+def kernel_check(test):
+    """A Triton kernel check: marked gpu, skipped where no Triton device is, run at every dtype of DTYPES."""
+    return pytest.mark.gpu(triton_only(pytest.mark.parametrize("dtype", DTYPES)(test)))
+
+
 def _close(got, want, dtype):
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
@@ -32,9 +37,7 @@ def _close(got, want, dtype):
         torch.testing.assert_close(got, want, rtol=8e-3, atol=8e-3)
 
 
-@pytest.mark.gpu
-@triton_only
-@pytest.mark.parametrize("dtype", DTYPES)
+@kernel_check
 @pytest.mark.parametrize("T,N", [(1, 4096), (7, 256), (33, 96)])
 def test_triton_norms_match_the_twin(dtype, T, N):
     dt = getattr(torch, dtype)
@@ -48,9 +51,7 @@ def test_triton_norms_match_the_twin(dtype, T, N):
     _close(y, yr, dt)
 
 
-@pytest.mark.gpu
-@triton_only
-@pytest.mark.parametrize("dtype", DTYPES)
+@kernel_check
 @pytest.mark.parametrize("T,I", [(1, 3072), (5, 768), (9, 1500)])
 def test_triton_silu_mul_matches_the_twin(dtype, T, I):
     dt = getattr(torch, dtype)
@@ -58,9 +59,7 @@ def test_triton_silu_mul_matches_the_twin(dtype, T, I):
     _close(fused.TritonOps().silu_mul(gu), TORCH_OPS.silu_mul(gu), dt)
 
 
-@pytest.mark.gpu
-@triton_only
-@pytest.mark.parametrize("dtype", DTYPES)
+@kernel_check
 @pytest.mark.parametrize("T,n_q,n_kv,D,norm", [(1, 32, 8, 128, True), (9, 8, 4, 32, True), (4, 0, 2, 32, True),
                                                (6, 4, 4, 64, False), (3, 6, 2, 48, True)])
 def test_triton_qkv_rope_matches_the_twin_and_writes_only_its_slots(dtype, T, n_q, n_kv, D, norm):
@@ -88,9 +87,7 @@ def test_triton_qkv_rope_matches_the_twin_and_writes_only_its_slots(dtype, T, n_
     assert (kc[:, :, ~touched] == 7).all() and (kc[[0, 2]] == 7).all()
 
 
-@pytest.mark.gpu
-@triton_only
-@pytest.mark.parametrize("dtype", DTYPES)
+@kernel_check
 def test_fused_target_forward_matches_the_twin(dtype):
     """Whole verify forward on a random Qwen3 pair: Triton ops vs the PyTorch twin, same cache, same logits."""
     dt = getattr(torch, dtype)
