@@ -1,5 +1,6 @@
-"""Helpers the sweep and process tests share: run the CLI in-process or as a child process, read
-summary.csv, watch processes (by session or process group).
+"""Helpers the sweep and process tests share: run the CLI in-process or as a child process, start a
+sweep in the background and wait for its server's pid record, read summary.csv, watch processes (by
+session or process group).
 
 Knows /proc and the CLI entry point; nothing of any one test's grid.
 """
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +37,24 @@ def cli_process(*args: str, timeout_s: float = 900.0, check: bool = True) -> sub
     if check and p.returncode != 0:
         raise AssertionError(f"ddtree-bench {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
     return p
+
+
+@contextmanager
+def background_sweep(*args: str, out: Path, cwd: Path):
+    """`python -m ddtree_bench sweep ARGS --out OUT` in the background (output discarded) until its launched
+    server's pid record (OUT/servers/*.pid.json) appears; yields (process, record path). The sweep is
+    killed on leaving the block if it is still running."""
+    proc = subprocess.Popen([sys.executable, "-m", "ddtree_bench", "sweep", *args, "--out", str(out)], cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        servers = out / "servers"
+        rec = wait_for(lambda: next(iter(servers.glob("*.pid.json")), None) if servers.is_dir() else None)
+        assert rec is not None, "the sweep never recorded its server"
+        yield proc, rec
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def csv_rows(out: Path) -> list[dict]:

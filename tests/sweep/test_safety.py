@@ -24,7 +24,7 @@ import pytest
 from ddtree_bench.results import RunWriter
 from ddtree_bench.sweep.lock import LOCK_NAME, SweepLock
 from ddtree_bench.sweep.server import reap_recorded, write_record
-from process_support import alive, members, wait_for
+from process_support import alive, background_sweep, members, wait_for
 
 SWEEP = [sys.executable, "-m", "ddtree_bench", "sweep", "--models", "random", "--suites", "smoke", "--methods", "ar",
          "--limit", "2", "--max-new-tokens", "4", "--no-report", "-q"]
@@ -100,6 +100,11 @@ def test_a_held_lock_names_its_holder_and_a_dead_holders_lock_is_taken_over(tmp_
         lock.release()
 
 
+# one request of 2000 tokens on the profile's null server: minutes of work, time to kill the sweep
+SLOW_SWEEP = ["--backends", "standalone", "--models", "random", "--suites", "smoke", "--methods", "ar", "--limit", "1",
+              "--max-new-tokens", "2000", "--warmup", "0", "--no-report", "-q"]
+
+
 def _null_profile(dirpath: Path, delay_ms: int) -> Path:
     dirpath.mkdir(exist_ok=True)
     (dirpath / "standalone.yaml").write_text(
@@ -113,21 +118,12 @@ def _null_profile(dirpath: Path, delay_ms: int) -> Path:
 def test_a_sigkilled_sweep_takes_its_server_with_it_and_resume_takes_over(tmp_path):
     prof = _null_profile(tmp_path / "prof", delay_ms=200)  # 2000 tokens at 4 a chunk: minutes per request
     out = tmp_path / "sw"
-    argv = [sys.executable, "-m", "ddtree_bench", "sweep", "--backends", "standalone", "--models", "random", "--suites",
-            "smoke", "--methods", "ar", "--limit", "1", "--max-new-tokens", "2000", "--warmup", "0", "--profiles", str(prof),
-            "--out", str(out), "--no-report", "-q"]
-    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        rec = wait_for(lambda: next(iter((out / "servers").glob("*.pid.json")), None) if (out / "servers").is_dir() else None)
-        assert rec is not None, "the sweep never recorded its server"
+    with background_sweep(*SLOW_SWEEP, "--profiles", str(prof), out=out, cwd=tmp_path) as (proc, rec):
         server = json.loads(rec.read_text())["pid"]
         assert wait_for(lambda: alive(server), 10)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         assert wait_for(lambda: not alive(server), 30), "the server outlived the SIGKILLed sweep"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     # resume: takes over the dead driver's lock, says so, and finishes with a fast server
     _null_profile(prof, delay_ms=0)
     r = subprocess.run([sys.executable, "-m", "ddtree_bench", "sweep", "--resume", str(out), "--no-report", "-q"],
@@ -146,23 +142,13 @@ def test_a_sigkilled_sweep_takes_its_servers_grandchildren_with_it(tmp_path):
         f"argv: [sh, -c, '\"{sys.executable}\" -m ddtree_bench serve --null --null-delay-ms 200 --host {{host}} --port {{port}}"
         " & wait']\n"
         "method_args: {ar: [], dflash: [], ddtree: []}\nhealth_path: /health\n")
-    out = tmp_path / "sw"
-    argv = [sys.executable, "-m", "ddtree_bench", "sweep", "--backends", "standalone", "--models", "random", "--suites",
-            "smoke", "--methods", "ar", "--limit", "1", "--max-new-tokens", "2000", "--warmup", "0", "--profiles", str(prof),
-            "--out", str(out), "--no-report", "-q"]
-    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        rec = wait_for(lambda: next(iter((out / "servers").glob("*.pid.json")), None) if (out / "servers").is_dir() else None)
-        assert rec is not None, "the sweep never recorded its server"
+    with background_sweep(*SLOW_SWEEP, "--profiles", str(prof), out=tmp_path / "sw", cwd=tmp_path) as (proc, rec):
         pgid = json.loads(rec.read_text())["pgid"]
         group_pids = wait_for(lambda: [p for p in members(group=pgid) if p != pgid] and members(group=pgid), 30)
         assert len(group_pids) >= 2, group_pids  # sh and its child, the server
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         assert wait_for(lambda: not [p for p in group_pids if alive(p)], 30), "part of the server's group outlived the sweep"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 def test_resume_reaps_a_recorded_server_that_outlived_its_driver_but_never_a_reused_pid(tmp_path):
