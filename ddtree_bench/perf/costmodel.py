@@ -229,7 +229,14 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-def calibrate_medians(samples: list[RoundTimes], leave_out: int | None = None) -> CostModel:
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+STATISTICS = {"median": _median, "mean": _mean}   # how calibrate_medians reduces a stage over rounds
+
+
+def calibrate_medians(samples: list[RoundTimes], leave_out: int | None = None, statistic: str = "median") -> CostModel:
     """The cost model from per-round stage medians of rounds inside generation (robust to the spikes a
     shared machine adds to a few rounds; `calibrate` takes means of totals instead):
 
@@ -239,11 +246,13 @@ def calibrate_medians(samples: list[RoundTimes], leave_out: int | None = None) -
         T_AR          = median AR round
 
     leave_out: a DDTree budget whose rounds are not used, so that its prediction comes from the other
-    budgets' curves (calibrating on the budget one then predicts is circular)."""
+    budgets' curves (calibrating on the budget one then predicts is circular). statistic "mean": per-round
+    means instead (every slow round counted, as a measured tok/s counts it)."""
     kept = [s for s in samples if s.rounds and not (s.method == "ddtree" and s.budget == leave_out)]
     if not kept:
         raise ValueError("no rounds to calibrate on")
-    pool = lambda group, f: _median([f(r) for s in group for r in s.rounds])  # noqa: E731
+    reduce = STATISTICS[statistic]
+    pool = lambda group, f: reduce([f(r) for s in group for r in s.rounds])  # noqa: E731
     by_n: dict[int, list[RoundTimes]] = {}
     by_budget: dict[int, list[RoundTimes]] = {}
     for s in kept:
@@ -261,10 +270,11 @@ def calibrate_medians(samples: list[RoundTimes], leave_out: int | None = None) -
                      pool(ar, lambda r: sum(r.values())) if ar else None)
 
 
-def held_out_predictions(samples: list[RoundTimes], tau: Mapping[int, float], budgets: list[int]) -> list[Prediction]:
-    """Each DDTree budget B predicted by `calibrate_medians(samples, leave_out=B)` with tau(B) given:
-    an honest check of the model at every budget (B's own rounds never inform B's prediction)."""
-    return [calibrate_medians(samples, leave_out=b).predict(b, tau[b]) for b in budgets]
+def held_out_predictions(samples: list[RoundTimes], tau: Mapping[int, float], budgets: list[int],
+                         statistic: str = "median") -> list[Prediction]:
+    """Each DDTree budget B predicted by `calibrate_medians(samples, leave_out=B, statistic)` with tau(B)
+    given: an honest check of the model at every budget (B's own rounds never inform B's prediction)."""
+    return [calibrate_medians(samples, leave_out=b, statistic=statistic).predict(b, tau[b]) for b in budgets]
 
 
 def rounds_counted(samples: list[RoundTimes]) -> int:

@@ -166,6 +166,9 @@ def test_calibrate_medians_reads_each_stage_per_round_and_ignores_a_spike():
     assert m.overhead_ms(64) == pytest.approx(0.5 + 0.128)               # tree_build + commit, not draft or verify
     assert m.t_ar == pytest.approx(2.11)
     assert m.predict(64, 5.0).round_ms == pytest.approx(3.0 + 0.628 + 2.65)
+    means = calibrate_medians(_line_samples([16, 64, 256], spike=True), statistic="mean")
+    assert means.draft_ms == pytest.approx((8 * 3.0 + 30.0) / 9)             # the slow round counted
+    assert means.verify_ms(65) == pytest.approx((8 * 2.65 + 26.5) / 9)
 
 
 def test_leaving_a_budget_out_predicts_it_from_the_others_not_from_its_own_rounds():
