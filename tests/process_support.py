@@ -1,6 +1,6 @@
-"""Helpers the sweep and process tests share: run the CLI in-process or as a child process, start a
-sweep in the background and wait for its server's pid record, read summary.csv, watch processes (by
-session or process group).
+"""Helpers the sweep and process tests share: run the CLI in-process (also for a command's JSON
+document) or as a child process, start a sweep in the background and wait for its server's pid
+record, read summary.csv, watch processes (by session or process group).
 
 Knows /proc and the CLI entry point; nothing of any one test's grid.
 """
@@ -8,6 +8,7 @@ Knows /proc and the CLI entry point; nothing of any one test's grid.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -27,6 +28,15 @@ def run_cli(argv) -> int:
     except SystemExit as e:
         return e.code
     return 0
+
+
+def cli_json(capsys, *args: str, out: Path) -> tuple[str, dict, dict]:
+    """`ddtree-bench ARGS --out OUT` in this process (must exit 0) for a command that writes a JSON document
+    to OUT and prints one as its last stdout line: (stdout, OUT's document, the last line's document)."""
+    rc = run_cli([*args, "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, f"ddtree-bench {' '.join(args)} exited {rc}:\n{text}"
+    return text, json.loads(out.read_text()), json.loads(text.strip().splitlines()[-1])
 
 
 def cli_process(*args: str, timeout_s: float = 900.0, check: bool = True) -> subprocess.CompletedProcess:

@@ -6,33 +6,21 @@ a bad --batch exits 2; the cost-model check (leave one batch out) on rows made f
 from __future__ import annotations
 
 import csv
-import json
 import math
 
 import pytest
-import torch
 
-from ddtree_bench.cli import main
 from ddtree_bench.engine.gpu.loop import ROUND_STAGES
 from ddtree_bench.perf.bench_batch import model_check, parse_batches
-from process_support import run_cli
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from engine_support import one_torch_thread  # noqa: F401 (fixture)
+from process_support import cli_json, run_cli
 
 
 def test_batch_table_rows_and_sane_numbers(tmp_path, capsys):
     out = tmp_path / "bb.json"
-    main(["bench-engine", "--model", "random", "--batch", "1,3", "--budgets", "4,16", "--prefix-len", "12", "--rounds", "3",
-          "--tau", "16:2.5", "--out", str(out)])
-    text = capsys.readouterr().out
-    res = json.loads(out.read_text())
-    assert json.loads(text.strip().splitlines()[-1])["rows"] == res["rows"]
+    text, res, last = cli_json(capsys, "bench-engine", "--model", "random", "--batch", "1,3", "--budgets", "4,16", "--prefix-len",
+                               "12", "--rounds", "3", "--tau", "16:2.5", out=out)
+    assert last["rows"] == res["rows"]
     assert "batched fast loop" in text and "best DDTree budget per batch" in text
     got = {(r["batch"], r["method"], r["budget"]) for r in res["rows"]}
     assert got == {(b, m, k) for b in (1, 3) for m, k in (("ar", None), ("dflash", None), ("ddtree", 4), ("ddtree", 16))}

@@ -12,23 +12,16 @@ import torch
 from ddtree_bench.cli import main
 from ddtree_bench.engine.generate import Engine
 from ddtree_bench.perf.shapes import SHAPES, param_count, random_shaped_pair
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from engine_support import one_torch_thread  # noqa: F401 (fixture)
+from process_support import cli_json
 
 
 def test_bench_engine_cpu_json_and_table(tmp_path, capsys):
     out = tmp_path / "b.json"
-    main(["bench-engine", "--model", "random", "--budgets", "4,16", "--prefix-len", "40", "--rounds", "3",
-          "--verify-tokens", "1,5,17", "--tau", "4:1.5,16:2.5", "--limit", "1", "--max-new-tokens", "8", "--out", str(out)])
-    text = capsys.readouterr().out
-    res = json.loads(out.read_text())
-    assert json.loads(text.strip().splitlines()[-1])["spec"] == res["spec"]   # last stdout line: the same document
+    text, res, last = cli_json(capsys, "bench-engine", "--model", "random", "--budgets", "4,16", "--prefix-len", "40",
+                               "--rounds", "3", "--verify-tokens", "1,5,17", "--tau", "4:1.5,16:2.5", "--limit", "1",
+                               "--max-new-tokens", "8", out=out)
+    assert last["spec"] == res["spec"]   # last stdout line: the same document
     assert "per-round stage medians" in text and "predicted best budget" in text
     assert set(res["verify_curve_ms"]["eager"]) == {"1", "5", "17"}
     assert res["layer_ops"] == "torch" and "graph_unfused" not in res["verify_curve_ms"]   # no Triton on a CPU
