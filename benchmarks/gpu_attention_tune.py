@@ -4,7 +4,8 @@ shapes. Prints ms per forward (36 layers, each its own K/V so nothing stays in L
 not keep), the launch shape tree_attention.config picks, and each kernel's max error against SDPA.
 
 Trees are DDTree-shaped: the PyTorch builder's tree of the n - 1 most probable prefixes of random draft
-logits (L = 15, V = 4096, logits * 3), so depths stay <= 15 as in a real round. Needs CUDA:
+logits (L = 15, V = 4096, logits * --logit-scale: 3 gives wide trees of depth <= 4, larger scales the deep
+narrow trees of a confident drafter), so depths stay <= 15 as in a real round. Needs CUDA:
     python benchmarks/gpu_attention_tune.py [--prefix 1024] [--out FILE.json]
 """
 
@@ -50,6 +51,8 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=1024)
     ap.add_argument("--tokens", default="1,16,64,128,256,512,1024")
     ap.add_argument("--out", default="")
+    ap.add_argument("--logit-scale", type=float, default=3.0, help="draft logits x this: larger = deeper trees")
+    ap.add_argument("--shapes", default="all", help="all | picked (only the launch shape config() picks)")
     a = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     ns = [int(x) for x in a.tokens.split(",")]
@@ -63,7 +66,7 @@ def main() -> None:
         if n == 1:
             par = dep = tok = torch.empty(0, dtype=torch.long, device=dev)
         else:
-            logits = torch.randn(L, 4096, generator=torch.Generator().manual_seed(n)).to(dev) * 3
+            logits = torch.randn(L, 4096, generator=torch.Generator().manual_seed(n)).to(dev) * a.logit_scale
             tok, par, dep = StaticTreeBuilder(L, 4096, n - 1, dev)(logits)
         ids, pos, anc, bias, path = compile_tree(torch.zeros(1, dtype=torch.long, device=dev), tok, par, dep, start,
                                                  cap, dt, HQ // HKV, L)
@@ -76,7 +79,7 @@ def main() -> None:
         row["live_err"] = float((live.live_attend(q, ks[0], vs[0], bias, live_n, start).float() - ref.float()).abs().max())
         row["tree_auto_ms"] = graph_ms(lambda: [tree.tree_attend(q, k, v, path, pos, start) for k, v in zip(ks, vs)])
         row["tree_err"] = float((tree.tree_attend(q, ks[0], vs[0], path, pos, start).float() - ref.float()).abs().max())
-        for c in SHAPES:
+        for c in (SHAPES if a.shapes == "all" else [tree.config(HQ // HKV * n, dt)]):
             key = f"tree_{c.block_m}x{c.block_n}w{c.warps}s{c.stages}{'r' if c.k_rows else ''}_ms"
             try:
                 row[key] = graph_ms(lambda c=c: [tree.tree_attend(q, k, v, path, pos, start, launch=c)

@@ -189,3 +189,42 @@ def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
         for splits in (1, 2):
             got = tree_attend(q, k, v, path, pos, st, splits=splits, launch=Config(16, 16, 4, 1, k_rows))
             torch.testing.assert_close(got, want, **_tol(torch.float32))
+
+
+@pytest.mark.gpu
+@triton_only
+def test_target_forward_with_tree_attention_matches_sdpa_and_auto_takes_it_for_a_tree(monkeypatch):
+    """A whole verify forward on a random Qwen3 target over a built tree: attention="tree" (path table, bias
+    unread) gives SDPA's logits and hidden states; auto with the fused ops takes the tree kernel whenever the
+    path comes along (same result), and without it the bias path."""
+    from ddtree_bench.engine.gpu.fused import TritonOps
+    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+
+    target, _ = random_pair(seed=6, vocab_size=97, device=DEV)
+    P, L, B, cap = 21, 4, 10, 64
+    logits = torch.randn(L, 97, generator=torch.Generator().manual_seed(9)).to(DEV) * 3
+    tok, par, dep = StaticTreeBuilder(L, 97, B, DEV)(logits)
+    start = torch.tensor(P, device=DEV)
+    ids, pos, anc, bias, path = compile_tree(torch.ones(1, dtype=torch.long, device=DEV), tok, par, dep, start, cap,
+                                             torch.float32, group_size(target), L)
+    prompt = torch.arange(1, P + 1, device=DEV) % 97
+    from ddtree_bench.engine.gpu import forward
+    from ddtree_bench.engine.gpu.kernels import tree_attention
+
+    calls, real = [], tree_attention.tree_attend
+    monkeypatch.setattr(forward.tree_kernel, "tree_attend", lambda *a, **k: calls.append(1) or real(*a, **k))
+    outs, ran = {}, {}
+    triton_ops = TritonOps()   # what ops_for gives on CUDA; here the same kernels under the interpreter
+    for name, attention, tree_path, ops in (("sdpa", "sdpa", None, None), ("tree", "tree", path, None),
+                                            ("auto", "auto", path, triton_ops), ("auto-no-path", "auto", None, triton_ops)):
+        cache = target.new_cache(cap)
+        target(prompt, torch.arange(P, device=DEV), cache, 0)
+        calls.clear()
+        outs[name] = target_forward(target, ids, pos, StaticKV(cache), start, bias, (0, 1), attention=attention,
+                                    tree_path=tree_path, ops=ops)
+        ran[name] = len(calls)
+    assert ran == {"sdpa": 0, "tree": len(target.model.layers), "auto": len(target.model.layers), "auto-no-path": 0}
+    for name in ("tree", "auto", "auto-no-path"):
+        for a, b in zip(outs[name], outs["sdpa"]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -48,11 +48,18 @@ class Config:
 
 
 def config(M: int, dtype: torch.dtype) -> Config:
-    """16 rows per program up to 1024 folded rows (n = 256 at 4 query heads per KV head), 64 above; 64 slots
-    per step; fp32 (the tests' twin check) single-stage. (H200 tuning: docs/gpu-performance.md.)"""
-    if dtype == torch.float32:
-        return Config(16 if M <= 1024 else 64, 64, 4, 1)
-    return Config(16, 64, 4, 2) if M <= 1024 else Config(64, 64, 4, 3)
+    """The launch shape for M folded rows, from the H200 tuning table (docs/gpu-performance.md: 8B shape,
+    bf16, 1024-token prefix, 36 layers; the fastest shape at each tree size, rounded to four bands);
+    fp32 (the tests' twin check) single-stage."""
+    if M <= 256:
+        bm, bn, warps, stages = 16, 64, 4, 2
+    elif M <= 512:
+        bm, bn, warps, stages = 16, 128, 4, 2
+    elif M <= 1024:
+        bm, bn, warps, stages = 32, 64, 4, 2
+    else:
+        bm, bn, warps, stages = 64, 64, 4, 3
+    return Config(bm, bn, warps, 1 if dtype == torch.float32 else stages)
 
 
 if triton is not None:
