@@ -4,7 +4,10 @@ Two models (perf/costmodel.py's arithmetic): the *isolated-forward* one (the ver
 timed forwards, the fast engine's draft and overhead medians from bench-engine's rounds) and the one
 *calibrated on rounds as they run* (`calibrate_medians` on the fast engine's per-round stage times:
 those of the end-to-end generate() calls on suite prompts when they ran, else those of bench-engine's
-rounds after a random prompt, where only their stage medians are kept). The calibrated one is printed
+rounds after a random prompt, where only their stage medians are kept). Per-round means
+(STATISTIC), not medians: the measured tok/s is tokens over summed round time, so it keeps the slow
+rounds a busy machine adds, and a model of medians leaves them out (docs/gpu-performance.md has
+the toy runs that decided it). The calibrated one is printed
 whenever it has DDTree rounds; the other stays in the JSON beside it. Each budget is also predicted
 with its own rounds left out (`held_out_tok_s`), the honest check of the model; the main prediction
 uses every round, as one would to pick a budget. tau(B) is given (random weights: `--tau`) or measured
@@ -21,6 +24,7 @@ from ddtree_bench.perf.costmodel import (CostModel, Curve, RoundTimes, best, cal
 from ddtree_bench.engine.gpu.loop import ROUND_STAGES
 from ddtree_bench.perf.timing import median
 
+STATISTIC = "mean"    # costmodel.STATISTICS key the calibrated model reduces each stage's rounds with
 ISOLATED = "isolated-forward"
 CALIBRATED = "calibrated"
 
@@ -80,12 +84,14 @@ def cost_model(curve: dict[int, float], rounds: list[dict[str, Any]], tau: dict[
     have_tree = any(s.method == "ddtree" and s.rounds for s in samples)
     out: dict[str, Any] = {"tau": tau, "tau_source": tau_source}
     if have_tree:
-        model = calibrate_medians(samples)
-        out.update({"model": CALIBRATED, "calibration_rounds": rounds_counted(samples), "calibrated_on": where})
+        model = calibrate_medians(samples, statistic=STATISTIC)
+        out.update({"model": CALIBRATED, "calibration_rounds": rounds_counted(samples), "calibrated_on": where,
+                    "statistic": STATISTIC})
         preds = predictions(model, tau, budgets)
         ddtree_budgets = {s.budget for s in samples if s.method == "ddtree"}
         if len(ddtree_budgets) > 1:   # leaving out the only budget would leave no tree overhead to predict it
-            held = {p.budget: p.tok_s for p in held_out_predictions(samples, tau, [b for b in budgets_in if b in ddtree_budgets])}
+            held = {p.budget: p.tok_s for p in held_out_predictions(samples, tau, [b for b in budgets_in if b in ddtree_budgets],
+                                                                  statistic=STATISTIC)}
             for p in preds:
                 p["held_out_tok_s"] = held.get(p["budget"])
     elif isolated is not None:

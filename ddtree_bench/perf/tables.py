@@ -99,8 +99,8 @@ def render(result: dict[str, Any]) -> str:
         rows = [[p["budget"], _f(p["tau"], 2), _f(p["round_ms"]), _f(p["tok_s"], 1), _f(p["speedup"], 2),
                  _f(p.get("held_out_tok_s"), 1), _f(p.get("measured_tok_s"), 1)] for p in cm["predictions"]]
         if cm.get("model") == "calibrated":
-            which = (f"calibrated on {cm['calibration_rounds']} rounds as they ran ({cm['calibrated_on']}); held out: "
-                     "each budget predicted with its own rounds left out")
+            which = (f"calibrated on {cm['calibration_rounds']} rounds as they ran ({cm['calibrated_on']}; per-round "
+                     f"{cm.get('statistic', 'median')}s); held out: each budget predicted with its own rounds left out")
         else:
             which = "isolated-forward: the verify curve's single forwards, draft and overhead from the rounds"
         iso = cm.get("isolated_forward")

@@ -102,6 +102,13 @@ def test_cost_model_section_says_which_model_it_predicted_with():
            "verify_curve_ms": {"graph": {}, "eager": {}}, "cost_model": cm}
     assert "cost model, calibrated on 5 rounds as they ran (bench-engine's rounds" in render(res)
     assert cost_model(curve, rounds[:1], tau, "given", [16], 4.3, 16) == {}       # no DDTree rounds, no model
+    # end-to-end rounds: per-round means, so a slow round counts as it does in the measured tok/s
+    slow = {"draft": 8.0, "tree_build": 1.0, "verify": 20.0, "commit": 0.2}
+    e2e = {("ar", 0): [{"verify": 4.0, "commit": 0.2}] * 4, ("dflash", 0): [{"draft": 2.0, "verify": 4.5}] * 4,
+           ("ddtree", 16): [{"draft": 2.0, "tree_build": 1.0, "verify": 5.0, "commit": 0.2}] * 3 + [slow]}
+    cal = cost_model(curve, rounds, {16: 6.0}, "measured", [16], 4.3, 16, e2e_round_log=e2e)
+    assert cal["statistic"] == "mean" and cal["calibration_rounds"] == 12
+    assert cal["predictions"][0]["round_ms"] == pytest.approx((3 * 8.2 + 29.2) / 4)
     iso = cost_model(curve, rounds, tau, "given", [16, 64, 256], 4.3, 16, e2e_round_log={("ar", 0): [{"verify": 4.0}]})
     assert iso["model"] == "isolated-forward" and "isolated_forward" not in iso
     res["cost_model"] = iso
