@@ -8,7 +8,10 @@ its /metrics counters, position by position; and a sweep that launches vLLM itse
 killed in the middle of a point, records DDTree as unsupported, and resumes only what failed.
 
 The servers come from tests/conftest.py (one AR and one DFlash server for the session). Without vLLM
-these tests skip with the reason; under CI=true they fail instead (tests/vllm_support.py).
+these tests skip with the reason; under CI=true they fail instead (tests/vllm_support.py). The runs
+against those servers call the CLI's main in this process (`run_vllm`: no interpreter start-up per
+run); the gate and the counters test read one DFlash run (`dflash_run`); the sweep runs as a child
+process (it is killed mid-point and resumed).
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from process_support import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 BASELINE = ROOT / "baselines" / "toy-gsm8k.jsonl"   # reference engine, AR greedy, fp32, 256 tokens
@@ -42,9 +48,25 @@ def cli(*args: str, check: bool = True, timeout: float = 900) -> subprocess.Comp
 
 
 def run_vllm(url: str, method: str, out: Path, *extra: str, limit: int = LIMIT, tokens: int = TOKENS) -> Path:
-    cli("run", "--backend", "vllm", "--url", url, "--model", "toy", "--method", method, "--suite", SUITE,
-        "--limit", str(limit), "--max-new-tokens", str(tokens), "--warmup", "0", "--out", str(out), "--quiet", *extra)
+    """`ddtree-bench run --backend vllm ...` through the CLI's main in this process; must exit 0."""
+    rc = run_cli(["run", "--backend", "vllm", "--url", url, "--model", "toy", "--method", method, "--suite", SUITE,
+                  "--limit", str(limit), "--max-new-tokens", str(tokens), "--warmup", "0", "--out", str(out), "--quiet",
+                  *extra])
+    assert rc == 0, f"ddtree-bench run --backend vllm --method {method} exited {rc} (its output is above)"
     return out
+
+
+@pytest.fixture(scope="module")
+def dflash_run(vllm_dflash, tmp_path_factory):
+    """One DFlash run (SUITE, LIMIT prompts, TOKENS tokens) on the session's DFlash server, with the
+    server's /metrics scraped just before and just after it (nothing else reaches the server in
+    between); the gate test and the counters test read this same run."""
+    from ddtree_bench.sweep import counters as C
+
+    before, text = C.scrape_with_text("vllm", vllm_dflash.url)
+    run = run_vllm(vllm_dflash.url, "dflash", tmp_path_factory.mktemp("vllm-dflash") / "run")
+    after, _ = C.scrape_with_text("vllm", vllm_dflash.url)
+    return SimpleNamespace(run=run, before=before, before_text=text, after=after)
 
 
 def records(run: Path) -> list[dict]:
@@ -83,17 +105,19 @@ def test_every_endpoint_and_shape_parses_and_matches_greedy(vllm_servers, tmp_pa
             assert 1 + sum(a) >= n >= len(a)        # prefill's token + each round's a_r (before truncation)
 
 
-def test_gate_passes_parity_and_catches_the_dflash_acceptance_gap(vllm_servers, tmp_path):
+def test_gate_passes_parity_and_catches_the_dflash_acceptance_gap(vllm_servers, dflash_run, tmp_path, capsys):
     ref = tmp_path / "ref-dflash.jsonl"
     cli("baseline", "record", "--model", "toy", "--suite", SUITE, "--limit", str(LIMIT), "--max-new-tokens",
         str(TOKENS), "--accept-method", "dflash", "--out", str(ref), "--quiet")
     verdicts = {}
-    for method in ("ar", "dflash"):
-        run = run_vllm(vllm_servers[method].url, method, tmp_path / method)
+    runs = {"ar": run_vllm(vllm_servers["ar"].url, "ar", tmp_path / "ar"), "dflash": dflash_run.run}
+    for method, run in runs.items():
         junit = tmp_path / f"gate-{method}.xml"
-        p = cli("gate", str(run), "--baseline", str(ref), "--junit", str(junit), check=False)
+        capsys.readouterr()
+        rc = run_cli(["gate", str(run), "--baseline", str(ref), "--junit", str(junit)])
+        said = capsys.readouterr()
         cases = {c.get("name"): c.find("failure") is None for c in ET.parse(junit).getroot().iter("testcase")}
-        verdicts[method] = (p.returncode, cases, p.stdout + p.stderr)
+        verdicts[method] = (rc, cases, said.out + said.err)
     rc, cases, out = verdicts["ar"]
     assert rc == 0, out                               # AR: exact greedy parity, acceptance not applicable
     rc, cases, out = verdicts["dflash"]
@@ -103,16 +127,14 @@ def test_gate_passes_parity_and_catches_the_dflash_acceptance_gap(vllm_servers, 
     assert any(ok and "acceptance" not in name for name, ok in cases.items()), cases  # parity rules ran and passed
 
 
-def test_acceptance_from_per_request_stats_equals_the_metrics_counters(vllm_dflash, tmp_path):
+def test_acceptance_from_per_request_stats_equals_the_metrics_counters(dflash_run):
     from ddtree_bench import metrics
     from ddtree_bench.results import read_records
     from ddtree_bench.sweep import counters as C
 
-    before, text = C.scrape_with_text("vllm", vllm_dflash.url)
+    before, after, text = dflash_run.before, dflash_run.after, dflash_run.before_text
     assert text and "vllm:spec_decode_num_accepted_tokens_per_pos_total" in text
-    run = run_vllm(vllm_dflash.url, "dflash", tmp_path / "run")
-    after, _ = C.scrape_with_text("vllm", vllm_dflash.url)
-    recs = read_records(run)
+    recs = read_records(dflash_run.run)
     server = C.server_acceptance("vllm", before, after, len(recs))
     per_req = C.per_request_acceptance(recs)
     assert per_req["source"] == "vllm"
