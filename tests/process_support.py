@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +29,27 @@ def run_cli(argv) -> int:
     except SystemExit as e:
         return e.code
     return 0
+
+
+@dataclass
+class CliResult:
+    """One in-process CLI call: its exit code and what it printed (the fields of a CompletedProcess)."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli_in_process(capsys, *args: str, check: bool = True) -> CliResult:
+    """`ddtree-bench ARGS` in this process, its output read through pytest's capsys: what `cli_process`
+    gives, without a Python and torch start-up per call. With `check`, a nonzero exit fails the test
+    with the command's output."""
+    capsys.readouterr()   # only this call's output
+    rc = run_cli(list(args))
+    said = capsys.readouterr()
+    res = CliResult(0 if rc is None else rc, said.out, said.err)
+    if check and res.returncode != 0:
+        raise AssertionError(f"ddtree-bench {' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}")
+    return res
 
 
 def cli_json(capsys, *args: str, out: Path) -> tuple[str, dict, dict]:

@@ -3,34 +3,24 @@
 come out as `matches`; bad input is exit 2 with one error line.
 
 The rigged drafters are the toy drafter with one config change (the weights are the toy's), so the
-deviation is exactly one DraftVariant; explain is told only the correct drafter.
+deviation is exactly one DraftVariant; explain is told only the correct drafter. The CLI calls run
+in this process (`cli_in_process`, torch on one thread); the served drafter is a real server process.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ddtree_bench.pair import TOY_DIR
+from engine_support import one_torch_thread  # noqa: F401 (fixture)
+from process_support import cli_in_process as cli
 
-ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "ddtree_bench"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 VARIANTS = "reference,causal,layer_ids+1,layer_ids-1,ctx_k_norm=layer0"
 RUN_ARGS = ("--method", "dflash", "--suite", "gsm8k", "--limit", "3", "--max-new-tokens", "48", "--quiet")
-
-
-def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(CLI + list(args), capture_output=True, text=True, env=ENV, timeout=900, cwd=ROOT)
-    if check and p.returncode != 0:
-        raise AssertionError(f"ddtree-bench {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
-    return p
 
 
 def rig(tmp_path: Path, name: str, **changes) -> Path:
@@ -46,24 +36,24 @@ def rig(tmp_path: Path, name: str, **changes) -> Path:
     return d
 
 
-def explain(run: Path, *extra: str) -> dict:
-    p = cli("explain", str(run), "--draft", str(TOY_DIR / "draft"), "--variants", VARIANTS, "--quiet", *extra)
+def explain(capsys, run: Path, *extra: str) -> dict:
+    p = cli(capsys, "explain", str(run), "--draft", str(TOY_DIR / "draft"), "--variants", VARIANTS, "--quiet", *extra)
     assert "verdict:" in p.stdout
     return json.loads((run / "explain.json").read_text())
 
 
 @pytest.mark.slow
-def test_served_drafter_with_shifted_layer_ids_is_named(tmp_path):
+def test_served_drafter_with_shifted_layer_ids_is_named(tmp_path, capsys):
     from http_support import ServeProcess
 
     shifted = rig(tmp_path, "shifted", target_layer_ids=[2, 3, 4])
     srv = ServeProcess("--model", "toy", "--draft", str(shifted), "--method", "dflash", startup_timeout_s=300).wait_ready()
     try:
         run = tmp_path / "served"
-        cli("run", "--backend", "standalone", "--url", srv.url, "--model", "toy", "--out", str(run), *RUN_ARGS)
+        cli(capsys, "run", "--backend", "standalone", "--url", srv.url, "--model", "toy", "--out", str(run), *RUN_ARGS)
     finally:
         srv.terminate()
-    res = explain(run)
+    res = explain(capsys, run)
     assert res["verdict"]["status"] == "explained", res["verdict"]
     assert res["verdict"]["variant"] == "layer_ids+1"
     best = res["variants"][0]
@@ -74,11 +64,11 @@ def test_served_drafter_with_shifted_layer_ids_is_named(tmp_path):
 
 
 @pytest.mark.slow
-def test_in_process_causal_drafter_is_named_and_its_config_diff_too(tmp_path):
+def test_in_process_causal_drafter_is_named_and_its_config_diff_too(tmp_path, capsys):
     causal = rig(tmp_path, "causal", is_causal=True)
     run = tmp_path / "causal-run"
-    cli("run", "--model", "toy", "--draft", str(causal), "--out", str(run), *RUN_ARGS)
-    res = explain(run, "--server-draft", str(causal))
+    cli(capsys, "run", "--model", "toy", "--draft", str(causal), "--out", str(run), *RUN_ARGS)
+    res = explain(capsys, run, "--server-draft", str(causal))
     assert res["verdict"]["status"] == "explained", res["verdict"]
     assert res["verdict"]["variant"] == "causal"
     assert res["variants"][0]["name"] == "causal"
@@ -87,25 +77,25 @@ def test_in_process_causal_drafter_is_named_and_its_config_diff_too(tmp_path):
 
 
 @pytest.mark.slow
-def test_faithful_run_matches_and_the_report_shows_it(tmp_path):
+def test_faithful_run_matches_and_the_report_shows_it(tmp_path, capsys):
     run = tmp_path / "faithful"
-    cli("run", "--model", "toy", "--out", str(run), *RUN_ARGS)
-    res = explain(run)
+    cli(capsys, "run", "--model", "toy", "--out", str(run), *RUN_ARGS)
+    res = explain(capsys, run)
     assert res["verdict"]["status"] == "matches"
     assert res["reference"]["distance"] == 0.0
     assert res["parting"]["requests_parted"] == 0
     html = tmp_path / "r.html"
-    cli("report", str(run), "--out", str(html))
+    cli(capsys, "report", str(run), "--out", str(html))
     page = html.read_text(encoding="utf-8")
     assert 'id="explain"' in page and "accepts like z-lab" in page
 
 
-def test_bad_input_is_exit_2(tmp_path):
-    p = cli("explain", str(tmp_path / "nope"), check=False)
+def test_bad_input_is_exit_2(tmp_path, capsys):
+    p = cli(capsys, "explain", str(tmp_path / "nope"), check=False)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "Traceback" not in p.stderr
     ar = tmp_path / "ar"
     ar.mkdir()
     (ar / "run.json").write_text(json.dumps({"kind": "ddtree-bench-run", "version": 1, "spec": {"method": "ar"}}))
     (ar / "records.jsonl").write_text("")
-    p = cli("explain", str(ar), check=False)
+    p = cli(capsys, "explain", str(ar), check=False)
     assert p.returncode == 2 and "dflash or ddtree" in p.stderr
