@@ -13,9 +13,9 @@ tree is node for node the heap's over the full stable sort (`tree.build_tree`, t
 Log-probabilities are logit - logsumexp(row) in fp32, as the reference computes them. The build
 runs on one torch thread: its ops are small and many (a few per depth read), and with two threads on
 a busy machine each parallel op waits for the other core (docs/gpu-performance.md). One thread also
-keeps a one-row logsumexp on the bits of the reference's [L, V] call, which reduces every row
-serially; a one-row call on several threads splits its sum across them and can differ in the last
-bit (tested at 1 and 2 threads). A NaN logit (an overflowing half-precision drafter) shows in its
+keeps a row's normaliser (torch.logsumexp's own steps on that row, `_LazyRanks.row`) on the bits of
+the reference's [L, V] logsumexp, which reduces every row serially; a one-row reduction on several
+threads splits its sum across them and can differ in the last bit (tested at 1 and 2 threads). A NaN logit (an overflowing half-precision drafter) shows in its
 row's max; that row is read as `tree_vector.fp32_logits` reads it (NaN -> -inf), in a copy.
 Vocabularies up to EAGER_MAX_V load every depth at once instead (`tree_vector.exact_topk_logprobs`:
 one call beats L small ones there). Knows nothing of models or devices: CPU tensors in,
