@@ -21,7 +21,8 @@ Fig. 3).
 as they run, first rounds and cache growth included) instead of isolated forwards; per-round means,
 since tok/s divides tokens by summed round time. `calibrate_medians` takes per-round stage medians
 (`RoundTimes`: FastLoop.rounds of real calls) instead, robust to the few rounds a shared machine
-slows, and can leave a budget out; `held_out_predictions` predicts every budget from a model that
+slows, or per-round means (statistic="mean": bench-engine's choice, since a measured tok/s keeps
+those rounds), and can leave a budget out; `held_out_predictions` predicts every budget from a model that
 never saw its rounds. The batched model (`BatchStageCosts`,
 `predict_batched`, `best_per_batch`, `calibrate_batched` from measured (batch, budget) points)
 extends the round to C requests: one draft at batch C, one verify over the C concatenated trees,
