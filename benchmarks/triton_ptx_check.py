@@ -49,18 +49,18 @@ def check(kernel, args: dict, consts: dict) -> bool:
 
 i64, i32, f32, bf16, i8 = (t(d) for d in (torch.int64, torch.int32, torch.float32, torch.bfloat16, torch.int8))
 ok = []
-# top-K (both selections)
-for k in (16, 256):
+# top-K (both selections; the chunk topk.chunk_for picks: wider from K = 512)
+for k in (16, 256, 512, 1024):
     VB = (V - 1).bit_length()
-    C = triton.cdiv(V, topk_triton.CHUNK)
+    CH = topk_triton.chunk_for(k, V)
+    C = triton.cdiv(V, CH)
     base = dict(x_ptr=bf16, out_ptr=i64, V=V, stride=V, C=C)
     if k <= topk_triton.SELECT_MIN_UP_TO:
-        ok.append(check(topk_triton._chunk_kernel, base, dict(K=k, CH=topk_triton.CHUNK, VB=VB)))
+        ok.append(check(topk_triton._chunk_kernel, base, dict(K=k, CH=CH, VB=VB)))
         ok.append(check(topk_triton._merge_kernel, dict(cand_ptr=i64, ids_ptr=i64, C=C), dict(K=k, NP=_pow2(C * k), VB=VB)))
     else:
         for half in (True, False):
-            ok.append(check(topk_triton._select_kernel, base, dict(K=k, KP=_pow2(k), CH=topk_triton.CHUNK, VB=VB,
-                                                                   HALF=half)))
+            ok.append(check(topk_triton._select_kernel, base, dict(K=k, KP=_pow2(k), CH=CH, VB=VB, HALF=half)))
             n = C * k
             ok.append(check(topk_triton._merge_select_kernel, dict(cand_ptr=i64, ids_ptr=i64, sel_ptr=i64),
                             dict(n=n, K=k, KP=_pow2(k), NP=_pow2(n), VB=VB, HALF=half)))

@@ -80,6 +80,28 @@ def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k, select):
             assert torch.equal(ids, ids_ref) and torch.equal(lp, lp_ref)
 
 
+def test_fused_topk_widens_its_chunks_until_the_survivors_fit_the_triton_merge(monkeypatch):
+    """chunk_for doubles the chunk while C*K survivors exceed MERGE_MAX (shrunk here, with CHUNK, so a small
+    vocabulary crosses it twice), and the top-K at the widened chunk is still the PyTorch one bit for bit,
+    merged by the Triton merge (torch.topk never called)."""
+    from ddtree_bench.engine.gpu.kernels import topk
+
+    monkeypatch.setattr(topk, "CHUNK", 64)
+    monkeypatch.setattr(topk, "MAX_CHUNK", 256)
+    monkeypatch.setattr(topk, "MERGE_MAX", 128)
+    assert [topk.chunk_for(k, 600) for k in (8, 14, 40, 60)] == [64, 128, 256, 256]  # C*k: 80; 140->70; 400->120; ..->180
+    calls = []
+    real = torch.topk
+    monkeypatch.setattr(torch, "topk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for kind in ("random", "coarse"):
+        x = tree_logits(kind, 2, 600, 0).to(DEV)
+        calls.clear()
+        lp, ids = topk.topk_logprobs_fused(x, 40)
+        merged_by_triton = not calls
+        lp_ref, ids_ref = topk_logprobs(x, 40)
+        assert merged_by_triton and torch.equal(ids, ids_ref) and torch.equal(lp, lp_ref)
+
+
 def _forced_post(ids: torch.Tensor, par: torch.Tensor, V: int, node: int, g: torch.Generator) -> torch.Tensor:
     """Random target picks, except that every node on `node`'s path matches (so it is accepted)."""
     post = torch.randint(0, V, ids.shape, generator=g)

@@ -28,6 +28,7 @@ from ddtree_bench.engine.gpu.kernels.warm import collecting, launch
 
 MAX_K = 4096          # = CHUNK: the largest K a chunk can hold
 CHUNK = 4096
+MAX_CHUNK = 16384     # chunk_for widens chunks up to this so the survivors fit the Triton merge
 MERGE_MAX = 16384     # survivors per depth the Triton merge holds in registers; more: one int64 torch.topk
 SELECT_MIN_UP_TO = 16  # K up to this: K min-reductions; above: the threshold search (docs/gpu-performance.md)
 
@@ -141,13 +142,24 @@ def topk_logprobs_fused(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tenso
     return _topk(draft_logits, k)
 
 
-def _topk(draft_logits: torch.Tensor, k: int, select: str | None = None, chunk: int = CHUNK,
+def chunk_for(k: int, V: int) -> int:
+    """Tokens per chunk: CHUNK, doubled (up to MAX_CHUNK) while a depth's C*k survivors would not fit the
+    Triton merge (MERGE_MAX), whose one launch beat torch.topk's over them (B = 512 on an H200: 0.16 ms
+    in torch's single-block top-k against ~0.03 ms merging at B = 256; docs/gpu-performance.md)."""
+    ch = CHUNK
+    while ch < MAX_CHUNK and -(-V // ch) * k > MERGE_MAX:
+        ch *= 2
+    return ch
+
+
+def _topk(draft_logits: torch.Tensor, k: int, select: str | None = None, chunk: int | None = None,
           merge: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
     """topk_logprobs_fused with its knobs (gpu/_probe.py is their one entry): select "min" | "threshold"
-    | None (by k); chunk: tokens per program (a power of two); merge: how "threshold" merges the
+    | None (by k); chunk: tokens per program (a power of two; None: chunk_for); merge: how "threshold" merges the
     chunks' survivors, "triton" (`_merge_select_kernel`, up to MERGE_MAX survivors per depth, else as
     "torch") or "torch" (one int64 `torch.topk`)."""
     L, V = draft_logits.shape
+    chunk = chunk or chunk_for(k, V)
     if triton is None or k > min(MAX_K, chunk) or k > V:
         return topk_logprobs(draft_logits, k)
     select = select or ("min" if k <= SELECT_MIN_UP_TO else "threshold")
