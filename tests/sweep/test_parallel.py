@@ -10,6 +10,9 @@
 * slots: GPUs and cores split without overlap, too few GPUs for CUDA points is exit 2;
 * `--dry-run` prints the plan and writes nothing; the estimate uses points already measured;
 * `--executor ray` without ray installed is exit 2 with the install hint.
+
+The grid, its serial sweep and the digest compared come from tests/sweep_support.py (the serial
+sweep is shared with tests/sweep/test_ray.py: run once per session).
 """
 
 from __future__ import annotations
@@ -24,26 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_bench.results import read_records
 from ddtree_bench.sweep.executors import assign_slots
 from ddtree_bench.sweep.layout import COLUMNS
 from process_support import run_cli, csv_rows, alive, wait_for
+from sweep_support import GRID, results, serial  # noqa: F401 (fixture)
 
-GRID = ["--backends", "inprocess,standalone", "--models", "random", "--suites", "smoke", "--methods", "ddtree",
-        "--budgets", "4", "--limit", "2", "--max-new-tokens", "8", "--no-report", "-q"]
 FAKE_GPUS = "5,7,9,11"
-
-
-def results(out: Path) -> dict[str, tuple]:
-    """What must equal serial: per point, its status, tau, the files it has and every output."""
-    out_ = {}
-    for r in csv_rows(out):
-        d = out / "points" / r["point_id"]
-        recs = sorted(read_records(d), key=lambda x: (x.prompt_id, x.turn)) if r["status"] == "ok" else []
-        out_[r["point_id"]] = (r["status"], r["acceptance_length_mean"], r["acceptance_length_token_weighted"],
-                               sorted(f.name for f in d.iterdir()),
-                               [(x.prompt_id, x.turn, x.output_ids, x.output_text, x.accept_lengths) for x in recs])
-    return out_
 
 
 def children(pid: int) -> list[int]:
@@ -63,13 +52,6 @@ def is_worker(pid: int) -> bool:
         return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()  # not the resource tracker
     except OSError:
         return False
-
-
-@pytest.fixture(scope="module")
-def serial(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("serial") / "sw"
-    assert run_cli(["sweep", *GRID, "--out", str(out)]) == 0
-    return out
 
 
 # --------------------------------------------------------------------------- slots

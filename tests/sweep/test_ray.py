@@ -9,6 +9,9 @@ The module starts a head (`--num-cpus 1`) and a second node (`--num-cpus 2`, res
 * the node running the tasks is killed mid-point (its raylet and workers SIGKILLed after the first
   request of a point was written): its points are failed with Ray's reason, the sweep exits 1, and
   `--resume` (on the head) completes them with whole records.
+
+The grid, its serial sweep and the digest compared come from tests/sweep_support.py (the serial
+sweep is shared with tests/sweep/test_parallel.py: run once per session).
 """
 
 from __future__ import annotations
@@ -30,10 +33,9 @@ pytest.importorskip("ray", reason='ray is not installed (pip install "ddtree-ben
 
 from ddtree_bench.results import read_records  # noqa: E402
 from process_support import csv_rows, members, wait_for  # noqa: E402
+from sweep_support import GRID, results, serial  # noqa: E402,F401 (fixture)
 
 pytestmark = pytest.mark.slow
-GRID = ["--backends", "inprocess,standalone", "--models", "random", "--suites", "smoke", "--methods", "ddtree",
-        "--budgets", "4", "--limit", "2", "--max-new-tokens", "8", "--no-report", "-q"]
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "500",
            "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000"}
 CLI = [sys.executable, "-m", "ddtree_bench", "sweep"]
@@ -53,16 +55,6 @@ def kill_session(sid: int) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.3)
-
-
-def results(out: Path) -> dict[str, tuple]:
-    res = {}
-    for r in csv_rows(out):
-        d = out / "points" / r["point_id"]
-        recs = sorted(read_records(d), key=lambda x: (x.prompt_id, x.turn)) if r["status"] == "ok" else []
-        res[r["point_id"]] = (r["status"], r["acceptance_length_mean"], sorted(f.name for f in d.iterdir()),
-                              [(x.prompt_id, x.turn, x.output_ids, x.output_text, x.accept_lengths) for x in recs])
-    return res
 
 
 class Cluster:
@@ -124,13 +116,6 @@ def cluster(tmp_path_factory):
         yield c
     finally:
         c.stop()
-
-
-@pytest.fixture(scope="module")
-def serial(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("serial") / "sw"
-    assert subprocess.run([*CLI, *GRID, "--out", str(out)], timeout=600).returncode == 0
-    return out
 
 
 def test_a_ray_sweep_over_two_nodes_writes_the_serial_results(cluster, serial, tmp_path):
