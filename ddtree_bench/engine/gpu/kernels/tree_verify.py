@@ -92,7 +92,8 @@ if triton is not None:
         tl.store(out_ptr + NODES + d, tl.zeros([LP], tl.int64), mask=md)
         tl.debug_barrier()
         ok = mj
-        for s in range(L + 1):
+        deepest = tl.max(tl.where(mj, dj, 0), axis=0)   # depths past the tree's deepest node check nothing
+        for s in range(0, deepest + 1):
             on = mj & (s <= dj)
             node = tl.load(path_ptr + j * (L + 1) + s, mask=on, other=0)
             ok = ok & (~on | (tl.load(out_ptr + STAGE + node, mask=on, other=0) != 0))
