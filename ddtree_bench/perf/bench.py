@@ -125,7 +125,8 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     builder's tree of the n - 1 best prefixes of random draft logits, depth <= DRAFT_LEN), compiled as
     the fast loop compiles it (bias, and the path table on CUDA with the fused ops). Columns:
     "graph" (replayed, with `layer_ops` and the forward's default attention: on CUDA with the fused ops,
-    the tree kernel, kernels/tree_attention.py), "eager" (the same, not captured) and, when those ops are
+    the tree kernel, kernels/tree_attention.py, from TREE_MIN_ROWS folded rows and the live-slot kernel
+    below), "eager" (the same, not captured) and, when those ops are
     the fused kernels, "graph_live" (the live-slot kernel over the bias at every n: the default before the
     tree kernel), "graph_sdpa" (SDPA over a cache narrowed to prefix_len + n: how
     the curve was taken before the live-slot kernel), "graph_sdpa_whole" (SDPA over the whole cache:

@@ -9,9 +9,9 @@ so every round has new shapes. Here every shape depends only on the number of qu
   (AR, the draft, trees to ~190 nodes) reads only the live slots, < start + T, whose count the kernel
   reads from the device (kernels/attention.py), so a captured graph stays valid as the prefix grows
   and its cost follows the live length, not the capacity; the target's verify also skips the bias
-  over the committed prefix (every row sees it). A tree verify that brings its path table (the fused
-  tree compile's) reads the prefix densely and gathers each row's <= L+1 ancestors instead of any bias
-  (kernels/tree_attention.py), at every tree size. Larger trees without it, the PyTorch ops, CPUs and
+  over the committed prefix (every row sees it). A tree verify of >= 128 nodes (TREE_MIN_ROWS folded
+  rows) that brings its path table (the fused tree compile's) reads the prefix densely and gathers each
+  row's <= L+1 ancestors instead of any bias (kernels/tree_attention.py). Larger trees without it, the PyTorch ops, CPUs and
   `attention="sdpa"` run `grouped_attend`, SDPA over the whole preallocated cache (the kernel's twin;
   on an H200 SDPA's cuDNN flash kernel beat it there even over the whole cache);
 * grouped-query attention folds the query-head group into the query axis ([Hkv, g*T, D] against
@@ -79,12 +79,13 @@ ATTENTION = ("auto", "sdpa", "live", "tree")
 
 
 def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tree=None) -> torch.Tensor:
-    """grouped_attend's result. A tree verify (`tree` = (path, positions), with `prefix`) under auto with the
-    fused Triton ops, or attention="tree": the prefix densely and each row's ancestors gathered
-    (kernels/tree_attention.py), the bias unread; attention="live", or auto with the fused ops up to
-    AUTO_MAX_ROWS query rows: over the live slots only (kernels/attention.py); else SDPA over every slot."""
+    """grouped_attend's result. A tree verify (`tree` = (path, positions), with `prefix`) of at least
+    TREE_MIN_ROWS folded query rows under auto with the fused Triton ops, or attention="tree": the prefix
+    densely and each row's ancestors gathered (kernels/tree_attention.py), the bias unread; attention="live",
+    or auto with the fused ops up to AUTO_MAX_ROWS query rows: over the live slots only
+    (kernels/attention.py); else SDPA over every slot."""
     if tree is not None and prefix is not None and (
-            attention == "tree" or (attention == "auto" and ops.name == "triton" and tree_kernel.wanted(q))):
+            attention == "tree" or (attention == "auto" and ops.name == "triton" and tree_kernel.wanted(q, k))):
         return tree_kernel.tree_attend(q, k, v, tree[0], tree[1], prefix)
     if attention == "live" or (attention == "auto" and ops.name == "triton" and live_kernel.wanted(q, k)):
         return live_kernel.live_attend(q, k, v, bias, live, prefix)

@@ -195,8 +195,9 @@ def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
 @triton_only
 def test_target_forward_with_tree_attention_matches_sdpa_and_auto_takes_it_for_a_tree(monkeypatch):
     """A whole verify forward on a random Qwen3 target over a built tree: attention="tree" (path table, bias
-    unread) gives SDPA's logits and hidden states; auto with the fused ops takes the tree kernel whenever the
-    path comes along (same result), and without it the bias path."""
+    unread) gives SDPA's logits and hidden states; auto with the fused ops takes the tree kernel when the path
+    comes along and the tree has TREE_MIN_ROWS folded rows (same result), the live kernel one row short of
+    that or without the path."""
     from ddtree_bench.engine.gpu.fused import TritonOps
     from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
     from ddtree_bench.engine.tree_vector import StaticTreeBuilder
@@ -214,6 +215,8 @@ def test_target_forward_with_tree_attention_matches_sdpa_and_auto_takes_it_for_a
 
     calls, real = [], tree_attention.tree_attend
     monkeypatch.setattr(forward.tree_kernel, "tree_attend", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rows = group_size(target) * (B + 1)
+    monkeypatch.setattr(tree_attention, "TREE_MIN_ROWS", rows)   # this tree is exactly big enough for auto
     outs, ran = {}, {}
     triton_ops = TritonOps()   # what ops_for gives on CUDA; here the same kernels under the interpreter
     for name, attention, tree_path, ops in (("sdpa", "sdpa", None, None), ("tree", "tree", path, None),
@@ -225,6 +228,13 @@ def test_target_forward_with_tree_attention_matches_sdpa_and_auto_takes_it_for_a
                                     tree_path=tree_path, ops=ops)
         ran[name] = len(calls)
     assert ran == {"sdpa": 0, "tree": len(target.model.layers), "auto": len(target.model.layers), "auto-no-path": 0}
+    monkeypatch.setattr(tree_attention, "TREE_MIN_ROWS", rows + 1)   # one row short: auto takes the live kernel
+    cache = target.new_cache(cap)
+    target(prompt, torch.arange(P, device=DEV), cache, 0)
+    calls.clear()
+    small = target_forward(target, ids, pos, StaticKV(cache), start, bias, (0, 1), tree_path=path, ops=triton_ops)
+    assert not calls
+    torch.testing.assert_close(small[0], outs["sdpa"][0], rtol=1e-4, atol=1e-4)
     for name in ("tree", "auto", "auto-no-path"):
         for a, b in zip(outs[name], outs["sdpa"]):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -34,6 +34,10 @@ from ddtree_bench.engine.gpu.kernels.attention import NEG_BIG, SM_TARGET, _combi
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 
 LOG2E = 1.4426950408889634
+# forward.py's auto choice takes this kernel from this many folded query rows (n >= 128 tree nodes at 4 query heads
+# per KV head) and the live-slot kernel below: on an H200 (8B shape, 1024-token prefix) it won from n = 128 on
+# wide and on deep (depth 15) trees alike, and lost on deep trees at n = 16 (docs/gpu-performance.md)
+TREE_MIN_ROWS = 512
 
 
 @dataclass(frozen=True)
@@ -161,9 +165,13 @@ if triton is not None:
                      mask=rmask[:, None])
 
 
-def wanted(q: torch.Tensor) -> bool:
-    """auto's choice: this kernel wherever it runs (a tree verify with the fused Triton ops)."""
-    return available(q.device) and q.shape[-1] == _pow2(q.shape[-1]) and q.shape[-1] >= 16
+def wanted(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """auto's choice for a tree verify, q [Hq, T, D] against k [Hkv, S, D]: this kernel where it runs and the
+    folded query rows g*T reach TREE_MIN_ROWS (below, kernels/attention.py's live-slot kernel, whose masked
+    triangle is cheap there and does not pay the gather's serial depth steps on deep trees)."""
+    D = q.shape[-1]
+    return (available(q.device) and D == _pow2(D) and D >= 16
+            and (q.shape[0] // k.shape[0]) * q.shape[1] >= TREE_MIN_ROWS)
 
 
 def n_split(n_heads: int, M: int, block_m: int, capacity: int, block_n: int) -> int:
@@ -211,4 +219,4 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     return out
 
 
-__all__ = ["Config", "NEG_BIG", "config", "n_split", "tree_attend", "wanted"]
+__all__ = ["Config", "NEG_BIG", "TREE_MIN_ROWS", "config", "n_split", "tree_attend", "wanted"]
