@@ -145,7 +145,7 @@ for dt, ptr in ((torch.bfloat16, bf16), (torch.float32, f32)):
                              PM=f32 if split else ptr, PL=f32 if split else ptr, M=4 * 257, T=257, G=4, n_split=3,
                              qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128, svh=2112 * 128, svn=128,
                              spath=16, sot=4096),
-                        dict(D=128, L1=L + 1, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32, K_ROWS=k_rows)))
+                        dict(D=128, L1P=_pow2(L + 1), BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32, K_ROWS=k_rows)))
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
 sys.exit(0 if all(ok) else 1)

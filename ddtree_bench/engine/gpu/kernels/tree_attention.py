@@ -108,7 +108,7 @@ if triton is not None:
     def _tree_attn_kernel(Q, K, V, PATH, POS, PREFIX, O, PACC, PM, PL,
                           M, T, G, n_split, qk_scale,
                           sqh, skh, skn, svh, svn, spath, sot,
-                          D: tl.constexpr, L1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          D: tl.constexpr, L1P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           SPLIT: tl.constexpr, IEEE: tl.constexpr, K_ROWS: tl.constexpr):
         h = tl.program_id(0)
         pid_m = tl.program_id(1)
@@ -141,17 +141,22 @@ if triton is not None:
         if s_id == (n_split if SPLIT else 0):
             depth = tl.load(POS + t, mask=rmask, other=0).to(tl.int32) - prefix
             deepest = tl.max(tl.where(rmask, depth, 0), axis=0)
+            # the block's whole path table at once, so each depth step waits on one round of loads (K and V
+            # together), not three (path, then K, then V)
+            js = tl.arange(0, L1P)
+            paths = tl.load(PATH + t[:, None] * spath + js[None, :],
+                            mask=rmask[:, None] & (js[None, :] <= depth[:, None]), other=0).to(tl.int32)
             qf = q.to(tl.float32)
             for j in range(0, deepest + 1):
                 ok = rmask & (j <= depth)
-                slot = prefix + tl.load(PATH + t * spath + j, mask=ok, other=0).to(tl.int32)
+                slot = prefix + tl.sum(tl.where(js[None, :] == j, paths, 0), axis=1)
                 k = tl.load(K + kbase + slot[:, None] * skn + dims[None, :], mask=ok[:, None], other=0.0)
+                v = tl.load(V + vbase + slot[:, None] * svn + dims[None, :], mask=ok[:, None], other=0.0)
                 s = tl.where(ok, tl.sum(qf * k.to(tl.float32), axis=1) * qk_scale, float("-inf"))
                 m_new = tl.maximum(m_i, s)
                 alpha = tl.exp2(m_i - m_new)
                 p = tl.exp2(s - m_new)
                 l_i = l_i * alpha + p
-                v = tl.load(V + vbase + slot[:, None] * svn + dims[None, :], mask=ok[:, None], other=0.0)
                 acc = acc * alpha[:, None] + p.to(v.dtype).to(tl.float32)[:, None] * v.to(tl.float32)
                 m_i = m_new
         if SPLIT:
@@ -210,7 +215,7 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     _tree_attn_kernel[grid](q, k, v, path, pos, prefix, out, pacc, pm, pl,
                             M, T, G, ns, D ** -0.5 * LOG2E,
                             T * D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), path.stride(0), Hq * D,
-                            D=D, L1=path.shape[1], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                            D=D, L1P=_pow2(path.shape[1]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                             SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, num_warps=cfg.warps,
                             num_stages=cfg.stages)
     if ns > 1:
