@@ -16,7 +16,8 @@ import json
 
 import torch
 
-from ddtree_bench.engine.gpu.forward import grouped_attend, visible_bias
+from ddtree_bench.engine.gpu.forward import grouped_attend
+from ddtree_bench.engine.gpu.graphs import replay_ms
 from ddtree_bench.engine.gpu.kernels import attention as live
 from ddtree_bench.engine.gpu.kernels import tree_attention as tree
 from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
@@ -30,20 +31,8 @@ SHAPES = [tree.Config(16, 64, 4, 2), tree.Config(16, 64, 4, 2, True), tree.Confi
 
 
 def graph_ms(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / reps
+    """Median ms of CUDA-graph replays of fn (the engine's own timer)."""
+    return replay_ms(fn, reps=reps)
 
 
 def main() -> None:

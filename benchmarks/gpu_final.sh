@@ -5,15 +5,7 @@
 # 1024-token prefix) with the per-round overhead at two budgets. Files under $OUT: session.txt,
 # tests.txt, bench.{json,txt,log}. The tree-kernel test file is left out (unchanged kernels; it takes
 # over 230 s on a cold Triton cache). Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_final.sh
-set -u
-OUT=${OUT:-/tmp/ddtree-gpu}; mkdir -p "$OUT"
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-LOG="$OUT/session.txt"
-step() { echo "== $* ($(date -u +%FT%TZ))" | tee -a "$LOG"; }
-PAPER_TAU=16:8.6,32:9.3,64:9.75,128:10.2,256:10.4,512:10.73,1024:11.0
-step env
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee -a "$LOG"
+source "$(dirname "$0")/gpu_lib.sh"
 step gpu tests
 timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -p no:cacheprovider -m gpu -rA -q \
   tests/engine/gpu/test_attention_cuda.py tests/engine/gpu/test_attention_triton.py tests/engine/gpu/test_fastpath_cuda.py \

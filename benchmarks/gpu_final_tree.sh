@@ -7,15 +7,7 @@
 # --profile (kernel families per n; the profiler's hooks can slow what runs after it, so it runs last).
 # Files under $OUT: session.txt, tests.txt, tune_wide.txt, tune_deep.txt, bench.{json,txt,log},
 # profile.{json,txt,log}. Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_final_tree.sh
-set -u
-OUT=${OUT:-/tmp/ddtree-gpu}; mkdir -p "$OUT"
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-LOG="$OUT/session.txt"
-step() { echo "== $* ($(date -u +%FT%TZ))" | tee -a "$LOG"; }
-PAPER_TAU=16:8.6,32:9.3,64:9.75,128:10.2,256:10.4,512:10.73,1024:11.0
-step env
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee -a "$LOG"
+source "$(dirname "$0")/gpu_lib.sh"
 step bench
 timeout ${BENCH_TIMEOUT:-200} python3 -m ddtree_bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 \
   --budgets 16..1024 --prefix-len 1024 --rounds 10 --no-plain --no-build-table --tau "$PAPER_TAU" \

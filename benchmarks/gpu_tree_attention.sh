@@ -5,15 +5,7 @@
 # weights, 1024-token prefix, DDTree-shaped trees) with --profile, and rounds at AR, DFlash and B = 16, 64,
 # 256, 1024 (the overhead share). Files under $OUT: session.txt, tests.txt, tune.{txt,json},
 # bench.{json,txt,log}. Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_tree_attention.sh
-set -u
-OUT=${OUT:-/tmp/ddtree-gpu}; mkdir -p "$OUT"
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-LOG="$OUT/session.txt"
-step() { echo "== $* ($(date -u +%FT%TZ))" | tee -a "$LOG"; }
-PAPER_TAU=16:8.6,32:9.3,64:9.75,128:10.2,256:10.4,512:10.73,1024:11.0
-step env
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee -a "$LOG"
+source "$(dirname "$0")/gpu_lib.sh"
 step gpu tests
 timeout ${TESTS_TIMEOUT:-100} python3 -m pytest -p no:cacheprovider -m gpu -q -x \
   tests/engine/gpu/test_attention_triton.py ${EXTRA_TESTS:-} > "$OUT/tests.txt" 2>&1
