@@ -35,7 +35,7 @@ def bench_engine_cmd(
     plain: Annotated[bool, typer.Option("--plain/--no-plain", help="Also time the plain (eager, synchronising) engine.")] = True,
     e2e: Annotated[bool, typer.Option("--e2e/--no-e2e", help="End-to-end tok/s on suite prompts (pairs with a tokenizer: not --shape).")] = True,
     build_table: Annotated[bool, typer.Option("--build-table/--no-build-table", help="Time every tree builder per budget (CPU heap and vectorised; on CUDA also the Triton kernels, each compiled at each budget).")] = True,
-    profile: Annotated[bool, typer.Option("--profile/--no-profile", help="Per-kernel profile (torch.profiler, CUDA activity) of the verify forward at each --verify-tokens n: top kernels with time and share, time by family, idle time.")] = False,
+    profile: Annotated[bool, typer.Option("--profile/--no-profile", help="Per-kernel profile (torch.profiler, CUDA activity) of the verify forward at each --verify-tokens n: top kernels with time and share, time by family, idle time. Taken last, in a second pass over the curve, so the profiler does not slow the timed rounds.")] = False,
     suite: O.Suite = D.SUITE,
     limit: Annotated[int, typer.Option("--limit", help="Prompts for the end-to-end runs.")] = D.BENCH_E2E_PROMPTS,
     max_new_tokens: O.MaxNewTokens = D.BENCH_E2E_MAX_NEW_TOKENS,

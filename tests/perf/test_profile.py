@@ -63,3 +63,17 @@ def test_verify_curve_with_profile_on_a_cpu():
     for n, p in prof.items():
         assert p["source"] == "cpu" and len(p["kernels"]) == 4 and p["families_ms"]["gemm"] > 0
         assert p["wall_ms"] == out["eager"][n]
+
+
+def test_bench_engine_profiles_after_its_timed_rounds():
+    """run_bench with profile: the profile pass comes after every timed round (torch.profiler's hooks outlive it
+    and slowed later rounds on an H200), and the profile covers every --verify-tokens n."""
+    from ddtree_bench.perf.bench import BenchSpec, run_bench
+
+    steps: list[str] = []
+    spec = BenchSpec(budgets=[16], rounds=1, verify_tokens=[1, 4], prefix_len=16, plain=False, e2e=False,
+                     build_table=False, profile=True)
+    res = run_bench(spec, progress=steps.append)
+    assert set(res["verify_profile"]["graph"]) == {1, 4}
+    last_round = max(i for i, s in enumerate(steps) if s.startswith("rounds"))
+    assert steps.index("verify profile") > last_round
