@@ -68,6 +68,7 @@ CACHE_DIR = "~/.cache/ddtree-bench"      # the project's cache (compiled Triton 
 BENCH_PREFIX_LEN = 1024            # prefix tokens before the measured rounds (the reference point)
 BENCH_ROUNDS = 20                  # measured rounds per method and budget, after a warmup generation
 BENCH_VERIFY_TOKENS = "1,16,64,128,256,512,1024"  # query-token counts of the verify-cost curve
+BENCH_CURVE_LOGIT_SCALE = 3.0      # the verify curve's trees: random draft logits x this (3: wide, depth <= ~4; 12: deep, to 15)
 BENCH_E2E_PROMPTS = 4              # suite prompts for the end-to-end tok/s runs
 BENCH_E2E_MAX_NEW_TOKENS = 128
 BENCH_PROFILE_TOP = 12             # kernels listed per verify size in bench-engine --profile

@@ -29,6 +29,7 @@ def bench_engine_cmd(
     dtype: O.Dtype = D.DTYPE,
     rounds: Annotated[int, typer.Option("--rounds", help="Measured rounds per method and budget (after a warmup generation).")] = D.BENCH_ROUNDS,
     verify_tokens: Annotated[str, typer.Option("--verify-tokens", help="Query-token counts of the verify-cost curve.")] = D.BENCH_VERIFY_TOKENS,
+    curve_logit_scale: Annotated[float, typer.Option("--curve-logit-scale", min=0.01, help="The verify curve's trees are the tree of random draft logits times this: 3 gives wide trees (depth <= ~4), 12 the deep narrow trees of a confident drafter (depth to 15).")] = D.BENCH_CURVE_LOGIT_SCALE,
     tau: Annotated[Optional[str], typer.Option("--tau", help="Acceptance length per budget for the cost model, e.g. 16:8.6,64:9.75 (default: measured end to end on trained pairs).")] = None,
     graphs: Annotated[bool, typer.Option("--graphs/--no-graphs", help="Capture CUDA graphs in the fast engine.")] = True,
     layer_ops: Annotated[str, typer.Option("--layer-ops", help="Fast engine's layer ops: auto (fused Triton kernels on CUDA when they pass their self-test) | triton | torch (unfused twin).")] = "auto",
@@ -87,7 +88,7 @@ def bench_engine_cmd(
     if shape is not None and shape not in SHAPES:
         raise UsageError(f"unknown --shape {shape!r}; expected one of {', '.join(SHAPES)}")
     spec = BenchSpec(model=model, draft=draft, shape=shape, budgets=spec_budgets, prefix_len=prefix_len, device=device,
-                     dtype=dtype, rounds=rounds, verify_tokens=vt, graphs=graphs, layer_ops=layer_ops, plain=plain, e2e=e2e, build_table=build_table, profile=profile, suite=suite,
+                     dtype=dtype, rounds=rounds, verify_tokens=vt, graphs=graphs, layer_ops=layer_ops, plain=plain, e2e=e2e, build_table=build_table, profile=profile, curve_logit_scale=curve_logit_scale, suite=suite,
                      limit=limit, max_new_tokens=max_new_tokens, tau=parse_points(tau, "--tau") if tau else None)
     say = (lambda s: None) if quiet else (lambda s: print(f"[bench-engine] {s}", file=sys.stderr, flush=True))
     if batch is not None:

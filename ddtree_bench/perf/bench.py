@@ -51,6 +51,7 @@ class BenchSpec:
     e2e: bool = True                  # end-to-end tok/s on suite prompts (pairs with a tokenizer)
     build_table: bool = True          # time every tree builder per budget (compiles each Triton kernel at each budget)
     profile: bool = False             # per-kernel profile of the verify forward at each n (torch.profiler)
+    curve_logit_scale: float = D.BENCH_CURVE_LOGIT_SCALE   # the verify curve's trees (curve_tree)
     suite: str = D.SUITE
     limit: int = D.BENCH_E2E_PROMPTS
     max_new_tokens: int = D.BENCH_E2E_MAX_NEW_TOKENS
@@ -94,17 +95,19 @@ class _Narrow:
 CURVE_DEPTH = BLOCK_SIZE - 1   # the verify curve's trees are as deep as the 8B shape's DFlash drafter drafts
 
 
-def curve_tree(n: int, device: torch.device, with_path: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def curve_tree(n: int, device: torch.device, with_path: bool, logit_scale: float = D.BENCH_CURVE_LOGIT_SCALE
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A DDTree-shaped tree of n tokens (root included) for the verify curve: parents [n-1] (1-based),
     depths [n-1] of the PyTorch builder's tree of the n - 1 best prefixes of random logits [CURVE_DEPTH, 4096]
-    (x3, seeded by n), and (with_path) its path table [n, CURVE_DEPTH+1] (tree_verify.compile_tree's)."""
+    (x logit_scale, seeded by n: 3 gives wide trees of depth <= ~4, 12 deep ones to CURVE_DEPTH), and
+    (with_path) its path table [n, CURVE_DEPTH+1] (tree_verify.compile_tree's)."""
     from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
     empty = torch.empty(0, dtype=torch.long, device=device)
     if n == 1:
         tok = par = dep = empty
     else:
-        logits = torch.randn(CURVE_DEPTH, 4096, generator=torch.Generator().manual_seed(n)).to(device) * 3
+        logits = torch.randn(CURVE_DEPTH, 4096, generator=torch.Generator().manual_seed(n)).to(device) * logit_scale
         tok, par, dep = StaticTreeBuilder(CURVE_DEPTH, 4096, n - 1, device)(logits)
     if not with_path:
         return par, dep, None
@@ -119,7 +122,8 @@ def curve_tree(n: int, device: torch.device, with_path: bool) -> tuple[torch.Ten
 @torch.inference_mode()
 def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: torch.device, graphs: bool,
                  reps: int = 20, eager: bool = True, layer_ops: str = "auto", profile: bool = False,
-                 profile_reps: int = 5, profile_top: int = D.BENCH_PROFILE_TOP) -> dict[str, Any]:
+                 profile_reps: int = 5, profile_top: int = D.BENCH_PROFILE_TOP,
+                 logit_scale: float = D.BENCH_CURVE_LOGIT_SCALE) -> dict[str, Any]:
     """ms of one static-shape target forward over n tokens after prefix_len tokens, in a cache of capacity
     prefix_len + max(tokens) (aligned). The n tokens are a DDTree-shaped tree (`curve_tree`: the PyTorch
     builder's tree of the n - 1 best prefixes of random draft logits, depth <= DRAFT_LEN), compiled as
@@ -130,7 +134,8 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     the fused kernels, "graph_live" (the live-slot kernel over the bias at every n: the default before the
     tree kernel), "graph_sdpa" (SDPA over a cache narrowed to prefix_len + n: how
     the curve was taken before the live-slot kernel), "graph_sdpa_whole" (SDPA over the whole cache:
-    what the engine's rounds ran before it) and "graph_unfused" (the PyTorch twin ops: what fusion saves).
+    what the engine's rounds ran before it) and "graph_unfused" (the PyTorch twin ops: what fusion saves);
+    "tree_depth": {n: the curve tree's depth}.
     profile: also "profile" = {column: {n: perf.profile.KernelProfile as a dict, top kernels}} for
     graph and graph_sdpa (CUDA; the ATen ops on a CPU)."""
     from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN
@@ -157,7 +162,8 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     dt = target.lm_head.weight.dtype
     for n in tokens:
         ids = torch.randint(target.cfg.vocab_size, (n,), device=device, generator=torch.Generator(device=device).manual_seed(n))
-        par, dep, path = curve_tree(n, device, fused)
+        par, dep, path = curve_tree(n, device, fused, logit_scale)
+        out.setdefault("tree_depth", {})[n] = int(dep.max()) if dep.numel() else 0
         pos = start + torch.cat([torch.zeros(1, dtype=torch.long, device=device), dep])
         anc = ancestors(par, CURVE_DEPTH)
 
@@ -365,7 +371,8 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
 
     result["layer_ops"] = ops_for(dev, target.lm_head.weight.dtype, spec.layer_ops).name
     weight_bytes, params = weight_bytes_and_params(target)   # before verify_curve merges projections
-    curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs, layer_ops=spec.layer_ops)
+    curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs, layer_ops=spec.layer_ops,
+                          logit_scale=spec.curve_logit_scale)
     result["verify_curve_ms"] = curves
     progress(f"verify curve ms: {curves}")
     curve = curves["graph"] or curves["eager"]
@@ -395,7 +402,7 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
     if spec.profile:   # last: torch.profiler's hooks outlive the profile and slowed later rounds ~0.4 ms on an H200
         progress("verify profile")
         prof = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs,
-                            layer_ops=spec.layer_ops, profile=True, eager=False)
+                            layer_ops=spec.layer_ops, profile=True, eager=False, logit_scale=spec.curve_logit_scale)
         result["verify_profile"] = prof["profile"]
         for col, per_n in result["verify_profile"].items():
             progress(f"verify profile {col}: " + "; ".join(

@@ -48,8 +48,12 @@ def render(result: dict[str, Any]) -> str:
     note = ("; graph: the engine's attention choice; graph_live: attention over the live slots only; graph_sdpa: SDPA "
             "over a cache narrowed to prefix + n; graph_sdpa_whole: SDPA over the whole cache; graph_unfused: the PyTorch "
             "twin ops") if "graph_unfused" in vc else ""
-    parts.append(f"\nverify forward (ms) vs query tokens (layer ops: {result.get('layer_ops', 'torch')}{note}):\n" + table(
-        [[n] + [_f(vc[c].get(n)) for c in cols] for n in ns], ["tokens"] + cols))
+    depth = {int(k): v for k, v in vc.get("tree_depth", {}).items()}   # JSON keys are strings
+    scale = spec.get("curve_logit_scale")
+    trees = f"; trees: random draft logits x{scale:g}, depth column" if depth and scale else ""
+    parts.append(f"\nverify forward (ms) vs query tokens (layer ops: {result.get('layer_ops', 'torch')}{note}{trees}):\n" + table(
+        [[n] + ([depth.get(int(n), "-")] if depth else []) + [_f(vc[c].get(n)) for c in cols] for n in ns],
+        ["tokens"] + (["depth"] if depth else []) + cols))
     roof = result.get("verify_roofline")
     if roof:
         ar = roof.get("ar_round")

@@ -47,11 +47,26 @@ def test_bench_engine_cpu_json_and_table(tmp_path, capsys):
     assert cm["isolated_forward"]["best_budget"] in (4, 16) and cm["measured_best_budget"] in (4, 16)
     e2e = {(r["method"], r["budget"]): r for r in res["e2e"]}
     assert e2e[("ddtree", 16)]["fast"]["same_as_ar"] == e2e[("ddtree", 16)]["fast"]["num_prompts"] == 1
+    assert res["verify_curve_ms"]["tree_depth"]["1"] == 0 and "depth" in text   # the curve's trees are shown
+
+
+def test_bench_engine_curve_trees_deepen_with_the_logit_scale(tmp_path, capsys):
+    """--curve-logit-scale: sharper random draft logits give the verify curve deeper trees (a confident
+    drafter's), recorded per n and in the spec."""
+    depths = {}
+    for scale in ("1", "12"):
+        _, res, _ = cli_json(capsys, "bench-engine", "--model", "random", "--budgets", "4", "--prefix-len", "8",
+                             "--rounds", "1", "--verify-tokens", "1,32", "--tau", "4:1.5", "--no-e2e", "--no-plain",
+                             "--no-build-table", "--curve-logit-scale", scale, out=tmp_path / f"{scale}.json")
+        assert res["spec"]["curve_logit_scale"] == float(scale)
+        depths[scale] = res["verify_curve_ms"]["tree_depth"]["32"]
+    assert depths["1"] < depths["12"] <= 15
 
 
 @pytest.mark.parametrize("argv", [["--shape", "qwen9-1t"], ["--verify-tokens", "a,b"], ["--budgets", "3..9"],
                                   ["--tau", "16=2"], ["--device", "cuda:7"] if not torch.cuda.is_available() else ["--rounds", "0"],
-                                  ["--layer-ops", "fused"], ["--layer-ops", "triton", "--device", "cpu"]])
+                                  ["--layer-ops", "fused"], ["--layer-ops", "triton", "--device", "cpu"],
+                                  ["--curve-logit-scale", "0"]])
 def test_bench_engine_bad_input_exits_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench-engine", "--model", "random", *argv])
