@@ -238,3 +238,18 @@ def test_target_forward_with_tree_attention_matches_sdpa_and_auto_takes_it_for_a
     for name in ("tree", "auto", "auto-no-path"):
         for a, b in zip(outs[name], outs["sdpa"]):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@triton_only
+def test_tree_attend_refuses_a_head_dim_it_cannot_tile_and_auto_does_not_pick_it():
+    """Head dims that are not a power of two >= 16 (some models use 80 or 96): a clear error from the kernel's
+    entry, and auto's rule leaves them to the live-slot kernel."""
+    from ddtree_bench.engine.gpu.kernels.tree_attention import TREE_MIN_ROWS, tree_attend, wanted
+
+    q = torch.zeros(4, TREE_MIN_ROWS, 80, device=DEV)
+    k = torch.zeros(1, 600, 80, device=DEV)
+    assert not wanted(q, k) and wanted(torch.zeros(4, TREE_MIN_ROWS // 4, 64, device=DEV), k[..., :64])
+    with pytest.raises(ValueError, match="power-of-two head dim"):
+        tree_attend(q, k, k, torch.zeros(TREE_MIN_ROWS, 16, dtype=torch.long, device=DEV),
+                    torch.zeros(TREE_MIN_ROWS, dtype=torch.long, device=DEV), torch.tensor(0, device=DEV))

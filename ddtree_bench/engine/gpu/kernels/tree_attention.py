@@ -195,6 +195,8 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     the committed slots. Returns [T, Hq*D] in q's dtype: forward.grouped_attend's result with the tree's bias.
     splits / launch: fixed prefix ranges / launch shape (tests and tuning), else chosen from M."""
     Hq, T, D = q.shape
+    if D != _pow2(D) or D < 16:
+        raise ValueError(f"tree_attend needs a power-of-two head dim >= 16, got {D} (auto uses the live-slot kernel then)")
     Hkv, S = k.shape[0], k.shape[1]
     G = Hq // Hkv
     M = G * T
