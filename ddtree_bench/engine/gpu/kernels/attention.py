@@ -150,13 +150,13 @@ def block_m(M: int) -> int:
     return 128 if M >= 1024 else max(16, min(64, _pow2(M)))
 
 
-def n_split(n_heads: int, M: int, capacity: int) -> int:
-    """Slot ranges per (KV head, row block): 1 when the row blocks alone fill the GPU (SM_TARGET / 2 programs),
-    else enough ranges for SM_TARGET programs, at most one per BLOCK_N slots."""
-    programs = n_heads * triton.cdiv(M, block_m(M))
+def n_split(n_heads: int, M: int, capacity: int, rows: int | None = None, slots: int = BLOCK_N) -> int:
+    """Slot ranges per (KV head, row block of `rows`, default block_m(M)): 1 when the row blocks alone fill the
+    GPU (SM_TARGET / 2 programs), else enough ranges for SM_TARGET programs, at most one per `slots` slots."""
+    programs = n_heads * triton.cdiv(M, rows or block_m(M))
     if 2 * programs >= SM_TARGET:
         return 1
-    return max(1, min(triton.cdiv(capacity, BLOCK_N), triton.cdiv(SM_TARGET, programs)))
+    return max(1, min(triton.cdiv(capacity, slots), triton.cdiv(SM_TARGET, programs)))
 
 
 def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, live: torch.Tensor,

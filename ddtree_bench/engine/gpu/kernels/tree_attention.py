@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddtree_bench.engine.gpu.kernels.attention import NEG_BIG, SM_TARGET, _combine_kernel, available
+from ddtree_bench.engine.gpu.kernels.attention import NEG_BIG, _combine_kernel, available, n_split
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 
 LOG2E = 1.4426950408889634
@@ -179,15 +179,6 @@ def wanted(q: torch.Tensor, k: torch.Tensor) -> bool:
             and (q.shape[0] // k.shape[0]) * q.shape[1] >= TREE_MIN_ROWS)
 
 
-def n_split(n_heads: int, M: int, block_m: int, capacity: int, block_n: int) -> int:
-    """Prefix ranges per (KV head, row block): 1 when the row blocks alone fill the GPU (SM_TARGET / 2 programs),
-    else enough ranges for SM_TARGET programs, at most one per block_n slots."""
-    programs = n_heads * triton.cdiv(M, block_m)
-    if 2 * programs >= SM_TARGET:
-        return 1
-    return max(1, min(triton.cdiv(capacity, block_n), triton.cdiv(SM_TARGET, programs)))
-
-
 def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.Tensor, pos: torch.Tensor,
                 prefix: torch.Tensor, splits: int | None = None, launch: Config | None = None) -> torch.Tensor:
     """q: [Hq, T, D] (D a power of two >= 16); k, v: [Hkv, S, D] (last dim contiguous); path: [T, L+1] long
@@ -205,7 +196,7 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
         k, v = k.contiguous(), v.contiguous()
     path = path.contiguous()
     cfg = launch or config(M, q.dtype)
-    ns = n_split(Hkv, M, cfg.block_m, S, cfg.block_n) if splits is None else splits
+    ns = n_split(Hkv, M, S, cfg.block_m, cfg.block_n) if splits is None else splits
     out = torch.empty((T, Hq * D), dtype=q.dtype, device=q.device)
     if ns > 1:   # ns prefix ranges + the tree phase's partial
         pacc = torch.empty((ns + 1, Hkv, M, D), dtype=torch.float32, device=q.device)
@@ -226,4 +217,4 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     return out
 
 
-__all__ = ["Config", "NEG_BIG", "TREE_MIN_ROWS", "config", "n_split", "tree_attend", "wanted"]
+__all__ = ["Config", "NEG_BIG", "TREE_MIN_ROWS", "config", "tree_attend", "wanted"]
