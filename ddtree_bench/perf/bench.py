@@ -126,7 +126,7 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
                  logit_scale: float = D.BENCH_CURVE_LOGIT_SCALE) -> dict[str, Any]:
     """ms of one static-shape target forward over n tokens after prefix_len tokens, in a cache of capacity
     prefix_len + max(tokens) (aligned). The n tokens are a DDTree-shaped tree (`curve_tree`: the PyTorch
-    builder's tree of the n - 1 best prefixes of random draft logits, depth <= DRAFT_LEN), compiled as
+    builder's tree of the n - 1 best prefixes of random draft logits, depth <= CURVE_DEPTH), compiled as
     the fast loop compiles it (bias, and the path table on CUDA with the fused ops). Columns:
     "graph" (replayed, with `layer_ops` and the forward's default attention: on CUDA with the fused ops,
     the tree kernel, kernels/tree_attention.py, from TREE_MIN_ROWS folded rows and the live-slot kernel
