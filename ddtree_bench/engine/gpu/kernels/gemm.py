@@ -1,0 +1,258 @@
+"""The weight GEMMs of a forward over few rows (x @ W^T with M <= GEMM_MAX_ROWS), as one Triton kernel.
+
+A verify or decode forward of n <= 256 tokens reads every weight once and does little arithmetic with
+it: the weight GEMMs are bound by HBM bandwidth, and what decides their time is how evenly the
+weight bytes spread over the SMs and how many of them are in flight. `linear(x, w, launch)` tiles
+the output [M, N] in BLOCK_M x BLOCK_N tiles (one BLOCK_M row block covers every row at these M) and
+optionally splits K into `split_k` ranges, so that a [4096, 4096] projection still has >= one program
+per SM; each program streams its [BLOCK_N, K / split_k] slice of W through a `stages`-deep pipeline
+and accumulates in fp32 on the tensor cores. With split_k > 1 the programs write fp32 partials and
+`_gemm_split_reduce` sums them (in range order, so the result does not depend on scheduling).
+
+`swiglu(x, gate_up, launch)` is the MLP's first GEMM with its activation in the epilogue: gate_up
+[2I, K] is the merged [gate | up] weight (fused.merge_projections); a program computes the gate tile
+and the up tile of the same columns and writes silu(gate) * up [M, I] (the SiLU rounded where
+PyTorch rounds it: ops.TorchOps.silu_mul on the GEMM's rounded output), so the [M, 2I] intermediate
+and the separate SiLU kernel are gone.
+
+Twins: F.linear, and ops.TorchOps.silu_mul(F.linear(x, gate_up)); results agree up to fp32 summation
+order before the one rounding to the activation dtype. Launch shapes come from an H200 tuning table
+(`config`, measured by benchmarks/gpu_gemm_tune.py; docs/gpu-performance.md); shapes the table does not
+name run cuBLAS (`config` returns None). bf16 / fp16 only (fp32 keeps cuBLAS's IEEE products).
+Knows nothing of models: only x [M, K] (last dim contiguous) and a row-major weight [N, K].
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ddtree_bench.engine.gpu.kernels.common import tl, triton
+from ddtree_bench.engine.gpu.kernels.warm import launch as _launch
+
+GEMM_MAX_ROWS = 256   # above this the GEMMs are compute-bound and cuBLAS's large tiles win
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch shape of one GEMM: output tile block_m x block_n, K step block_k, K split into split_k ranges."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    warps: int = 4
+    stages: int = 4
+
+    def smem_bytes(self, swiglu: bool = False, elem: int = 2) -> int:
+        """Shared memory of the pipeline: `stages` copies of the x tile and the weight tile(s)."""
+        return self.stages * self.block_k * (self.block_m + self.block_n * (2 if swiglu else 1)) * elem
+
+
+if triton is not None:
+
+    @triton.jit
+    def _swiglu_epilogue(g, u, dt: tl.constexpr):
+        """silu(gate) * up as ops.TorchOps.silu_mul computes it on the GEMM's rounded outputs."""
+        gf = g.to(dt).to(tl.float32)
+        s = (gf / (1.0 + tl.exp(-gf))).to(dt).to(tl.float32)
+        return (s * u.to(dt).to(tl.float32)).to(dt)
+
+    @triton.jit
+    def _gemm_kernel(X, W, Y, M, N, K, k_per_split, up_rows, sx, sw, sy, s_split,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SWIGLU: tl.constexpr, PARTIAL: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        m_ok = rm < M
+        n_ok = rn < N
+        k0 = pid_k * k_per_split
+        k_end = tl.minimum(k0 + k_per_split, K)
+        xp = X + rm[:, None] * sx + (k0 + rk)[None, :]
+        wp = W + rn[:, None] * sw + (k0 + rk)[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(k0, k_end, BLOCK_K):
+            if EVEN_K:
+                x = tl.load(xp, mask=m_ok[:, None], other=0.0)
+                w = tl.load(wp, mask=n_ok[:, None], other=0.0)
+            else:
+                k_ok = (k + rk) < k_end
+                x = tl.load(xp, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                w = tl.load(wp, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+            if SWIGLU:
+                if EVEN_K:
+                    wu = tl.load(wp + up_rows * sw, mask=n_ok[:, None], other=0.0)
+                else:
+                    wu = tl.load(wp + up_rows * sw, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                acc_up = tl.dot(x, tl.trans(wu), acc_up, input_precision=PRECISION)
+            xp += BLOCK_K
+            wp += BLOCK_K
+        ok = m_ok[:, None] & n_ok[None, :]
+        if PARTIAL:   # fp32 partial sums [split, M, N (+ N of up)] for _gemm_split_reduce
+            out = Y + pid_k * s_split + rm[:, None] * sy + rn[None, :]
+            tl.store(out, acc, mask=ok)
+            if SWIGLU:
+                tl.store(out + up_rows, acc_up, mask=ok)
+        else:
+            out = Y + rm[:, None] * sy + rn[None, :]
+            if SWIGLU:
+                tl.store(out, _swiglu_epilogue(acc, acc_up, Y.dtype.element_ty), mask=ok)
+            else:
+                tl.store(out, acc.to(Y.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _gemm_split_reduce(P, Y, N, splits, up_rows, s_split, sp, sy, SWIGLU: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < N
+        base = P + row * sp + cols
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in range(0, splits):
+            acc += tl.load(base + s * s_split, mask=ok, other=0.0)
+            if SWIGLU:
+                acc_up += tl.load(base + s * s_split + up_rows, mask=ok, other=0.0)
+        if SWIGLU:
+            tl.store(Y + row * sy + cols, _swiglu_epilogue(acc, acc_up, Y.dtype.element_ty), mask=ok)
+        else:
+            tl.store(Y + row * sy + cols, acc.to(Y.dtype.element_ty), mask=ok)
+
+
+REDUCE_BLOCK = 1024
+
+
+def _run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: GemmConfig) -> torch.Tensor:
+    """Launch the kernel for out [M, n_out] (swiglu when up_rows > 0: the up weight rows start at up_rows)."""
+    M, K = x.shape
+    c = launch
+    split = max(1, min(c.split_k, triton.cdiv(K, c.block_k)))
+    k_per_split = triton.cdiv(triton.cdiv(K, split), c.block_k) * c.block_k
+    split = triton.cdiv(K, k_per_split)
+    y = torch.empty((M, n_out), dtype=x.dtype, device=x.device)
+    swiglu = up_rows > 0
+    grid = (triton.cdiv(n_out, c.block_n), triton.cdiv(M, c.block_m), split)
+    even = K % c.block_k == 0
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"   # fp32 (the tests' twin check) multiplies exactly
+    if split == 1:
+        _launch(_gemm_kernel, grid, x, w, y, M, n_out, K, k_per_split, up_rows, x.stride(0), w.stride(0), y.stride(0), 0,
+                           BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SWIGLU=swiglu, PARTIAL=False,
+                           EVEN_K=even, PRECISION=prec, num_warps=c.warps, num_stages=c.stages)
+        return y
+    width = n_out * (2 if swiglu else 1)
+    part = torch.empty((split, M, width), dtype=torch.float32, device=x.device)
+    _launch(_gemm_kernel, grid, x, w, part, M, n_out, K, k_per_split, n_out if swiglu else 0, x.stride(0), w.stride(0),
+                       part.stride(1), part.stride(0), BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+                       SWIGLU=swiglu, PARTIAL=True, EVEN_K=even, PRECISION=prec, num_warps=c.warps, num_stages=c.stages)
+    _launch(_gemm_split_reduce, (M, triton.cdiv(n_out, REDUCE_BLOCK)),
+        part, y, n_out, split, n_out if swiglu else 0, part.stride(0), part.stride(1), y.stride(0),
+        SWIGLU=swiglu, BLOCK=REDUCE_BLOCK, num_warps=4)
+    return y
+
+
+def _check(x: torch.Tensor, w: torch.Tensor) -> None:
+    if x.dim() != 2 or x.stride(-1) != 1 or w.stride(-1) != 1 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"gemm needs x [M, K] and w [N, K] with contiguous rows, got {tuple(x.shape)} and {tuple(w.shape)}")
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, launch: GemmConfig) -> torch.Tensor:
+    """x [M, K] @ w[N, K]^T -> [M, N] in x's dtype (F.linear without bias)."""
+    _check(x, w)
+    return _run(x, w, w.shape[0], 0, launch)
+
+
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, launch: GemmConfig) -> torch.Tensor:
+    """x [M, K], gate_up [2I, K] = [gate | up] -> silu(x @ gate^T) * (x @ up^T) [M, I]."""
+    _check(x, gate_up)
+    if gate_up.shape[0] % 2:
+        raise ValueError(f"swiglu needs an even number of gate_up rows, got {gate_up.shape[0]}")
+    i = gate_up.shape[0] // 2
+    return _run(x, gate_up, i, i, launch)
+
+
+# ---------------------------------------------------------------------------- the tuning table
+
+Table = dict[tuple[int, int, bool], tuple[tuple[int, GemmConfig | None], ...]]
+
+# (N, K, swiglu) -> ((max rows, launch shape or None for cuBLAS), ...) for the Qwen3-8B shape's projections on
+# an H200: per row band (rows above the previous band's max, up to this max) the fastest Triton shape where it
+# beat cuBLAS, else None (benchmarks/gpu_gemm_tune.py; docs/gpu-performance.md). N of a swiglu entry is I
+# (the output width); rows above a shape's last band, and shapes not listed, run cuBLAS.
+H200_TABLE: Table = {}
+
+TUNED_CAPABILITY = (9, 0)   # H200_TABLE was measured on sm_90 (H200); elsewhere cuBLAS unless TABLE_ENV names a table
+TABLE_ENV = "DDTREE_GEMM_TABLE"   # a JSON table written by benchmarks/gpu_gemm_tune.py --write, used on any CUDA device
+_LOADED: dict[str, Table] = {}
+
+
+def table_from_json(doc: dict) -> Table:
+    """{"entries": [{"n", "k", "swiglu", "max_rows", "config": GemmConfig fields or null}, ...]} -> a Table (bands sorted)."""
+    from ddtree_bench.errors import UsageError
+
+    table: dict[tuple[int, int, bool], list[tuple[int, GemmConfig | None]]] = {}
+    try:
+        for e in doc["entries"]:
+            launch = None if e["config"] is None else GemmConfig(**{k: int(v) for k, v in e["config"].items()})
+            if launch is not None and (min(launch.block_m, launch.block_n, launch.block_k) < 16 or launch.split_k < 1
+                                       or any(b & (b - 1) for b in (launch.block_m, launch.block_n, launch.block_k))):
+                raise ValueError(f"bad launch shape {launch}")
+            table.setdefault((int(e["n"]), int(e["k"]), bool(e["swiglu"])), []).append((int(e["max_rows"]), launch))
+    except (KeyError, TypeError, ValueError) as err:
+        raise UsageError(f"{TABLE_ENV}: not a GEMM table ({type(err).__name__}: {err})",
+                         hint="write one with: python benchmarks/gpu_gemm_tune.py --write table.json") from None
+    return {key: tuple(sorted(bands, key=lambda b: b[0])) for key, bands in table.items()}
+
+
+def table_to_json(table: Table) -> dict:
+    from dataclasses import asdict
+
+    return {"entries": [{"n": n, "k": k, "swiglu": sw, "max_rows": rows, "config": None if c is None else asdict(c)}
+                        for (n, k, sw), bands in sorted(table.items()) for rows, c in bands]}
+
+
+def _env_table() -> Table | None:
+    path = os.environ.get(TABLE_ENV)
+    if not path:
+        return None
+    if path not in _LOADED:
+        from ddtree_bench.errors import UsageError
+
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise UsageError(f"{TABLE_ENV}={path}: cannot read it as JSON ({err})") from None
+        _LOADED[path] = table_from_json(doc)
+    return _LOADED[path]
+
+
+def lookup(table: Table, M: int, N: int, K: int, swiglu: bool) -> GemmConfig | None:
+    """The launch shape of the band of `table` holding M rows for this projection, or None (cuBLAS)."""
+    for max_rows, launch in table.get((N, K, swiglu), ()):
+        if M <= max_rows:
+            return launch
+    return None
+
+
+def config(M: int, N: int, K: int, dtype: torch.dtype, device, swiglu: bool = False) -> GemmConfig | None:
+    """The tuned launch shape for an [M, K] x [N, K]^T GEMM on `device`, or None (cuBLAS): the table
+    TABLE_ENV names if set, else H200_TABLE on sm_90; bf16/fp16 and M <= GEMM_MAX_ROWS only."""
+    if dtype not in (torch.bfloat16, torch.float16) or M > GEMM_MAX_ROWS or triton is None:
+        return None
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    table = _env_table()
+    if table is None:
+        if torch.cuda.get_device_capability(dev) != TUNED_CAPABILITY:
+            return None
+        table = H200_TABLE
+    return lookup(table, M, N, K, swiglu)

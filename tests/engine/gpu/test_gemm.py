@@ -1,0 +1,68 @@
+"""Which weight GEMMs take the Triton kernel (engine/gpu/kernels/gemm.py `config`): the row bands of a table,
+cuBLAS for bands it lost, fp32, CPUs and many rows; the table's JSON form (DDTREE_GEMM_TABLE) and what a bad
+file gets; the H200 table's own sanity (shapes that fit an SM, bands in order). No GPU needed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ddtree_bench.engine.gpu.kernels import gemm
+from ddtree_bench.engine.gpu.kernels.gemm import GemmConfig
+from ddtree_bench.errors import UsageError
+
+A, B = GemmConfig(16, 64, 128, 2, 4, 4), GemmConfig(64, 64, 128, 1, 4, 3)
+TABLE = {(4096, 4096, False): ((1, A), (16, None), (64, B))}
+
+
+def test_lookup_follows_the_row_bands_and_a_lost_band_stays_on_cublas():
+    pick = lambda M: gemm.lookup(TABLE, M, 4096, 4096, False)  # noqa: E731
+    assert pick(1) == A
+    assert pick(2) is None and pick(16) is None   # cuBLAS won 2..16: a later band's shape must not cover it
+    assert pick(17) == B and pick(64) == B
+    assert pick(65) is None                       # above the last band: cuBLAS
+    assert gemm.lookup(TABLE, 1, 4096, 4096, True) is None      # the swiglu GEMM is its own entry
+    assert gemm.lookup(TABLE, 1, 6144, 4096, False) is None     # an untuned projection
+
+
+def test_config_keeps_cublas_for_fp32_cpu_and_many_rows():
+    assert gemm.config(1, 4096, 4096, torch.float32, "cpu") is None
+    assert gemm.config(1, 4096, 4096, torch.bfloat16, "cpu") is None
+    assert gemm.config(gemm.GEMM_MAX_ROWS + 1, 4096, 4096, torch.bfloat16, "cuda") is None
+
+
+def test_the_json_table_round_trips_and_sorts_its_bands():
+    doc = gemm.table_to_json(TABLE)
+    doc["entries"].reverse()
+    assert gemm.table_from_json(json.loads(json.dumps(doc))) == TABLE
+
+
+@pytest.mark.parametrize("doc", [{}, {"entries": [{"n": 1}]}, {"entries": [{"n": 8, "k": 8, "swiglu": False, "max_rows": 4,
+                                                                         "config": {"block_m": 12, "block_n": 64, "block_k": 64}}]},
+                                 {"entries": [{"n": 8, "k": 8, "swiglu": False, "max_rows": 4, "config": {"bogus": 1}}]}])
+def test_a_malformed_table_is_a_usage_error(doc):
+    with pytest.raises(UsageError, match="not a GEMM table"):
+        gemm.table_from_json(doc)
+
+
+def test_the_env_table_is_read_once_and_a_binary_file_is_a_usage_error(tmp_path, monkeypatch):
+    good = tmp_path / "t.json"
+    good.write_text(json.dumps(gemm.table_to_json(TABLE)))
+    monkeypatch.setenv(gemm.TABLE_ENV, str(good))
+    assert gemm._env_table() == TABLE
+    bad = tmp_path / "b.json"
+    bad.write_bytes(b"\x00\xff\x89PNG")
+    monkeypatch.setenv(gemm.TABLE_ENV, str(bad))
+    with pytest.raises(UsageError, match="cannot read it as JSON"):
+        gemm._env_table()
+
+
+def test_every_h200_table_entry_fits_an_sm_and_its_bands_rise():
+    for (n, k, swiglu), bands in gemm.H200_TABLE.items():
+        rows = [r for r, _ in bands]
+        assert rows == sorted(set(rows)) and rows[-1] <= gemm.GEMM_MAX_ROWS
+        for _, c in bands:
+            if c is not None:
+                assert c.smem_bytes(swiglu) <= 227 * 1024 and c.block_m & (c.block_m - 1) == 0

@@ -1,0 +1,104 @@
+"""The few-row weight GEMM (engine/gpu/kernels/gemm.py) against its twins - F.linear, and the SiLU-mul of
+F.linear for the merged gate/up - split and not, K not a multiple of the K step, ragged rows and columns,
+and a whole fused target forward whose every GEMM goes through it. They run on CUDA, and in CI on a CPU
+under Triton's interpreter (engine/gpu/test_triton_interpreter.py):
+    TRITON_INTERPRET=1 python -m pytest -m gpu tests/engine/gpu/test_gemm_triton.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ddtree_bench.engine.gpu import fused
+from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
+from ddtree_bench.engine.gpu.fused import TORCH_OPS
+from ddtree_bench.engine.gpu.kernels import gemm
+from ddtree_bench.engine.gpu.kernels.gemm import GemmConfig
+from ddtree_bench.engine.gpu.tree_ops import verify_visible
+from ddtree_bench.engine.loading import random_pair
+
+from triton_support import DEV, triton_only
+
+DTYPES = ["float32"] + (["bfloat16"] if DEV == "cuda" else [])   # the interpreter's bf16 cast does not round to nearest
+SMALL = GemmConfig(block_m=16, block_n=16, block_k=32, split_k=1, warps=4, stages=2)
+
+
+def kernel_check(test):
+    return pytest.mark.gpu(triton_only(pytest.mark.parametrize("dtype", DTYPES)(test)))
+
+
+def _close(got, want, dtype):
+    if dtype == torch.float32:   # only the summation order differs (split ranges, K steps)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    else:
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+CASES = [  # M, N, K, split_k: one row, ragged rows/columns, K off the step, more splits than steps
+    (1, 48, 64, 1), (5, 100, 96, 3), (16, 64, 128, 2), (33, 40, 80, 4), (7, 32, 32, 8)]
+
+
+@kernel_check
+@pytest.mark.parametrize("M,N,K,split", CASES)
+def test_linear_matches_f_linear(dtype, M, N, K, split):
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(M * 1000 + N)
+    x, w = torch.randn(M, K, generator=g).to(DEV, dt), torch.randn(N, K, generator=g).to(DEV, dt)
+    launch = GemmConfig(16, 16, 32, split, 4, 2)
+    y = gemm.linear(x, w, launch)
+    assert y.shape == (M, N) and y.dtype == dt
+    _close(y, F.linear(x, w), dt)
+
+
+@kernel_check
+@pytest.mark.parametrize("M,N,K,split", CASES)
+def test_swiglu_matches_silu_mul_of_the_merged_gemm(dtype, M, N, K, split):
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(M * 7 + K)
+    x, gu = torch.randn(M, K, generator=g).to(DEV, dt), torch.randn(2 * N, K, generator=g).to(DEV, dt)
+    y = gemm.swiglu(x, gu, GemmConfig(16, 16, 32, split, 4, 2))
+    assert y.shape == (M, N)
+    _close(y, TORCH_OPS.silu_mul(F.linear(x, gu)), dt)
+
+
+@kernel_check
+def test_a_strided_row_view_is_read_through_its_stride(dtype):
+    """x may be rows of a wider tensor (the forward's slices): the kernel reads row r at r * stride."""
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(1)
+    wide, w = torch.randn(9, 160, generator=g).to(DEV, dt), torch.randn(24, 64, generator=g).to(DEV, dt)
+    x = wide[:, 32:96]
+    _close(gemm.linear(x, w, SMALL), F.linear(x, w), dt)
+
+
+@kernel_check
+def test_fused_target_forward_with_the_triton_gemm_matches_the_twin(dtype):
+    """Every weight GEMM of a verify forward (merged q/k/v, o_proj, gate/up + SiLU, down, lm_head) through the
+    kernel - TritonOps with a policy that always picks it - against the PyTorch twin: same logits, cache, hidden."""
+    dt = getattr(torch, dtype)
+    target, _ = random_pair(seed=5, vocab_size=97, dtype=dtype, device=DEV)
+    P, T, cap = 20, 9, 48
+    prompt = torch.arange(1, P + 1, device=DEV) % 97
+    ids, pos = torch.arange(40, 40 + T, device=DEV), P + torch.arange(T, device=DEV)
+    anc = torch.ones(T, T, dtype=torch.bool, device=DEV).tril()
+    start = torch.tensor(P, device=DEV)
+    calls = []
+
+    def always(M, N, K, dtype, device, swiglu=False):
+        calls.append((M, N, K, swiglu))
+        return GemmConfig(16, 32, 32, 2, 4, 2)
+
+    outs = []
+    for ops in (fused.TritonOps(gemm_config=always), TORCH_OPS):
+        cache = target.new_cache(cap)
+        target(prompt, torch.arange(P, device=DEV), cache, 0)
+        bias = visible_bias(verify_visible(anc, start, cap), dt, group_size(target))
+        logits, hidden = target_forward(target, ids, pos, StaticKV(cache), start, bias, (0, 1), ops=ops, attention="sdpa")
+        outs.append((logits.float(), hidden.float(), cache.k[:, :, : P + T].float()))
+    n_layers = len(target.model.layers)
+    assert len(calls) == 4 * n_layers + 1 and sum(c[3] for c in calls) == n_layers   # 4 GEMMs a layer + lm_head
+    tol = dict(rtol=1e-4, atol=1e-4) if dt == torch.float32 else dict(rtol=5e-2, atol=5e-2)
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, **tol)
