@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ddtree_bench.engine.gpu.forward import _mlp, _norm
+from ddtree_bench.engine.gpu.forward import _linear, _mlp, _norm
 from ddtree_bench.engine.gpu.fused import ensure_merged
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
 
@@ -66,9 +66,9 @@ def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, 
         b = attn.qkv_bias[rows:] if attn.qkv_bias is not None else None
         _qkv_per_slot(ops, F.linear(ctx, attn.qkv_weight[rows:], b), 0, attn.n_kv, None, k_w, eps, ctx_cos, ctx_sin,
                       k_layer, v_layer, ctx_start, C)
-    q = _qkv_per_slot(ops, F.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps,
+    q = _qkv_per_slot(ops, ops.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps,
                       cos, sin, k_layer, v_layer, start, T)
-    return attn.o_proj(grouped_attend_batch(q, k_layer, v_layer, bias))
+    return _linear(ops, attn.o_proj, grouped_attend_batch(q, k_layer, v_layer, bias))
 
 
 def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -95,7 +95,7 @@ def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: 
         if i in wanted:
             wanted[i] = h if i == last else x
     hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
-    return target.lm_head(h), hidden
+    return _linear(ops, target.lm_head, h), hidden
 
 
 def draft_forward_batch(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor, k: torch.Tensor,

@@ -111,13 +111,18 @@ def _attention(attn, ops: TorchOps, h, cos, sin, kv: StaticKV, layer: int, start
         b = attn.qkv_bias[rows:] if attn.qkv_bias is not None else None
         ops.qkv_rope(F.linear(ctx, attn.qkv_weight[rows:], b), 0, attn.n_kv, None, k_w, eps, ctx_cos, ctx_sin,
                      k_cache, v_cache, ctx_start)
-    q = ops.qkv_rope(F.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps, cos, sin,
+    q = ops.qkv_rope(ops.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps, cos, sin,
                      k_cache, v_cache, start)
-    return attn.o_proj(_attend(ops, attention, q, k_cache, v_cache, bias, live, prefix, tree))
+    return _linear(ops, attn.o_proj, _attend(ops, attention, q, k_cache, v_cache, bias, live, prefix, tree))
+
+
+def _linear(ops: TorchOps, module, x):
+    """An nn.Linear's forward through the ops' weight GEMM."""
+    return ops.linear(x, module.weight, module.bias)
 
 
 def _mlp(mlp, ops: TorchOps, h):
-    return mlp.down_proj(ops.silu_mul(F.linear(h, mlp.gate_up_weight, mlp.gate_up_bias)))
+    return _linear(ops, mlp.down_proj, ops.swiglu(h, mlp.gate_up_weight, mlp.gate_up_bias))
 
 
 def group_size(module) -> int:
@@ -156,7 +161,7 @@ def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: Stati
         if i in wanted:
             wanted[i] = h if i == last else x
     hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
-    return target.lm_head(h), hidden
+    return _linear(ops, target.lm_head, h), hidden
 
 
 def draft_visible(drafter, layer: int, start: torch.Tensor, Tb: int, capacity: int) -> torch.Tensor:

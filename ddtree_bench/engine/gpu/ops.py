@@ -54,5 +54,13 @@ class TorchOps:
         g, u = gate_up.chunk(2, dim=-1)
         return F.silu(g) * u
 
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, K] @ w[N, K]^T (+ b) -> [T, N]: a weight GEMM (F.linear)."""
+        return F.linear(x, w, b)
+
+    def swiglu(self, x: torch.Tensor, gate_up: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, K], gate_up [2 I, K] the merged [gate | up] weight (b its bias) -> silu(gate) * up [T, I]."""
+        return self.silu_mul(self.linear(x, gate_up, b))
+
 
 TORCH_OPS = TorchOps()

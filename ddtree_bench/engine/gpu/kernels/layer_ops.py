@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ddtree_bench.engine.gpu.kernels import gemm
 from ddtree_bench.engine.gpu.kernels.common import tl, triton
 from ddtree_bench.engine.gpu.ops import TorchOps
 
@@ -99,9 +100,14 @@ def _warps(block: int) -> int:
 
 
 class TritonOps(TorchOps):
-    """The fused kernels; same signatures and (up to a few fp32 ulps) the same values as TorchOps."""
+    """The fused kernels; same signatures and (up to a few fp32 ulps) the same values as TorchOps.
+    gemm_config(M, N, K, dtype, device, swiglu) picks the weight GEMMs' Triton launch shape or None for
+    cuBLAS (default: kernels/gemm.config, the H200 table; `lambda *a, **k: None` is cuBLAS everywhere)."""
 
     name = "triton"
+
+    def __init__(self, gemm_config=gemm.config):
+        self.gemm_config = gemm_config
 
     def rmsnorm(self, x, w, eps):
         if x.dim() != 2 or x.stride(-1) != 1:
@@ -143,3 +149,17 @@ class TritonOps(TorchOps):
         B = 1024
         _silu_mul_kernel[(T, triton.cdiv(I, B))](gate_up, y, I, gate_up.stride(0), y.stride(0), BLOCK=B, num_warps=4)
         return y
+
+    def _gemm(self, x, w, b, n: int, swiglu: bool):
+        """The Triton GEMM's launch shape for this call, or None (cuBLAS: a bias, a layout it does not take, no table entry)."""
+        if b is not None or x.dim() != 2 or x.stride(-1) != 1 or w.stride(-1) != 1:
+            return None
+        return self.gemm_config(x.shape[0], n, w.shape[1], x.dtype, x.device, swiglu=swiglu)
+
+    def linear(self, x, w, b=None):
+        c = self._gemm(x, w, b, w.shape[0], False)
+        return super().linear(x, w, b) if c is None else gemm.linear(x, w, c)
+
+    def swiglu(self, x, gate_up, b=None):
+        c = self._gemm(x, gate_up, b, gate_up.shape[0] // 2, True)
+        return super().swiglu(x, gate_up, b) if c is None else gemm.swiglu(x, gate_up, c)
