@@ -119,6 +119,11 @@ def curve_tree(n: int, device: torch.device, with_path: bool, logit_scale: float
     return par, dep, path
 
 
+def _cublas(*shape, **kw):
+    """The GEMM policy that keeps every weight GEMM on cuBLAS (TritonOps' gemm_config)."""
+    return None
+
+
 @torch.inference_mode()
 def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: torch.device, graphs: bool,
                  reps: int = 20, eager: bool = True, layer_ops: str = "auto", profile: bool = False,
@@ -130,16 +135,17 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     the fast loop compiles it (bias, and the path table on CUDA with the fused ops). Columns:
     "graph" (replayed, with `layer_ops` and the forward's default attention: on CUDA with the fused ops,
     the tree kernel, kernels/tree_attention.py, from TREE_MIN_ROWS folded rows and the live-slot kernel
-    below), "eager" (the same, not captured) and, when those ops are
-    the fused kernels, "graph_live" (the live-slot kernel over the bias at every n: the default before the
+    below; and their weight GEMMs: kernels/gemm.py where its table has the shape, else cuBLAS), "eager"
+    (the same, not captured) and, when those ops are the fused kernels, "graph_cublas" (every weight GEMM
+    on cuBLAS: the default before the few-row GEMM), "graph_live" (the live-slot kernel over the bias at every n: the default before the
     tree kernel), "graph_sdpa" (SDPA over a cache narrowed to prefix_len + n: how
     the curve was taken before the live-slot kernel), "graph_sdpa_whole" (SDPA over the whole cache:
     what the engine's rounds ran before it) and "graph_unfused" (the PyTorch twin ops: what fusion saves);
     "tree_depth": {n: the curve tree's depth}.
     profile: also "profile" = {column: {n: perf.profile.KernelProfile as a dict, top kernels}} for
-    graph and graph_sdpa (CUDA; the ATen ops on a CPU)."""
+    graph and graph_cublas (CUDA; the ATen ops on a CPU)."""
     from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN
-    from ddtree_bench.engine.gpu.fused import TORCH_OPS, merge_projections, ops_for
+    from ddtree_bench.engine.gpu.fused import TORCH_OPS, TritonOps, merge_projections, ops_for
     from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
     from ddtree_bench.engine.gpu.tree_ops import ancestors, verify_visible
     from ddtree_bench.perf.profile import profile_kernels
@@ -157,8 +163,8 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     fused = ops is not TORCH_OPS and on_graphs
     out: dict[str, Any] = {"graph": {}, "eager": {}}
     if fused:
-        out.update({"graph_live": {}, "graph_sdpa": {}, "graph_sdpa_whole": {}, "graph_unfused": {}})
-    profiles: dict[str, dict[int, Any]] = {"graph": {}, **({"graph_sdpa": {}} if fused else {})}
+        out.update({"graph_cublas": {}, "graph_live": {}, "graph_sdpa": {}, "graph_sdpa_whole": {}, "graph_unfused": {}})
+    profiles: dict[str, dict[int, Any]] = {"graph": {}, **({"graph_cublas": {}} if fused else {})}
     dt = target.lm_head.weight.dtype
     for n in tokens:
         ids = torch.randint(target.cfg.vocab_size, (n,), device=device, generator=torch.Generator(device=device).manual_seed(n))
@@ -171,11 +177,12 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
             kv = StaticKV(_Narrow(cache, cap))
             bias = visible_bias(verify_visible(anc, start, cap), dt, group_size(target))
             return lambda: target_forward(target, ids, pos, kv, start, bias, layers, o, attention=attention,
-                                          tree_path=path if o is ops else None)
+                                          tree_path=path if o.name == "triton" else None)
 
         fns = {"graph": forward(whole)}
         if fused:
-            fns.update({"graph_live": forward(whole, attention="live"), "graph_sdpa": forward(align(prefix_len + n), attention="sdpa"),
+            fns.update({"graph_cublas": forward(whole, TritonOps(gemm_config=_cublas)), "graph_live": forward(whole, attention="live"),
+                        "graph_sdpa": forward(align(prefix_len + n), attention="sdpa"),
                         "graph_sdpa_whole": forward(whole, attention="sdpa"), "graph_unfused": forward(whole, TORCH_OPS)})
         if on_graphs:
             for col, fn in fns.items():

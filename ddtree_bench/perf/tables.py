@@ -43,9 +43,11 @@ def render(result: dict[str, Any]) -> str:
                  f"prefix {spec['prefix_len']} tokens, {result['date']}")
 
     vc = result["verify_curve_ms"]
-    cols = [c for c in ("graph", "graph_live", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager") if c in vc and vc[c]]
+    cols = [c for c in ("graph", "graph_cublas", "graph_live", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager")
+            if c in vc and vc[c]]
     ns = sorted(set().union(*(vc[c] for c in cols)))
-    note = ("; graph: the engine's attention choice; graph_live: attention over the live slots only; graph_sdpa: SDPA "
+    note = ("; graph: the engine's attention and GEMM choices; graph_cublas: the same with every weight GEMM on cuBLAS; "
+            "graph_live: attention over the live slots only; graph_sdpa: SDPA "
             "over a cache narrowed to prefix + n; graph_sdpa_whole: SDPA over the whole cache; graph_unfused: the PyTorch "
             "twin ops") if "graph_unfused" in vc else ""
     depth = {int(k): v for k, v in vc.get("tree_depth", {}).items()}   # JSON keys are strings

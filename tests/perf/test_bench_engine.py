@@ -74,18 +74,19 @@ def test_bench_engine_bad_input_exits_2(argv, capsys):
     assert capsys.readouterr().err.startswith("error: ")
 
 
-def test_verify_table_shows_the_sdpa_and_unfused_graphs_beside_the_live_one():
+def test_verify_table_shows_the_cublas_sdpa_and_unfused_graphs_beside_the_engine_one():
     from ddtree_bench.perf.tables import render
 
     res = {"spec": {"shape": "qwen3-8b", "model": "toy", "dtype": "bfloat16", "device": "cuda", "prefix_len": 1024},
            "date": "2026-11-29", "gpu": "NVIDIA H200", "layer_ops": "triton", "rounds": [],
-           "verify_curve_ms": {"graph": {1: 5.2, 16: 5.5}, "graph_sdpa": {1: 5.67, 16: 6.03}, "graph_sdpa_whole": {1: 5.9, 16: 6.2},
-                               "graph_unfused": {1: 8.7, 16: 10.28}, "eager": {1: 23.4, 16: 16.2}}}
+           "verify_curve_ms": {"graph": {1: 5.2, 16: 5.5}, "graph_cublas": {1: 5.4, 16: 5.6}, "graph_sdpa": {1: 5.67, 16: 6.03},
+                               "graph_sdpa_whole": {1: 5.9, 16: 6.2}, "graph_unfused": {1: 8.7, 16: 10.28},
+                               "eager": {1: 23.4, 16: 16.2}}}
     lines = render(res).splitlines()
-    assert "layer ops: triton; graph: the engine's attention choice; graph_live: attention over the live slots only" in lines[2]
+    assert "layer ops: triton; graph: the engine's attention and GEMM choices; graph_cublas: the same with every weight GEMM" in lines[2]
     assert "graph_unfused: the PyTorch twin ops" in lines[2]
-    assert lines[3].split() == ["tokens", "graph", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager"]
-    assert lines[5].split() == ["1", "5.20", "5.67", "5.90", "8.70", "23.40"]
+    assert lines[3].split() == ["tokens", "graph", "graph_cublas", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager"]
+    assert lines[5].split() == ["1", "5.20", "5.40", "5.67", "5.90", "8.70", "23.40"]
 
 
 def test_cost_model_section_says_which_model_it_predicted_with():

@@ -1,0 +1,199 @@
+"""Tune the few-row weight GEMM (ddtree_bench/engine/gpu/kernels/gemm.py) against cuBLAS on this GPU.
+
+For each projection of a model shape (merged q/k/v, o_proj, merged gate/up with its SiLU, down, lm_head)
+and each row band (1, 2..16, ..32, ..64, ..128, ..256 rows; measured at the band's top), times
+cuBLAS (F.linear; + the fused SiLU kernel for gate/up, which is what the forward ran before) and every
+candidate launch shape of the Triton kernel, as one CUDA graph that runs the GEMM over enough copies of
+the weight to overflow L2 (so every call reads its weight from HBM, as in a forward). Prints one line
+per (projection, rows): cuBLAS ms, the best Triton shape and ms, their ratio and the achieved GB/s; the
+table (per band the best shape where it beat cuBLAS by more than --min-gain, else cuBLAS) goes to --write
+(JSON, for DDTREE_GEMM_TABLE or for pasting into gemm.H200_TABLE). Each band's compiles run first, one
+thread per launch shape.
+
+    python benchmarks/gpu_gemm_tune.py --shape qwen3-8b --write table.json [--json all.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ddtree_bench.engine.gpu.graphs import replay_ms
+from ddtree_bench.engine.gpu.kernels import gemm
+from ddtree_bench.engine.gpu.kernels.gemm import GemmConfig
+from ddtree_bench.engine.gpu.kernels.layer_ops import TritonOps
+from ddtree_bench.engine.gpu.kernels.warm import record
+from ddtree_bench.perf.shapes import SHAPES
+
+BANDS = (1, 16, 32, 64, 128, 256)   # a band: rows above the previous one up to this
+SMEM_BYTES = 220 * 1024   # what a launch may use of an H200 SM's 227 KB
+L2_SPAN_BYTES = 512 << 20  # the weight copies a timed graph cycles through (> 8x the L2)
+
+
+def projections(shape: str) -> dict[str, tuple[int, int, bool]]:
+    """name -> (N, K, swiglu) of the shape's weight GEMMs (N of gate_up: I, its output width)."""
+    c = SHAPES[shape]
+    H, I, D = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    qkv = (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * D
+    return {"qkv": (qkv, H, False), "o_proj": (H, c["num_attention_heads"] * D, False), "gate_up": (I, H, True),
+            "down": (H, I, False), "lm_head": (c["vocab_size"], H, False)}
+
+
+def candidates(block_m: int, swiglu: bool) -> list[GemmConfig]:
+    """Launch shapes worth timing for a row block: weight tiles of 32..128 rows, K steps 64..256, pipelines
+    of 2..6 stages (deeper for shorter K steps) within shared memory, 4 warps (also 8 for 128-row tiles);
+    split_k is added per problem."""
+    out = []
+    depth = {64: (4, 5, 6), 128: (3, 4, 5), 256: (2, 3)}   # K step -> pipeline depths worth trying
+    for bn, bk in itertools.product((32, 64, 128), depth):
+      for stages in depth[bk]:
+        for warps in ((4, 8) if block_m >= 128 or bn == 128 else (4,)):
+            c = GemmConfig(block_m, bn, bk, 1, warps, stages)
+            if swiglu and block_m * bn > 128 * 64:   # two fp32 accumulators: larger tiles spill registers
+                continue
+            if 24 * 1024 <= c.smem_bytes(swiglu) <= SMEM_BYTES:
+                out.append(c)
+    return out
+
+
+def splits_for(c: GemmConfig, M: int, N: int, K: int, sms: int) -> list[int]:
+    """split_k values that give about 1..4 programs per SM (never a K range under two K steps)."""
+    tiles = math.ceil(N / c.block_n) * math.ceil(M / c.block_m)
+    out = sorted({s for s in (1, 2, 3, 4, 6, 8) if K // s >= 2 * c.block_k and tiles * s <= 4 * sms
+                  and (s == 1 or tiles * s >= sms // 2)})
+    return out or [1]
+
+
+def compile_all(fn, device, threads: int = 16) -> None:
+    """Compile every distinct kernel variant fn() launches, one thread each (not run)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime import driver
+
+    seen, todo = set(), []
+    for la in record(fn):
+        key = (id(la.kernel), tuple(sorted((k, str(v)) for k, v in la.kwargs.items())),
+               tuple(str(x.dtype) if torch.is_tensor(x) else type(x).__name__ for x in la.args))
+        if key not in seen:
+            seen.add(key)
+            todo.append(la)
+    driver.active.get_current_target()
+
+    def one(la):
+        with torch.cuda.device(device):
+            la.kernel.warmup(*la.args, grid=la.grid, **la.kwargs)
+
+    with ThreadPoolExecutor(threads) as pool:
+        for f in [pool.submit(one, la) for la in todo]:
+            f.result()
+
+
+def timed(fn_for, copies: int, reps: int) -> float:
+    """ms per GEMM: a graph of `copies` calls (one per weight copy), replayed."""
+    return replay_ms(lambda: [fn_for(i) for i in range(copies)], reps=reps) / copies
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    ap.add_argument("--rows", default=",".join(map(str, BANDS)), help="row counts to time (a band's top enters the table)")
+    ap.add_argument("--only", default="", help="comma-separated projections (default: all)")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--max-candidates", type=int, default=0, help="cap the shapes timed per band (0: all)")
+    ap.add_argument("--min-gain", type=float, default=0.02, help="a shape enters the table if it beats cuBLAS by this share")
+    ap.add_argument("--write", default="", help="write the winning table here (JSON)")
+    ap.add_argument("--json", default="", help="write every measurement here (JSON)")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_gemm_tune: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    dt = getattr(torch, a.dtype)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    projs = projections(a.shape)
+    if a.only:
+        projs = {k: v for k, v in projs.items() if k in a.only.split(",")}
+    rows = [int(r) for r in a.rows.split(",")]
+    if any(r < 1 or r > BANDS[-1] for r in rows):
+        print(f"gpu_gemm_tune: --rows must lie in 1..{BANDS[-1]}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    print(f"# {torch.cuda.get_device_name(dev)}, {sms} SMs, {a.shape} {a.dtype}, torch {torch.__version__}", flush=True)
+    g = torch.Generator(device=dev).manual_seed(0)
+    weights, silu = {}, TritonOps(gemm_config=lambda *x, **k: None)
+    for name, (N, K, sw) in projs.items():
+        n_rows = 2 * N if sw else N
+        copies = max(2, math.ceil(L2_SPAN_BYTES / (n_rows * K * 2)))
+        weights[name] = [torch.randn(n_rows, K, device=dev, generator=g).to(dt) / math.sqrt(K) for _ in range(copies)]
+    results, table = [], {}
+    for M in rows:
+        band = next(b for b in BANDS if M <= b)
+        bm = max(16, 1 << (band - 1).bit_length()) if band <= 128 else 128
+        for name, (N, K, sw) in projs.items():
+            ws = weights[name]
+            x = torch.randn(M, K, device=dev, generator=g).to(dt)
+            base = (lambda i: silu.swiglu(x, ws[i])) if sw else (lambda i: F.linear(x, ws[i]))
+            want = base(0).float()
+            cublas_ms = timed(base, len(ws), a.reps)
+            runs = [dataclasses_replace(c, split_k=s) for c in candidates(bm, sw) for s in splits_for(c, M, N, K, sms)]
+            if a.max_candidates:
+                runs = runs[: a.max_candidates]
+            op = gemm.swiglu if sw else gemm.linear
+            compile_all(lambda: [op(x, ws[0], c) for c in runs], dev)
+            best = None
+            for c in runs:
+                try:
+                    err = (op(x, ws[0], c).float() - want).abs().max().item()
+                    ms = timed(lambda i, c=c: op(x, ws[i], c), len(ws), a.reps)
+                except Exception as e:  # a shape the compiler or the GPU refuses: skip it, say so
+                    print(f"  {name} M={M} {c}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
+                    continue
+                results.append({"proj": name, "rows": M, "config": c.__dict__, "ms": ms, "max_err": err})
+                if err < 0.1 and (best is None or ms < best[1]):
+                    best = (c, ms, err)
+            bytes_ = ws[0].numel() * 2
+            line = f"{name:8s} M={M:4d} cublas {cublas_ms * 1e3:8.1f} us ({bytes_ / cublas_ms / 1e6:6.0f} GB/s)"
+            results.append({"proj": name, "rows": M, "config": "cublas", "ms": cublas_ms})
+            if best:
+                c, ms, err = best
+                line += (f"  triton {ms * 1e3:8.1f} us ({bytes_ / ms / 1e6:6.0f} GB/s) x{cublas_ms / ms:5.2f}  "
+                         f"{c.block_m}x{c.block_n}x{c.block_k} split{c.split_k} w{c.warps} s{c.stages} err {err:.1e}")
+            if M == band:
+                win = best is not None and best[1] < cublas_ms * (1 - a.min_gain)
+                table.setdefault((N, K, sw), []).append((band, best[0] if win else None))
+            print(line + f"  [{len(runs)} shapes, {time.perf_counter() - t0:.0f} s]", flush=True)
+        doc = save(a, dev, table, results)   # after every row count: a run cut short keeps what it measured
+    print(json.dumps(doc))
+    return 0
+
+
+def save(a, dev, table, results) -> dict:
+    """Write the table so far (--write) and every measurement (--json); returns the table document."""
+    doc = gemm.table_to_json({k: tuple(sorted(v, key=lambda b: b[0])) for k, v in table.items()})
+    doc.update(device=torch.cuda.get_device_name(dev), capability=list(torch.cuda.get_device_capability(dev)),
+               shape=a.shape, dtype=a.dtype)
+    if a.write:
+        with open(a.write, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump({"results": results, "table": doc}, f)
+    return doc
+
+
+def dataclasses_replace(c: GemmConfig, **kw) -> GemmConfig:
+    from dataclasses import replace
+
+    return replace(c, **kw)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
