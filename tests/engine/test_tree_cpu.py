@@ -144,12 +144,16 @@ def test_log_probs_have_the_references_bits(threads):
     from ddtree_bench.engine.tree_vector import _topk_logprobs
 
     g = torch.Generator().manual_seed(4)
-    for scale in (1.0, 3.0, 7.0, 30.0):   # 30: most of exp(x - max) underflows (subnormal or 0)
-        x = torch.randn(64, 50000, generator=g) * scale
+    # 30 and 100: most of exp(x - max) underflows (subnormal or 0), where the normaliser floors x - max at
+    # EXP_FLOOR; the last set holds rows whose only mass is the max and values just around the floor
+    edge = torch.full((64, 50000), -1e4)
+    edge[:, : 64 * 8].view(64, 8, 64).copy_(torch.linspace(-86.0, -104.0, 64))
+    edge[:, -1] = 0.0
+    for x in [torch.randn(64, 50000, generator=g) * scale for scale in (1.0, 3.0, 7.0, 30.0, 100.0)] + [edge]:
         want_lp, want_ids = _topk_logprobs(x, 70)
         ranks = tree_cpu._LazyRanks(x, 70)
         for d in range(64):
             with tree_cpu._one_thread():
                 got = ranks.load(d, 69)
             assert ranks.tok[d] == want_ids[d].tolist()
-            assert torch.equal(torch.tensor(got), want_lp[d]), (scale, d)
+            assert torch.equal(torch.tensor(got), want_lp[d]), (x[d].abs().max().item(), d)
