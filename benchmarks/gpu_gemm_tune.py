@@ -3,8 +3,10 @@
 For each projection of a model shape (merged q/k/v, o_proj, merged gate/up with its SiLU, down, lm_head)
 and each row band (1, 2..16, ..32, ..64, ..128, ..256 rows; measured at the band's top), times
 cuBLAS (F.linear; + the fused SiLU kernel for gate/up, which is what the forward ran before) and every
-candidate launch shape of the Triton kernel, as one CUDA graph that runs the GEMM over enough copies of
-the weight to overflow L2 (so every call reads its weight from HBM, as in a forward). Prints one line
+candidate launch shape of the Triton kernel, as one CUDA graph that runs an RMSNorm of x and then the GEMM
+on it, over enough copies of the weight to overflow L2 (so every call reads its weight from HBM, and
+follows a short kernel, as in a forward: with PDL, kernels/pdl.py, the GEMM prefetches its weight into L2
+while the norm runs). Times are of the pair (norm + GEMM); GB/s counts the weight bytes over the pair. Prints one line
 per (projection, rows): cuBLAS ms, the best Triton shape and ms, their ratio and the achieved GB/s; the
 table (per band the best shape where it beat cuBLAS by more than --min-gain, else cuBLAS) goes to --write
 (JSON, for DDTREE_GEMM_TABLE or for pasting into gemm.H200_TABLE). Each band's compiles run first, one
@@ -126,7 +128,10 @@ def main(argv=None) -> int:
         print(f"gpu_gemm_tune: --rows must lie in 1..{BANDS[-1]}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    print(f"# {torch.cuda.get_device_name(dev)}, {sms} SMs, {a.shape} {a.dtype}, torch {torch.__version__}", flush=True)
+    from ddtree_bench.engine.gpu.kernels import pdl
+
+    print(f"# {torch.cuda.get_device_name(dev)}, {sms} SMs, {a.shape} {a.dtype}, torch {torch.__version__}, "
+          f"PDL {'on' if pdl.enabled(dev) else 'off'}; times: RMSNorm + GEMM", flush=True)
     g = torch.Generator(device=dev).manual_seed(0)
     weights, silu = {}, TritonOps(gemm_config=lambda *x, **k: None)
     for name, (N, K, sw) in projs.items():
@@ -140,8 +145,10 @@ def main(argv=None) -> int:
         for name, (N, K, sw) in projs.items():
             ws = weights[name]
             x = torch.randn(M, K, device=dev, generator=g).to(dt)
-            base = (lambda i: silu.swiglu(x, ws[i])) if sw else (lambda i: F.linear(x, ws[i]))
-            want = base(0).float()
+            norm_w = torch.ones(K, device=dev, dtype=dt)
+            pre = lambda: silu.rmsnorm(x, norm_w, 1e-6)  # noqa: E731 - the small kernel a forward runs before each GEMM
+            base = (lambda i: silu.swiglu(pre(), ws[i])) if sw else (lambda i: F.linear(pre(), ws[i]))
+            want = (silu.swiglu(x, ws[0]) if sw else F.linear(x, ws[0])).float()
             cublas_ms = timed(base, len(ws), a.reps)
             runs = [dataclasses_replace(c, split_k=s) for c in candidates(bm, sw) for s in splits_for(c, M, N, K, sms)]
             if a.max_candidates:
@@ -152,7 +159,7 @@ def main(argv=None) -> int:
             for c in runs:
                 try:
                     err = (op(x, ws[0], c).float() - want).abs().max().item()
-                    ms = timed(lambda i, c=c: op(x, ws[i], c), len(ws), a.reps)
+                    ms = timed(lambda i, c=c: op(pre(), ws[i], c), len(ws), a.reps)
                 except Exception as e:  # a shape the compiler or the GPU refuses: skip it, say so
                     print(f"  {name} M={M} {c}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
                     continue

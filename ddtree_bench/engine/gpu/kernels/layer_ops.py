@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_bench.engine.gpu.kernels import gemm
+from ddtree_bench.engine.gpu.kernels import gemm, pdl
 from ddtree_bench.engine.gpu.kernels.common import tl, triton
 from ddtree_bench.engine.gpu.ops import TorchOps
 
@@ -20,7 +20,9 @@ from ddtree_bench.engine.gpu.ops import TorchOps
 if triton is not None:
 
     @triton.jit
-    def _rmsnorm_kernel(X, R, W, Y, XO, N, eps, sx, sr, sy, sxo, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    def _rmsnorm_kernel(X, R, W, Y, XO, N, eps, sx, sr, sy, sxo, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+                        USE_GDC: tl.constexpr):
+        pdl.enter(USE_GDC)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         m = cols < N
@@ -47,7 +49,8 @@ if triton is not None:
 
     @triton.jit
     def _qkv_rope_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, Q, KC, VC, sch, scs_slot, START, T, n_q, n_kv, eps,
-                         HALF: tl.constexpr, HB: tl.constexpr, HAS_NORM: tl.constexpr):
+                         HALF: tl.constexpr, HB: tl.constexpr, HAS_NORM: tl.constexpr, USE_GDC: tl.constexpr):
+        pdl.enter(USE_GDC)
         t = tl.program_id(0)
         h = tl.program_id(1)               # q heads 0..n_q-1, then k heads; k head h sits at column h*D too
         i = tl.arange(0, HB)
@@ -84,7 +87,8 @@ if triton is not None:
             tl.store(vb + HALF + i, tl.load(vrow + HALF + i, mask=m, other=0.0), mask=m)
 
     @triton.jit
-    def _silu_mul_kernel(GU, Y, I, sgu, sy, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(GU, Y, I, sgu, sy, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+        pdl.enter(USE_GDC)
         t = tl.program_id(0)
         j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = j < I
@@ -97,6 +101,12 @@ if triton is not None:
 
 def _warps(block: int) -> int:
     return max(1, min(16, block // 256))
+
+
+def _launch_opts(device, warps: int) -> dict:
+    """num_warps, and programmatic dependent launch where kernels/pdl.py enables it."""
+    gdc = pdl.enabled(device)
+    return dict(num_warps=warps, USE_GDC=gdc, launch_pdl=gdc)
 
 
 class TritonOps(TorchOps):
@@ -115,7 +125,7 @@ class TritonOps(TorchOps):
         y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, w.dtype), device=x.device)
         B = triton.next_power_of_2(x.shape[1])
         _rmsnorm_kernel[(x.shape[0],)](x, x, w, y, x, x.shape[1], eps, x.stride(0), 0, y.stride(0), 0,
-                                       HAS_RES=False, BLOCK=B, num_warps=_warps(B))
+                                       HAS_RES=False, BLOCK=B, **_launch_opts(x.device, _warps(B)))
         return y
 
     def add_rmsnorm(self, x, d, w, eps):
@@ -125,7 +135,7 @@ class TritonOps(TorchOps):
         y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, w.dtype), device=x.device)
         B = triton.next_power_of_2(x.shape[1])
         _rmsnorm_kernel[(x.shape[0],)](x, d, w, y, xo, x.shape[1], eps, x.stride(0), d.stride(0), y.stride(0), xo.stride(0),
-                                       HAS_RES=True, BLOCK=B, num_warps=_warps(B))
+                                       HAS_RES=True, BLOCK=B, **_launch_opts(x.device, _warps(B)))
         return xo, y
 
     def qkv_rope(self, qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start):
@@ -138,7 +148,7 @@ class TritonOps(TorchOps):
         _qkv_rope_kernel[(T, n_q + n_kv)](
             qkv, qkv.stride(0), q_w if norm else qkv, k_w if norm else qkv, cos, sin, cos.stride(0),
             q if n_q else qkv, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), start, T, n_q, n_kv, eps,
-            HALF=D // 2, HB=triton.next_power_of_2(D // 2), HAS_NORM=norm, num_warps=1)
+            HALF=D // 2, HB=triton.next_power_of_2(D // 2), HAS_NORM=norm, **_launch_opts(qkv.device, 1))
         return q
 
     def silu_mul(self, gate_up):
@@ -147,7 +157,8 @@ class TritonOps(TorchOps):
         T, I = gate_up.shape[0], gate_up.shape[1] // 2
         y = torch.empty((T, I), dtype=gate_up.dtype, device=gate_up.device)
         B = 1024
-        _silu_mul_kernel[(T, triton.cdiv(I, B))](gate_up, y, I, gate_up.stride(0), y.stride(0), BLOCK=B, num_warps=4)
+        _silu_mul_kernel[(T, triton.cdiv(I, B))](gate_up, y, I, gate_up.stride(0), y.stride(0), BLOCK=B,
+                                                 **_launch_opts(gate_up.device, 4))
         return y
 
     def _gemm(self, x, w, b, n: int, swiglu: bool):
