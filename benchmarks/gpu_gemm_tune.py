@@ -9,8 +9,8 @@ follows a short kernel, as in a forward: with PDL, kernels/pdl.py, the GEMM pref
 while the norm runs). Times are of the pair (norm + GEMM); GB/s counts the weight bytes over the pair. Prints one line
 per (projection, rows): cuBLAS ms, the best Triton shape and ms, their ratio and the achieved GB/s; the
 table (per band the best shape where it beat cuBLAS by more than --min-gain, else cuBLAS) goes to --write
-(JSON, for DDTREE_GEMM_TABLE or for pasting into gemm.H200_TABLE). Each band's compiles run first, one
-thread per launch shape.
+(JSON, for DDTREE_GEMM_TABLE or for pasting into gemm.H200_TABLE). Each band's compiles run first, a
+thread per variant (kernels/warm.py).
 
     python benchmarks/gpu_gemm_tune.py --shape qwen3-8b --write table.json [--json all.json]
 """
@@ -31,7 +31,7 @@ from ddtree_bench.engine.gpu.graphs import replay_ms
 from ddtree_bench.engine.gpu.kernels import gemm
 from ddtree_bench.engine.gpu.kernels.gemm import GemmConfig
 from ddtree_bench.engine.gpu.kernels.layer_ops import TritonOps
-from ddtree_bench.engine.gpu.kernels.warm import record
+from ddtree_bench.engine.gpu.kernels.warm import warm
 from ddtree_bench.perf.shapes import SHAPES
 
 BANDS = (1, 16, 32, 64, 128, 256)   # a band: rows above the previous one up to this
@@ -71,30 +71,6 @@ def splits_for(c: GemmConfig, M: int, N: int, K: int, sms: int) -> list[int]:
     out = sorted({s for s in (1, 2, 3, 4, 6, 8) if K // s >= 2 * c.block_k and tiles * s <= 4 * sms
                   and (s == 1 or tiles * s >= sms // 2)})
     return out or [1]
-
-
-def compile_all(fn, device, threads: int = 16) -> None:
-    """Compile every distinct kernel variant fn() launches, one thread each (not run)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from triton.runtime import driver
-
-    seen, todo = set(), []
-    for la in record(fn):
-        key = (id(la.kernel), tuple(sorted((k, str(v)) for k, v in la.kwargs.items())),
-               tuple(str(x.dtype) if torch.is_tensor(x) else type(x).__name__ for x in la.args))
-        if key not in seen:
-            seen.add(key)
-            todo.append(la)
-    driver.active.get_current_target()
-
-    def one(la):
-        with torch.cuda.device(device):
-            la.kernel.warmup(*la.args, grid=la.grid, **la.kwargs)
-
-    with ThreadPoolExecutor(threads) as pool:
-        for f in [pool.submit(one, la) for la in todo]:
-            f.result()
 
 
 def timed(fn_for, copies: int, reps: int) -> float:
@@ -154,7 +130,7 @@ def main(argv=None) -> int:
             if a.max_candidates:
                 runs = runs[: a.max_candidates]
             op = gemm.swiglu if sw else gemm.linear
-            compile_all(lambda: [op(x, ws[0], c) for c in runs], dev)
+            warm(lambda: [op(x, ws[0], c) for c in runs], dev, per="variant")   # every shape compiled at once
             best = None
             for c in runs:
                 try:

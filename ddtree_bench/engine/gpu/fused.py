@@ -35,7 +35,8 @@ from ddtree_bench.engine.gpu.kernels.common import triton
 from ddtree_bench.engine.gpu.kernels.layer_ops import TritonOps
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
 
-__all__ = ["merge_projections", "ensure_merged", "ops_for", "self_test", "TorchOps", "TORCH_OPS", "TritonOps", "triton"]
+__all__ = ["merge_projections", "ensure_merged", "warm_linears", "ops_for", "self_test", "TorchOps", "TORCH_OPS",
+           "TritonOps", "triton"]
 
 
 # ---------------------------------------------------------------------------- merged projections
@@ -79,6 +80,36 @@ def ensure_merged(model: nn.Module) -> None:
     first = next((m for m in model.modules() if hasattr(m, "q_proj")), None)
     if first is not None and not _merged(getattr(first, "qkv_weight", None), first.q_proj):
         merge_projections(model)
+
+
+def warm_linears(models, ops: TorchOps, rows, device) -> int:
+    """Compile, concurrently (kernels/warm.py, a thread per variant), the weight-GEMM kernels the static
+    forwards of `models` (merged) launch through `ops` at each row count of `rows` - so a new budget's
+    first verify waits for its slowest GEMM variant, not for each in turn. Only TritonOps has any (its
+    table's launch shapes; the other shapes run cuBLAS, here on empty rows). Returns the launches warmed."""
+    from ddtree_bench.engine.gpu.kernels.warm import warm
+
+    if not hasattr(ops, "gemm_config"):
+        return 0
+    weights: dict[tuple, tuple[torch.Tensor, bool]] = {}
+    for model in models:
+        for m in model.modules():
+            for w, swiglu in ((getattr(m, "qkv_weight", None), False), (getattr(m, "gate_up_weight", None), True)):
+                if w is not None:
+                    weights.setdefault((tuple(w.shape), swiglu), (w, swiglu))
+            for name in ("o_proj", "down_proj", "lm_head"):
+                lin = getattr(m, name, None)
+                if isinstance(lin, nn.Linear) and lin.bias is None:
+                    weights.setdefault((tuple(lin.weight.shape), False), (lin.weight, False))
+
+    def calls():
+        for n in rows:
+            for w, swiglu in weights.values():
+                x = torch.empty((n, w.shape[1]), dtype=w.dtype, device=w.device)
+                (ops.swiglu if swiglu else ops.linear)(x, w)
+
+    with torch.no_grad():
+        return warm(calls, device, per="variant")
 
 
 # ---------------------------------------------------------------------------- choosing

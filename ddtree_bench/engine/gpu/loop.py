@@ -179,6 +179,7 @@ class FastLoop:
         self.capacity = 0
         self.rounds: list[dict[str, float]] = []
         self._min_capacity = capacity
+        self._warmed_rows: set[int] = set()   # row counts whose weight-GEMM variants are compiled
         self._builders: dict[tuple[int, str], Any] = {}
         for m in (target, self.drafter):   # before any capture: the merge allocates
             if m is not None:
@@ -254,7 +255,22 @@ class FastLoop:
                 made[k] = visible_bias(draft_visible(d, i, self.start, bs, self.capacity), self.dtype, self.dgroup)
             biases.append(made[k])
         h = draft_forward(d, ctx, emb, self.dkv, self.ctx_start, self.start, biases, self.ops)
-        self.dlogits.copy_(self.target.lm_head(h[1:]))
+        self.dlogits.copy_(self.ops.linear(h[1:], self.target.lm_head.weight, self.target.lm_head.bias))
+
+    def _warm_linears(self, rows: int | None) -> None:
+        """Compile the weight GEMMs a verify of `rows` tokens (and, first time, the draft block) will launch,
+        all at once (fused.warm_linears), before the stages capture them one after another."""
+        from ddtree_bench.engine.gpu.fused import warm_linears
+
+        if self.device.type != "cuda":
+            return
+        block = self.proposer.block_size if self.proposer is not None else None   # the draft's rows; its logits' one fewer
+        want = {r for r in (rows, block, block and block - 1) if r}
+        want -= self._warmed_rows
+        if want:
+            models = [self.target] + ([self.drafter] if self.drafter is not None else [])
+            warm_linears(models, self.ops, sorted(want), self.device)
+            self._warmed_rows |= want
 
     def _builder(self, budget: int, kind: str):
         """The tree builder for a budget (builders.choose: auto compiles and checks the one Triton builder
@@ -273,6 +289,7 @@ class FastLoop:
         dev = self.device
         pool = Pool(dev)
         if method == "ar":
+            self._warm_linears(1)
             b = _Bucket("ar", 1)
             b.stages["verify"] = Stage(lambda: self._verify_ar(), dev, pool, g, name="verify")
             b.stages["walk"] = Stage(lambda: self._walk_ar(b, greedy), dev, pool, g, name="walk")
@@ -288,6 +305,7 @@ class FastLoop:
                 builder = self._builders[(budget, kind)]
                 width = 1 + builder.N
                 build = lambda: TreeOut(*builder(self.dlogits))  # noqa: E731
+            self._warm_linears(width)
             b = _Bucket(method, width)
             if method == "ddtree":
                 b.builder = builder

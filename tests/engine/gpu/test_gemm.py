@@ -66,3 +66,47 @@ def test_every_h200_table_entry_fits_an_sm_and_its_bands_rise():
         for _, c in bands:
             if c is not None:
                 assert c.smem_bytes(swiglu) <= 227 * 1024 and c.block_m & (c.block_m - 1) == 0
+
+
+def _jit_kernels() -> bool:
+    try:
+        from triton.runtime.jit import JITFunction
+    except Exception:
+        return False
+    return isinstance(gemm._gemm_kernel, JITFunction)   # not Triton's interpreter
+
+
+jit_only = pytest.mark.skipif(not _jit_kernels(), reason="needs Triton's JIT kernels (installed, TRITON_INTERPRET unset)")
+
+
+@jit_only
+def test_warm_linears_records_each_projections_gemm_per_row_count_and_warms_per_variant(monkeypatch):
+    """fused.warm_linears (the fast loop's before a new budget's first verify) records, not runs, the GEMM
+    launches of every merged projection and lm_head at each row count, and compiles them a thread per variant."""
+    from ddtree_bench.engine.gpu import fused
+    from ddtree_bench.engine.gpu.kernels import warm
+    from ddtree_bench.engine.loading import random_pair
+
+    target, _ = random_pair(seed=1, vocab_size=97)
+    fused.merge_projections(target)
+    seen = []
+    monkeypatch.setattr(warm, "warm", lambda fn, device, per="kernel": seen.append((per, warm.record(fn))) or 0)
+    ops = fused.TritonOps(gemm_config=lambda M, N, K, dtype, device, swiglu=False: GemmConfig(16, 16, 32, 2 if swiglu else 1, 4, 2))
+    fused.warm_linears([target, target], ops, [1, 17], "cpu")
+    (per, launches), = seen
+    assert per == "variant"
+    kernels = [la.kernel for la in launches]
+    # per row count: q/k/v, o_proj, down, lm_head one launch each, gate/up + SiLU split in two (kernel + reduce)
+    assert kernels.count(gemm._gemm_kernel) == 2 * 5 and kernels.count(gemm._gemm_split_reduce) == 2
+    assert fused.warm_linears([target], fused.TORCH_OPS, [1], "cpu") == 0 and len(seen) == 1   # the twin has none
+
+
+@jit_only
+def test_variant_key_follows_tritons_integer_specialisations():
+    from ddtree_bench.engine.gpu.kernels import warm
+
+    x = torch.empty(4, 32)
+    key = lambda m, t=x: warm.variant_key(warm.Launch(gemm._gemm_kernel, (1,), (t, m), {"BLOCK_M": 16}))  # noqa: E731
+    assert key(17) == key(33) != key(16) == key(48)   # multiples of 16 compile apart
+    assert key(1) != key(17)                          # and 1
+    assert key(17) != key(17, x.double())             # and another dtype

@@ -6,7 +6,8 @@ start waits for its slowest kernel function instead of the sum of all its compil
 `warm(fn, device)` calls fn collecting, then compiles every recorded launch with
 `JITFunction.warmup` (compile, no launch) on one thread per kernel function, its launches in order (so
 a variant several launches share is compiled once and then found in Triton's cache), at most
-os.cpu_count() threads. Triton's passes release the GIL and ptxas is a subprocess, so the threads
+os.cpu_count() threads; `per="variant"` gives each distinct variant of a function its own thread
+(`variant_key`: the weight GEMM's launch shapes are many variants of one function). Triton's passes release the GIL and ptxas is a subprocess, so the threads
 compile in parallel (docs/gpu-performance.md, "Cold start"). The compiled kernels land in Triton's
 in-memory and on-disk caches, where fn's real launches then find them. Host code in fn that reads a
 kernel's output must not do so while collecting (`collecting()` is true; the top-K returns zeros).
@@ -62,13 +63,28 @@ def record(fn: Callable[[], Any]) -> list[Launch]:
     return sink
 
 
-def warm(fn: Callable[[], Any], device) -> int:
-    """Compile (not run) every kernel fn() launches, one thread per kernel function; returns how many
-    launches were warmed. A compile error is raised here, as the real launch would raise it."""
+def variant_key(la: Launch) -> tuple:
+    """What Triton compiles a launch for, as far as it shows from the call: the kernel, its compile-time
+    keyword arguments, and per positional argument its dtype (tensors) or whether it is 1 or a multiple
+    of 16 (ints: Triton's integer specialisations). Launches with one key share one compiled variant."""
+    def spec(a):
+        if torch.is_tensor(a):
+            return str(a.dtype), a.data_ptr() % 16 == 0
+        if isinstance(a, bool) or not isinstance(a, int):
+            return type(a).__name__
+        return a == 1, a % 16 == 0
+
+    return id(la.kernel), tuple(sorted((k, repr(v)) for k, v in la.kwargs.items())), tuple(spec(a) for a in la.args)
+
+
+def warm(fn: Callable[[], Any], device, per: str = "kernel") -> int:
+    """Compile (not run) every kernel fn() launches, one thread per kernel function (per="variant": per
+    variant_key); returns how many launches were warmed. A compile error is raised here, as the real
+    launch would raise it."""
     launches = record(fn)
-    by_kernel: dict[int, list[Launch]] = {}
+    by_kernel: dict[Any, list[Launch]] = {}
     for la in launches:
-        by_kernel.setdefault(id(la.kernel), []).append(la)
+        by_kernel.setdefault(id(la.kernel) if per == "kernel" else variant_key(la), []).append(la)
     dev = torch.device(device)
 
     def compile_chain(chain: list[Launch]) -> None:
