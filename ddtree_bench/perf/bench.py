@@ -30,7 +30,7 @@ from ddtree_bench import defaults as D
 from ddtree_bench.run_spec import parse_budgets
 from ddtree_bench.engine.gpu.loop import ROUND_STAGES
 from ddtree_bench.perf.shapes import BLOCK_SIZE
-from ddtree_bench.perf.roofline import roofline_ms, roofline_rows, weight_bytes_and_params
+from ddtree_bench.perf.roofline import linear_bytes_and_params, roofline_ms, roofline_rows, weight_bytes_and_params
 from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
 
 
@@ -378,13 +378,15 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
 
     result["layer_ops"] = ops_for(dev, target.lm_head.weight.dtype, spec.layer_ops).name
     weight_bytes, params = weight_bytes_and_params(target)   # before verify_curve merges projections
+    gemm_bytes, gemm_params = linear_bytes_and_params(target)
     curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs, layer_ops=spec.layer_ops,
                           logit_scale=spec.curve_logit_scale)
     result["verify_curve_ms"] = curves
     progress(f"verify curve ms: {curves}")
     curve = curves["graph"] or curves["eager"]
     result["verify_roofline"] = {"weight_bytes": weight_bytes, "params": params, "timing": "graph" if curves["graph"] else "eager",
-                                 "rows": roofline_rows(curve, weight_bytes, params)}
+                                 "rows": roofline_rows(curve, weight_bytes, params),
+                                 "gemm_weight_bytes": gemm_bytes, "gemm_params": gemm_params}
 
     result["rounds"] = []
     configs = [("ar", 0)] + ([("dflash", 0)] + [("ddtree", b) for b in spec.budgets] if drafter is not None else [])

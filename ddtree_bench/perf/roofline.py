@@ -35,6 +35,16 @@ def weight_bytes_and_params(model: torch.nn.Module) -> tuple[int, int]:
     return sum(p.numel() * p.element_size() for p in ps), sum(p.numel() for p in ps)
 
 
+def linear_bytes_and_params(model: torch.nn.Module) -> tuple[int, int]:
+    """(bytes, count) of the weights a forward multiplies: every nn.Linear's (the embedding table only where
+    lm_head ties to it), once each - the GEMMs' own roofline (`roofline_ms` of these)."""
+    seen: dict[int, torch.Tensor] = {}
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            seen.setdefault(m.weight.data_ptr(), m.weight)
+    return sum(w.numel() * w.element_size() for w in seen.values()), sum(w.numel() for w in seen.values())
+
+
 def roofline_ms(weight_bytes: int, params: int, tokens: int) -> float:
     return 1e3 * max(weight_bytes / HBM_BYTES_PER_S, 2.0 * params * tokens / DENSE_FLOP_PER_S)
 

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ddtree_bench.display import table
+from ddtree_bench.perf.roofline import roofline_ms
 
 
 def _f(x: Any, d: int = 3) -> Any:
     return None if x is None else (round(x, d) if isinstance(x, float) else x)
 
 
-def profile_tables(prof: dict[str, dict[Any, dict[str, Any]]], top: int | None = None) -> str:
+def profile_tables(prof: dict[str, dict[Any, dict[str, Any]]], top: int | None = None,
+                   gemm_limit_ms: Callable[[int], float] | None = None) -> str:
     """bench-engine --profile: per column and n, the kernel time by family and the idle time between
-    kernels, then the top kernels (ms per forward, launches, share of the kernel time)."""
+    kernels, then the top kernels (ms per forward, launches, share of the kernel time). gemm_limit_ms(n):
+    the weight GEMMs' own roofline, for a "gemm x" column (gemm ms / that limit)."""
     from ddtree_bench.perf.profile import FAMILIES
 
     parts = []
@@ -21,10 +24,14 @@ def profile_tables(prof: dict[str, dict[Any, dict[str, Any]]], top: int | None =
         rows = []
         for n in sorted(per_n, key=int):
             p = per_n[n]
+            gemm = p["families_ms"].get("gemm", 0.0)
             rows.append([n, p["source"], _f(p.get("wall_ms")), _f(p["kernel_ms"])] + [_f(p["families_ms"].get(f, 0.0)) for f in FAMILIES]
-                        + [_f(p.get("gap_ms"))])
-        parts.append(f"\nverify profile ({col}): ms per forward by kernel family; idle = measured - kernel time:\n"
-                     + table(rows, ["tokens", "source", "measured", "kernels"] + list(FAMILIES) + ["idle"]))
+                        + [_f(p.get("gap_ms"))] + ([_f(gemm / gemm_limit_ms(int(n)), 2)] if gemm_limit_ms else []))
+        limit = ("; gemm x = gemm ms / the GEMMs' roofline (their weights' bytes at 4.3 TB/s or their FLOPs at 790 TFLOP/s)"
+                 if gemm_limit_ms else "")
+        parts.append(f"\nverify profile ({col}): ms per forward by kernel family; idle = measured - kernel time{limit}:\n"
+                     + table(rows, ["tokens", "source", "measured", "kernels"] + list(FAMILIES) + ["idle"]
+                             + (["gemm x"] if gemm_limit_ms else [])))
         for n in sorted(per_n, key=int):
             p = per_n[n]
             ks = p["kernels"][:top] if top else p["kernels"]
@@ -67,7 +74,8 @@ def render(result: dict[str, Any]) -> str:
 
     prof = result.get("verify_profile")
     if prof:
-        parts.append(profile_tables(prof))
+        gb, gp = (roof or {}).get("gemm_weight_bytes"), (roof or {}).get("gemm_params")
+        parts.append(profile_tables(prof, gemm_limit_ms=(lambda n: roofline_ms(gb, gp, n)) if gb else None))
 
     rows = []
     for r in result["rounds"]:

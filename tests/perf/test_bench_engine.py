@@ -223,3 +223,32 @@ def test_roofline_rows_reproduce_the_issue_figures_and_the_table_shows_them():
     assert "AR round 6.0 ms = 1.57x roofline(1)" in text
     row1 = [ln.split() for ln in text.splitlines() if ln.split()[:2] == ["1", "5.66"]][-1]   # the roofline table's row
     assert row1[2:4] == ["3.81", "1.49"]
+
+
+def test_the_profile_table_puts_the_gemms_beside_their_own_roofline():
+    """The GEMMs' roofline counts the weights a forward multiplies (every nn.Linear once: no embedding table
+    unless lm_head ties to it): 15.1 GB at the 8B shape, so n = 128's GEMMs at 4.54 ms are 1.29x their limit."""
+    from ddtree_bench.engine.loading import random_pair
+    from ddtree_bench.perf.roofline import linear_bytes_and_params
+    from ddtree_bench.perf.tables import render
+
+    toy, _ = random_pair(seed=1, vocab_size=64)
+    linear_bytes, linear_params = linear_bytes_and_params(toy)
+    every = sum(p.numel() for p in toy.parameters())
+    embed = toy.model.embed_tokens.weight.numel()
+    norms = sum(p.numel() for n, p in toy.named_parameters() if p.dim() == 1)
+    tied = toy.lm_head.weight.data_ptr() == toy.model.embed_tokens.weight.data_ptr()
+    assert linear_params == every - norms - (0 if tied else embed) and linear_bytes == 4 * linear_params
+
+    H, I, V, L = 4096, 12288, 151936, 36
+    gp = L * ((32 + 16) * 128 * H + H * 32 * 128 + 3 * H * I) + V * H
+    prof = {"graph": {"128": {"source": "graph", "wall_ms": 6.22, "kernel_ms": 5.87, "gap_ms": 0.35, "kernels": [],
+                              "families_ms": {"gemm": 4.54, "attention": 0.88}}}}
+    res = {"spec": {"shape": "qwen3-8b", "model": "toy", "dtype": "bfloat16", "device": "cuda", "prefix_len": 1024},
+           "date": "2026-12-01", "rounds": [], "verify_curve_ms": {"graph": {128: 6.22}, "eager": {}}, "verify_profile": prof,
+           "verify_roofline": {"weight_bytes": 2 * gp, "params": gp, "timing": "graph", "rows": [],
+                               "gemm_weight_bytes": 2 * gp, "gemm_params": gp}}
+    lines = render(res).splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("verify profile (graph)"))
+    assert "gemm x = gemm ms / the GEMMs' roofline" in lines[head]
+    assert lines[head + 1].split()[-1] == "x" and lines[head + 3].split()[-1] == "1.29"
