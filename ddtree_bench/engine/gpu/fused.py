@@ -86,7 +86,7 @@ def warm_linears(models, ops: TorchOps, rows, device) -> int:
     """Compile, concurrently (kernels/warm.py, a thread per variant), the weight-GEMM kernels the static
     forwards of `models` (merged) launch through `ops` at each row count of `rows` - so a new budget's
     first verify waits for its slowest GEMM variant, not for each in turn. Only TritonOps has any (its
-    table's launch shapes; the other shapes run cuBLAS, here on empty rows). Returns the launches warmed."""
+    table's launch shapes; shapes it leaves to cuBLAS are skipped). Returns the launches warmed."""
     from ddtree_bench.engine.gpu.kernels.warm import warm
 
     if not hasattr(ops, "gemm_config"):
@@ -105,8 +105,10 @@ def warm_linears(models, ops: TorchOps, rows, device) -> int:
     def calls():
         for n in rows:
             for w, swiglu in weights.values():
-                x = torch.empty((n, w.shape[1]), dtype=w.dtype, device=w.device)
-                (ops.swiglu if swiglu else ops.linear)(x, w)
+                width = w.shape[0] // 2 if swiglu else w.shape[0]
+                if ops.gemm_config(n, width, w.shape[1], w.dtype, w.device, swiglu=swiglu) is not None:
+                    x = torch.empty((n, w.shape[1]), dtype=w.dtype, device=w.device)
+                    (ops.swiglu if swiglu else ops.linear)(x, w)
 
     with torch.no_grad():
         return warm(calls, device, per="variant")
