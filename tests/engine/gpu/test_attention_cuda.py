@@ -41,3 +41,54 @@ def test_one_captured_graph_follows_the_growing_prefix(dtype, T):
         assert stage.captured
     finally:
         stage.release()
+
+
+@pytest.mark.parametrize("n", [1, 16, 64, 257])
+def test_one_launch_and_dense_tree_variants_in_a_graph_follow_the_prefix_and_match_sdpa(n):
+    """The folded combine (counters reset by the kernel itself) and the dense tree phase inside one captured
+    graph, replayed at several prefix lengths: every replay gives SDPA's result with compile_tree's bias
+    (bf16, head dim 128, 4 query heads per KV head, a deep built tree: depth up to 15)."""
+    from ddtree_bench.engine.gpu.kernels.attention import counters, live_attend
+    from ddtree_bench.engine.gpu.kernels.tree_attention import Config, tree_attend
+    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+
+    dt, dev = torch.bfloat16, torch.device("cuda")
+    Hq, Hkv, D, S, L = 32, 8, 128, 2048, 15
+    g = torch.Generator(device=dev).manual_seed(n)
+    q = torch.randn(Hq, n, D, generator=g, device=dev).to(dt)
+    k = torch.randn(Hkv, S, D, generator=g, device=dev).to(dt)
+    v = torch.randn(Hkv, S, D, generator=g, device=dev).to(dt)
+    if n == 1:
+        tok = par = dep = torch.empty(0, dtype=torch.long, device=dev)
+    else:
+        logits = torch.randn(L, 512, generator=torch.Generator().manual_seed(n)).to(dev) * 12
+        tok, par, dep = StaticTreeBuilder(L, 512, n - 1, dev)(logits)
+    start = torch.tensor(100, device=dev)
+
+    def compiled():
+        _, pos_, _, bias_, path_ = compile_tree(torch.zeros(1, dtype=torch.long, device=dev), tok, par, dep, start, S,
+                                                dt, Hq // Hkv, L)
+        return pos_, bias_, path_
+
+    pos, bias, path = compiled()
+    variants = [lambda: live_attend(q, k, v, bias, start + n, start, fold=True)]
+    for dense, fold in ((True, False), (True, True), (False, True)):
+        for bm, bn in ((16, 64), (64, 64)):
+            c = Config(bm, bn, 4, 2, tree_dense=dense, fold=fold)
+            variants.append(lambda c=c: tree_attend(q, k, v, path, pos, start, launch=c))
+    stages = [Stage(f, dev, name=f"attend{i}") for i, f in enumerate(variants)]
+    try:
+        for p in (100, 700, 1500, S - n):
+            start.fill_(p)
+            new_pos, new_bias, new_path = compiled()
+            pos.copy_(new_pos), bias.copy_(new_bias), path.copy_(new_path)
+            want = grouped_attend(q, k, v, bias).float()
+            for stage in stages:
+                torch.testing.assert_close(stage.run().float(), want, rtol=2e-2, atol=2e-2)
+        assert all(s.captured for s in stages)
+        torch.cuda.synchronize()
+        assert not counters(dev, 1).any()
+    finally:
+        for s in stages:
+            s.release()

@@ -51,9 +51,38 @@ def test_live_attend_equals_sdpa_over_every_slot_and_reads_nothing_past_live(dty
     v[:, live:] = float("nan")
     st = torch.tensor(start, device=DEV)
     for prefix in (None, st):
-        got = live_attend(q, k, v, bias, st + T, prefix, splits=splits)
-        assert got.shape == want.shape and got.dtype == want.dtype
-        torch.testing.assert_close(got.float(), want.float(), **_tol(dt))
+        for fold in (False, True):   # combine as a second launch, or folded into the one launch
+            got = live_attend(q, k, v, bias, st + T, prefix, splits=splits, fold=fold)
+            assert got.shape == want.shape and got.dtype == want.dtype
+            torch.testing.assert_close(got.float(), want.float(), **_tol(dt))
+
+
+@pytest.mark.gpu
+@triton_only
+def test_a_folded_launch_sets_its_counters_back_to_zero_so_the_next_launch_combines_again():
+    """The one-launch combine: the last range of a row block to finish reduces the partials and resets the
+    block's counter. Three launches in a row each give SDPA's result (a counter left at n would make the next
+    launch's last range miss its turn and leave the output unwritten), and the counters end at zero."""
+    from ddtree_bench.engine.gpu.kernels.attention import counters, live_attend
+    from ddtree_bench.engine.gpu.kernels.tree_attention import Config, tree_attend
+
+    S, D, T, start = 128, 16, 6, 40
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((4, T, D), (2, S, D), (2, S, D)))
+    par, dep, path = _random_tree(T - 1, 3, seed=8)
+    from ddtree_bench.engine.gpu.tree_ops import ancestors
+
+    st = torch.tensor(start, device=DEV)
+    bias = visible_bias(verify_visible(ancestors(par.to(DEV), 3), st, S), torch.float32, 2)
+    want = grouped_attend(q, k, v, bias)
+    pos = st + torch.cat([torch.zeros(1, dtype=torch.long), dep]).to(DEV)
+    for _ in range(3):
+        torch.testing.assert_close(live_attend(q, k, v, bias, st + T, st, splits=3, fold=True), want,
+                                   **_tol(torch.float32))
+        torch.testing.assert_close(tree_attend(q, k, v, path.to(DEV), pos, st, splits=2,
+                                               launch=Config(16, 16, 4, 1, tree_dense=True, fold=True)), want,
+                                   **_tol(torch.float32))
+    assert not counters(DEV, 1).any()
 
 
 @pytest.mark.gpu
@@ -119,14 +148,18 @@ def test_auto_takes_the_kernel_up_to_its_row_limit_and_sdpa_above():
     assert wanted(torch.empty(8, AUTO_MAX_ROWS, 16, device=DEV), k)   # no grouping: rows = T
 
 
-def _random_tree(N: int, L: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _random_tree(N: int, L: int, seed: int, chain: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """parents [N] (1-based, root 0) with every parent before its child and depth <= L; depths [N]; path [1+N, L+1]
-    (row t: the node at each depth 0..depth(t), the rest -1: never read)."""
+    (row t: the node at each depth 0..depth(t), the rest -1: never read). chain: the chance that a node's parent
+    is the node just before it (when that one is shallower than L), else a uniform pick: deep trees."""
     g = torch.Generator().manual_seed(seed)
     par, dep = [], [0]
     for i in range(1, N + 1):
         choices = [j for j in range(i) if dep[j] < L]
-        p = choices[int(torch.randint(len(choices), (1,), generator=g))]
+        if chain > 0 and dep[i - 1] < L and float(torch.rand(1, generator=g)) < chain:
+            p = i - 1
+        else:
+            p = choices[int(torch.randint(len(choices), (1,), generator=g))]
         par.append(p)
         dep.append(dep[p] + 1)
     path = torch.full((N + 1, L + 1), -1, dtype=torch.long)
@@ -141,17 +174,25 @@ def _random_tree(N: int, L: int, seed: int) -> tuple[torch.Tensor, torch.Tensor,
 @pytest.mark.gpu
 @triton_only
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("Hq,Hkv,N,start,splits", [(4, 1, 0, 100, None), (4, 2, 6, 70, None), (4, 2, 6, 70, 1),
-                                                   (2, 2, 20, 3, 3), (8, 2, 40, 60, 2), (4, 1, 130, 64, 1)])
-def test_tree_attend_equals_sdpa_with_the_trees_bias_and_reads_only_prefix_and_ancestors(dtype, Hq, Hkv, N, start, splits):
+@pytest.mark.parametrize("Hq,Hkv,N,start,splits,L", [(4, 1, 0, 100, None, 5), (4, 2, 6, 70, None, 5),
+                                                     (4, 2, 6, 70, 1, 5), (2, 2, 20, 3, 3, 5), (8, 2, 40, 60, 2, 5),
+                                                     (4, 1, 130, 64, 1, 5), (4, 2, 40, 50, 2, 15), (2, 1, 70, 30, 1, 15)])
+def test_tree_attend_equals_sdpa_with_the_trees_bias_and_reads_only_prefix_and_ancestors(dtype, Hq, Hkv, N, start, splits,
+                                                                                          L):
     """Against SDPA over every slot with the ancestor bias (its twin): same values, with every slot past the
-    tree holding NaN (never read); N = 0 is a lone root, N = 130 a tree wider than one row block."""
-    from ddtree_bench.engine.gpu.kernels.tree_attention import tree_attend
+    tree holding NaN (never read), for the gathered tree phase and the dense one (combine after the launch or
+    folded into it); N = 0 is a lone root, N = 130 a tree wider than one row block, L = 15 deep trees (mostly
+    chains: each node's parent is the node before it four times in five)."""
+    from dataclasses import replace
+
+    from ddtree_bench.engine.gpu.kernels.tree_attention import config, tree_attend
     from ddtree_bench.engine.gpu.tree_ops import ancestors
 
     dt = getattr(torch, dtype)
-    L, S, D = 5, 256, 32
-    par, dep, path = _random_tree(N, L, seed=N + start)
+    S, D = 256, 32
+    par, dep, path = _random_tree(N, L, seed=N + start, chain=0.8 if L > 5 else 0.0)
+    if L > 5:
+        assert int(dep.max()) == L   # the deep case reaches the deepest depth the path table holds
     T = N + 1
     g = torch.Generator().manual_seed(T * 7 + start)
     q, k, v = (torch.randn(*s, generator=g).to(DEV, dt) for s in ((Hq, T, D), (Hkv, S, D), (Hkv, S, D)))
@@ -161,9 +202,11 @@ def test_tree_attend_equals_sdpa_with_the_trees_bias_and_reads_only_prefix_and_a
     k[:, start + T:] = float("nan")
     v[:, start + T:] = float("nan")
     pos = st + torch.cat([torch.zeros(1, dtype=torch.long), dep]).to(DEV)
-    got = tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits)
-    assert got.shape == want.shape and got.dtype == want.dtype
-    torch.testing.assert_close(got.float(), want.float(), **_tol(dt))
+    base = config(Hq // Hkv * T, dt)
+    for launch in (None, replace(base, tree_dense=True), replace(base, block_n=16, tree_dense=True, fold=True)):
+        got = tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits, launch=launch)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(got.float(), want.float(), **_tol(dt))
 
 
 @pytest.mark.gpu
@@ -185,10 +228,45 @@ def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
     q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((4, B + 1, D), (2, S, D), (2, S, D)))
     want = grouped_attend(q, k, v, bias)
     torch.testing.assert_close(tree_attend(q, k, v, path, pos, st), want, **_tol(torch.float32))
-    for k_rows in (False, True):   # both K tile layouts, split and not
+    for k_rows in (False, True):   # both K tile layouts, split and not, gathered and dense tree phase
         for splits in (1, 2):
-            got = tree_attend(q, k, v, path, pos, st, splits=splits, launch=Config(16, 16, 4, 1, k_rows))
-            torch.testing.assert_close(got, want, **_tol(torch.float32))
+            for dense, fold in ((False, False), (True, False), (True, True)):
+                got = tree_attend(q, k, v, path, pos, st, splits=splits, launch=Config(16, 16, 4, 1, k_rows, dense, fold))
+                torch.testing.assert_close(got, want, **_tol(torch.float32))
+
+
+@pytest.mark.gpu
+@triton_only
+@pytest.mark.parametrize("scale", [3.0, 12.0])
+def test_built_trees_put_every_parent_before_its_child_and_the_dense_phase_matches_on_deep_ones(scale):
+    """The dense tree phase (and the live kernel's prefix shortcut) stop a row block at its last row's node, which
+    is right only if every ancestor comes first in the tree's order: on the builder's trees, wide (logits x 3) and
+    deep (x 12, depth up to L = 15), each node's parent index is below its own and compile_tree's path table lists
+    ancestors of lower index; tree_attend's dense phase on the deep tree gives compile_tree's-bias SDPA result."""
+    from ddtree_bench.engine.gpu.kernels.tree_attention import Config, tree_attend
+    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+
+    L, V, B, S, D, start = 15, 40, 40, 128, 16, 20
+    logits = torch.randn(L, V, generator=torch.Generator().manual_seed(11)).to(DEV) * scale
+    tok, par, dep = StaticTreeBuilder(L, V, B, DEV)(logits)
+    nodes = torch.arange(1, B + 1, device=DEV)
+    assert bool((par < nodes).all())   # parents 1-based, root 0
+    st = torch.tensor(start, device=DEV)
+    ids, pos, anc, bias, path = compile_tree(torch.ones(1, dtype=torch.long, device=DEV), tok, par, dep, st, S,
+                                             torch.float32, 2, L)
+    depth = (pos - start).cpu()
+    for t in range(B + 1):
+        on_path = path[t, : int(depth[t]) + 1].cpu()
+        assert bool((on_path[:-1] < on_path[1:]).all()) and int(on_path[-1]) == t
+    if scale > 3.0:
+        assert int(dep.max()) >= 10   # a deep tree: what the dense phase is for
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((4, B + 1, D), (2, S, D), (2, S, D)))
+    want = grouped_attend(q, k, v, bias)
+    for splits in (1, 2):
+        got = tree_attend(q, k, v, path, pos, st, splits=splits, launch=Config(16, 16, 4, 1, tree_dense=True))
+        torch.testing.assert_close(got, want, **_tol(torch.float32))
 
 
 @pytest.mark.gpu

@@ -20,8 +20,13 @@ and a second launch, one program per (KV head, query row) with every range loade
 them: m = max_s m_s, out = sum_s e^(m_s - m) acc_s / sum_s e^(m_s - m) l_s. (The first combine, one
 program per row block looping over the ranges, measured 0.42 ms at n = 1 and 1.42 ms at n = 16 on the
 8B shape, more than the attention itself; this one is not measured on a GPU yet.)
-With one range the first launch writes the output itself. The output is written straight in the
-[T, Hq*D] layout o_proj takes.
+With one range the first launch writes the output itself. With `fold` (one launch per layer), the
+combine runs inside the same launch instead: each program of a (KV head, row block) stores its range's
+partials and bumps that block's int32 counter (`counters`: one zeroed buffer per device, kept for the
+process); the program that bumps it last reduces every range's partials for the block, writes the
+output and sets the counter back to 0, so the next launch or CUDA-graph replay starts from zero. Two
+folded launches must therefore not run at once on two streams of one device (they would share
+counters). The output is written straight in the [T, Hq*D] layout o_proj takes.
 
 Rounding: q k^T in fp32 (IEEE for fp32 inputs, not TF32), softmax statistics in fp32, the
 probabilities cast to the value dtype before the P V product (as SDPA's fused kernels do). No
@@ -42,16 +47,53 @@ SM_TARGET = 264          # programs to aim for (two per SM of an H100/H200) when
 AUTO_MAX_ROWS = 768
 BLOCK_N = 64             # cache slots per inner step
 NEG_BIG = -1.0e30        # running-max start: finite, so a range with nothing visible gives e^(..)=0, never NaN
+# the split-KV combine as a second launch (False) or folded into the attention launch (True); which wins on an H200
+# is what benchmarks/gpu_attention_tune.py measures (docs/gpu-performance.md)
+FOLD = False
+COUNTERS_MIN = 4096      # int32 counters allocated at least (one per KV head x row block of a folded launch)
+_COUNTERS: dict[str, list[torch.Tensor]] = {}
 
 
 if triton is not None:
 
+    @triton.jit
+    def _last_of_block(COUNT, idx, n):
+        """Bump counter idx after this program's partial stores; true in the program that bumps it n-th
+        (the last of the n ranges of its row block to finish), which then sees every range's stores."""
+        tl.debug_barrier()   # every thread's partial stores issued before the release below
+        old = tl.atomic_add(COUNT + idx, 1, sem="acq_rel", scope="gpu")
+        return old == n - 1
+
+    @triton.jit
+    def _reduce_ranges(PACC, PM, PL, rows, rmask, M, n_heads, h, n_ranges,
+                       BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        """The n_ranges partials (m in natural-log units, l, acc) of `rows` of KV head h combined into the
+        normalised output [BLOCK_M, BLOCK_D] (fp32); loads bypass L1 (.cg): other SMs wrote them."""
+        dims = tl.arange(0, BLOCK_D)
+        m = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)   # NEG_BIG
+        l = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for s in range(0, n_ranges):
+            base = (s * n_heads + h) * M + rows
+            ms = tl.load(PM + base, mask=rmask, other=-1.0e30, cache_modifier=".cg")
+            ls = tl.load(PL + base, mask=rmask, other=0.0, cache_modifier=".cg")
+            a_s = tl.load(PACC + base[:, None] * BLOCK_D + dims[None, :], mask=rmask[:, None], other=0.0,
+                          cache_modifier=".cg")
+            m_new = tl.maximum(m, ms)
+            alpha = tl.exp(m - m_new)
+            w = tl.exp(ms - m_new)
+            l = l * alpha + ls * w
+            acc = acc * alpha[:, None] + a_s * w[:, None]
+            m = m_new
+        return acc / l[:, None]
+
     @triton.jit(do_not_specialize=["M", "T", "n_split"])
-    def _live_attn_kernel(Q, K, V, BIAS, LIVE, PREFIX, O, PACC, PM, PL,
+    def _live_attn_kernel(Q, K, V, BIAS, LIVE, PREFIX, O, PACC, PM, PL, COUNT,
                           M, T, G, n_split, scale,
                           sqh, sqm, skh, skn, svh, svn, sbm, sbn, sot,
                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                          HAS_PREFIX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
+                          HAS_PREFIX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
+                          FOLD: tl.constexpr = False):
         h = tl.program_id(0)
         pid_m = tl.program_id(1)
         s_id = tl.program_id(2)
@@ -99,6 +141,15 @@ if triton is not None:
             tl.store(PM + base, m_i, mask=rmask)
             tl.store(PL + base, l_i, mask=rmask)
             tl.store(PACC + base[:, None] * BLOCK_D + dims[None, :], acc, mask=rmask[:, None])
+            if FOLD:   # the last range of this row block to finish combines them all (module docstring)
+                idx = h * tl.num_programs(1) + pid_m
+                if _last_of_block(COUNT, idx, n_split):
+                    out = _reduce_ranges(PACC, PM, PL, rows, rmask, M, tl.num_programs(0), h, n_split, BLOCK_M, BLOCK_D)
+                    g = rows // T
+                    t = rows - g * T
+                    ptr = O + t[:, None] * sot + (h * G + g)[:, None] * D + dims[None, :]
+                    tl.store(ptr, out.to(O.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+                    tl.store(COUNT + idx, 0)
         else:
             out = acc / l_i[:, None]
             g = rows // T
@@ -150,6 +201,15 @@ def block_m(M: int) -> int:
     return 128 if M >= 1024 else max(16, min(64, _pow2(M)))
 
 
+def counters(device, n: int) -> torch.Tensor:
+    """At least n zeroed int32 counters on device for folded launches (the kernels set each back to 0 after use);
+    a bigger request allocates a new buffer, and every buffer stays alive, since captured graphs keep its address."""
+    bufs = _COUNTERS.setdefault(str(torch.device(device)), [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, COUNTERS_MIN), dtype=torch.int32, device=device))
+    return bufs[-1]
+
+
 def n_split(n_heads: int, M: int, capacity: int, rows: int | None = None, slots: int = BLOCK_N) -> int:
     """Slot ranges per (KV head, row block of `rows`, default block_m(M)): 1 when the row blocks alone fill the
     GPU (SM_TARGET / 2 programs), else enough ranges for SM_TARGET programs, at most one per `slots` slots."""
@@ -160,10 +220,11 @@ def n_split(n_heads: int, M: int, capacity: int, rows: int | None = None, slots:
 
 
 def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, live: torch.Tensor,
-                prefix: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
+                prefix: torch.Tensor | None = None, splits: int | None = None, fold: bool | None = None) -> torch.Tensor:
     """q: [Hq, T, D]; k, v: [Hkv, S, D] (slot stride free, last dim contiguous); bias: [g*T, S] additive,
     rows repeated per group; live: 0-d long, slots < live are read; prefix: 0-d long or None (see the
-    module docstring). Returns [T, Hq*D] in q's dtype: forward.grouped_attend's result."""
+    module docstring). Returns [T, Hq*D] in q's dtype: forward.grouped_attend's result.
+    splits: fixed slot ranges (tests, tuning); fold: combine ranges in the same launch (default FOLD)."""
     Hq, T, D = q.shape
     Hkv, S = k.shape[0], k.shape[1]
     G = Hq // Hkv
@@ -182,12 +243,15 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
         pl = torch.empty_like(pm)
     else:
         pacc = pm = pl = out
-    _live_attn_kernel[grid](q, k, v, bias, live, prefix if prefix is not None else live, out, pacc, pm, pl,
+    fold = (FOLD if fold is None else fold) and ns > 1
+    count = counters(q.device, Hkv * grid[1]) if fold else live
+    _live_attn_kernel[grid](q, k, v, bias, live, prefix if prefix is not None else live, out, pacc, pm, pl, count,
                             M, T, G, ns, D ** -0.5,
                             T * D * G, D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), bias.stride(0), 1, Hq * D,
                             D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, BLOCK_D=BD, HAS_PREFIX=prefix is not None, SPLIT=ns > 1,
-                            IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=1 if q.dtype == torch.float32 else 2)
-    if ns > 1:
+                            IEEE=q.dtype == torch.float32, FOLD=fold, num_warps=warps,
+                            num_stages=1 if q.dtype == torch.float32 else 2)
+    if ns > 1 and not fold:
         _combine_kernel[(Hkv, M)](pacc, pm, pl, out, M, T, G, ns, Hkv, Hq * D, D=D, BLOCK_D=BD, SP=_pow2(ns),
                                   num_warps=4)
     return out

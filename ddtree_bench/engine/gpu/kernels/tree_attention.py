@@ -11,12 +11,19 @@ bias, its PyTorch twin) and kernels/attention.live_attend, but:
   flash-attention loop over full BLOCK_N tiles, one masked tail tile;
 * the tree phase reads only the <= L+1 ancestor slots of each row, gathered through `path`, so its
   work is T * (L+1) per head instead of the T * T / 2 of a masked triangle (live_attend) or the
-  T * capacity of SDPA over the whole cache;
+  T * capacity of SDPA over the whole cache; or, with `Config.tree_dense`, it loops over the tree's
+  key tiles (slots prefix + 0..T-1) with tensor-core dots like the prefix phase and masks each tile by
+  visibility from the path table (node j is visible to row t iff depth(j) <= depth(t) and
+  path[t, depth(j)] == j): the gather's depth steps run one after another, each a per-row dot product,
+  while a dense tile serves up to BLOCK_N depths at once. A node's ancestors come before it in the
+  tree's order (parent index < child index: tests/engine/gpu/test_attention_triton.py checks it on
+  built trees), so a row block stops at its last row's node: ~T / 2 tree slots per block on average;
 * the g query heads of a KV head are folded t-major (row r = t*g + query head), so the rows of one
   tree node sit side by side and share their gathered K/V rows (L1 hits);
 * few rows split the prefix into ranges (split-KV) and attention.py's combine kernel reduces them,
-  as live_attend does; the tree phase is then one more range of its own, so it runs beside the
-  prefix ranges instead of lengthening one of them, and it stops at its row block's deepest row.
+  as live_attend does (with `Config.fold` inside the same launch: attention.py's docstring); the tree
+  phase is then one more range of its own, so it runs beside the prefix ranges instead of
+  lengthening one of them, and it stops at its row block's deepest row (gather) or last node (dense).
 Online softmax in fp32 (running max m, sum l, unnormalised acc); q k^T in fp32 (IEEE for fp32
 inputs); probabilities cast to the value dtype before the P V product, as SDPA's fused kernels do.
 The prefix length comes from a device tensor, so a captured graph stays valid as the prefix grows.
@@ -30,7 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ddtree_bench.engine.gpu.kernels.attention import NEG_BIG, _combine_kernel, available, n_split
+from ddtree_bench.engine.gpu.kernels.attention import (NEG_BIG, _combine_kernel, _last_of_block, _reduce_ranges,
+                                                       available, counters, n_split)
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 
 LOG2E = 1.4426950408889634
@@ -49,6 +57,8 @@ class Config:
     warps: int
     stages: int
     k_rows: bool = False   # K tiles loaded as rows and transposed in registers (else a strided [D, BLOCK_N] view)
+    tree_dense: bool = False   # tree phase over masked key tiles of block_n nodes (else each row's ancestors gathered)
+    fold: bool = False     # split-KV ranges combined inside the launch (else attention.py's combine kernel after it)
 
 
 def config(M: int, dtype: torch.dtype) -> Config:
@@ -104,12 +114,44 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         return acc, m_new, l_i
 
+    @triton.jit
+    def _tree_tile(q, acc, m_i, l_i, K, V, kbase, vbase, PATH, POS, js, t, depth, rmask, t_last, prefix,
+                   skn, svn, spath, dims, qk_scale, IEEE: tl.constexpr, K_ROWS: tl.constexpr):
+        """One tile of tree nodes js (slots prefix + js, nodes <= t_last read) for rows at nodes t of depth
+        `depth`: row t sees node j iff depth(j) <= depth(t) and path[t, depth(j)] == j (scores in log2 units)."""
+        jmask = js <= t_last
+        dj = tl.load(POS + js, mask=jmask, other=0).to(tl.int32) - prefix
+        on = rmask[:, None] & jmask[None, :] & (dj[None, :] <= depth[:, None])
+        pj = tl.load(PATH + t[:, None] * spath + dj[None, :], mask=on, other=-1).to(tl.int32)
+        vis = on & (pj == js[None, :])
+        slots = prefix + js
+        if K_ROWS:
+            k = tl.trans(tl.load(K + kbase + slots[:, None] * skn + dims[None, :], mask=jmask[:, None], other=0.0))
+        else:
+            k = tl.load(K + kbase + slots[None, :] * skn + dims[:, None], mask=jmask[None, :], other=0.0)
+        if IEEE:
+            s = tl.dot(q, k, input_precision="ieee") * qk_scale
+        else:
+            s = tl.dot(q, k) * qk_scale
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))   # every row sees the root (tile 0) first: m_new stays finite
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(V + vbase + slots[:, None] * svn + dims[None, :], mask=jmask[:, None], other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return acc, m_new, l_i
+
     @triton.jit(do_not_specialize=["M", "T", "n_split"])
-    def _tree_attn_kernel(Q, K, V, PATH, POS, PREFIX, O, PACC, PM, PL,
+    def _tree_attn_kernel(Q, K, V, PATH, POS, PREFIX, O, PACC, PM, PL, COUNT,
                           M, T, G, n_split, qk_scale,
                           sqh, skh, skn, svh, svn, spath, sot,
                           D: tl.constexpr, L1P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          SPLIT: tl.constexpr, IEEE: tl.constexpr, K_ROWS: tl.constexpr):
+                          SPLIT: tl.constexpr, IEEE: tl.constexpr, K_ROWS: tl.constexpr,
+                          TREE_DENSE: tl.constexpr = False, FOLD: tl.constexpr = False):
         h = tl.program_id(0)
         pid_m = tl.program_id(1)
         s_id = tl.program_id(2)
@@ -138,32 +180,48 @@ if triton is not None:
             acc, m_i, l_i = _prefix_step(q, acc, m_i, l_i, K, V, kbase, vbase, full + tl.arange(0, BLOCK_N), skn, svn,
                                          dims, qk_scale, True, hi, IEEE, K_ROWS)
         # tree phase: the row's ancestors and itself, path[t, 0..depth(t)], to the block's deepest row only
+        # (dense: every node tile up to the block's last node, masked by visibility)
         if s_id == (n_split if SPLIT else 0):
             depth = tl.load(POS + t, mask=rmask, other=0).to(tl.int32) - prefix
-            deepest = tl.max(tl.where(rmask, depth, 0), axis=0)
-            # the block's whole path table at once, so each depth step waits on one round of loads (K and V
-            # together), not three (path, then K, then V)
-            js = tl.arange(0, L1P)
-            paths = tl.load(PATH + t[:, None] * spath + js[None, :],
-                            mask=rmask[:, None] & (js[None, :] <= depth[:, None]), other=0).to(tl.int32)
-            qf = q.to(tl.float32)
-            for j in range(0, deepest + 1):
-                ok = rmask & (j <= depth)
-                slot = prefix + tl.sum(tl.where(js[None, :] == j, paths, 0), axis=1)
-                k = tl.load(K + kbase + slot[:, None] * skn + dims[None, :], mask=ok[:, None], other=0.0)
-                v = tl.load(V + vbase + slot[:, None] * svn + dims[None, :], mask=ok[:, None], other=0.0)
-                s = tl.where(ok, tl.sum(qf * k.to(tl.float32), axis=1) * qk_scale, float("-inf"))
-                m_new = tl.maximum(m_i, s)
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(s - m_new)
-                l_i = l_i * alpha + p
-                acc = acc * alpha[:, None] + p.to(v.dtype).to(tl.float32)[:, None] * v.to(tl.float32)
-                m_i = m_new
+            if TREE_DENSE:
+                t_last = tl.max(tl.where(rmask, t, 0), axis=0)
+                for j0 in range(0, t_last + 1, BLOCK_N):
+                    acc, m_i, l_i = _tree_tile(q, acc, m_i, l_i, K, V, kbase, vbase, PATH, POS, j0 + tl.arange(0, BLOCK_N),
+                                               t, depth, rmask, t_last, prefix, skn, svn, spath, dims, qk_scale, IEEE,
+                                               K_ROWS)
+            else:
+                deepest = tl.max(tl.where(rmask, depth, 0), axis=0)
+                # the block's whole path table at once, so each depth step waits on one round of loads (K and V
+                # together), not three (path, then K, then V)
+                js = tl.arange(0, L1P)
+                paths = tl.load(PATH + t[:, None] * spath + js[None, :],
+                                mask=rmask[:, None] & (js[None, :] <= depth[:, None]), other=0).to(tl.int32)
+                qf = q.to(tl.float32)
+                for j in range(0, deepest + 1):
+                    ok = rmask & (j <= depth)
+                    slot = prefix + tl.sum(tl.where(js[None, :] == j, paths, 0), axis=1)
+                    k = tl.load(K + kbase + slot[:, None] * skn + dims[None, :], mask=ok[:, None], other=0.0)
+                    v = tl.load(V + vbase + slot[:, None] * svn + dims[None, :], mask=ok[:, None], other=0.0)
+                    s = tl.where(ok, tl.sum(qf * k.to(tl.float32), axis=1) * qk_scale, float("-inf"))
+                    m_new = tl.maximum(m_i, s)
+                    alpha = tl.exp2(m_i - m_new)
+                    p = tl.exp2(s - m_new)
+                    l_i = l_i * alpha + p
+                    acc = acc * alpha[:, None] + p.to(v.dtype).to(tl.float32)[:, None] * v.to(tl.float32)
+                    m_i = m_new
         if SPLIT:
             base = (s_id * tl.num_programs(0) + h) * M + rows
             tl.store(PM + base, m_i / 1.4426950408889634, mask=rmask)   # the combine works in natural-log units
             tl.store(PL + base, l_i, mask=rmask)
             tl.store(PACC + base[:, None] * D + dims[None, :], acc, mask=rmask[:, None])
+            if FOLD:   # the last range of this row block to finish combines them all (attention.py's docstring)
+                idx = h * tl.num_programs(1) + pid_m
+                if _last_of_block(COUNT, idx, tl.num_programs(2)):
+                    out = _reduce_ranges(PACC, PM, PL, rows, rmask, M, tl.num_programs(0), h, tl.num_programs(2),
+                                         BLOCK_M, D)
+                    tl.store(O + t[:, None] * sot + qh[:, None] * D + dims[None, :], out.to(O.dtype.element_ty),
+                             mask=rmask[:, None])
+                    tl.store(COUNT + idx, 0)
         else:
             out = acc / l_i[:, None]
             tl.store(O + t[:, None] * sot + qh[:, None] * D + dims[None, :], out.to(O.dtype.element_ty),
@@ -205,13 +263,15 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     else:
         pacc = pm = pl = out
     grid = (Hkv, triton.cdiv(M, cfg.block_m), ns + 1 if ns > 1 else 1)
-    _tree_attn_kernel[grid](q, k, v, path, pos, prefix, out, pacc, pm, pl,
+    fold = cfg.fold and ns > 1
+    count = counters(q.device, Hkv * grid[1]) if fold else prefix
+    _tree_attn_kernel[grid](q, k, v, path, pos, prefix, out, pacc, pm, pl, count,
                             M, T, G, ns, D ** -0.5 * LOG2E,
                             T * D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), path.stride(0), Hq * D,
                             D=D, L1P=_pow2(path.shape[1]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                            SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, num_warps=cfg.warps,
-                            num_stages=cfg.stages)
-    if ns > 1:
+                            SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, TREE_DENSE=cfg.tree_dense,
+                            FOLD=fold, num_warps=cfg.warps, num_stages=cfg.stages)
+    if ns > 1 and not fold:
         _combine_kernel[(Hkv, M)](pacc, pm, pl, out, M, T, G, ns + 1, Hkv, Hq * D, D=D, BLOCK_D=D, SP=_pow2(ns + 1),
                                   T_MAJOR=True, num_warps=4)
     return out
