@@ -123,29 +123,61 @@ ok.append(check(argmax_triton._pick_kernel, dict(part_ptr=i64, out_ptr=i64), dic
 # live-slot attention and its split combine (8B: 8 KV heads, head dim 128; bf16 and the fp32 tests' IEEE dots)
 for dt, ptr in ((torch.bfloat16, bf16), (torch.float32, f32)):
     for bm in (16, 64, 128):
-        for prefix, split in ((True, True), (True, False), (False, True), (False, False)):
+        for prefix, split, fold in ((True, True, False), (True, True, True), (True, False, False), (False, True, False),
+                                    (False, True, True), (False, False, False)):
             ok.append(check(attention_triton._live_attn_kernel,
                             dict(Q=ptr, K=ptr, V=ptr, BIAS=ptr, LIVE=i64, PREFIX=i64, O=ptr, PACC=f32 if split else ptr,
-                                 PM=f32 if split else ptr, PL=f32 if split else ptr, M=4 * 257, T=257, G=4, n_split=3,
+                                 PM=f32 if split else ptr, PL=f32 if split else ptr, COUNT=i32 if fold else i64,
+                                 M=4 * 257, T=257, G=4, n_split=3,
                                  scale=0.088, sqh=4 * 257 * 128, sqm=128, skh=2112 * 128, skn=128,
                                  svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096),
                             dict(D=128, BLOCK_M=bm, BLOCK_N=attention_triton.BLOCK_N, BLOCK_D=128, HAS_PREFIX=prefix,
-                                 SPLIT=split, IEEE=dt == torch.float32)))
+                                 SPLIT=split, IEEE=dt == torch.float32, FOLD=fold)))
     for sp in (2, 32):
         for t_major in (False, True):
             ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=ptr, M=4 * 17, T=17, G=4,
                                                                    n_split=3, n_heads=8, sot=4096),
                             dict(D=128, BLOCK_D=128, SP=sp, T_MAJOR=t_major)))
-    # the verify's tree attention (prefix dense, ancestors gathered), at every launch shape `config` picks
-    # and the tuning benchmark's (benchmarks/gpu_attention_tune.py)
-    for bm, bn, split, k_rows in ((16, 64, True, False), (16, 64, True, True), (64, 64, False, False),
-                                  (64, 64, False, True), (128, 128, False, True)):
+    # the verify's tree attention (prefix dense; ancestors gathered or the tree's tiles masked; combine after or
+    # folded), at every launch shape `config` picks and the tuning benchmark's (benchmarks/gpu_attention_tune.py)
+    for bm, bn, split, k_rows, dense, fold in ((16, 64, True, False, False, False), (16, 64, True, True, False, False),
+                                               (64, 64, False, False, False, False), (64, 64, False, True, False, False),
+                                               (128, 128, False, True, False, False), (16, 64, True, False, True, False),
+                                               (16, 64, True, False, True, True), (16, 64, True, False, False, True),
+                                               (16, 128, True, True, True, True), (32, 64, False, False, True, False),
+                                               (64, 64, False, True, True, False)):
         ok.append(check(tree_attention_triton._tree_attn_kernel,
                         dict(Q=ptr, K=ptr, V=ptr, PATH=i64, POS=i64, PREFIX=i64, O=ptr, PACC=f32 if split else ptr,
-                             PM=f32 if split else ptr, PL=f32 if split else ptr, M=4 * 257, T=257, G=4, n_split=3,
+                             PM=f32 if split else ptr, PL=f32 if split else ptr, COUNT=i32 if fold else i64,
+                             M=4 * 257, T=257, G=4, n_split=3,
                              qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128, svh=2112 * 128, svn=128,
                              spath=16, sot=4096),
-                        dict(D=128, L1P=_pow2(L + 1), BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32, K_ROWS=k_rows)))
+                        dict(D=128, L1P=_pow2(L + 1), BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32,
+                             K_ROWS=k_rows, TREE_DENSE=dense, FOLD=fold)))
+
+# the few-row weight GEMM (split and not, SiLU-mul epilogue, the split reduce) and the layer ops, with and without
+# programmatic dependent launch's instructions (kernels/pdl.py: griddepcontrol, the weights' L2 prefetch)
+from ddtree_bench.engine.gpu.kernels import gemm as gemm_triton, layer_ops as layer_ops_triton  # noqa: E402
+
+for gdc in (False, True):
+    for bm, bn, bk, sw, part in ((16, 64, 128, False, False), (16, 32, 128, True, True), (64, 64, 64, True, False),
+                                 (32, 128, 128, False, True)):
+        ok.append(check(gemm_triton._gemm_kernel,
+                        dict(X=bf16, W=bf16, Y=f32 if part else bf16, M=17, N=4096, K=4096, k_per_split=1024,
+                             up_rows=4096 if sw else 0, sx=4096, sw=4096, sy=4096, s_split=17 * 4096, prefetch_k=512),
+                        dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SWIGLU=sw, PARTIAL=part, EVEN_K=True, PRECISION="tf32",
+                             USE_GDC=gdc, LINE=64)))
+    ok.append(check(gemm_triton._gemm_split_reduce, dict(P=f32, Y=bf16, N=4096, splits=3, up_rows=4096, s_split=17 * 8192,
+                                                       sp=8192, sy=4096), dict(SWIGLU=True, BLOCK=1024, USE_GDC=gdc)))
+    ok.append(check(layer_ops_triton._rmsnorm_kernel, dict(X=bf16, R=bf16, W=bf16, Y=bf16, XO=bf16, N=4096, eps=1e-6,
+                                                         sx=4096, sr=4096, sy=4096, sxo=4096),
+                    dict(HAS_RES=True, BLOCK=4096, USE_GDC=gdc)))
+    ok.append(check(layer_ops_triton._silu_mul_kernel, dict(GU=bf16, Y=bf16, I=12288, sgu=24576, sy=12288),
+                    dict(BLOCK=1024, USE_GDC=gdc)))
+    ok.append(check(layer_ops_triton._qkv_rope_kernel, dict(QKV=bf16, sqkv=6144, QW=bf16, KW=bf16, COS=bf16, SIN=bf16,
+                                                          scs=128, Q=bf16, KC=bf16, VC=bf16, sch=2048 * 128, scs_slot=128,
+                                                          START=i64, T=17, n_q=32, n_kv=8, eps=1e-6),
+                    dict(HALF=64, HB=64, HAS_NORM=True, USE_GDC=gdc)))
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
 sys.exit(0 if all(ok) else 1)
