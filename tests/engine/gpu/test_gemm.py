@@ -110,3 +110,23 @@ def test_variant_key_follows_tritons_integer_specialisations():
     assert key(17) == key(33) != key(16) == key(48)   # multiples of 16 compile apart
     assert key(1) != key(17)                          # and 1
     assert key(17) != key(17, x.double())             # and another dtype
+
+
+@jit_only
+def test_variant_key_groups_gemm_launches_as_tritons_binder_does():
+    """warm.variant_key (the engine's cheap key) against kernels/variants.py (Triton's own binder for sm_90):
+    the table's GEMM launches at the row counts a run meets fall into the same groups under both."""
+    from ddtree_bench.engine.gpu.kernels import warm
+    from ddtree_bench.engine.gpu.kernels.variants import variants_of
+
+    w, gu = torch.empty(64, 96), torch.empty(128, 96)
+    launches = []
+    for m in (1, 15, 16, 17, 33, 48):
+        for c in (GemmConfig(16, 32, 32, 1, 4, 2), GemmConfig(16, 32, 32, 3, 4, 2)):
+            x = torch.empty(m, 96)
+            launches += warm.record(lambda: (gemm.linear(x, w, c), gemm.swiglu(x, gu, c)))
+    ours = [warm.variant_key(la) for la in launches]
+    binder = [next(iter(variants_of([la]))) for la in launches]
+    partition = lambda ks: sorted(sorted(i for i, k in enumerate(ks) if k == key) for key in set(ks))  # noqa: E731
+    assert partition(ours) == partition(binder)
+    assert len(set(ours)) == len(variants_of(launches)) > 4   # M = 1, 16/48 and the rest compile apart
