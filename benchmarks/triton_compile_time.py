@@ -15,7 +15,7 @@ What it does not know: GPU-side costs (loading modules, Triton's C launchers, CU
 kernels every budget compiles whatever the builder (tree compile / walk / commit, attention, argmax),
 and the H200 host's CPU speed (docs/gpu-performance.md, "Cold start", relates the two).
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/triton_compile_time.py [--budgets 16,32,...]
-        [--builders block,grid,grid-keys] [--shape qwen3-8b|toy] [--dtype bfloat16|float32] [--jobs 1]
+        [--builders block,grid,grid-keys] [--shape qwen3-8b|toy] [--dtype bfloat16|float32] [--jobs 1] [--gemm]
 Prints, per budget, each builder's distinct variants and CPU seconds, what auto compiles there, and what
 a sweep over the budgets in the given order compiles new at each (a variant shared with an earlier
 budget is compiled once). --jobs N compiles N variants at once in forked processes (total wall only).
@@ -94,6 +94,38 @@ def self_test_variants() -> dict:
     return launched_variants(lambda: b(x))
 
 
+GEMM_ROWS = ((1, "AR verify"), (16, "draft block"), (15, "draft logits"), (17, "B=16 verify"), (33, "B=32 verify"),
+             (65, "B=64 verify"))   # the row counts a DDTree run meets first, in order
+
+
+def gemm_report(jobs: int) -> None:
+    """--gemm: the weight-GEMM variants gemm.H200_TABLE launches for the 8B projections at each row count a run
+    meets, the ones new at each, and their CPU seconds: the sum (compiled in turn) and the slowest (what
+    fused.warm_linears waits for, a thread per variant)."""
+    from ddtree_bench.engine.gpu.kernels import gemm
+    from ddtree_bench.engine.gpu.kernels.layer_ops import TritonOps
+
+    table = lambda M, N, K, dt, dev, swiglu=False: gemm.lookup(gemm.H200_TABLE, M, N, K, swiglu) if M <= gemm.GEMM_MAX_ROWS else None  # noqa: E731
+    ops = TritonOps(gemm_config=table)
+    bf = torch.bfloat16
+    weights = [(torch.empty(6144, 4096, dtype=bf), False), (torch.empty(4096, 4096, dtype=bf), False),
+               (torch.empty(24576, 4096, dtype=bf), True), (torch.empty(4096, 12288, dtype=bf), False),
+               (torch.empty(151936, 4096, dtype=bf), False)]   # q/k/v, o_proj, gate/up, down, lm_head
+    seen: set = set()
+    print("\nweight GEMM (gemm.H200_TABLE, Qwen3-8B projections), CPU seconds per row count:")
+    for rows, what in GEMM_ROWS:
+        def calls():
+            for w, sw in weights:
+                if table(rows, w.shape[0] // (2 if sw else 1), w.shape[1], bf, None, swiglu=sw) is not None:
+                    (ops.swiglu if sw else ops.linear)(torch.empty(rows, w.shape[1], dtype=bf), w)
+        vs = launched_variants(calls)
+        new = {k: v for k, v in vs.items() if k not in seen}
+        seen.update(new)
+        secs = [c for c, _ in compile_all(new, jobs)[0].values()] if new else []
+        print(f"  {what:13s} ({rows:3d} rows): {len(vs)} variants, {len(new)} new: {sum(secs):.1f} s in turn, "
+              f"{max(secs, default=0.0):.1f} s at once", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budgets", default="16,32,64,128,256,512,1024")
@@ -103,7 +135,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--jobs", type=int, default=1, help="variants compiled at once (forked processes)")
     ap.add_argument("--self-test", action="store_true", help="also the one-block self-test available() ran before")
+    ap.add_argument("--gemm", action="store_true", help="only the weight GEMM's variants (gemm.H200_TABLE) per row count")
     a = ap.parse_args(argv)
+    if a.gemm:
+        print(f"triton {triton.__version__}, target sm_90, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+        gemm_report(a.jobs)
+        return 0
     L, V = SHAPES[a.shape]
     dtype = getattr(torch, a.dtype)
     budgets = [int(b) for b in a.budgets.split(",")]
