@@ -17,7 +17,8 @@ bias, its PyTorch twin) and kernels/attention.live_attend, but:
   path[t, depth(j)] == j): the gather's depth steps run one after another, each a per-row dot product,
   while a dense tile serves up to BLOCK_N depths at once. A node's ancestors come before it in the
   tree's order (parent index < child index: tests/engine/gpu/test_attention_triton.py checks it on
-  built trees), so a row block stops at its last row's node: ~T / 2 tree slots per block on average;
+  built trees), so a row block stops at its last row's node: ~T / 2 tree slots per block on average,
+  less the tiles that hold none of the block's ancestors (skipped, read off the block's path rows);
 * the g query heads of a KV head are folded t-major (row r = t*g + query head), so the rows of one
   tree node sit side by side and share their gathered K/V rows (L1 hits);
 * few rows split the prefix into ranges (split-KV) and attention.py's combine kernel reduces them,
@@ -185,10 +186,16 @@ if triton is not None:
             depth = tl.load(POS + t, mask=rmask, other=0).to(tl.int32) - prefix
             if TREE_DENSE:
                 t_last = tl.max(tl.where(rmask, t, 0), axis=0)
+                # the block's ancestors (path table, -1 where unused): a tile holding none of them is skipped
+                ds = tl.arange(0, L1P)
+                anc = tl.load(PATH + t[:, None] * spath + ds[None, :],
+                              mask=rmask[:, None] & (ds[None, :] <= depth[:, None]), other=-1).to(tl.int32)
                 for j0 in range(0, t_last + 1, BLOCK_N):
-                    acc, m_i, l_i = _tree_tile(q, acc, m_i, l_i, K, V, kbase, vbase, PATH, POS, j0 + tl.arange(0, BLOCK_N),
-                                               t, depth, rmask, t_last, prefix, skn, svn, spath, dims, qk_scale, IEEE,
-                                               K_ROWS)
+                    hits = tl.sum(tl.sum(((anc >= j0) & (anc < j0 + BLOCK_N)).to(tl.int32), axis=1), axis=0)
+                    if hits > 0:
+                        acc, m_i, l_i = _tree_tile(q, acc, m_i, l_i, K, V, kbase, vbase, PATH, POS,
+                                                   j0 + tl.arange(0, BLOCK_N), t, depth, rmask, t_last, prefix, skn,
+                                                   svn, spath, dims, qk_scale, IEEE, K_ROWS)
             else:
                 deepest = tl.max(tl.where(rmask, depth, 0), axis=0)
                 # the block's whole path table at once, so each depth step waits on one round of loads (K and V
