@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ddtree_bench.engine.gpu.forward import _linear, _mlp, _norm
+from ddtree_bench.engine.gpu.forward import _linear, _norm, _residual, _swiglu
 from ddtree_bench.engine.gpu.fused import ensure_merged
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
 
@@ -56,7 +56,7 @@ def _qkv_per_slot(ops: TorchOps, qkv: torch.Tensor, n_q: int, n_kv: int, q_w, k_
 
 def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, bias, T: int,
                      ctx=None, ctx_cos=None, ctx_sin=None, ctx_start=None, C: int = 0):
-    """forward._attention over B slots: h [B*T, H] (normed) -> o_proj output [B*T, H]; with ctx
+    """forward._attention over B slots: h [B*T, H] (normed) -> attention output [B*T, Hq*D] (o_proj's input); with ctx
     [B*C, H] (the drafter's context features) their K/V go to each slot's ctx_start[i].. first."""
     qk_norm = getattr(attn, "qk_norm", True)
     q_w, eps = _norm(attn.q_norm) if qk_norm else (None, 0.0)
@@ -68,7 +68,7 @@ def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, 
                       k_layer, v_layer, ctx_start, C)
     q = _qkv_per_slot(ops, ops.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps,
                       cos, sin, k_layer, v_layer, start, T)
-    return _linear(ops, attn.o_proj, grouped_attend_batch(q, k_layer, v_layer, bias))
+    return grouped_attend_batch(q, k_layer, v_layer, bias)
 
 
 def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -89,9 +89,9 @@ def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: 
     last = len(blocks) - 1
     for i, block in enumerate(blocks):
         a = _attention_batch(block.self_attn, ops, h, cos, sin, k[i], v[i], start, bias, T)
-        x, h = ops.add_rmsnorm(x, a, *_norm(block.post_attention_layernorm))
+        x, h = _residual(ops, x, a, block.self_attn.o_proj, block.post_attention_layernorm)
         nxt = blocks[i + 1].input_layernorm if i < last else target.model.norm
-        x, h = ops.add_rmsnorm(x, _mlp(block.mlp, ops, h), *_norm(nxt))
+        x, h = _residual(ops, x, _swiglu(block.mlp, ops, h), block.mlp.down_proj, nxt)
         if i in wanted:
             wanted[i] = h if i == last else x
     hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
@@ -122,7 +122,7 @@ def draft_forward_batch(drafter, target_hidden: torch.Tensor, block_emb: torch.T
     for i, layer in enumerate(layers):
         a = _attention_batch(layer.self_attn, ops, h, bcos, bsin, k[i], v[i], start, biases[i], Tb,
                              ctx=ctx, ctx_cos=ccos, ctx_sin=csin, ctx_start=ctx_start, C=C)
-        x, h = ops.add_rmsnorm(x, a, *_norm(layer.post_attention_layernorm))
+        x, h = _residual(ops, x, a, layer.self_attn.o_proj, layer.post_attention_layernorm)
         nxt = layers[i + 1].input_layernorm if i < last else drafter.norm
-        x, h = ops.add_rmsnorm(x, _mlp(layer.mlp, ops, h), *_norm(nxt))
+        x, h = _residual(ops, x, _swiglu(layer.mlp, ops, h), layer.mlp.down_proj, nxt)
     return h

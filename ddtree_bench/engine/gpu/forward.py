@@ -100,7 +100,7 @@ def _attention(attn, ops: TorchOps, h, cos, sin, kv: StaticKV, layer: int, start
                ctx=None, ctx_cos=None, ctx_sin=None, ctx_start=None, live=None, prefix=None, attention: str = "sdpa",
                tree=None):
     """One attention layer of the target (ctx None) or the drafter (ctx = context features to cache
-    first) on merged q/k/v weights: h [T, H] (normed) -> o_proj output [T, H]. live: 0-d, slots read
+    first) on merged q/k/v weights: h [T, H] (normed) -> attention output [T, Hq*D] (o_proj's input: `_residual`). live: 0-d, slots read
     (start + T); prefix: 0-d or None, slots every row sees (the bias is not read there); see _attend."""
     qk_norm = getattr(attn, "qk_norm", True)  # the drafter's attention always has q/k norms
     q_w, eps = _norm(attn.q_norm) if qk_norm else (None, 0.0)
@@ -113,7 +113,7 @@ def _attention(attn, ops: TorchOps, h, cos, sin, kv: StaticKV, layer: int, start
                      k_cache, v_cache, ctx_start)
     q = ops.qkv_rope(ops.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps, cos, sin,
                      k_cache, v_cache, start)
-    return _linear(ops, attn.o_proj, _attend(ops, attention, q, k_cache, v_cache, bias, live, prefix, tree))
+    return _attend(ops, attention, q, k_cache, v_cache, bias, live, prefix, tree)
 
 
 def _linear(ops: TorchOps, module, x):
@@ -121,8 +121,15 @@ def _linear(ops: TorchOps, module, x):
     return ops.linear(x, module.weight, module.bias)
 
 
-def _mlp(mlp, ops: TorchOps, h):
-    return _linear(ops, mlp.down_proj, ops.swiglu(h, mlp.gate_up_weight, mlp.gate_up_bias))
+def _swiglu(mlp, ops: TorchOps, h):
+    """The MLP up to down_proj's input: silu(gate) * up on the merged gate/up weight."""
+    return ops.swiglu(h, mlp.gate_up_weight, mlp.gate_up_bias)
+
+
+def _residual(ops: TorchOps, x, inner, linear, norm):
+    """(x + linear(inner), its RMSNorm under `norm`): a block's output projection, residual add and the next
+    norm as one op (ops.linear_add_rmsnorm)."""
+    return ops.linear_add_rmsnorm(x, inner, linear.weight, linear.bias, *_norm(norm))
 
 
 def group_size(module) -> int:
@@ -155,9 +162,9 @@ def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: Stati
     for i, block in enumerate(blocks):
         a = _attention(block.self_attn, ops, h, cos, sin, kv, i, start, bias, live=live, prefix=start, attention=attention,
                        tree=tree)
-        x, h = ops.add_rmsnorm(x, a, *_norm(block.post_attention_layernorm))
+        x, h = _residual(ops, x, a, block.self_attn.o_proj, block.post_attention_layernorm)
         nxt = blocks[i + 1].input_layernorm if i < last else target.model.norm
-        x, h = ops.add_rmsnorm(x, _mlp(block.mlp, ops, h), *_norm(nxt))   # h: the next layer's input (last: final norm)
+        x, h = _residual(ops, x, _swiglu(block.mlp, ops, h), block.mlp.down_proj, nxt)   # h: the next layer's input
         if i in wanted:
             wanted[i] = h if i == last else x
     hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
@@ -207,7 +214,7 @@ def draft_forward(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor,
     for i, layer in enumerate(layers):
         a = _attention(layer.self_attn, ops, h, cos[C:], sin[C:], kv, i, start, biases[i],
                        ctx=ctx, ctx_cos=cos[:C], ctx_sin=sin[:C], ctx_start=ctx_start, live=live, attention=attention)
-        x, h = ops.add_rmsnorm(x, a, *_norm(layer.post_attention_layernorm))
+        x, h = _residual(ops, x, a, layer.self_attn.o_proj, layer.post_attention_layernorm)
         nxt = layers[i + 1].input_layernorm if i < last else drafter.norm
-        x, h = ops.add_rmsnorm(x, _mlp(layer.mlp, ops, h), *_norm(nxt))
+        x, h = _residual(ops, x, _swiglu(layer.mlp, ops, h), layer.mlp.down_proj, nxt)
     return h

@@ -62,5 +62,11 @@ class TorchOps:
         """x [T, K], gate_up [2 I, K] the merged [gate | up] weight (b its bias) -> silu(gate) * up [T, I]."""
         return self.silu_mul(self.linear(x, gate_up, b))
 
+    def linear_add_rmsnorm(self, x: torch.Tensor, inner: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                           norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, N], inner [T, K], w [N, K] -> add_rmsnorm(x, linear(inner, w, b)): a block's output projection,
+        the residual add and the next RMSNorm."""
+        return self.add_rmsnorm(x, self.linear(inner, w, b), norm_w, eps)
+
 
 TORCH_OPS = TorchOps()

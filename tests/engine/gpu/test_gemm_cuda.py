@@ -52,7 +52,7 @@ def test_a_fused_forward_with_pdl_has_the_same_bits_as_without(monkeypatch):
     bf16 verify forward of the fused ops and GEMMs gives the same logits and cache, bit for bit."""
     from ddtree_bench.engine.gpu import fused
     from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
-    from ddtree_bench.engine.gpu.kernels import pdl
+    from ddtree_bench.engine.gpu.kernels import experimental, pdl
     from ddtree_bench.engine.gpu.tree_ops import verify_visible
     from ddtree_bench.engine.loading import random_pair
 
@@ -65,8 +65,8 @@ def test_a_fused_forward_with_pdl_has_the_same_bits_as_without(monkeypatch):
     start = torch.tensor(P, device="cuda")
     every = lambda M, N, K, dtype, device, swiglu=False: GemmConfig(16 if M <= 16 else 32, 32, 64, 2, 4, 3)  # noqa: E731
     outs = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv(pdl.ENV, flag)
+    for flag in ("", "pdl"):
+        monkeypatch.setenv(experimental.ENV, flag)
         cache = target.new_cache(cap)
         target(torch.arange(1, P + 1, device="cuda"), torch.arange(P, device="cuda"), cache, 0)
         bias = visible_bias(verify_visible(anc, start, cap), torch.bfloat16, group_size(target))

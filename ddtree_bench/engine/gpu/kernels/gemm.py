@@ -151,8 +151,20 @@ def _prefetch_k(n_programs: int, block_n: int, k_per_split: int, elem: int, swig
     return max(0, min(k_per_split, per // line * line))
 
 
-def _run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: GemmConfig) -> torch.Tensor:
-    """Launch the kernel for out [M, n_out] (swiglu when up_rows > 0: the up weight rows start at up_rows)."""
+@dataclass
+class SplitSums:
+    """A split-K GEMM's output before its reduction: fp32 partial sums [splits, M, N], one per K range;
+    out = (sum over splits, in split order) rounded to `dtype` - what _gemm_split_reduce would write, left
+    to the kernel that reads it (layer_ops' residual add + RMSNorm)."""
+
+    parts: torch.Tensor
+    dtype: torch.dtype
+
+
+def _run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: GemmConfig,
+         reduce: bool = True) -> torch.Tensor | SplitSums:
+    """Launch the kernel for out [M, n_out] (swiglu when up_rows > 0: the up weight rows start at up_rows);
+    reduce=False leaves a split launch's partials unreduced (SplitSums)."""
     M, K = x.shape
     c = launch
     split = max(1, min(c.split_k, triton.cdiv(K, c.block_k)))
@@ -177,6 +189,8 @@ def _run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: Gem
     _launch(_gemm_kernel, grid, x, w, part, M, n_out, K, k_per_split, n_out if swiglu else 0, x.stride(0), w.stride(0),
             part.stride(1), part.stride(0), pf, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
             SWIGLU=swiglu, PARTIAL=True, EVEN_K=even, PRECISION=prec, **opts)
+    if not reduce:
+        return SplitSums(part, x.dtype)
     _launch(_gemm_split_reduce, (M, triton.cdiv(n_out, REDUCE_BLOCK)),
             part, y, n_out, split, n_out if swiglu else 0, part.stride(0), part.stride(1), y.stride(0),
             SWIGLU=swiglu, BLOCK=REDUCE_BLOCK, USE_GDC=gdc, num_warps=4, launch_pdl=gdc)
@@ -192,6 +206,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, launch: GemmConfig) -> torch.Tensor
     """x [M, K] @ w[N, K]^T -> [M, N] in x's dtype (F.linear without bias)."""
     _check(x, w)
     return _run(x, w, w.shape[0], 0, launch)
+
+
+def linear_unreduced(x: torch.Tensor, w: torch.Tensor, launch: GemmConfig) -> torch.Tensor | SplitSums:
+    """linear, except that a split launch returns its SplitSums instead of reducing them."""
+    _check(x, w)
+    return _run(x, w, w.shape[0], 0, launch, reduce=False)
 
 
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, launch: GemmConfig) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_bench.engine.gpu.kernels import gemm, pdl
+from ddtree_bench.engine.gpu.kernels import experimental, gemm, pdl
 from ddtree_bench.engine.gpu.kernels.common import tl, triton
 from ddtree_bench.engine.gpu.ops import TorchOps
 
@@ -20,15 +20,21 @@ from ddtree_bench.engine.gpu.ops import TorchOps
 if triton is not None:
 
     @triton.jit
-    def _rmsnorm_kernel(X, R, W, Y, XO, N, eps, sx, sr, sy, sxo, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
-                        USE_GDC: tl.constexpr):
+    def _rmsnorm_kernel(X, R, W, Y, XO, N, eps, sx, sr, sy, sxo, n_parts, s_part, HAS_RES: tl.constexpr,
+                        BLOCK: tl.constexpr, USE_GDC: tl.constexpr, PARTS: tl.constexpr = False):
         pdl.enter(USE_GDC)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         m = cols < N
         x = tl.load(X + row * sx + cols, mask=m, other=0.0)
         if HAS_RES:
-            r = tl.load(R + row * sr + cols, mask=m, other=0.0)
+            if PARTS:   # R: a split GEMM's fp32 partials [n_parts, rows, N], summed in order as gemm's reduce sums them
+                acc = tl.zeros((BLOCK,), dtype=tl.float32)
+                for s in range(0, n_parts):
+                    acc += tl.load(R + s * s_part + row * sr + cols, mask=m, other=0.0)
+                r = acc.to(X.dtype.element_ty)
+            else:
+                r = tl.load(R + row * sr + cols, mask=m, other=0.0)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(XO.dtype.element_ty)
             tl.store(XO + row * sxo + cols, x, mask=m)
         h = x.to(tl.float32)
@@ -124,7 +130,7 @@ class TritonOps(TorchOps):
             return super().rmsnorm(x, w, eps)
         y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, w.dtype), device=x.device)
         B = triton.next_power_of_2(x.shape[1])
-        _rmsnorm_kernel[(x.shape[0],)](x, x, w, y, x, x.shape[1], eps, x.stride(0), 0, y.stride(0), 0,
+        _rmsnorm_kernel[(x.shape[0],)](x, x, w, y, x, x.shape[1], eps, x.stride(0), 0, y.stride(0), 0, 0, 0,
                                        HAS_RES=False, BLOCK=B, **_launch_opts(x.device, _warps(B)))
         return y
 
@@ -135,7 +141,7 @@ class TritonOps(TorchOps):
         y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, w.dtype), device=x.device)
         B = triton.next_power_of_2(x.shape[1])
         _rmsnorm_kernel[(x.shape[0],)](x, d, w, y, xo, x.shape[1], eps, x.stride(0), d.stride(0), y.stride(0), xo.stride(0),
-                                       HAS_RES=True, BLOCK=B, **_launch_opts(x.device, _warps(B)))
+                                       0, 0, HAS_RES=True, BLOCK=B, **_launch_opts(x.device, _warps(B)))
         return xo, y
 
     def qkv_rope(self, qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start):
@@ -174,3 +180,23 @@ class TritonOps(TorchOps):
     def swiglu(self, x, gate_up, b=None):
         c = self._gemm(x, gate_up, b, gate_up.shape[0] // 2, True)
         return super().swiglu(x, gate_up, b) if c is None else gemm.swiglu(x, gate_up, c)
+
+    def linear_add_rmsnorm(self, x, inner, w, b, norm_w, eps):
+        """With "fused-reduce" (kernels/experimental.py) and a split GEMM, the residual add + RMSNorm kernel
+        sums the GEMM's partials itself (gemm.SplitSums: the same sum, in the same order, as the reduce
+        kernel it replaces, so the same bits) - one launch fewer per projection."""
+        c = self._gemm(inner, w, b, w.shape[0], False)
+        fuse = (c is not None and c.split_k > 1 and experimental.enabled("fused-reduce") and x.dtype == inner.dtype
+                and x.stride(-1) == 1)
+        d = (gemm.linear_unreduced(inner, w, c) if fuse else gemm.linear(inner, w, c)) if c is not None \
+            else TorchOps.linear(self, inner, w, b)
+        if not isinstance(d, gemm.SplitSums):
+            return self.add_rmsnorm(x, d, norm_w, eps)
+        p = d.parts
+        xo = torch.empty_like(x)
+        y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, norm_w.dtype), device=x.device)
+        B = triton.next_power_of_2(x.shape[1])
+        _rmsnorm_kernel[(x.shape[0],)](x, p, norm_w, y, xo, x.shape[1], eps, x.stride(0), p.stride(1), y.stride(0),
+                                       xo.stride(0), p.shape[0], p.stride(0), HAS_RES=True, BLOCK=B, PARTS=True,
+                                       **_launch_opts(x.device, _warps(B)))
+        return xo, y

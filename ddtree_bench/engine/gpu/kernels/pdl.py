@@ -11,11 +11,11 @@ it still runs. CUDA graphs keep these programmatic edges.
 The rule every kernel here follows (`enter`): nothing touches memory another kernel writes or reads
 before `gdc_wait`, so the overlap is only launch, scheduling and weight prefetch, and the order of
 every read and write stays the stream's (a kernel waits for its predecessor, which waited for its
-own, so completion is transitive). `enabled(device)`: only with DDTREE_PDL=1, on CUDA with compute
-capability >= 9 and Triton not interpreting; elsewhere the kernels compile without the instructions.
-Off by default because it has not run on a GPU yet (the device was not lent after it was written):
-benchmarks/gpu_gemm.sh with PDL=1 runs its tests and measures it against the default
-(docs/gpu-performance.md). Knows nothing of what the kernels compute.
+own, so completion is transitive). `enabled(device)`: only when DDTREE_GPU_EXPERIMENTAL names "pdl"
+(kernels/experimental.py: it has not run on a GPU yet), on CUDA with compute capability >= 9 and Triton
+not interpreting; elsewhere the kernels compile without the instructions. benchmarks/gpu_gemm.sh with
+EXPERIMENTAL=pdl runs its tests and measures it against the default. Knows nothing of what the kernels
+compute.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import os
 
 import torch
 
+from ddtree_bench.engine.gpu.kernels import experimental
 from ddtree_bench.engine.gpu.kernels.common import tl, triton
-
-ENV = "DDTREE_PDL"   # "1" turns PDL on (off by default until measured on a GPU)
 
 
 def _supported() -> bool:
@@ -43,8 +42,8 @@ SUPPORTED = triton is not None and _supported()
 
 
 def enabled(device) -> bool:
-    """Whether kernels on `device` launch with PDL (DDTREE_PDL=1, sm_90+, a Triton that has it, not the interpreter)."""
-    if not SUPPORTED or os.environ.get(ENV, "0") != "1" or os.environ.get("TRITON_INTERPRET") == "1":
+    """Whether kernels on `device` launch with PDL ("pdl" requested, sm_90+, a Triton that has it, not the interpreter)."""
+    if not experimental.enabled("pdl") or not SUPPORTED or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     dev = torch.device(device)
     return dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9

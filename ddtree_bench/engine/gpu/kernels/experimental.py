@@ -1,0 +1,36 @@
+"""GPU features that are written and tested on a CPU but have not run on a GPU yet: off until named.
+
+DDTREE_GPU_EXPERIMENTAL is a comma-separated list of FEATURES, e.g. `DDTREE_GPU_EXPERIMENTAL=pdl,fused-reduce`;
+`enabled(name)` says whether one is on. A feature leaves this list, and becomes the default, when an H200
+run has shown it correct (its GPU tests) and faster (benchmarks/gpu_gemm.sh EXPERIMENTAL=...; the figures
+go to docs/gpu-performance.md). A name not in FEATURES is bad input (UsageError: exit 2 from the CLI).
+Knows nothing of what the features do.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = "DDTREE_GPU_EXPERIMENTAL"
+FEATURES = {
+    "pdl": "programmatic dependent launch, with the weight GEMM's L2 prefetch (kernels/pdl.py)",
+    "fused-reduce": "a split-K GEMM's partials summed by the residual add + RMSNorm that reads them (kernels/layer_ops.py)",
+}
+
+
+def requested() -> set[str]:
+    """The features DDTREE_GPU_EXPERIMENTAL names (checked against FEATURES)."""
+    from ddtree_bench.errors import UsageError
+
+    names = {n.strip() for n in os.environ.get(ENV, "").split(",") if n.strip()}
+    unknown = names - FEATURES.keys()
+    if unknown:
+        raise UsageError(f"{ENV}: unknown feature(s) {', '.join(sorted(unknown))}; known: {', '.join(FEATURES)}")
+    return names
+
+
+def enabled(name: str) -> bool:
+    """Whether experimental feature `name` (a key of FEATURES) is on."""
+    if name not in FEATURES:
+        raise KeyError(name)
+    return name in requested()
