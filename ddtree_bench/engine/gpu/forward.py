@@ -19,8 +19,10 @@ so every round has new shapes. Here every shape depends only on the number of qu
   kernel (the memory-efficient one refuses `enable_gqa=True`); it is faster than the plain `attend`
   (measured in docs/gpu-performance.md). The bias comes already repeated g times;
 * q/k/v and gate/up run as one GEMM each on merged weights (`fused.merge_projections`, which makes
-  the modules' own weights views of them), and the elementwise work between the GEMMs goes through
-  `ops`: the fused Triton kernels on CUDA or their PyTorch twin (`fused.ops_for`).
+  the modules' own weights views of them). Every weight GEMM and the elementwise work between them
+  go through `ops` (`linear`, `swiglu` with its SiLU-mul, `linear_add_rmsnorm` for a block's output
+  projection with the residual add and the next norm): the fused Triton kernels on CUDA, with
+  kernels/gemm.py's few-row GEMM where its table has the shape, or their PyTorch twin (`fused.ops_for`).
 
 The weights are the modules' own, so logits equal the plain forwards up to floating-point
 reduction order (tests/engine/gpu/test_fastpath.py, tests/engine/gpu/test_fused.py). Knows nothing of trees, rounds or graphs.
