@@ -126,7 +126,9 @@ def main(argv=None) -> int:
             base = (lambda i: silu.swiglu(pre(), ws[i])) if sw else (lambda i: F.linear(pre(), ws[i]))
             want = (silu.swiglu(x, ws[0]) if sw else F.linear(x, ws[0])).float()
             cublas_ms = timed(base, len(ws), a.reps)
-            runs = [dataclasses_replace(c, split_k=s) for c in candidates(bm, sw) for s in splits_for(c, M, N, K, sms)]
+            bms = [bm] + ([bm // 2] if band >= 128 else [])   # from 128 rows also two row blocks sharing the weight in L2
+            runs = [dataclasses_replace(c, split_k=s) for b_m in bms for c in candidates(b_m, sw)
+                    for s in splits_for(c, M, N, K, sms)]
             if a.max_candidates:
                 runs = runs[: a.max_candidates]
             op = gemm.swiglu if sw else gemm.linear

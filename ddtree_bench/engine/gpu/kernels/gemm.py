@@ -3,7 +3,8 @@
 A verify or decode forward of n <= 256 tokens reads every weight once and does little arithmetic with
 it: the weight GEMMs are bound by HBM bandwidth, and what decides their time is how evenly the
 weight bytes spread over the SMs and how many of them are in flight. `linear(x, w, launch)` tiles
-the output [M, N] in BLOCK_M x BLOCK_N tiles (one BLOCK_M row block covers every row at these M) and
+the output [M, N] in BLOCK_M x BLOCK_N tiles (usually one row block covers every row; where several
+do, the row blocks of one weight tile are adjacent in launch order, so the second reads it from L2) and
 optionally splits K into `split_k` ranges, so that a [4096, 4096] projection still has >= one program
 per SM; each program streams its [BLOCK_N, K / split_k] slice of W through a `stages`-deep pipeline
 and accumulates in fp32 on the tensor cores. With split_k > 1 the programs write fp32 partials and
@@ -67,8 +68,8 @@ if triton is not None:
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SWIGLU: tl.constexpr, PARTIAL: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
                      USE_GDC: tl.constexpr, LINE: tl.constexpr):
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
+        pid_m = tl.program_id(0)   # row blocks vary fastest: the blocks of one weight tile run side by side (L2 hits)
+        pid_n = tl.program_id(1)
         pid_k = tl.program_id(2)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -172,12 +173,12 @@ def _run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: Gem
     split = triton.cdiv(K, k_per_split)
     y = torch.empty((M, n_out), dtype=x.dtype, device=x.device)
     swiglu = up_rows > 0
-    grid = (triton.cdiv(n_out, c.block_n), triton.cdiv(M, c.block_m), split)
+    grid = (triton.cdiv(M, c.block_m), triton.cdiv(n_out, c.block_n), split)
     even = K % c.block_k == 0
     prec = "ieee" if x.dtype == torch.float32 else "tf32"   # fp32 (the tests' twin check) multiplies exactly
     gdc = pdl.enabled(x.device)
     line = 128 // x.element_size()
-    pf = _prefetch_k(grid[0] * split, c.block_n, k_per_split, x.element_size(), swiglu, line) if gdc else 0
+    pf = _prefetch_k(grid[1] * split, c.block_n, k_per_split, x.element_size(), swiglu, line) if gdc else 0
     opts = dict(USE_GDC=gdc, LINE=line, num_warps=c.warps, num_stages=c.stages, launch_pdl=gdc)
     if split == 1:
         _launch(_gemm_kernel, grid, x, w, y, M, n_out, K, k_per_split, up_rows, x.stride(0), w.stride(0), y.stride(0), 0,
