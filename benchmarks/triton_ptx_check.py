@@ -156,7 +156,8 @@ for dt, ptr in ((torch.bfloat16, bf16), (torch.float32, f32)):
                              K_ROWS=k_rows, TREE_DENSE=dense, FOLD=fold)))
 
 # the few-row weight GEMM (split and not, SiLU-mul epilogue, the split reduce) and the layer ops, with and without
-# programmatic dependent launch's instructions (kernels/pdl.py: griddepcontrol, the weights' L2 prefetch)
+# programmatic dependent launch's instructions (kernels/pdl.py: griddepcontrol, the weights' L2 prefetch), and the
+# norm that sums a split GEMM's partials
 from ddtree_bench.engine.gpu.kernels import gemm as gemm_triton, layer_ops as layer_ops_triton  # noqa: E402
 
 for gdc in (False, True):
@@ -169,9 +170,11 @@ for gdc in (False, True):
                              USE_GDC=gdc, LINE=64)))
     ok.append(check(gemm_triton._gemm_split_reduce, dict(P=f32, Y=bf16, N=4096, splits=3, up_rows=4096, s_split=17 * 8192,
                                                        sp=8192, sy=4096), dict(SWIGLU=True, BLOCK=1024, USE_GDC=gdc)))
-    ok.append(check(layer_ops_triton._rmsnorm_kernel, dict(X=bf16, R=bf16, W=bf16, Y=bf16, XO=bf16, N=4096, eps=1e-6,
-                                                         sx=4096, sr=4096, sy=4096, sxo=4096),
-                    dict(HAS_RES=True, BLOCK=4096, USE_GDC=gdc)))
+    for parts in (False, True):   # parts: a split GEMM's fp32 partials summed by the norm ("fused-reduce")
+        ok.append(check(layer_ops_triton._rmsnorm_kernel, dict(X=bf16, R=f32 if parts else bf16, W=bf16, Y=bf16, XO=bf16,
+                                                             N=4096, eps=1e-6, sx=4096, sr=4096, sy=4096, sxo=4096,
+                                                             n_parts=3, s_part=17 * 4096),
+                        dict(HAS_RES=True, BLOCK=4096, USE_GDC=gdc, PARTS=parts)))
     ok.append(check(layer_ops_triton._silu_mul_kernel, dict(GU=bf16, Y=bf16, I=12288, sgu=24576, sy=12288),
                     dict(BLOCK=1024, USE_GDC=gdc)))
     ok.append(check(layer_ops_triton._qkv_rope_kernel, dict(QKV=bf16, sqkv=6144, QW=bf16, KW=bf16, COS=bf16, SIN=bf16,
