@@ -33,7 +33,13 @@ def t(dtype):
 
 
 def check(kernel, args: dict, consts: dict) -> bool:
-    """args: name -> tensor (pointer) or int (i32); consts: name -> compile-time constant."""
+    """args: name -> tensor (pointer) or int (i32); consts: name -> compile-time constant (a constexpr
+    parameter with a default that neither names takes its default, as a launch would)."""
+    import inspect
+
+    for name, p in inspect.signature(kernel.fn).parameters.items():
+        if name not in args and name not in consts and p.default is not inspect.Parameter.empty:
+            consts = {**consts, name: p.default}
     sig = {n: TYPES[a.dtype] if isinstance(a, torch.Tensor) else "fp32" if isinstance(a, float) else "i32"
            for n, a in args.items()}
     sig.update({n: "constexpr" for n in consts})
@@ -181,6 +187,23 @@ for gdc in (False, True):
                                                           scs=128, Q=bf16, KC=bf16, VC=bf16, sch=2048 * 128, scs_slot=128,
                                                           START=i64, T=17, n_q=32, n_kv=8, eps=1e-6),
                     dict(HALF=64, HB=64, HAS_NORM=True, USE_GDC=gdc)))
+
+# the attention kernels with programmatic dependent launch's wait / launch_dependents (kernels/pdl.py)
+ok.append(check(attention_triton._live_attn_kernel,
+                dict(Q=bf16, K=bf16, V=bf16, BIAS=bf16, LIVE=i64, PREFIX=i64, O=bf16, PACC=f32, PM=f32, PL=f32, COUNT=i64,
+                     M=4 * 17, T=17, G=4, n_split=3, scale=0.088, sqh=17 * 4 * 128, sqm=128, skh=2112 * 128, skn=128,
+                     svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096),
+                dict(D=128, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_PREFIX=True, SPLIT=True, IEEE=False, FOLD=False,
+                     USE_GDC=True)))
+ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, M=4 * 17, T=17, G=4, n_split=3,
+                                                     n_heads=8, sot=4096),
+                dict(D=128, BLOCK_D=128, SP=4, T_MAJOR=True, USE_GDC=True)))
+ok.append(check(tree_attention_triton._tree_attn_kernel,
+                dict(Q=bf16, K=bf16, V=bf16, PATH=i64, POS=i64, PREFIX=i64, O=bf16, PACC=bf16, PM=bf16, PL=bf16, COUNT=i64,
+                     M=4 * 257, T=257, G=4, n_split=1, qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128,
+                     svh=2112 * 128, svn=128, spath=16, sot=4096),
+                dict(D=128, L1P=16, BLOCK_M=32, BLOCK_N=64, SPLIT=False, IEEE=False, K_ROWS=False, TREE_DENSE=True, FOLD=False,
+                     USE_GDC=True)))
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
 sys.exit(0 if all(ok) else 1)

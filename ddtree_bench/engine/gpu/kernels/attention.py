@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
+from ddtree_bench.engine.gpu.kernels import pdl
 
 SM_TARGET = 264          # programs to aim for (two per SM of an H100/H200) when choosing n_split
 # forward.py's auto choice takes this kernel up to this many query rows (g*T) and SDPA over every slot above:
@@ -93,7 +94,8 @@ if triton is not None:
                           sqh, sqm, skh, skn, svh, svn, sbm, sbn, sot,
                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                           HAS_PREFIX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                          FOLD: tl.constexpr = False):
+                          FOLD: tl.constexpr = False, USE_GDC: tl.constexpr = False):
+        pdl.enter(USE_GDC)
         h = tl.program_id(0)
         pid_m = tl.program_id(1)
         s_id = tl.program_id(2)
@@ -159,9 +161,11 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["M", "T", "n_split"])
     def _combine_kernel(PACC, PM, PL, O, M, T, G, n_split, n_heads, sot,
-                        D: tl.constexpr, BLOCK_D: tl.constexpr, SP: tl.constexpr, T_MAJOR: tl.constexpr = False):
+                        D: tl.constexpr, BLOCK_D: tl.constexpr, SP: tl.constexpr, T_MAJOR: tl.constexpr = False,
+                        USE_GDC: tl.constexpr = False):
         """One program per (KV head, query row): every range's (m, l, acc) loaded at once and reduced.
         Rows fold (query head in the group, t) g-major (row = g*T + t), or t-major (row = t*G + g: tree_attention.py)."""
+        pdl.enter(USE_GDC)
         h = tl.program_id(0)
         row = tl.program_id(1)
         sp = tl.arange(0, SP)
@@ -250,8 +254,8 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
                             T * D * G, D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), bias.stride(0), 1, Hq * D,
                             D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, BLOCK_D=BD, HAS_PREFIX=prefix is not None, SPLIT=ns > 1,
                             IEEE=q.dtype == torch.float32, FOLD=fold, num_warps=warps,
-                            num_stages=1 if q.dtype == torch.float32 else 2)
+                            num_stages=1 if q.dtype == torch.float32 else 2, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
         _combine_kernel[(Hkv, M)](pacc, pm, pl, out, M, T, G, ns, Hkv, Hq * D, D=D, BLOCK_D=BD, SP=_pow2(ns),
-                                  num_warps=4)
+                                  num_warps=4, **pdl.gdc_options(q.device))
     return out

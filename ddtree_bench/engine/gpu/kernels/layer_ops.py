@@ -111,8 +111,7 @@ def _warps(block: int) -> int:
 
 def _launch_opts(device, warps: int) -> dict:
     """num_warps, and programmatic dependent launch where kernels/pdl.py enables it."""
-    gdc = pdl.enabled(device)
-    return dict(num_warps=warps, USE_GDC=gdc, launch_pdl=gdc)
+    return dict(num_warps=warps, **pdl.gdc_options(device))
 
 
 class TritonOps(TorchOps):

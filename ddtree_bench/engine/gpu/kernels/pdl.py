@@ -49,6 +49,12 @@ def enabled(device) -> bool:
     return dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
 
 
+def gdc_options(device) -> dict:
+    """The launch keywords of a kernel that calls `enter(USE_GDC)`: USE_GDC and launch_pdl, on where enabled."""
+    on = enabled(device)
+    return dict(USE_GDC=on, launch_pdl=on)
+
+
 if triton is not None:
 
     @triton.jit

@@ -41,6 +41,7 @@ import torch
 from ddtree_bench.engine.gpu.kernels.attention import (NEG_BIG, _combine_kernel, _last_of_block, _reduce_ranges,
                                                        available, counters, n_split)
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
+from ddtree_bench.engine.gpu.kernels import pdl
 
 LOG2E = 1.4426950408889634
 # forward.py's auto choice takes this kernel from this many folded query rows (n >= 128 tree nodes at 4 query heads
@@ -152,7 +153,8 @@ if triton is not None:
                           sqh, skh, skn, svh, svn, spath, sot,
                           D: tl.constexpr, L1P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           SPLIT: tl.constexpr, IEEE: tl.constexpr, K_ROWS: tl.constexpr,
-                          TREE_DENSE: tl.constexpr = False, FOLD: tl.constexpr = False):
+                          TREE_DENSE: tl.constexpr = False, FOLD: tl.constexpr = False, USE_GDC: tl.constexpr = False):
+        pdl.enter(USE_GDC)
         h = tl.program_id(0)
         pid_m = tl.program_id(1)
         s_id = tl.program_id(2)
@@ -277,10 +279,10 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
                             T * D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), path.stride(0), Hq * D,
                             D=D, L1P=_pow2(path.shape[1]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                             SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, TREE_DENSE=cfg.tree_dense,
-                            FOLD=fold, num_warps=cfg.warps, num_stages=cfg.stages)
+                            FOLD=fold, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
         _combine_kernel[(Hkv, M)](pacc, pm, pl, out, M, T, G, ns + 1, Hkv, Hq * D, D=D, BLOCK_D=D, SP=_pow2(ns + 1),
-                                  T_MAJOR=True, num_warps=4)
+                                  T_MAJOR=True, num_warps=4, **pdl.gdc_options(q.device))
     return out
 
 
