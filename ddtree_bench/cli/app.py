@@ -30,3 +30,18 @@ def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors."),
 ) -> None:
     state["debug"] = debug
+    _check_engine_environment()
+
+
+def _check_engine_environment() -> None:
+    """The GPU path's environment knobs, read deep inside a forward, checked before any work: an unknown
+    DDTREE_GPU_EXPERIMENTAL feature or an unreadable DDTREE_GEMM_TABLE is exit 2 here, not a failed request."""
+    import os
+
+    from ddtree_bench.engine.gpu.kernels import experimental
+
+    experimental.requested()
+    if os.environ.get("DDTREE_GEMM_TABLE"):
+        from ddtree_bench.engine.gpu.kernels import gemm
+
+        gemm._env_table()

@@ -350,3 +350,18 @@ def test_gate_and_compare_use_the_same_near_tie_default_for_a_server_baseline(tm
         assert kind == ("near_tie" if source == "server" else "divergence")
         got, out, _ = cli(["gate", run, "--baseline", base], capsys)
         assert got == code, out
+
+
+@pytest.mark.parametrize("env,said", [("DDTREE_GPU_EXPERIMENTAL", "unknown feature(s) turbo"),
+                                      ("DDTREE_GEMM_TABLE", "cannot read it as JSON")])
+def test_a_bad_gpu_knob_is_exit_2_before_any_work(env, said, capsys, monkeypatch, tmp_path):
+    """The GPU path reads these deep inside a forward; the CLI checks them first, so a typo is one line and
+    exit 2 on every command, not a run whose requests all failed."""
+    from process_support import cli_in_process
+
+    bad = tmp_path / "table.json"
+    bad.write_bytes(b"\x89PNG\x00")
+    monkeypatch.setenv(env, "turbo" if env == "DDTREE_GPU_EXPERIMENTAL" else str(bad))
+    res = cli_in_process(capsys, "suites", check=False)
+    assert res.returncode == 2 and said in res.stderr and len(res.stderr.strip().splitlines()) <= 2
+    assert "Traceback" not in res.stderr
