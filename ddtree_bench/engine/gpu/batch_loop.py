@@ -348,6 +348,12 @@ class BatchFastLoop:
     def _bucket(self, b: int) -> _Bucket:
         if b in self._stages:
             return self._stages[b]
+        if self.device.type == "cuda":   # this bucket's GEMM variants compiled at once, before its stages capture
+            from ddtree_bench.engine.gpu.fused import warm_linears
+
+            models = [self.target] + ([self.drafter] if self.drafter is not None else [])
+            warm_linears(models, self.ops, sorted({b * self.width} | ({b * self.block_size} if self.spec else set())),
+                         self.device)
         bk = _Bucket(b, self.device)
         dev, g, pool = self.device, self.graphs, bk.pool
 
