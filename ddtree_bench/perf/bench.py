@@ -119,11 +119,6 @@ def curve_tree(n: int, device: torch.device, with_path: bool, logit_scale: float
     return par, dep, path
 
 
-def _cublas(*shape, **kw):
-    """The GEMM policy that keeps every weight GEMM on cuBLAS (TritonOps' gemm_config)."""
-    return None
-
-
 @torch.inference_mode()
 def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: torch.device, graphs: bool,
                  reps: int = 20, eager: bool = True, layer_ops: str = "auto", profile: bool = False,
@@ -146,6 +141,7 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     graph and graph_cublas (CUDA; the ATen ops on a CPU)."""
     from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN
     from ddtree_bench.engine.gpu.fused import TORCH_OPS, TritonOps, merge_projections, ops_for
+    from ddtree_bench.engine.gpu.kernels.gemm import cublas_only
     from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
     from ddtree_bench.engine.gpu.tree_ops import ancestors, verify_visible
     from ddtree_bench.perf.profile import profile_kernels
@@ -181,7 +177,7 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
 
         fns = {"graph": forward(whole)}
         if fused:
-            fns.update({"graph_cublas": forward(whole, TritonOps(gemm_config=_cublas)), "graph_live": forward(whole, attention="live"),
+            fns.update({"graph_cublas": forward(whole, TritonOps(gemm_config=cublas_only)), "graph_live": forward(whole, attention="live"),
                         "graph_sdpa": forward(align(prefix_len + n), attention="sdpa"),
                         "graph_sdpa_whole": forward(whole, attention="sdpa"), "graph_unfused": forward(whole, TORCH_OPS)})
         if on_graphs:

@@ -289,6 +289,11 @@ def _env_table() -> Table | None:
     return _LOADED[path]
 
 
+def cublas_only(M: int, N: int, K: int, dtype: torch.dtype, device, swiglu: bool = False) -> None:
+    """The GEMM policy (`config`'s signature) that leaves every weight GEMM to cuBLAS."""
+    return None
+
+
 def lookup(table: Table, M: int, N: int, K: int, swiglu: bool) -> GemmConfig | None:
     """The launch shape of the band of `table` holding M rows for this projection, or None (cuBLAS)."""
     for max_rows, launch in table.get((N, K, swiglu), ()):

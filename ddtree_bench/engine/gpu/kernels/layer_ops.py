@@ -117,7 +117,7 @@ def _launch_opts(device, warps: int) -> dict:
 class TritonOps(TorchOps):
     """The fused kernels; same signatures and (up to a few fp32 ulps) the same values as TorchOps.
     gemm_config(M, N, K, dtype, device, swiglu) picks the weight GEMMs' Triton launch shape or None for
-    cuBLAS (default: kernels/gemm.config, the H200 table; `lambda *a, **k: None` is cuBLAS everywhere)."""
+    cuBLAS (default: kernels/gemm.config, the H200 table; gemm.cublas_only: cuBLAS everywhere)."""
 
     name = "triton"
 
@@ -136,11 +136,18 @@ class TritonOps(TorchOps):
     def add_rmsnorm(self, x, d, w, eps):
         if x.dtype != d.dtype or x.stride(-1) != 1 or d.stride(-1) != 1:
             return super().add_rmsnorm(x, d, w, eps)
+        return self._add_rmsnorm(x, d, w, eps)
+
+    def _add_rmsnorm(self, x, d, w, eps, sums: "gemm.SplitSums | None" = None):
+        """The residual add + RMSNorm kernel on d [T, N], or on a split GEMM's partials (sums)."""
         xo = torch.empty_like(x)
         y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, w.dtype), device=x.device)
         B = triton.next_power_of_2(x.shape[1])
-        _rmsnorm_kernel[(x.shape[0],)](x, d, w, y, xo, x.shape[1], eps, x.stride(0), d.stride(0), y.stride(0), xo.stride(0),
-                                       0, 0, HAS_RES=True, BLOCK=B, **_launch_opts(x.device, _warps(B)))
+        r = d if sums is None else sums.parts
+        n_parts, s_part = (0, 0) if sums is None else (r.shape[0], r.stride(0))
+        _rmsnorm_kernel[(x.shape[0],)](x, r, w, y, xo, x.shape[1], eps, x.stride(0), r.stride(-2), y.stride(0), xo.stride(0),
+                                       n_parts, s_part, HAS_RES=True, BLOCK=B, PARTS=sums is not None,
+                                       **_launch_opts(x.device, _warps(B)))
         return xo, y
 
     def qkv_rope(self, qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start):
@@ -185,17 +192,10 @@ class TritonOps(TorchOps):
         sums the GEMM's partials itself (gemm.SplitSums: the same sum, in the same order, as the reduce
         kernel it replaces, so the same bits) - one launch fewer per projection."""
         c = self._gemm(inner, w, b, w.shape[0], False)
-        fuse = (c is not None and c.split_k > 1 and experimental.enabled("fused-reduce") and x.dtype == inner.dtype
-                and x.stride(-1) == 1)
-        d = (gemm.linear_unreduced(inner, w, c) if fuse else gemm.linear(inner, w, c)) if c is not None \
-            else TorchOps.linear(self, inner, w, b)
-        if not isinstance(d, gemm.SplitSums):
-            return self.add_rmsnorm(x, d, norm_w, eps)
-        p = d.parts
-        xo = torch.empty_like(x)
-        y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, norm_w.dtype), device=x.device)
-        B = triton.next_power_of_2(x.shape[1])
-        _rmsnorm_kernel[(x.shape[0],)](x, p, norm_w, y, xo, x.shape[1], eps, x.stride(0), p.stride(1), y.stride(0),
-                                       xo.stride(0), p.shape[0], p.stride(0), HAS_RES=True, BLOCK=B, PARTS=True,
-                                       **_launch_opts(x.device, _warps(B)))
-        return xo, y
+        if c is None:
+            return self.add_rmsnorm(x, TorchOps.linear(self, inner, w, b), norm_w, eps)
+        fuse = c.split_k > 1 and experimental.enabled("fused-reduce") and x.dtype == inner.dtype and x.stride(-1) == 1
+        d = gemm.linear_unreduced(inner, w, c) if fuse else gemm.linear(inner, w, c)
+        if isinstance(d, gemm.SplitSums):
+            return self._add_rmsnorm(x, None, norm_w, eps, sums=d)
+        return self.add_rmsnorm(x, d, norm_w, eps)
