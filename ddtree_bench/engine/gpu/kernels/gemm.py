@@ -8,7 +8,10 @@ do, the row blocks of one weight tile are adjacent in launch order, so the secon
 optionally splits K into `split_k` ranges, so that a [4096, 4096] projection still has >= one program
 per SM; each program streams its [BLOCK_N, K / split_k] slice of W through a `stages`-deep pipeline
 and accumulates in fp32 on the tensor cores. With split_k > 1 the programs write fp32 partials and
-`_gemm_split_reduce` sums them (in range order, so the result does not depend on scheduling).
+`_gemm_split_reduce` sums them (in range order, so the result does not depend on scheduling);
+`linear_unreduced` hands them on instead (`SplitSums`), for the residual add + RMSNorm that reads the
+projection to sum (layer_ops, "fused-reduce" in kernels/experimental.py). With PDL (kernels/pdl.py) a
+program first prefetches its weight slice into L2, then waits for the kernel before it.
 
 `swiglu(x, gate_up, launch)` is the MLP's first GEMM with its activation in the epilogue: gate_up
 [2I, K] is the merged [gate | up] weight (fused.merge_projections); a program computes the gate tile
