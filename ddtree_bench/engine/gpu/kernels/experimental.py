@@ -10,6 +10,7 @@ Knows nothing of what the features do.
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 ENV = "DDTREE_GPU_EXPERIMENTAL"
 FEATURES = {
@@ -18,11 +19,17 @@ FEATURES = {
 }
 
 
-def requested() -> set[str]:
-    """The features DDTREE_GPU_EXPERIMENTAL names (checked against FEATURES)."""
+def requested() -> frozenset[str]:
+    """The features DDTREE_GPU_EXPERIMENTAL names (checked against FEATURES); parsed once per value, since
+    every kernel launch asks."""
+    return _parse(os.environ.get(ENV, ""))
+
+
+@lru_cache(maxsize=8)
+def _parse(value: str) -> frozenset[str]:
     from ddtree_bench.errors import UsageError
 
-    names = {n.strip() for n in os.environ.get(ENV, "").split(",") if n.strip()}
+    names = frozenset(n.strip() for n in value.split(",") if n.strip())
     unknown = names - FEATURES.keys()
     if unknown:
         raise UsageError(f"{ENV}: unknown feature(s) {', '.join(sorted(unknown))}; known: {', '.join(FEATURES)}")

@@ -21,6 +21,7 @@ compute.
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import torch
 
@@ -45,6 +46,11 @@ def enabled(device) -> bool:
     """Whether kernels on `device` launch with PDL ("pdl" requested, sm_90+, a Triton that has it, not the interpreter)."""
     if not experimental.enabled("pdl") or not SUPPORTED or os.environ.get("TRITON_INTERPRET") == "1":
         return False
+    return _sm90_or_newer(str(device))
+
+
+@lru_cache(maxsize=None)
+def _sm90_or_newer(device: str) -> bool:
     dev = torch.device(device)
     return dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
 
