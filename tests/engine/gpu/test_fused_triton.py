@@ -13,6 +13,7 @@ import torch
 from ddtree_bench.engine.gpu import fused
 from ddtree_bench.engine.gpu.fused import TORCH_OPS
 from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
+from ddtree_bench.engine.gpu.kernels import experimental
 from ddtree_bench.engine.gpu.tree_ops import verify_visible
 from ddtree_bench.engine.loading import random_pair
 
@@ -61,8 +62,13 @@ def test_triton_silu_mul_matches_the_twin(dtype, T, I):
 
 @kernel_check
 @pytest.mark.parametrize("T,n_q,n_kv,D,norm", [(1, 32, 8, 128, True), (9, 8, 4, 32, True), (4, 0, 2, 32, True),
-                                               (6, 4, 4, 64, False), (3, 6, 2, 48, True)])
-def test_triton_qkv_rope_matches_the_twin_and_writes_only_its_slots(dtype, T, n_q, n_kv, D, norm):
+                                               (6, 4, 4, 64, False), (3, 6, 2, 48, True), (2, 12, 2, 32, True)])
+@pytest.mark.parametrize("tiles", [False, True], ids=["head", "tiles"])
+def test_triton_qkv_rope_matches_the_twin_and_writes_only_its_slots(dtype, T, n_q, n_kv, D, norm, tiles, monkeypatch):
+    """Both kernels: one head per program, and a tile of ROPE_HEADS heads ("rope-tiles"), whose tiles here
+    straddle the q/k boundary (12 + 2 heads: the second tile holds q and k heads) or hold k heads only."""
+    if tiles:
+        monkeypatch.setenv(experimental.ENV, "rope-tiles")
     dt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(D + T)
     rnd = lambda *s: torch.randn(*s, generator=g).to(DEV, dt)  # noqa: E731

@@ -5,6 +5,9 @@ twin (ops.TorchOps), which each method falls back to for layouts the kernels do 
 The kernels round where PyTorch rounds: after every op PyTorch runs in the activation dtype (bf16
 products and sums round to bf16; fp32 statistics stay fp32), so they agree with the twin except for
 the summation order of RMSNorm's mean of squares and the fp32 exp/rsqrt of the hardware.
+The q/k norm + RoPE kernel comes in two launch shapes with the same values: one program per (token,
+head), and with "rope-tiles" (kernels/experimental.py, off until an H200 has timed it) one program per
+(token, ROPE_HEADS heads) over [heads, D/2] tiles, which loads the token's cos/sin once for its heads.
 Needs Triton (CUDA, or the CPU interpreter in tests); knows nothing of models.
 """
 
@@ -93,6 +96,53 @@ if triton is not None:
             tl.store(vb + HALF + i, tl.load(vrow + HALF + i, mask=m, other=0.0), mask=m)
 
     @triton.jit
+    def _qkv_rope_tiles_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, Q, KC, VC, sch, scs_slot, START, T, n_q, n_kv, eps,
+                               HALF: tl.constexpr, HB: tl.constexpr, HG: tl.constexpr, HAS_NORM: tl.constexpr,
+                               USE_GDC: tl.constexpr):
+        """_qkv_rope_kernel's work for HG heads of one token per program (a [HG, HALF] tile per half): the
+        same values, the token's cos/sin loaded once for its heads, and n_heads / HG times fewer programs."""
+        pdl.enter(USE_GDC)
+        t = tl.program_id(0)
+        heads = tl.program_id(1) * HG + tl.arange(0, HG)   # q heads 0..n_q-1, then k heads
+        i = tl.arange(0, HB)
+        is_q = heads < n_q
+        is_k = (heads >= n_q) & (heads < n_q + n_kv)
+        m = (is_q | is_k)[:, None] & (i < HALF)[None, :]
+        row = QKV + t * sqkv + heads[:, None] * (2 * HALF) + i[None, :]
+        x1 = tl.load(row, mask=m, other=0.0)
+        x2 = tl.load(row + HALF, mask=m, other=0.0)
+        dt = x1.dtype
+        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        if HAS_NORM:   # _head_norm per row: fp32 statistics, rounded as RMSNorm rounds
+            r = tl.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / (2 * HALF) + eps)[:, None]
+            wm = i < HALF
+            w1 = tl.where(is_q[:, None], tl.load(QW + i, mask=wm, other=0.0)[None, :],
+                          tl.load(KW + i, mask=wm, other=0.0)[None, :]).to(tl.float32)
+            w2 = tl.where(is_q[:, None], tl.load(QW + HALF + i, mask=wm, other=0.0)[None, :],
+                          tl.load(KW + HALF + i, mask=wm, other=0.0)[None, :]).to(tl.float32)
+            f1 = (w1 * (f1 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            f2 = (w2 * (f2 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        cm = i < HALF
+        c1 = tl.load(COS + t * scs + i, mask=cm, other=0.0).to(tl.float32)[None, :]
+        c2 = tl.load(COS + t * scs + HALF + i, mask=cm, other=0.0).to(tl.float32)[None, :]
+        s1 = tl.load(SIN + t * scs + i, mask=cm, other=0.0).to(tl.float32)[None, :]
+        s2 = tl.load(SIN + t * scs + HALF + i, mask=cm, other=0.0).to(tl.float32)[None, :]
+        o1 = ((f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)).to(dt)
+        o2 = ((f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)).to(dt)
+        qm = is_q[:, None] & m
+        out = Q + (heads[:, None] * T + t) * (2 * HALF) + i[None, :]
+        tl.store(out, o1, mask=qm)
+        tl.store(out + HALF, o2, mask=qm)
+        km = is_k[:, None] & m
+        slot = tl.load(START) + t
+        kv_off = (heads - n_q)[:, None] * sch + slot * scs_slot + i[None, :]
+        tl.store(KC + kv_off, o1, mask=km)
+        tl.store(KC + kv_off + HALF, o2, mask=km)
+        vrow = row + n_kv * (2 * HALF)
+        tl.store(VC + kv_off, tl.load(vrow, mask=km, other=0.0), mask=km)
+        tl.store(VC + kv_off + HALF, tl.load(vrow + HALF, mask=km, other=0.0), mask=km)
+
+    @triton.jit
     def _silu_mul_kernel(GU, Y, I, sgu, sy, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
         pdl.enter(USE_GDC)
         t = tl.program_id(0)
@@ -103,6 +153,12 @@ if triton is not None:
         gf = g.to(tl.float32)
         s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)   # PyTorch's silu: fp32 math, one rounding
         tl.store(Y + t * sy + j, (s * u).to(Y.dtype.element_ty), mask=m)
+
+
+# "rope-tiles" (kernels/experimental.py): heads per program and warps of _qkv_rope_tiles_kernel; the one-head
+# kernel's 40 one-warp programs per token cap an H200 at 32 resident programs per SM (docs/gpu-performance.md)
+ROPE_HEADS = 8
+ROPE_WARPS = 2
 
 
 def _warps(block: int) -> int:
@@ -157,10 +213,14 @@ class TritonOps(TorchOps):
             return super().qkv_rope(qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start)
         q = torch.empty((n_q, T, D), dtype=qkv.dtype, device=qkv.device) if n_q else None
         norm = k_w is not None
-        _qkv_rope_kernel[(T, n_q + n_kv)](
-            qkv, qkv.stride(0), q_w if norm else qkv, k_w if norm else qkv, cos, sin, cos.stride(0),
-            q if n_q else qkv, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), start, T, n_q, n_kv, eps,
-            HALF=D // 2, HB=triton.next_power_of_2(D // 2), HAS_NORM=norm, **_launch_opts(qkv.device, 1))
+        args = (qkv, qkv.stride(0), q_w if norm else qkv, k_w if norm else qkv, cos, sin, cos.stride(0),
+                q if n_q else qkv, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), start, T, n_q, n_kv, eps)
+        consts = dict(HALF=D // 2, HB=triton.next_power_of_2(D // 2), HAS_NORM=norm)
+        if experimental.enabled("rope-tiles"):
+            _qkv_rope_tiles_kernel[(T, triton.cdiv(n_q + n_kv, ROPE_HEADS))](
+                *args, HG=ROPE_HEADS, **consts, **_launch_opts(qkv.device, ROPE_WARPS))
+        else:
+            _qkv_rope_kernel[(T, n_q + n_kv)](*args, **consts, **_launch_opts(qkv.device, 1))
         return q
 
     def silu_mul(self, gate_up):
