@@ -331,9 +331,9 @@ class FastLoop:
     @property
     def fused_tree_ops(self) -> bool:
         """Tree compile and walk as one Triton launch each (kernels/tree_verify.py) - unless tree_kernel is torch."""
-        from ddtree_bench.engine.gpu.kernels import tree_verify
+        from ddtree_bench.engine.gpu import tree_kernels
 
-        return self.tree_kernel != "torch" and tree_verify.available(self.device)
+        return self.tree_kernel != "torch" and tree_kernels.available(self.device)
 
     def _compile(self, b: _Bucket) -> Compiled:
         t = b.out.tree

@@ -198,3 +198,16 @@ def test_argmax_kernel_equals_torch_argmax():
             xd = x.to(DEV)
             assert torch.equal(argmax_rows(xd).cpu(), x.argmax(dim=-1)), (V, dt)
             assert torch.equal(argmax_rows(xd).cpu(), xd.argmax(dim=-1).cpu()), (V, dt)
+
+
+def test_the_loop_gate_passes_on_every_tree_kernel_and_fails_a_broken_one(monkeypatch):
+    """gpu/tree_kernels.self_test (the fast loop's gate for these kernels) passes here, and names the kernel
+    that differs from its twin when one is broken."""
+    from ddtree_bench.engine.gpu import tree_kernels
+    from ddtree_bench.engine.gpu.kernels import tree_verify
+
+    dev = torch.device(DEV)
+    assert tree_kernels.self_test(dev) is None
+    real = tree_verify.walk_tree
+    monkeypatch.setattr(tree_verify, "walk_tree", lambda *a: real(*a).roll(1))
+    assert tree_kernels.self_test(dev) == "walk_tree differs from walk_static"
