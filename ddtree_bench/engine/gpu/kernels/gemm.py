@@ -22,7 +22,9 @@ and the separate SiLU kernel are gone.
 Twins: F.linear, and ops.TorchOps.silu_mul(F.linear(x, gate_up)); results agree up to fp32 summation
 order before the one rounding to the activation dtype. Launch shapes come from an H200 tuning table
 (`config`, measured by benchmarks/gpu_gemm_tune.py; docs/gpu-performance.md); shapes the table does not
-name run cuBLAS (`config` returns None). bf16 / fp16 only (fp32 keeps cuBLAS's IEEE products).
+name run cuBLAS (`config` returns None). A launch shape whose `kernel` is not "tiles" runs kernels/gemm_tma.py's
+persistent TMA kernel instead, with the same epilogues and partials (a tuner candidate: H200_TABLE names none).
+bf16 / fp16 only (fp32 keeps cuBLAS's IEEE products).
 Knows nothing of models: only x [M, K] (last dim contiguous) and a row-major weight [N, K].
 """
 
@@ -39,11 +41,15 @@ from ddtree_bench.engine.gpu.kernels.common import tl, triton
 from ddtree_bench.engine.gpu.kernels.warm import launch as _launch
 
 GEMM_MAX_ROWS = 256   # above this the GEMMs are compute-bound and cuBLAS's large tiles win
+# GemmConfig.kernel: "tiles" this file's pointer-tile kernel; the others kernels/gemm_tma.py's persistent TMA kernel,
+# plain, with its loop nest flattened (tl.range(flatten=True)), or warp-specialised (tl.range(warp_specialize=True))
+KERNELS = ("tiles", "tma", "tma-flat", "tma-ws")
 
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Launch shape of one GEMM: output tile block_m x block_n, K step block_k, K split into split_k ranges."""
+    """Launch shape of one GEMM: output tile block_m x block_n, K step block_k, K split into split_k ranges, and
+    which kernel runs it (a name in KERNELS)."""
 
     block_m: int
     block_n: int
@@ -51,6 +57,7 @@ class GemmConfig:
     split_k: int = 1
     warps: int = 4
     stages: int = 4
+    kernel: str = "tiles"
 
     def smem_bytes(self, swiglu: bool = False, elem: int = 2) -> int:
         """Shared memory of the pipeline: `stages` copies of the x tile and the weight tile(s)."""
@@ -169,6 +176,10 @@ def _run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: Gem
          reduce: bool = True) -> torch.Tensor | SplitSums:
     """Launch the kernel for out [M, n_out] (swiglu when up_rows > 0: the up weight rows start at up_rows);
     reduce=False leaves a split launch's partials unreduced (SplitSums)."""
+    if launch.kernel != "tiles":
+        from ddtree_bench.engine.gpu.kernels import gemm_tma
+
+        return gemm_tma.run(x, w, n_out, up_rows, launch, reduce)
     M, K = x.shape
     c = launch
     split = max(1, min(c.split_k, triton.cdiv(K, c.block_k)))
@@ -258,9 +269,11 @@ def table_from_json(doc: dict) -> Table:
     table: dict[tuple[int, int, bool], list[tuple[int, GemmConfig | None]]] = {}
     try:
         for e in doc["entries"]:
-            launch = None if e["config"] is None else GemmConfig(**{k: int(v) for k, v in e["config"].items()})
+            launch = None if e["config"] is None else GemmConfig(**{k: str(v) if k == "kernel" else int(v)
+                                                                     for k, v in e["config"].items()})
             if launch is not None and (min(launch.block_m, launch.block_n, launch.block_k) < 16 or launch.split_k < 1
-                                       or any(b & (b - 1) for b in (launch.block_m, launch.block_n, launch.block_k))):
+                                       or any(b & (b - 1) for b in (launch.block_m, launch.block_n, launch.block_k))
+                                       or launch.kernel not in KERNELS):
                 raise ValueError(f"bad launch shape {launch}")
             table.setdefault((int(e["n"]), int(e["k"]), bool(e["swiglu"])), []).append((int(e["max_rows"]), launch))
     except (KeyError, TypeError, ValueError) as err:
@@ -272,7 +285,10 @@ def table_from_json(doc: dict) -> Table:
 def table_to_json(table: Table) -> dict:
     from dataclasses import asdict
 
-    return {"entries": [{"n": n, "k": k, "swiglu": sw, "max_rows": rows, "config": None if c is None else asdict(c)}
+    def fields(c: GemmConfig) -> dict:   # "kernel" only where it is not the default, as tables before it had
+        return {k: v for k, v in asdict(c).items() if k != "kernel" or v != "tiles"}
+
+    return {"entries": [{"n": n, "k": k, "swiglu": sw, "max_rows": rows, "config": None if c is None else fields(c)}
                         for (n, k, sw), bands in sorted(table.items()) for rows, c in bands]}
 
 
