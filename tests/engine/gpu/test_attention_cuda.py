@@ -1,6 +1,7 @@
 """The live-slot attention inside a captured CUDA graph: one capture stays right as the prefix grows
 (the kernel reads the live length from the device each replay), at the real head dim 128 and a
-grouped-query layout of 4, in fp32 and bf16, against SDPA over the whole cache. Needs CUDA; skips
+grouped-query layout of 4, in fp32 and bf16, against SDPA over the whole cache; and the launch shapes the
+tuner times beside the defaults (row blocks up to 128, the wide tree tiles) in bf16. Needs CUDA; skips
 cleanly without it (tests/engine/gpu/test_attention_triton.py checks the kernel's values on a CPU
 under Triton's interpreter)."""
 
@@ -92,3 +93,38 @@ def test_one_launch_and_dense_tree_variants_in_a_graph_follow_the_prefix_and_mat
     finally:
         for s in stages:
             s.release()
+
+
+@pytest.mark.parametrize("n", [16, 64, 257])
+def test_the_tuners_row_blocks_and_wide_tree_tiles_match_sdpa_in_bf16(n):
+    """The launch shapes the tuner times beside the defaults, at the 8B shape in bf16 (head dim 128, 4 query
+    heads per KV head, a wide built tree): live_attend at every row block it takes (n_split's capped ranges and
+    fixed ones), and tree_attend at every WIDE_SHAPES tile (n_split's prefix ranges and four), gathered and dense,
+    each against SDPA with compile_tree's bias."""
+    from dataclasses import replace
+
+    from ddtree_bench.engine.gpu.kernels.attention import BLOCK_MS, live_attend
+    from ddtree_bench.engine.gpu.kernels.tree_attention import WIDE_SHAPES, tree_attend
+    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+
+    dt, dev = torch.bfloat16, torch.device("cuda")
+    Hq, Hkv, D, S, L, prefix = 32, 8, 128, 2048, 15, 1024
+    g = torch.Generator(device=dev).manual_seed(n)
+    q, k, v = (torch.randn(*s, generator=g, device=dev).to(dt) for s in ((Hq, n, D), (Hkv, S, D), (Hkv, S, D)))
+    logits = torch.randn(L, 512, generator=torch.Generator().manual_seed(n)).to(dev) * 3
+    tok, par, dep = StaticTreeBuilder(L, 512, n - 1, dev)(logits)
+    start = torch.tensor(prefix, device=dev)
+    _, pos, _, bias, path = compile_tree(torch.zeros(1, dtype=torch.long, device=dev), tok, par, dep, start, S, dt,
+                                         Hq // Hkv, L)
+    want = grouped_attend(q, k, v, bias).float()
+    tol = dict(rtol=2e-2, atol=2e-2)
+    for rows in BLOCK_MS:
+        for splits in (None, 4):
+            torch.testing.assert_close(live_attend(q, k, v, bias, start + n, start, splits=splits, rows=rows).float(),
+                                       want, **tol)
+    for c in WIDE_SHAPES:
+        for splits in (None, 4):
+            for dense in (False, True):
+                got = tree_attend(q, k, v, path, pos, start, splits=splits, launch=replace(c, tree_dense=dense))
+                torch.testing.assert_close(got.float(), want, **tol)

@@ -1,6 +1,7 @@
 """The live-slot attention kernel (engine/gpu/kernels/attention.py) against its twin, forward.grouped_attend
 (SDPA over every cache slot): same values, every slot past the live length left unread, the
-prefix shortcut, split-KV and one range, grouped-query groups 1/2/4, and whole target and drafter
+prefix shortcut, split-KV and one range, the partials cap on split ranges, every row block live_attend takes
+and the wide tree tiles (WIDE_SHAPES), grouped-query groups 1/2/4, and whole target and drafter
 forwards with `attention="live"` against `attention="sdpa"`. They run on CUDA, and in CI on a CPU
 under Triton's interpreter (engine/gpu/test_triton_interpreter.py):
     TRITON_INTERPRET=1 python -m pytest -m gpu tests/engine/gpu/test_attention_triton.py
@@ -103,6 +104,90 @@ def test_the_prefix_shortcut_does_not_read_the_bias_over_the_prefix():
     torch.testing.assert_close(live_attend(q, k, v, hidden_prefix, st + T, st), grouped_attend(q, k, v, bias), **_tol(torch.float32))
     torch.testing.assert_close(live_attend(q, k, v, hidden_prefix, st + T, None), grouped_attend(q, k, v, hidden_prefix),
                                **_tol(torch.float32))
+
+
+def _nan_empty(monkeypatch):
+    """torch.empty fills float tensors with NaN from here on (the test's scope): a kernel that reads a partial it
+    never stored then gives NaN instead of whatever the allocator left there."""
+    real = torch.empty
+
+    def empty(*a, **kw):
+        out = real(*a, **kw)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+@pytest.mark.gpu
+@triton_only
+def test_the_partials_cap_keeps_ar_and_caps_ranges_whose_partials_outweigh_the_kv():
+    """n_split's count on the 8B shape (8 KV heads, 2048-slot cache, 1024-token prefix) and the ranges the kernel
+    then uses at the live length: AR (M = 4 rows) keeps every range, since its partials are a few KB; wherever
+    ranges x M exceeds the live slots (fp32 partials heavier than the bf16 K/V they summarise) the cap takes
+    ranges off, and never below one."""
+    from ddtree_bench.engine.gpu.kernels.attention import n_split, ranges_used
+
+    prefix, S, Hkv = 1024, 2048, 8
+    for n in (1, 16, 64, 128, 192):
+        M, live = 4 * n, prefix + n
+        ns = n_split(Hkv, M, S)
+        r = ranges_used(ns, M, live)
+        assert 1 <= r <= ns
+        assert r * M <= live or r == 1                     # partial bytes <= bf16 K/V bytes
+        assert r == ns or (r + 1) * M > live               # only as many ranges taken off as the cap needs
+        if n == 1:
+            assert r == ns > 1
+        if n == 64:
+            assert ns * M > live and r < ns                # the launch profiled at 0.29 ms of combine per forward
+
+
+@pytest.mark.gpu
+@triton_only
+@pytest.mark.parametrize("start", [20, 80, 150])
+def test_a_capped_launch_uses_only_its_first_ranges_and_still_equals_sdpa(monkeypatch, start):
+    """M = 40 folded rows, three ranges chosen by n_split: the live length caps them at 1, 2 and 3 (start 20, 80,
+    150). Every uninitialised buffer holds NaN, so a combine (second launch or folded) that read a range the
+    capped launch left unstored would give NaN; slots past live hold NaN too."""
+    from ddtree_bench.engine.gpu.kernels.attention import n_split, ranges_used, live_attend
+
+    Hq, Hkv, T, S, D = 8, 2, 10, 192, 32
+    M = Hq // Hkv * T
+    assert n_split(Hkv, M, S) == 3 and ranges_used(3, M, start + T) == {20: 1, 80: 2, 150: 3}[start]
+    g = torch.Generator().manual_seed(start)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((Hq, T, D), (Hkv, S, D), (Hkv, S, D)))
+    bias = _tree_bias(T, start, S, Hq // Hkv, torch.float32, seed=start)
+    want = grouped_attend(q, k, v, bias)
+    k[:, start + T:] = float("nan")
+    v[:, start + T:] = float("nan")
+    st = torch.tensor(start, device=DEV)
+    _nan_empty(monkeypatch)
+    for prefix in (None, st):
+        for fold in (False, True):
+            torch.testing.assert_close(live_attend(q, k, v, bias, st + T, prefix, fold=fold), want,
+                                       **_tol(torch.float32))
+
+
+@pytest.mark.gpu
+@triton_only
+@pytest.mark.parametrize("T,start", [(37, 5), (37, 90), (70, 40)])
+def test_live_attend_at_every_row_block_it_takes_equals_sdpa(T, start):
+    """The tuner's explicit row blocks (16 .. 128 rows per program, 8 warps at 128) on ragged row counts
+    (M = 74, 140: no block divides them), with the chosen ranges and with fixed ones, prefix shortcut on and off;
+    a row block live_attend does not take is refused."""
+    from ddtree_bench.engine.gpu.kernels.attention import BLOCK_MS, live_attend
+
+    Hq, Hkv, S, D = 4, 2, 192, 32
+    g = torch.Generator().manual_seed(T + start)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((Hq, T, D), (Hkv, S, D), (Hkv, S, D)))
+    bias = _tree_bias(T, start, S, Hq // Hkv, torch.float32, seed=start)
+    want = grouped_attend(q, k, v, bias)
+    st = torch.tensor(start, device=DEV)
+    for rows in BLOCK_MS:
+        for splits, prefix in ((None, st), (2, st), (None, None)):
+            got = live_attend(q, k, v, bias, st + T, prefix, splits=splits, rows=rows)
+            torch.testing.assert_close(got, want, **_tol(torch.float32))
+    with pytest.raises(ValueError, match="query rows per program"):
+        live_attend(q, k, v, bias, st + T, st, rows=48)
 
 
 @pytest.mark.gpu
@@ -331,3 +416,61 @@ def test_tree_attend_refuses_a_head_dim_it_cannot_tile_and_auto_does_not_pick_it
     with pytest.raises(ValueError, match="power-of-two head dim"):
         tree_attend(q, k, k, torch.zeros(TREE_MIN_ROWS, 16, dtype=torch.long, device=DEV),
                     torch.zeros(TREE_MIN_ROWS, dtype=torch.long, device=DEV), torch.tensor(0, device=DEV))
+
+
+@pytest.mark.gpu
+@triton_only
+@pytest.mark.parametrize("N,start,L,Hq", [(40, 3, 5, 4), (130, 64, 5, 8), (70, 100, 15, 4)])
+def test_the_wide_tree_tiles_equal_sdpa_split_or_not_gathered_or_dense(N, start, L, Hq):
+    """Each of WIDE_SHAPES (64/128-row tiles, the ones that can reach Hopper's wgmma) against SDPA with the tree's
+    bias: ragged row counts (M = 82, 524, 142 at 2 KV heads), prefixes from 3 slots (a lone masked tail tile) to
+    100, deep chains (L = 15), the prefix in one range and in three, gathered and dense tree phase, combine after
+    or folded; slots past the tree hold NaN."""
+    from dataclasses import replace
+
+    from ddtree_bench.engine.gpu.kernels.tree_attention import WIDE_SHAPES, tree_attend
+    from ddtree_bench.engine.gpu.tree_ops import ancestors
+
+    Hkv, S, D = 2, 256, 32
+    par, dep, path = _random_tree(N, L, seed=N + start, chain=0.8 if L > 5 else 0.0)
+    T = N + 1
+    g = torch.Generator().manual_seed(T + start)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((Hq, T, D), (Hkv, S, D), (Hkv, S, D)))
+    st = torch.tensor(start, device=DEV)
+    want = grouped_attend(q, k, v, visible_bias(verify_visible(ancestors(par.to(DEV), L), st, S), torch.float32,
+                                                Hq // Hkv))
+    k[:, start + T:] = float("nan")
+    v[:, start + T:] = float("nan")
+    pos = st + torch.cat([torch.zeros(1, dtype=torch.long), dep]).to(DEV)
+    for c in WIDE_SHAPES:
+        for splits, dense, fold in ((1, False, False), (1, True, False), (3, False, False), (3, True, True)):
+            got = tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits,
+                              launch=replace(c, stages=1, tree_dense=dense, fold=fold))
+            torch.testing.assert_close(got, want, **_tol(torch.float32))
+
+
+@pytest.mark.gpu
+@triton_only
+def test_the_wide_tree_tiles_on_a_built_tree_match_compile_trees_bias():
+    """WIDE_SHAPES on the builder's tree (compile_tree's path table and bias), split over the prefix as n_split
+    chooses and in two ranges, gathered and dense."""
+    from dataclasses import replace
+
+    from ddtree_bench.engine.gpu.kernels.tree_attention import WIDE_SHAPES, tree_attend
+    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+
+    L, V, B, S, D, start = 6, 50, 45, 192, 16, 70
+    logits = torch.randn(L, V, generator=torch.Generator().manual_seed(21)).to(DEV) * 3
+    tok, par, dep = StaticTreeBuilder(L, V, B, DEV)(logits)
+    st = torch.tensor(start, device=DEV)
+    ids, pos, anc, bias, path = compile_tree(torch.ones(1, dtype=torch.long, device=DEV), tok, par, dep, st, S,
+                                             torch.float32, 2, L)
+    g = torch.Generator().manual_seed(22)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((4, B + 1, D), (2, S, D), (2, S, D)))
+    want = grouped_attend(q, k, v, bias)
+    for c in WIDE_SHAPES:
+        for splits in (None, 2):
+            for dense in (False, True):
+                got = tree_attend(q, k, v, path, pos, st, splits=splits, launch=replace(c, stages=1, tree_dense=dense))
+                torch.testing.assert_close(got, want, **_tol(torch.float32))

@@ -20,6 +20,15 @@ and a second launch, one program per (KV head, query row) with every range loade
 them: m = max_s m_s, out = sum_s e^(m_s - m) acc_s / sum_s e^(m_s - m) l_s. (The first combine, one
 program per row block looping over the ranges, measured 0.42 ms at n = 1 and 1.42 ms at n = 16 on the
 8B shape, more than the attention itself; this one is not measured on a GPU yet.)
+The partials cost traffic: a range writes M rows of D fp32 (and the combine reads them back), so n_split
+ranges of a KV head write n_split * M * D * 4 bytes against the 2 * live * D * 2 bytes of bf16 K/V the
+head reads. The host sees only the capacity (the live length is on the device), so a launch whose
+range count n_split chose caps it on the device, at the live length of each launch:
+    ranges used r = clamp(live // M, 1, n_split)        (r * M <= live: partials <= bf16 K/V bytes)
+and its ranges r .. n_split - 1 read and store nothing (the combine reads only the first r). On the 8B
+shape (8 KV heads, 2048-slot cache, prefix 1024) that keeps AR's 32 ranges (M = 4) and takes n = 16
+from 32 ranges to 16 (M = 64, live 1040) and n = 64 from 9 to 4 (M = 256, live 1088). A fixed
+`splits` (tests, tuning) is used as given.
 With one range the first launch writes the output itself. With `fold` (one launch per layer), the
 combine runs inside the same launch instead: each program of a (KV head, row block) stores its range's
 partials and bumps that block's int32 counter (`counters`: one zeroed buffer per device, kept for the
@@ -47,6 +56,7 @@ SM_TARGET = 264          # programs to aim for (two per SM of an H100/H200) when
 # SDPA's cuDNN flash kernel from 1028 rows (n >= 256) by 1.4x-2.5x in attention time (docs/gpu-performance.md)
 AUTO_MAX_ROWS = 768
 BLOCK_N = 64             # cache slots per inner step
+BLOCK_MS = (16, 32, 64, 128)   # query rows per program live_attend takes (tl.dot's least to two warpgroups)
 NEG_BIG = -1.0e30        # running-max start: finite, so a range with nothing visible gives e^(..)=0, never NaN
 # the split-KV combine as a second launch (False) or folded into the attention launch (True); which wins on an H200
 # is what benchmarks/gpu_attention_tune.py measures (docs/gpu-performance.md)
@@ -64,6 +74,11 @@ if triton is not None:
         tl.debug_barrier()   # every thread's partial stores issued before the release below
         old = tl.atomic_add(COUNT + idx, 1, sem="acq_rel", scope="gpu")
         return old == n - 1
+
+    @triton.jit
+    def _ranges_used(live, M, n_split):
+        """The ranges a capped launch uses: clamp(live // M, 1, n_split) (module docstring: partials <= K/V bytes)."""
+        return tl.minimum(tl.maximum(live // M, 1), n_split)
 
     @triton.jit
     def _reduce_ranges(PACC, PM, PL, rows, rmask, M, n_heads, h, n_ranges,
@@ -94,13 +109,17 @@ if triton is not None:
                           sqh, sqm, skh, skn, svh, svn, sbm, sbn, sot,
                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                           HAS_PREFIX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                          FOLD: tl.constexpr = False, USE_GDC: tl.constexpr = False):
+                          FOLD: tl.constexpr = False, USE_GDC: tl.constexpr = False, CAP: tl.constexpr = False):
         pdl.enter(USE_GDC)
         h = tl.program_id(0)
         pid_m = tl.program_id(1)
         s_id = tl.program_id(2)
         live = tl.load(LIVE).to(tl.int32)
-        per = tl.cdiv(tl.cdiv(live, BLOCK_N), n_split) * BLOCK_N
+        if CAP:   # ranges past the partials cap stay empty (lo >= live) and store nothing
+            n_used = _ranges_used(live, M, n_split)
+        else:
+            n_used = n_split
+        per = tl.cdiv(tl.cdiv(live, BLOCK_N), n_used) * BLOCK_N
         lo = s_id * per
         hi = tl.minimum(lo + per, live)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -140,13 +159,14 @@ if triton is not None:
             m_i = m_new
         if SPLIT:
             base = (s_id * tl.num_programs(0) + h) * M + rows
-            tl.store(PM + base, m_i, mask=rmask)
-            tl.store(PL + base, l_i, mask=rmask)
-            tl.store(PACC + base[:, None] * BLOCK_D + dims[None, :], acc, mask=rmask[:, None])
+            smask = rows < tl.where(s_id < n_used, M, 0)   # a range past the cap stores nothing
+            tl.store(PM + base, m_i, mask=smask)
+            tl.store(PL + base, l_i, mask=smask)
+            tl.store(PACC + base[:, None] * BLOCK_D + dims[None, :], acc, mask=smask[:, None])
             if FOLD:   # the last range of this row block to finish combines them all (module docstring)
                 idx = h * tl.num_programs(1) + pid_m
                 if _last_of_block(COUNT, idx, n_split):
-                    out = _reduce_ranges(PACC, PM, PL, rows, rmask, M, tl.num_programs(0), h, n_split, BLOCK_M, BLOCK_D)
+                    out = _reduce_ranges(PACC, PM, PL, rows, rmask, M, tl.num_programs(0), h, n_used, BLOCK_M, BLOCK_D)
                     g = rows // T
                     t = rows - g * T
                     ptr = O + t[:, None] * sot + (h * G + g)[:, None] * D + dims[None, :]
@@ -160,16 +180,20 @@ if triton is not None:
             tl.store(ptr, out.to(O.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
 
     @triton.jit(do_not_specialize=["M", "T", "n_split"])
-    def _combine_kernel(PACC, PM, PL, O, M, T, G, n_split, n_heads, sot,
+    def _combine_kernel(PACC, PM, PL, O, LIVE, M, T, G, n_split, n_heads, sot,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, SP: tl.constexpr, T_MAJOR: tl.constexpr = False,
-                        USE_GDC: tl.constexpr = False):
-        """One program per (KV head, query row): every range's (m, l, acc) loaded at once and reduced.
-        Rows fold (query head in the group, t) g-major (row = g*T + t), or t-major (row = t*G + g: tree_attention.py)."""
+                        USE_GDC: tl.constexpr = False, CAP: tl.constexpr = False):
+        """One program per (KV head, query row): every range's (m, l, acc) loaded at once and reduced (CAP: only
+        the ranges the capped launch used, from LIVE). Rows fold (query head in the group, t) g-major
+        (row = g*T + t), or t-major (row = t*G + g: tree_attention.py)."""
         pdl.enter(USE_GDC)
         h = tl.program_id(0)
         row = tl.program_id(1)
         sp = tl.arange(0, SP)
-        smask = sp < n_split
+        if CAP:
+            smask = sp < _ranges_used(tl.load(LIVE).to(tl.int32), M, n_split)
+        else:
+            smask = sp < n_split
         base = (sp * n_heads + h) * M + row
         ms = tl.load(PM + base, mask=smask, other=-1.0e30)   # NEG_BIG: a range with nothing visible weighs 0
         ls = tl.load(PL + base, mask=smask, other=0.0)
@@ -205,6 +229,12 @@ def block_m(M: int) -> int:
     return 128 if M >= 1024 else max(16, min(64, _pow2(M)))
 
 
+def ranges_used(n_split: int, M: int, live: int) -> int:
+    """The slot ranges a launch of n_split ranges (chosen by n_split) uses at `live` slots: the kernel's own
+    cap (_ranges_used), clamp(live // M, 1, n_split), so the partials never outweigh the K/V they summarise."""
+    return min(max(live // M, 1), n_split)
+
+
 def counters(device, n: int) -> torch.Tensor:
     """At least n zeroed int32 counters on device for folded launches (the kernels set each back to 0 after use);
     a bigger request allocates a new buffer, and every buffer stays alive, since captured graphs keep its address."""
@@ -216,7 +246,8 @@ def counters(device, n: int) -> torch.Tensor:
 
 def n_split(n_heads: int, M: int, capacity: int, rows: int | None = None, slots: int = BLOCK_N) -> int:
     """Slot ranges per (KV head, row block of `rows`, default block_m(M)): 1 when the row blocks alone fill the
-    GPU (SM_TARGET / 2 programs), else enough ranges for SM_TARGET programs, at most one per `slots` slots."""
+    GPU (SM_TARGET / 2 programs), else enough ranges for SM_TARGET programs, at most one per `slots` slots.
+    live_attend's kernel then uses only ranges_used(n_split, M, live) of them (the partials cap)."""
     programs = n_heads * triton.cdiv(M, rows or block_m(M))
     if 2 * programs >= SM_TARGET:
         return 1
@@ -224,11 +255,14 @@ def n_split(n_heads: int, M: int, capacity: int, rows: int | None = None, slots:
 
 
 def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, live: torch.Tensor,
-                prefix: torch.Tensor | None = None, splits: int | None = None, fold: bool | None = None) -> torch.Tensor:
+                prefix: torch.Tensor | None = None, splits: int | None = None, fold: bool | None = None,
+                rows: int | None = None) -> torch.Tensor:
     """q: [Hq, T, D]; k, v: [Hkv, S, D] (slot stride free, last dim contiguous); bias: [g*T, S] additive,
     rows repeated per group; live: 0-d long, slots < live are read; prefix: 0-d long or None (see the
     module docstring). Returns [T, Hq*D] in q's dtype: forward.grouped_attend's result.
-    splits: fixed slot ranges (tests, tuning); fold: combine ranges in the same launch (default FOLD)."""
+    splits: fixed slot ranges, used as given (tests, tuning), else n_split's count capped on the device;
+    fold: combine ranges in the same launch (default FOLD); rows: query rows per program, one of BLOCK_MS
+    (tuning; else block_m(M); 8 warps from 128 rows, the two warpgroups Hopper's wgmma tiles want)."""
     Hq, T, D = q.shape
     Hkv, S = k.shape[0], k.shape[1]
     G = Hq // Hkv
@@ -237,8 +271,11 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     if k.stride(-1) != 1 or v.stride(-1) != 1 or bias.stride(-1) != 1:
         k, v, bias = k.contiguous(), v.contiguous(), bias.contiguous()
     out = torch.empty((T, Hq * D), dtype=q.dtype, device=q.device)
-    BM, BD = block_m(M), max(16, _pow2(D))
-    ns = n_split(Hkv, M, S) if splits is None else splits
+    if rows is not None and rows not in BLOCK_MS:
+        raise ValueError(f"live_attend takes {BLOCK_MS} query rows per program, got {rows}")
+    BM, BD = rows or block_m(M), max(16, _pow2(D))
+    ns = n_split(Hkv, M, S, BM) if splits is None else splits
+    cap = splits is None and ns > 1
     warps = 8 if BM >= 128 else 4
     grid = (Hkv, triton.cdiv(M, BM), ns)
     if ns > 1:
@@ -253,9 +290,9 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
                             M, T, G, ns, D ** -0.5,
                             T * D * G, D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), bias.stride(0), 1, Hq * D,
                             D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, BLOCK_D=BD, HAS_PREFIX=prefix is not None, SPLIT=ns > 1,
-                            IEEE=q.dtype == torch.float32, FOLD=fold, num_warps=warps,
+                            IEEE=q.dtype == torch.float32, FOLD=fold, CAP=cap, num_warps=warps,
                             num_stages=1 if q.dtype == torch.float32 else 2, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
-        _combine_kernel[(Hkv, M)](pacc, pm, pl, out, M, T, G, ns, Hkv, Hq * D, D=D, BLOCK_D=BD, SP=_pow2(ns),
-                                  num_warps=4, **pdl.gdc_options(q.device))
+        _combine_kernel[(Hkv, M)](pacc, pm, pl, out, live, M, T, G, ns, Hkv, Hq * D, D=D, BLOCK_D=BD, SP=_pow2(ns),
+                                  CAP=cap, num_warps=4, **pdl.gdc_options(q.device))
     return out

@@ -63,6 +63,13 @@ class Config:
     fold: bool = False     # split-KV ranges combined inside the launch (else attention.py's combine kernel after it)
 
 
+# wider tiles, options the tuner times beside config()'s (benchmarks/gpu_attention_tune.py), not defaults: >= 64 rows
+# per warpgroup, the tile Hopper's wgmma takes (fewer rows compile to mma.sync: benchmarks/triton_ptx_check.py prints
+# which each shape gets); with few rows they split the prefix over more ranges (n_split) so the launch still fills
+# the SMs
+WIDE_SHAPES = (Config(64, 64, 4, 2), Config(128, 64, 8, 2), Config(64, 128, 4, 2))
+
+
 def config(M: int, dtype: torch.dtype) -> Config:
     """The launch shape for M folded rows, from the H200 tuning table (docs/gpu-performance.md: 8B shape,
     bf16, 1024-token prefix, 36 layers; the fastest shape at each tree size, rounded to four bands);
@@ -281,9 +288,9 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
                             SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, TREE_DENSE=cfg.tree_dense,
                             FOLD=fold, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
-        _combine_kernel[(Hkv, M)](pacc, pm, pl, out, M, T, G, ns + 1, Hkv, Hq * D, D=D, BLOCK_D=D, SP=_pow2(ns + 1),
+        _combine_kernel[(Hkv, M)](pacc, pm, pl, out, prefix, M, T, G, ns + 1, Hkv, Hq * D, D=D, BLOCK_D=D, SP=_pow2(ns + 1),
                                   T_MAJOR=True, num_warps=4, **pdl.gdc_options(q.device))
     return out
 
 
-__all__ = ["Config", "NEG_BIG", "TREE_MIN_ROWS", "config", "tree_attend", "wanted"]
+__all__ = ["Config", "NEG_BIG", "TREE_MIN_ROWS", "WIDE_SHAPES", "config", "tree_attend", "wanted"]
