@@ -53,7 +53,7 @@ def device_info(device: str | None = None) -> dict[str, Any]:
 
 def environment(device: str | None = None) -> dict[str, Any]:
     versions: dict[str, Any] = {"python": platform.python_version(), "ddtree_bench": __version__}
-    for mod in ("torch", "transformers", "tokenizers", "aiohttp"):
+    for mod in ("torch", "triton", "transformers", "tokenizers", "aiohttp"):
         m = sys.modules.get(mod)
         if m is None and mod != "transformers":  # transformers is only recorded when something loaded it
             try:
@@ -66,4 +66,16 @@ def environment(device: str | None = None) -> dict[str, Any]:
     from ddtree_bench.engine.gpu.kernels.cache_dir import triton_cache_dir
 
     return {"versions": versions, "git_sha": git_sha(), "device": device_info(device), "command": sys.argv,
-            "triton_cache_dir": str(triton_cache_dir())}   # compiled kernels persist there (kernels/cache_dir.py)
+            "triton_cache_dir": str(triton_cache_dir()),   # compiled kernels persist there (kernels/cache_dir.py)
+            "engine_knobs": engine_knobs()}
+
+
+def engine_knobs() -> dict[str, str]:
+    """The environment variables that change which GPU kernels the engine runs, as set (unset ones left out):
+    DDTREE_GPU_EXPERIMENTAL (kernels/experimental.py) and DDTREE_GEMM_TABLE (kernels/gemm.py), so that two results
+    files made with different kernels say so."""
+    import os
+
+    from ddtree_bench.engine.gpu.kernels import experimental, gemm
+
+    return {name: os.environ[name] for name in (experimental.ENV, gemm.TABLE_ENV) if os.environ.get(name)}

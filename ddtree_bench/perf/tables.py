@@ -46,8 +46,10 @@ def render(result: dict[str, Any]) -> str:
     parts: list[str] = []
     spec = result["spec"]
     what = f"shape {spec['shape']} (random weights)" if spec.get("shape") else f"model {spec['model']}"
+    knobs = result.get("environment", {}).get("engine_knobs") or {}
     parts.append(f"bench-engine: {what}, {spec['dtype']} on {result.get('gpu', spec['device'])}, "
-                 f"prefix {spec['prefix_len']} tokens, {result['date']}")
+                 f"prefix {spec['prefix_len']} tokens, {result['date']}"
+                 + "".join(f", {k}={v}" for k, v in sorted(knobs.items())))
 
     vc = result["verify_curve_ms"]
     cols = [c for c in ("graph", "graph_cublas", "graph_live", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager")

@@ -87,6 +87,9 @@ def test_verify_table_shows_the_cublas_sdpa_and_unfused_graphs_beside_the_engine
     assert "graph_unfused: the PyTorch twin ops" in lines[2]
     assert lines[3].split() == ["tokens", "graph", "graph_cublas", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager"]
     assert lines[5].split() == ["1", "5.20", "5.40", "5.67", "5.90", "8.70", "23.40"]
+    assert lines[0].endswith("prefix 1024 tokens, 2026-11-29")   # no knobs set: nothing more
+    res["environment"] = {"engine_knobs": {"DDTREE_GPU_EXPERIMENTAL": "pdl", "DDTREE_GEMM_TABLE": "t.json"}}
+    assert render(res).splitlines()[0].endswith("2026-11-29, DDTREE_GEMM_TABLE=t.json, DDTREE_GPU_EXPERIMENTAL=pdl")
 
 
 def test_cost_model_section_says_which_model_it_predicted_with():
