@@ -55,7 +55,7 @@ def environment(device: str | None = None) -> dict[str, Any]:
     versions: dict[str, Any] = {"python": platform.python_version(), "ddtree_bench": __version__}
     for mod in ("torch", "triton", "transformers", "tokenizers", "aiohttp"):
         m = sys.modules.get(mod)
-        if m is None and mod not in ("transformers", "triton"):  # these two only when something loaded them
+        if m is None and mod != "transformers":  # transformers is only recorded when something loaded it
             try:
                 m = __import__(mod)
             except Exception:
