@@ -81,13 +81,13 @@ def tma_candidates(block_m: int, swiglu: bool, kernels=gemm.KERNELS[1:]) -> list
     and consumer groups); swiglu (two fp32 accumulators) at tiles of at most 128 x 64. The flattened and the
     warp-specialised forms keep their pipeline's buffers through the epilogue, which needs an fp32 tile of
     shared memory more for split partials (the warp-specialised one up to 32 KB more again); Triton 3.6 does
-    not compile the warp-specialised form at 64 x 256 tiles (benchmarks/triton_ptx_check.py --tma-all prints
-    each shape's shared memory). split_k per problem."""
+    not compile the warp-specialised form at 64 x 256 tiles, nor specialise it under 64 rows (no wgmma there:
+    benchmarks/triton_ptx_check.py --tma-all prints what each shape compiles to). split_k per problem."""
     out = []
     for kind, bn, bk in itertools.product(kernels, (64, 128, 256), (64, 128)):
         if (swiglu and block_m * bn > 128 * 64) or (bn == 256 and block_m > 128):
             continue
-        if kind == "tma-ws" and bn == 256 and block_m == 64:
+        if kind == "tma-ws" and (block_m < 64 or (block_m == 64 and bn == 256)):
             continue
         per_stage = GemmConfig(block_m, bn, bk, stages=1).smem_bytes(swiglu)
         epilogue = {"tma": 0, "tma-flat": block_m * bn * 4}.get(kind, block_m * bn * 4 + (32 << 10))
