@@ -32,9 +32,11 @@ def t(dtype):
     return torch.empty(1, dtype=dtype)
 
 
-def check(kernel, args: dict, consts: dict) -> bool:
+def check(kernel, args: dict, consts: dict, options: dict | None = None, mma: bool = False) -> bool:
     """args: name -> tensor (pointer) or int (i32); consts: name -> compile-time constant (a constexpr
-    parameter with a default that neither names takes its default, as a launch would)."""
+    parameter with a default that neither names takes its default, as a launch would); options: the launch's
+    num_warps / num_stages; mma: also print which tensor-core instructions the PTX holds (wgmma: Hopper's
+    warpgroup MMA; mma.sync: the older warp-level one), never failing on either."""
     import inspect
 
     for name, p in inspect.signature(kernel.fn).parameters.items():
@@ -45,8 +47,10 @@ def check(kernel, args: dict, consts: dict) -> bool:
     sig.update({n: "constexpr" for n in consts})
     name = kernel.fn.__name__
     try:
-        triton.compile(ASTSource(kernel, sig, constexprs=consts), target=TARGET)
-        print(f"ok    {name} {consts}")
+        compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=TARGET, options=options)
+        ptx = compiled.asm["ptx"] if mma else ""
+        tc = f" [wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}]" if mma else ""
+        print(f"ok    {name} {consts}{f' {options}' if options else ''}{tc}")
         return True
     except Exception as e:  # noqa: BLE001 - report every kernel, then fail
         print(f"FAIL  {name} {consts}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
@@ -126,11 +130,14 @@ ok.append(check(argmax_triton._span_kernel, dict(x_ptr=bf16, part_ptr=i64, strid
                 dict(V=V, SPAN=38912, S=4, BLOCK=argmax_triton.BLOCK)))
 ok.append(check(argmax_triton._pick_kernel, dict(part_ptr=i64, out_ptr=i64), dict(S=4, SP=4)))
 
-# live-slot attention and its split combine (8B: 8 KV heads, head dim 128; bf16 and the fp32 tests' IEEE dots)
+# live-slot attention and its split combine (8B: 8 KV heads, head dim 128; bf16 and the fp32 tests' IEEE dots), at
+# every row block live_attend takes with its launch's warps and stages; the PTX's tensor-core instructions printed
 for dt, ptr in ((torch.bfloat16, bf16), (torch.float32, f32)):
-    for bm in (16, 64, 128):
-        for prefix, split, fold in ((True, True, False), (True, True, True), (True, False, False), (False, True, False),
-                                    (False, True, True), (False, False, False)):
+    stages = 1 if dt == torch.float32 else 2
+    for bm in attention_triton.BLOCK_MS:
+        for prefix, split, fold, cap in ((True, True, False, True), (True, True, True, True), (True, True, False, False),
+                                         (True, False, False, False), (False, True, False, False),
+                                         (False, True, True, True), (False, False, False, False)):
             ok.append(check(attention_triton._live_attn_kernel,
                             dict(Q=ptr, K=ptr, V=ptr, BIAS=ptr, LIVE=i64, PREFIX=i64, O=ptr, PACC=f32 if split else ptr,
                                  PM=f32 if split else ptr, PL=f32 if split else ptr, COUNT=i32 if fold else i64,
@@ -138,20 +145,30 @@ for dt, ptr in ((torch.bfloat16, bf16), (torch.float32, f32)):
                                  scale=0.088, sqh=4 * 257 * 128, sqm=128, skh=2112 * 128, skn=128,
                                  svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096),
                             dict(D=128, BLOCK_M=bm, BLOCK_N=attention_triton.BLOCK_N, BLOCK_D=128, HAS_PREFIX=prefix,
-                                 SPLIT=split, IEEE=dt == torch.float32, FOLD=fold)))
+                                 SPLIT=split, IEEE=dt == torch.float32, FOLD=fold, CAP=cap),
+                            dict(num_warps=8 if bm >= 128 else 4, num_stages=stages), mma=True))
     for sp in (2, 32):
-        for t_major in (False, True):
-            ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=ptr, M=4 * 17, T=17, G=4,
-                                                                   n_split=3, n_heads=8, sot=4096),
-                            dict(D=128, BLOCK_D=128, SP=sp, T_MAJOR=t_major)))
+        for t_major, cap in ((False, False), (True, False), (False, True)):
+            ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=ptr, LIVE=i64, M=4 * 17,
+                                                                   T=17, G=4, n_split=3, n_heads=8, sot=4096),
+                            dict(D=128, BLOCK_D=128, SP=sp, T_MAJOR=t_major, CAP=cap)))
     # the verify's tree attention (prefix dense; ancestors gathered or the tree's tiles masked; combine after or
-    # folded), at every launch shape `config` picks and the tuning benchmark's (benchmarks/gpu_attention_tune.py)
-    for bm, bn, split, k_rows, dense, fold in ((16, 64, True, False, False, False), (16, 64, True, True, False, False),
-                                               (64, 64, False, False, False, False), (64, 64, False, True, False, False),
-                                               (128, 128, False, True, False, False), (16, 64, True, False, True, False),
-                                               (16, 64, True, False, True, True), (16, 64, True, False, False, True),
-                                               (16, 128, True, True, True, True), (32, 64, False, False, True, False),
-                                               (64, 64, False, True, True, False)):
+    # folded), at every launch shape `config` picks and the tuning benchmark's (benchmarks/gpu_attention_tune.py),
+    # the wide ones (WIDE_SHAPES) with and without the prefix split
+    shapes = [(16, 64, True, False, False, False), (16, 64, True, True, False, False),
+              (64, 64, False, False, False, False), (64, 64, False, True, False, False),
+              (128, 128, False, True, False, False), (16, 64, True, False, True, False),
+              (16, 64, True, False, True, True), (16, 64, True, False, False, True),
+              (16, 128, True, True, True, True), (32, 64, False, False, True, False),
+              (64, 64, False, True, True, False)]
+    wide = {(c.block_m, c.block_n): c for c in tree_attention_triton.WIDE_SHAPES}
+    for c in tree_attention_triton.WIDE_SHAPES:
+        shapes += [(c.block_m, c.block_n, split, False, dense, fold)
+                   for split, dense, fold in ((False, False, False), (False, True, False), (True, False, False),
+                                              (True, True, True))]
+    for bm, bn, split, k_rows, dense, fold in shapes:
+        c = wide.get((bm, bn))
+        warps = c.warps if c else 8 if bm >= 128 else 4
         ok.append(check(tree_attention_triton._tree_attn_kernel,
                         dict(Q=ptr, K=ptr, V=ptr, PATH=i64, POS=i64, PREFIX=i64, O=ptr, PACC=f32 if split else ptr,
                              PM=f32 if split else ptr, PL=f32 if split else ptr, COUNT=i32 if fold else i64,
@@ -159,7 +176,8 @@ for dt, ptr in ((torch.bfloat16, bf16), (torch.float32, f32)):
                              qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128, svh=2112 * 128, svn=128,
                              spath=16, sot=4096),
                         dict(D=128, L1P=_pow2(L + 1), BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32,
-                             K_ROWS=k_rows, TREE_DENSE=dense, FOLD=fold)))
+                             K_ROWS=k_rows, TREE_DENSE=dense, FOLD=fold),
+                        dict(num_warps=warps, num_stages=c.stages if c and stages > 1 else stages), mma=True))
 
 # the few-row weight GEMM (split and not, SiLU-mul epilogue, the split reduce) and the layer ops, with and without
 # programmatic dependent launch's instructions (kernels/pdl.py: griddepcontrol, the weights' L2 prefetch), and the
@@ -200,8 +218,8 @@ ok.append(check(attention_triton._live_attn_kernel,
                      svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096),
                 dict(D=128, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_PREFIX=True, SPLIT=True, IEEE=False, FOLD=False,
                      USE_GDC=True)))
-ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, M=4 * 17, T=17, G=4, n_split=3,
-                                                     n_heads=8, sot=4096),
+ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * 17, T=17, G=4,
+                                                     n_split=3, n_heads=8, sot=4096),
                 dict(D=128, BLOCK_D=128, SP=4, T_MAJOR=True, USE_GDC=True)))
 ok.append(check(tree_attention_triton._tree_attn_kernel,
                 dict(Q=bf16, K=bf16, V=bf16, PATH=i64, POS=i64, PREFIX=i64, O=bf16, PACC=bf16, PM=bf16, PL=bf16, COUNT=i64,
