@@ -6,8 +6,8 @@ Timed (ms per forward: 36 layers, each its own K/V so nothing stays in L2 that a
 * sdpa: SDPA over the whole cache (forward.grouped_attend, the twin);
 * live: kernels/attention.py's live-slot kernel (bias over the tree triangle) at every row block it takes
   (attention.BLOCK_MS, up to the rows' power of two) x slot ranges (LIVE_SPLITS and n_split's own count, used
-  as given, plus n_split's count with the partials cap: "auto"), combine as a second launch; the fastest then
-  once more folded into the
+  as given, plus n_split's count as live_attend picks it: "auto", capped at the live length with
+  DDTREE_GPU_EXPERIMENTAL=split-cap), combine as a second launch; the fastest then once more folded into the
   one launch. Only where it can matter: M = 4n <= 2 x AUTO_MAX_ROWS;
 * tree: kernels/tree_attention.py at every shape in SHAPES (config()'s bands, a narrow dense tile, and
   WIDE_SHAPES: 64/128-row tiles, Hopper's wgmma size), each gathered / dense, combine after / folded, with
@@ -90,12 +90,14 @@ def tree_launches(M: int, dt, picked: bool) -> list[tuple[tree.Config, int | Non
 
 
 def live_launches(M: int, cap: int, picked: bool) -> list[tuple[int, int | None]]:
-    """(rows per program, fixed ranges or None for n_split's capped count) to time for M folded rows."""
+    """(rows per program, fixed ranges or None for n_split's count) to time for M folded rows. n_split's count is
+    capped at the live length only with DDTREE_GPU_EXPERIMENTAL=split-cap; the capped counts of the 8B bench shape
+    (16 at n = 16, 4 at n = 64) are among the fixed LIVE_SPLITS either way, beside the uncapped one."""
     if picked:
         return [(live.block_m(M), None)]
     out = []
     for r in (r for r in live.BLOCK_MS if r <= max(16, _pow2(M))):
-        uncapped = live.n_split(HKV, M, cap, r)   # what auto ran before the partials cap, as fixed ranges
+        uncapped = live.n_split(HKV, M, cap, r)   # what auto runs without "split-cap", as fixed ranges
         splits = sorted({uncapped, *(s for s in LIVE_SPLITS if s <= -(-cap // live.BLOCK_N))})
         out += [(r, None)] + [(r, s) for s in splits]
     return out

@@ -98,7 +98,7 @@ def test_one_launch_and_dense_tree_variants_in_a_graph_follow_the_prefix_and_mat
 @pytest.mark.parametrize("n", [16, 64, 257])
 def test_the_tuners_row_blocks_and_wide_tree_tiles_match_sdpa_in_bf16(n):
     """The launch shapes the tuner times beside the defaults, at the 8B shape in bf16 (head dim 128, 4 query
-    heads per KV head, a wide built tree): live_attend at every row block it takes (n_split's capped ranges and
+    heads per KV head, a wide built tree): live_attend at every row block it takes (n_split's ranges and
     fixed ones), and tree_attend at every WIDE_SHAPES tile (n_split's prefix ranges and four), gathered and dense,
     each against SDPA with compile_tree's bias."""
     from dataclasses import replace

@@ -120,14 +120,18 @@ def _nan_empty(monkeypatch):
 
 @pytest.mark.gpu
 @triton_only
-def test_the_partials_cap_keeps_ar_and_caps_ranges_whose_partials_outweigh_the_kv():
+def test_the_partials_cap_keeps_ar_and_caps_ranges_whose_partials_outweigh_the_kv(monkeypatch):
     """n_split's count on the 8B shape (8 KV heads, 2048-slot cache, 1024-token prefix) and the ranges the kernel
     then uses at the live length: AR (M = 4 rows) keeps every range, since its partials are a few KB; wherever
     ranges x M exceeds the live slots (fp32 partials heavier than the bf16 K/V they summarise) the cap takes
     ranges off, and never below one."""
+    from ddtree_bench.engine.gpu.kernels import experimental
     from ddtree_bench.engine.gpu.kernels.attention import n_split, ranges_used
 
     prefix, S, Hkv = 1024, 2048, 8
+    monkeypatch.delenv(experimental.ENV, raising=False)
+    assert ranges_used(n_split(Hkv, 256, S), 256, prefix + 64) == n_split(Hkv, 256, S) == 9   # off by default
+    monkeypatch.setenv(experimental.ENV, "split-cap")
     for n in (1, 16, 64, 128, 192):
         M, live = 4 * n, prefix + n
         ns = n_split(Hkv, M, S)
@@ -148,8 +152,10 @@ def test_a_capped_launch_uses_only_its_first_ranges_and_still_equals_sdpa(monkey
     """M = 40 folded rows, three ranges chosen by n_split: the live length caps them at 1, 2 and 3 (start 20, 80,
     150). Every uninitialised buffer holds NaN, so a combine (second launch or folded) that read a range the
     capped launch left unstored would give NaN; slots past live hold NaN too."""
+    from ddtree_bench.engine.gpu.kernels import experimental
     from ddtree_bench.engine.gpu.kernels.attention import n_split, ranges_used, live_attend
 
+    monkeypatch.setenv(experimental.ENV, "split-cap")
     Hq, Hkv, T, S, D = 8, 2, 10, 192, 32
     M = Hq // Hkv * T
     assert n_split(Hkv, M, S) == 3 and ranges_used(3, M, start + T) == {20: 1, 80: 2, 150: 3}[start]

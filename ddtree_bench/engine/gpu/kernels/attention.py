@@ -20,7 +20,8 @@ and a second launch, one program per (KV head, query row) with every range loade
 them: m = max_s m_s, out = sum_s e^(m_s - m) acc_s / sum_s e^(m_s - m) l_s. (The first combine, one
 program per row block looping over the ranges, measured 0.42 ms at n = 1 and 1.42 ms at n = 16 on the
 8B shape, more than the attention itself; this one is not measured on a GPU yet.)
-The partials cost traffic: a range writes M rows of D fp32 (and the combine reads them back), so n_split
+With "split-cap" (kernels/experimental.py: off until an H200 has timed it) the count pays for its
+partials. They cost traffic: a range writes M rows of D fp32 (and the combine reads them back), so n_split
 ranges of a KV head write n_split * M * D * 4 bytes against the 2 * live * D * 2 bytes of bf16 K/V the
 head reads. The host sees only the capacity (the live length is on the device), so a launch whose
 range count n_split chose caps it on the device, at the live length of each launch:
@@ -28,7 +29,7 @@ range count n_split chose caps it on the device, at the live length of each laun
 and its ranges r .. n_split - 1 read and store nothing (the combine reads only the first r). On the 8B
 shape (8 KV heads, 2048-slot cache, prefix 1024) that keeps AR's 32 ranges (M = 4) and takes n = 16
 from 32 ranges to 16 (M = 64, live 1040) and n = 64 from 9 to 4 (M = 256, live 1088). A fixed
-`splits` (tests, tuning) is used as given, and CAP_PARTIALS = False turns the cap off.
+`splits` (tests, tuning) is used as given.
 With one range the first launch writes the output itself. With `fold` (one launch per layer), the
 combine runs inside the same launch instead: each program of a (KV head, row block) stores its range's
 partials and bumps that block's int32 counter (`counters`: one zeroed buffer per device, kept for the
@@ -48,7 +49,7 @@ from __future__ import annotations
 import torch
 
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
-from ddtree_bench.engine.gpu.kernels import pdl
+from ddtree_bench.engine.gpu.kernels import experimental, pdl
 
 SM_TARGET = 264          # programs to aim for (two per SM of an H100/H200) when choosing n_split
 # forward.py's auto choice takes this kernel up to this many query rows (g*T) and SDPA over every slot above:
@@ -61,9 +62,6 @@ NEG_BIG = -1.0e30        # running-max start: finite, so a range with nothing vi
 # the split-KV combine as a second launch (False) or folded into the attention launch (True); which wins on an H200
 # is what benchmarks/gpu_attention_tune.py measures (docs/gpu-performance.md)
 FOLD = False
-# n_split's ranges capped on the device at the live length (module docstring); whether it pays on an H200 is what
-# benchmarks/gpu_attention_tune.py's "auto" live launch against the uncapped count says
-CAP_PARTIALS = True
 COUNTERS_MIN = 4096      # int32 counters allocated at least (one per KV head x row block of a folded launch)
 _COUNTERS: dict[str, list[torch.Tensor]] = {}
 
@@ -235,8 +233,14 @@ def block_m(M: int) -> int:
 def ranges_used(n_split: int, M: int, live: int) -> int:
     """The slot ranges a launch of n_split ranges (chosen by n_split) uses at `live` slots: the kernel's own
     cap (_ranges_used), clamp(live // M, 1, n_split), so the partials never outweigh the K/V they summarise
-    (all n_split with CAP_PARTIALS off)."""
-    return min(max(live // M, 1), n_split) if CAP_PARTIALS else n_split
+    (all n_split unless "split-cap" is on)."""
+    return min(max(live // M, 1), n_split) if capped() else n_split
+
+
+def capped() -> bool:
+    """Whether n_split's ranges are capped at the live length ("split-cap", kernels/experimental.py; the module
+    docstring): benchmarks/gpu_attention_tune.py times the capped counts beside the uncapped one."""
+    return experimental.enabled("split-cap")
 
 
 def counters(device, n: int) -> torch.Tensor:
@@ -279,7 +283,7 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
         raise ValueError(f"live_attend takes {BLOCK_MS} query rows per program, got {rows}")
     BM, BD = rows or block_m(M), max(16, _pow2(D))
     ns = n_split(Hkv, M, S, BM) if splits is None else splits
-    cap = CAP_PARTIALS and splits is None and ns > 1
+    cap = capped() and splits is None and ns > 1
     warps = 8 if BM >= 128 else 4
     grid = (Hkv, triton.cdiv(M, BM), ns)
     if ns > 1:

@@ -16,6 +16,7 @@ ENV = "DDTREE_GPU_EXPERIMENTAL"
 FEATURES = {
     "pdl": "programmatic dependent launch, with the weight GEMM's L2 prefetch (kernels/pdl.py)",
     "fused-reduce": "a split-K GEMM's partials summed by the residual add + RMSNorm that reads them (kernels/layer_ops.py)",
+    "split-cap": "live attention's split-KV ranges capped on the device so their partials never outweigh the K/V (kernels/attention.py)",
     "rope-tiles": "q/k norm + RoPE + K/V write over a tile of heads per program, not one head (kernels/layer_ops.py)",
 }
 
