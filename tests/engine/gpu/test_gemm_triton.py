@@ -166,7 +166,7 @@ def test_tma_swiglu_matches_silu_mul_of_the_merged_gemm(dtype, M, N, K, split, k
 
 
 @kernel_check
-@pytest.mark.parametrize("M,N,K", [(7, 40, 160), (20, 48, 100)])
+@pytest.mark.parametrize("M,N,K", [(7, 40, 160), (20, 48, 104)])
 def test_tma_unreduced_partials_are_the_tile_kernels_ranges(dtype, M, N, K):
     """A split TMA launch hands on fp32 partials [split, M, N] over the same K ranges as the pointer-tile kernel's
     (the last range's steps past K read TMA's zero fill), so the norm that sums them (layer_ops) reads either alike."""
@@ -179,13 +179,13 @@ def test_tma_unreduced_partials_are_the_tile_kernels_ranges(dtype, M, N, K):
 
 
 @kernel_check
-@pytest.mark.parametrize("lo", [32, 1])
-def test_tma_reads_a_strided_row_view_and_copies_one_it_cannot_describe(dtype, lo):
-    """x may be rows of a wider tensor: an aligned view goes to TMA through its stride, a view whose base is not
-    16-byte aligned (lo = 1) is copied first; both give F.linear's values."""
+@pytest.mark.parametrize("width,lo", [(160, 32), (160, 1), (65, 0)])
+def test_tma_reads_a_strided_row_view_and_copies_one_it_cannot_describe(dtype, width, lo):
+    """x may be rows of a wider tensor: an aligned view goes to TMA through its stride; a view whose base (lo = 1)
+    or row stride (65 elements) is not 16-byte aligned is copied first; all give F.linear's values."""
     dt = getattr(torch, dtype)
-    g = torch.Generator().manual_seed(lo)
-    wide, w = torch.randn(9, 160, generator=g).to(DEV, dt), torch.randn(24, 64, generator=g).to(DEV, dt)
+    g = torch.Generator().manual_seed(lo + width)
+    wide, w = torch.randn(9, width, generator=g).to(DEV, dt), torch.randn(24, 64, generator=g).to(DEV, dt)
     x = wide[:, lo:lo + 64]
     _close(gemm.linear(x, w, GemmConfig(16, 16, 32, 1, 4, 2, "tma")), F.linear(x, w), dt)
 

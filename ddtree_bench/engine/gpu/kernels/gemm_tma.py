@@ -21,8 +21,8 @@ Epilogues and partials are gemm.py's: the SwiGLU variant keeps a gate and an up 
 columns of the merged [gate | up] weight and writes gemm._swiglu_epilogue(gate, up) (the SiLU rounded where
 ops.TorchOps.silu_mul rounds it); split_k > 1 writes fp32 partials [split, M, N (+ I of up)] that
 gemm._gemm_split_reduce sums in range order (or hands on as gemm.SplitSums). Twins: F.linear and
-TorchOps.silu_mul(F.linear), as for gemm.py. TMA needs 16-byte aligned bases and row strides: an x that is
-not is copied to a contiguous tensor first (it is small); a weight that is not is refused (ValueError).
+TorchOps.silu_mul(F.linear), as for gemm.py. TMA needs 16-byte aligned bases and row strides: an x that has
+neither is copied first into rows padded to 16 bytes (it is small); a weight is refused (ValueError).
 Knows nothing of models, nor which shape is fast (benchmarks/gpu_gemm_tune.py measures that).
 """
 
@@ -124,8 +124,11 @@ def run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: gemm
         raise ValueError(f"not a TMA kernel: {launch.kernel!r}")
     if not _aligned(w):
         raise ValueError(f"the TMA GEMM needs a 16-byte aligned weight (base and row stride), got strides {w.stride()}")
-    if not _aligned(x):
-        x = x.clone(memory_format=torch.contiguous_format)
+    if not _aligned(x):   # copied into rows that start 16-byte aligned (the row stride padded to 16 bytes)
+        pad = 16 // x.element_size()
+        buf = torch.empty((x.shape[0], triton.cdiv(x.shape[1], pad) * pad), dtype=x.dtype, device=x.device)
+        buf[:, : x.shape[1]].copy_(x)
+        x = buf[:, : x.shape[1]]
     M, K = x.shape
     c = launch
     split = max(1, min(c.split_k, triton.cdiv(K, c.block_k)))
