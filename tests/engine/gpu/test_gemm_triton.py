@@ -74,11 +74,12 @@ def test_a_strided_row_view_is_read_through_its_stride(dtype):
 
 
 @kernel_check
-@pytest.mark.parametrize("features", ["", "fused-reduce"])
-def test_fused_target_forward_with_the_triton_gemm_matches_the_twin(dtype, features, monkeypatch):
+@pytest.mark.parametrize("kernel,features", [("tiles", ""), ("tiles", "fused-reduce"), ("tma-flat", "fused-reduce")])
+def test_fused_target_forward_with_the_triton_gemm_matches_the_twin(dtype, kernel, features, monkeypatch):
     """Every weight GEMM of a verify forward (merged q/k/v, o_proj, gate/up + SiLU, down, lm_head) through the
-    kernel - TritonOps with a policy that always picks it (split in two) - against the PyTorch twin: same
-    logits, cache, hidden; also with o_proj's and down's partials summed by the norm after them."""
+    kernel - TritonOps with a policy that always picks it (split in two): the pointer-tile kernel, or the TMA
+    one (kernels/gemm_tma.py) - against the PyTorch twin: same logits, cache, hidden; also with o_proj's and
+    down's partials summed by the norm after them."""
     from ddtree_bench.engine.gpu.kernels import experimental
 
     monkeypatch.setenv(experimental.ENV, features)
@@ -93,7 +94,7 @@ def test_fused_target_forward_with_the_triton_gemm_matches_the_twin(dtype, featu
 
     def always(M, N, K, dtype, device, swiglu=False):
         calls.append((M, N, K, swiglu))
-        return GemmConfig(16, 32, 32, 2, 4, 2)
+        return GemmConfig(16, 32, 32, 2, 4, 2, kernel)
 
     outs = []
     for ops in (fused.TritonOps(gemm_config=always), TORCH_OPS):
@@ -196,39 +197,6 @@ def test_tma_refuses_a_weight_it_cannot_describe():
     w = torch.randn(16, 65, device=DEV)[:, 1:]   # base 4 bytes past an alignment, rows 260 bytes apart
     with pytest.raises(ValueError, match="aligned"):
         gemm.linear(torch.randn(3, 64, device=DEV), w, GemmConfig(16, 16, 32, 1, 4, 2, "tma"))
-
-
-@kernel_check
-def test_fused_target_forward_with_the_tma_gemm_matches_the_twin(dtype, monkeypatch):
-    """Every weight GEMM of a verify forward through the TMA kernel (split in two, o_proj's and down's partials
-    summed by the norm after them) against the PyTorch twin: same logits, cache, hidden."""
-    from ddtree_bench.engine.gpu.kernels import experimental
-
-    monkeypatch.setenv(experimental.ENV, "fused-reduce")
-    dt = getattr(torch, dtype)
-    target, _ = random_pair(seed=5, vocab_size=97, dtype=dtype, device=DEV)
-    P, T, cap = 20, 9, 48
-    prompt = torch.arange(1, P + 1, device=DEV) % 97
-    ids, pos = torch.arange(40, 40 + T, device=DEV), P + torch.arange(T, device=DEV)
-    anc = torch.ones(T, T, dtype=torch.bool, device=DEV).tril()
-    start = torch.tensor(P, device=DEV)
-    kernels = []
-
-    def always(M, N, K, dtype, device, swiglu=False):
-        kernels.append("tma-flat")
-        return GemmConfig(16, 32, 32, 2, 4, 2, "tma-flat")
-
-    outs = []
-    for ops in (fused.TritonOps(gemm_config=always), TORCH_OPS):
-        cache = target.new_cache(cap)
-        target(prompt, torch.arange(P, device=DEV), cache, 0)
-        bias = visible_bias(verify_visible(anc, start, cap), dt, group_size(target))
-        logits, hidden = target_forward(target, ids, pos, StaticKV(cache), start, bias, (0, 1), ops=ops, attention="sdpa")
-        outs.append((logits.float(), hidden.float(), cache.k[:, :, : P + T].float()))
-    assert len(kernels) == 4 * len(target.model.layers) + 1
-    tol = dict(rtol=1e-4, atol=1e-4) if dt == torch.float32 else dict(rtol=5e-2, atol=5e-2)
-    for a, b in zip(*outs):
-        torch.testing.assert_close(a, b, **tol)
 
 
 def test_a_table_naming_the_tma_kernel_round_trips_and_old_tables_still_load():
