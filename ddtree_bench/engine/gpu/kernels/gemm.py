@@ -25,53 +25,27 @@ order before the one rounding to the activation dtype. Launch shapes come from a
 name run cuBLAS (`config` returns None). A launch shape whose `kernel` is not "tiles" runs kernels/gemm_tma.py's
 persistent TMA kernel instead, with the same epilogues and partials (a tuner candidate: H200_TABLE names none).
 bf16 / fp16 only (fp32 keeps cuBLAS's IEEE products).
-Knows nothing of models: only x [M, K] (last dim contiguous) and a row-major weight [N, K].
+The launch shape, the SwiGLU epilogue and the split-K partials and their reduce live in kernels/gemm_parts.py,
+shared with gemm_tma.py. Knows nothing of models: only x [M, K] (last dim contiguous) and a row-major weight [N, K].
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 
 import torch
 
 from ddtree_bench.engine.gpu.kernels import pdl
 from ddtree_bench.engine.gpu.kernels.common import tl, triton
+from ddtree_bench.engine.gpu.kernels.gemm_parts import (KERNELS, REDUCE_BLOCK, GemmConfig, SplitSums,  # noqa: F401
+                                                        _gemm_split_reduce, _swiglu_epilogue)
 from ddtree_bench.engine.gpu.kernels.warm import launch as _launch
 
 GEMM_MAX_ROWS = 256   # above this the GEMMs are compute-bound and cuBLAS's large tiles win
-# GemmConfig.kernel: "tiles" this file's pointer-tile kernel; the others kernels/gemm_tma.py's persistent TMA kernel,
-# plain, with its loop nest flattened (tl.range(flatten=True)), or warp-specialised (tl.range(warp_specialize=True))
-KERNELS = ("tiles", "tma", "tma-flat", "tma-ws")
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """Launch shape of one GEMM: output tile block_m x block_n, K step block_k, K split into split_k ranges, and
-    which kernel runs it (a name in KERNELS)."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    warps: int = 4
-    stages: int = 4
-    kernel: str = "tiles"
-
-    def smem_bytes(self, swiglu: bool = False, elem: int = 2) -> int:
-        """Shared memory of the pipeline: `stages` copies of the x tile and the weight tile(s)."""
-        return self.stages * self.block_k * (self.block_m + self.block_n * (2 if swiglu else 1)) * elem
 
 
 if triton is not None:
-
-    @triton.jit
-    def _swiglu_epilogue(g, u, dt: tl.constexpr):
-        """silu(gate) * up as ops.TorchOps.silu_mul computes it on the GEMM's rounded outputs."""
-        gf = g.to(dt).to(tl.float32)
-        s = (gf / (1.0 + tl.exp(-gf))).to(dt).to(tl.float32)
-        return (s * u.to(dt).to(tl.float32)).to(dt)
 
     @triton.jit
     def _gemm_kernel(X, W, Y, M, N, K, k_per_split, up_rows, sx, sw, sy, s_split, prefetch_k,
@@ -132,27 +106,6 @@ if triton is not None:
             else:
                 tl.store(out, acc.to(Y.dtype.element_ty), mask=ok)
 
-    @triton.jit
-    def _gemm_split_reduce(P, Y, N, splits, up_rows, s_split, sp, sy, SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
-                           USE_GDC: tl.constexpr):
-        pdl.enter(USE_GDC)
-        row = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        ok = cols < N
-        base = P + row * sp + cols
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK,), dtype=tl.float32)
-        for s in range(0, splits):
-            acc += tl.load(base + s * s_split, mask=ok, other=0.0)
-            if SWIGLU:
-                acc_up += tl.load(base + s * s_split + up_rows, mask=ok, other=0.0)
-        if SWIGLU:
-            tl.store(Y + row * sy + cols, _swiglu_epilogue(acc, acc_up, Y.dtype.element_ty), mask=ok)
-        else:
-            tl.store(Y + row * sy + cols, acc.to(Y.dtype.element_ty), mask=ok)
-
-
-REDUCE_BLOCK = 1024
 L2_PREFETCH_BYTES = 24 << 20   # what one GEMM's programs together prefetch into L2 ahead of their loop (of 50 MB)
 
 
@@ -160,16 +113,6 @@ def _prefetch_k(n_programs: int, block_n: int, k_per_split: int, elem: int, swig
     """K columns each program prefetches: an even share of L2_PREFETCH_BYTES, whole lines, at most its range."""
     per = L2_PREFETCH_BYTES // max(1, n_programs) // (block_n * elem * (2 if swiglu else 1))
     return max(0, min(k_per_split, per // line * line))
-
-
-@dataclass
-class SplitSums:
-    """A split-K GEMM's output before its reduction: fp32 partial sums [splits, M, N], one per K range;
-    out = (sum over splits, in split order) rounded to `dtype` - what _gemm_split_reduce would write, left
-    to the kernel that reads it (layer_ops' residual add + RMSNorm)."""
-
-    parts: torch.Tensor
-    dtype: torch.dtype
 
 
 def _run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: GemmConfig,

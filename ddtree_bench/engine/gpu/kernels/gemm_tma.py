@@ -17,10 +17,10 @@ pipeline runs on into the next unit instead of draining at each epilogue; "tma-w
 loop (tl.range(warp_specialize=True), which Triton's Hopper pass takes on the persistent loop, not the K loop):
 a TMA producer warp group feeds wgmma consumer groups, and a launch of 4 warps runs 12. sm_90+ only.
 
-Epilogues and partials are gemm.py's: the SwiGLU variant keeps a gate and an up accumulator of the same
-columns of the merged [gate | up] weight and writes gemm._swiglu_epilogue(gate, up) (the SiLU rounded where
-ops.TorchOps.silu_mul rounds it); split_k > 1 writes fp32 partials [split, M, N (+ I of up)] that
-gemm._gemm_split_reduce sums in range order (or hands on as gemm.SplitSums). Twins: F.linear and
+Epilogues and partials are the pointer-tile kernel's (kernels/gemm_parts.py): the SwiGLU variant keeps a gate
+and an up accumulator of the same columns of the merged [gate | up] weight and writes _swiglu_epilogue(gate, up)
+(the SiLU rounded where ops.TorchOps.silu_mul rounds it); split_k > 1 writes fp32 partials [split, M, N (+ I of
+up)] that _gemm_split_reduce sums in range order (or hands on as SplitSums). Twins: F.linear and
 TorchOps.silu_mul(F.linear), as for gemm.py. TMA needs 16-byte aligned bases and row strides: an x that has
 neither is copied first into rows padded to 16 bytes (it is small); a weight is refused (ValueError).
 Knows nothing of models, nor which shape is fast (benchmarks/gpu_gemm_tune.py measures that).
@@ -32,7 +32,7 @@ from functools import lru_cache
 
 import torch
 
-from ddtree_bench.engine.gpu.kernels import gemm, pdl
+from ddtree_bench.engine.gpu.kernels import gemm_parts, pdl
 from ddtree_bench.engine.gpu.kernels.common import tl, triton
 from ddtree_bench.engine.gpu.kernels.warm import launch as _launch
 
@@ -44,7 +44,7 @@ except Exception:  # pragma: no cover - Triton missing or older than 3.3
     TensorDescriptor = None
 
 SUPPORTED = triton is not None and TensorDescriptor is not None
-KINDS = tuple(k for k in gemm.KERNELS if k != "tiles")   # the GemmConfig.kernel values this file runs
+KINDS = tuple(k for k in gemm_parts.KERNELS if k != "tiles")   # the GemmConfig.kernel values this file runs
 
 
 if triton is not None:
@@ -74,7 +74,7 @@ if triton is not None:
             rm = m0 + tl.arange(0, BLOCK_M)
             rn = n0 + tl.arange(0, BLOCK_N)
             ok = (rm < M)[:, None] & (rn < N)[None, :]
-            if PARTIAL:   # fp32 partial sums [split, M, N (+ N of up)] for gemm._gemm_split_reduce
+            if PARTIAL:   # fp32 partial sums [split, M, N (+ N of up)] for gemm_parts._gemm_split_reduce
                 out = Y + pid_k * s_split + rm[:, None] * sy + rn[None, :]
                 tl.store(out, acc, mask=ok)
                 if SWIGLU:
@@ -82,7 +82,7 @@ if triton is not None:
             else:
                 out = Y + rm[:, None] * sy + rn[None, :]
                 if SWIGLU:
-                    tl.store(out, gemm._swiglu_epilogue(acc, acc_up, dt), mask=ok)
+                    tl.store(out, gemm_parts._swiglu_epilogue(acc, acc_up, dt), mask=ok)
                 else:
                     tl.store(out, acc.to(dt), mask=ok)
 
@@ -112,10 +112,10 @@ def _aligned(t: torch.Tensor) -> bool:
     return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
 
 
-def run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: gemm.GemmConfig,
-        reduce: bool = True) -> torch.Tensor | gemm.SplitSums:
+def run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: gemm_parts.GemmConfig,
+        reduce: bool = True) -> torch.Tensor | gemm_parts.SplitSums:
     """gemm._run's contract on the TMA kernel: out [M, n_out] (swiglu when up_rows > 0: the up weight rows start
-    at up_rows); reduce=False leaves a split launch's partials unreduced (gemm.SplitSums)."""
+    at up_rows); reduce=False leaves a split launch's partials unreduced (gemm_parts.SplitSums)."""
     if not SUPPORTED:
         raise RuntimeError("the TMA GEMM needs Triton >= 3.3 (triton.tools.tensor_descriptor)")
     if x.is_cuda and _capability(str(x.device))[0] < 9:
@@ -156,8 +156,8 @@ def run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: gemm
     _launch(_tma_gemm_kernel, grid, xd, wd, part, M, n_out, k_per_split, k_steps, up_rows,
             part.stride(1), part.stride(0), m_blocks, split, n_units, PARTIAL=True, **consts)
     if not reduce:
-        return gemm.SplitSums(part, x.dtype)
-    _launch(gemm._gemm_split_reduce, (M, triton.cdiv(n_out, gemm.REDUCE_BLOCK)),
+        return gemm_parts.SplitSums(part, x.dtype)
+    _launch(gemm_parts._gemm_split_reduce, (M, triton.cdiv(n_out, gemm_parts.REDUCE_BLOCK)),
             part, y, n_out, split, up_rows, part.stride(0), part.stride(1), y.stride(0),
-            SWIGLU=swiglu, BLOCK=gemm.REDUCE_BLOCK, USE_GDC=gdc, num_warps=4, launch_pdl=gdc)
+            SWIGLU=swiglu, BLOCK=gemm_parts.REDUCE_BLOCK, USE_GDC=gdc, num_warps=4, launch_pdl=gdc)
     return y
