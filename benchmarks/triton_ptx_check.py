@@ -7,7 +7,7 @@ back end (to PTX) for every tree kernel, with the argument types and compile-tim
 engine's own builders derive for the Qwen3-8B shape (bf16 logits; budgets 64 and 256), so that
 class of error shows up before device time is spent. It checks that each kernel compiles, not what
 it computes (the interpreter tests do that). Needs Triton importable, no GPU:
-    PYTHONPATH=/tmp/tsite:. python benchmarks/triton_ptx_check.py
+    PYTHONPATH=/tmp/tsite:. python benchmarks/triton_ptx_check.py [--only topk,tree,verify,attention,layer,tma]
 """
 
 import sys
@@ -57,176 +57,197 @@ def check(kernel, args: dict, consts: dict, options: dict | None = None, mma: bo
         return False
 
 
+SECTIONS = ("topk", "tree", "verify", "attention", "layer", "tma")
+
+
+def want(section: str) -> bool:
+    """Whether to compile `section`: every one, or those named by `--only a,b` (the whole run takes tens of
+    minutes on a loaded 2-core machine; one section is what a kernel change needs)."""
+    if "--only" not in sys.argv:
+        return True
+    names = sys.argv[sys.argv.index("--only") + 1].split(",")
+    unknown = set(names) - set(SECTIONS)
+    if unknown:
+        sys.exit(f"--only: unknown section(s) {', '.join(sorted(unknown))}; known: {', '.join(SECTIONS)}")
+    return section in names
+
+
 i64, i32, f32, bf16, i8 = (t(d) for d in (torch.int64, torch.int32, torch.float32, torch.bfloat16, torch.int8))
 ok = []
 # top-K (both selections; the chunk topk.chunk_for picks: wider from K = 512)
-for k in (16, 256, 512, 1024):
-    VB = (V - 1).bit_length()
-    CH = topk_triton.chunk_for(k, V)
-    C = triton.cdiv(V, CH)
-    base = dict(x_ptr=bf16, out_ptr=i64, V=V, stride=V, C=C)
-    if k <= topk_triton.SELECT_MIN_UP_TO:
-        ok.append(check(topk_triton._chunk_kernel, base, dict(K=k, CH=CH, VB=VB)))
-        ok.append(check(topk_triton._merge_kernel, dict(cand_ptr=i64, ids_ptr=i64, C=C), dict(K=k, NP=_pow2(C * k), VB=VB)))
-    else:
-        for half in (True, False):
-            ok.append(check(topk_triton._select_kernel, base, dict(K=k, KP=_pow2(k), CH=CH, VB=VB, HALF=half)))
-            n = C * k
-            ok.append(check(topk_triton._merge_select_kernel, dict(cand_ptr=i64, ids_ptr=i64, sel_ptr=i64),
-                            dict(n=n, K=k, KP=_pow2(k), NP=_pow2(n), VB=VB, HALF=half)))
+if want("topk"):
+    for k in (16, 256, 512, 1024):
+        VB = (V - 1).bit_length()
+        CH = topk_triton.chunk_for(k, V)
+        C = triton.cdiv(V, CH)
+        base = dict(x_ptr=bf16, out_ptr=i64, V=V, stride=V, C=C)
+        if k <= topk_triton.SELECT_MIN_UP_TO:
+            ok.append(check(topk_triton._chunk_kernel, base, dict(K=k, CH=CH, VB=VB)))
+            ok.append(check(topk_triton._merge_kernel, dict(cand_ptr=i64, ids_ptr=i64, C=C), dict(K=k, NP=_pow2(C * k), VB=VB)))
+        else:
+            for half in (True, False):
+                ok.append(check(topk_triton._select_kernel, base, dict(K=k, KP=_pow2(k), CH=CH, VB=VB, HALF=half)))
+                n = C * k
+                ok.append(check(topk_triton._merge_select_kernel, dict(cand_ptr=i64, ids_ptr=i64, sel_ptr=i64),
+                                dict(n=n, K=k, KP=_pow2(k), NP=_pow2(n), VB=VB, HALF=half)))
 
 # one-block tree kernel (B = 64)
-b = tree_triton.TritonTreeBuilder(L, V, 64, "cpu")
-ok.append(check(tree_triton._tree_kernel,
-                dict(lp_ptr=f32, tok_ptr=i64, cnt_ptr=i32, regf_ptr=i32, regr_ptr=i32, bndf_ptr=i32, bndr_ptr=i32,
-                     ks_ptr=f32, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32, ls_ptr=f32, size_ptr=i32, pre_ptr=i32,
-                     nodeof_ptr=i32, flag_ptr=i32, tok_out=i64, par_out=i64, dep_out=i64),
-                dict(L=L, K=b.K, BP=b.BP, RP=b.RP, NP=b.NP, TB=b.TB, JB=b.JB, GB=b.GB, IB=b.IB, N_OUT=b.N)))
+if want("tree"):
+    b = tree_triton.TritonTreeBuilder(L, V, 64, "cpu")
+    ok.append(check(tree_triton._tree_kernel,
+                    dict(lp_ptr=f32, tok_ptr=i64, cnt_ptr=i32, regf_ptr=i32, regr_ptr=i32, bndf_ptr=i32, bndr_ptr=i32,
+                         ks_ptr=f32, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32, ls_ptr=f32, size_ptr=i32, pre_ptr=i32,
+                         nodeof_ptr=i32, flag_ptr=i32, tok_out=i64, par_out=i64, dep_out=i64),
+                    dict(L=L, K=b.K, BP=b.BP, RP=b.RP, NP=b.NP, TB=b.TB, JB=b.JB, GB=b.GB, IB=b.IB, N_OUT=b.N)))
 
-# grid tree kernels (B = 256), both variants
-g = tree_grid.GridTreeBuilder(L, V, 256, "cpu")
-BI = tree_grid.BI
-ok.append(check(tree_grid._init_kernel, dict(lp_ptr=f32, ks_ptr=f32, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32, ls_ptr=f32,
-                                             size_ptr=i32), dict(K=g.K, KP=_pow2(g.K))))
-ok.append(check(tree_grid._keys_kernel, dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, ckey_ptr=i64,
-                                             d=3), dict(K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=BI)))
-for keys, bj, rows in ((False, tree_grid.BJ, 16), (True, tree_grid.BJ_KEYS, tree_grid.ROWS)):
-    ok.append(check(tree_grid._rank_kernel,
-                    dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, bndf_ptr=i32, bndr_ptr=i32,
-                         ktie_ptr=i64, flag_ptr=i32, ckey_ptr=i64, d=3, Fd=256),
-                    dict(K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=rows, BJ=bj, KEYS=keys)))
-    ok.append(check(tree_grid._select_kernel,
-                    dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, node_of_ptr=i32, inv_ptr=i32, gkey_ptr=i64),
-                    dict(L=L, BP=g.BP, GB=g.GB, N=g.N, BI=rows, BJ=bj, KEYS=keys)))
-    ok.append(check(tree_grid._lex_kernel, dict(ks_ptr=f32, ktie_ptr=i64, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32,
-                                                ls_ptr=f32, size_ptr=i32, d=3, Fd=256),
-                    dict(K=g.K, BP=g.BP, BI=rows, BJ=tree_grid.BJ)))
-ok.append(check(tree_grid._preorder_kernel, dict(cnt_ptr=i32, lpar_ptr=i32, size_ptr=i32, pre_ptr=i32), dict(L=L, BP=g.BP)))
-ok.append(check(tree_grid._gkeys_kernel, dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, gkey_ptr=i64),
-                dict(L=L, BP=g.BP, GB=g.GB, BI=BI)))
-ok.append(check(tree_grid._emit_kernel, dict(inv_ptr=i32, node_of_ptr=i32, lpar_ptr=i32, lr_ptr=i32, tok_ptr=i64,
-                                             tok_out=i64, par_out=i64, dep_out=i64), dict(K=g.K, BP=g.BP, N=g.N, BI=BI)))
+    # grid tree kernels (B = 256), both variants
+    g = tree_grid.GridTreeBuilder(L, V, 256, "cpu")
+    BI = tree_grid.BI
+    ok.append(check(tree_grid._init_kernel, dict(lp_ptr=f32, ks_ptr=f32, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32, ls_ptr=f32,
+                                                 size_ptr=i32), dict(K=g.K, KP=_pow2(g.K))))
+    ok.append(check(tree_grid._keys_kernel, dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, ckey_ptr=i64,
+                                                 d=3), dict(K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=BI)))
+    for keys, bj, rows in ((False, tree_grid.BJ, 16), (True, tree_grid.BJ_KEYS, tree_grid.ROWS)):
+        ok.append(check(tree_grid._rank_kernel,
+                        dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, bndf_ptr=i32, bndr_ptr=i32,
+                             ktie_ptr=i64, flag_ptr=i32, ckey_ptr=i64, d=3, Fd=256),
+                        dict(K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=rows, BJ=bj, KEYS=keys)))
+        ok.append(check(tree_grid._select_kernel,
+                        dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, node_of_ptr=i32, inv_ptr=i32, gkey_ptr=i64),
+                        dict(L=L, BP=g.BP, GB=g.GB, N=g.N, BI=rows, BJ=bj, KEYS=keys)))
+        ok.append(check(tree_grid._lex_kernel, dict(ks_ptr=f32, ktie_ptr=i64, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32,
+                                                    ls_ptr=f32, size_ptr=i32, d=3, Fd=256),
+                        dict(K=g.K, BP=g.BP, BI=rows, BJ=tree_grid.BJ)))
+    ok.append(check(tree_grid._preorder_kernel, dict(cnt_ptr=i32, lpar_ptr=i32, size_ptr=i32, pre_ptr=i32), dict(L=L, BP=g.BP)))
+    ok.append(check(tree_grid._gkeys_kernel, dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, gkey_ptr=i64),
+                    dict(L=L, BP=g.BP, GB=g.GB, BI=BI)))
+    ok.append(check(tree_grid._emit_kernel, dict(inv_ptr=i32, node_of_ptr=i32, lpar_ptr=i32, lr_ptr=i32, tok_ptr=i64,
+                                                 tok_out=i64, par_out=i64, dep_out=i64), dict(K=g.K, BP=g.BP, N=g.N, BI=BI)))
 
 # tree compile, walk and commit (B = 256: T = 257; 8B: 4 query heads per KV head, 36 x 8 KV rows of 128)
-T = 257
-ok.append(check(tree_verify_triton._compile_kernel,
-                dict(bonus_ptr=i64, tok_ptr=i64, par_ptr=i64, dep_ptr=i64, start_ptr=i64, ids_ptr=i64, pos_ptr=i64,
-                     path_ptr=i64, anc_ptr=i8, bias_ptr=bf16, T=T, S=2112),
-                dict(L=L, G=4, TP=_pow2(T), BC=tree_verify_triton.BC, NEG=float("-inf"))))
-ok.append(check(tree_verify_triton._walk_kernel, dict(ids_ptr=i64, par_ptr=i64, dep_ptr=i64, path_ptr=i64, post_ptr=i64,
-                                                      out_ptr=i64, T=T), dict(L=L, TP=_pow2(T), LP=_pow2(L + 1), NODES=1, TOKENS=L + 2, BONUS=2 * L + 3,
-                                                                           STAGE=2 * L + 4)))
-for guard in (False, True):
-    ok.append(check(tree_verify_triton._commit_rows_kernel,
-                    dict(k_ptr=bf16, v_ptr=bf16, hidden_ptr=bf16, ctx_ptr=bf16, walked_ptr=i64, start_ptr=i64, S=2112,
-                         NLH=288, T=T, CW=20480, hstride=20480, FLAG=2 * L + 4),
-                    dict(L=L, LP=_pow2(L + 1), D=128, DP=128, BCW=1024, GUARD=guard, NODES=1)))
-    ok.append(check(tree_verify_triton._commit_state_kernel,
-                    dict(walked_ptr=i64, start_ptr=i64, ctx_start_ptr=i64, bonus_ptr=i64, FLAG=2 * L + 4),
-                    dict(BONUS=2 * L + 3, GUARD=guard)))
+if want("verify"):
+    T = 257
+    ok.append(check(tree_verify_triton._compile_kernel,
+                    dict(bonus_ptr=i64, tok_ptr=i64, par_ptr=i64, dep_ptr=i64, start_ptr=i64, ids_ptr=i64, pos_ptr=i64,
+                         path_ptr=i64, anc_ptr=i8, bias_ptr=bf16, T=T, S=2112),
+                    dict(L=L, G=4, TP=_pow2(T), BC=tree_verify_triton.BC, NEG=float("-inf"))))
+    ok.append(check(tree_verify_triton._walk_kernel, dict(ids_ptr=i64, par_ptr=i64, dep_ptr=i64, path_ptr=i64, post_ptr=i64,
+                                                          out_ptr=i64, T=T), dict(L=L, TP=_pow2(T), LP=_pow2(L + 1), NODES=1, TOKENS=L + 2, BONUS=2 * L + 3,
+                                                                               STAGE=2 * L + 4)))
+    for guard in (False, True):
+        ok.append(check(tree_verify_triton._commit_rows_kernel,
+                        dict(k_ptr=bf16, v_ptr=bf16, hidden_ptr=bf16, ctx_ptr=bf16, walked_ptr=i64, start_ptr=i64, S=2112,
+                             NLH=288, T=T, CW=20480, hstride=20480, FLAG=2 * L + 4),
+                        dict(L=L, LP=_pow2(L + 1), D=128, DP=128, BCW=1024, GUARD=guard, NODES=1)))
+        ok.append(check(tree_verify_triton._commit_state_kernel,
+                        dict(walked_ptr=i64, start_ptr=i64, ctx_start_ptr=i64, bonus_ptr=i64, FLAG=2 * L + 4),
+                        dict(BONUS=2 * L + 3, GUARD=guard)))
 
-# the walk's argmax over the verify logits (bf16, the Qwen3 vocabulary)
-ok.append(check(argmax_triton._span_kernel, dict(x_ptr=bf16, part_ptr=i64, stride=V),
-                dict(V=V, SPAN=38912, S=4, BLOCK=argmax_triton.BLOCK)))
-ok.append(check(argmax_triton._pick_kernel, dict(part_ptr=i64, out_ptr=i64), dict(S=4, SP=4)))
+    # the walk's argmax over the verify logits (bf16, the Qwen3 vocabulary)
+    ok.append(check(argmax_triton._span_kernel, dict(x_ptr=bf16, part_ptr=i64, stride=V),
+                    dict(V=V, SPAN=38912, S=4, BLOCK=argmax_triton.BLOCK)))
+    ok.append(check(argmax_triton._pick_kernel, dict(part_ptr=i64, out_ptr=i64), dict(S=4, SP=4)))
 
 # live-slot attention and its split combine (8B: 8 KV heads, head dim 128; bf16 and the fp32 tests' IEEE dots), at
 # every row block live_attend takes with its launch's warps and stages; the PTX's tensor-core instructions printed
-for dt, ptr in ((torch.bfloat16, bf16), (torch.float32, f32)):
-    stages = 1 if dt == torch.float32 else 2
-    for bm in attention_triton.BLOCK_MS:
-        for prefix, split, fold, cap in ((True, True, False, True), (True, True, True, True), (True, True, False, False),
-                                         (True, False, False, False), (False, True, False, False),
-                                         (False, True, True, True), (False, False, False, False)):
-            ok.append(check(attention_triton._live_attn_kernel,
-                            dict(Q=ptr, K=ptr, V=ptr, BIAS=ptr, LIVE=i64, PREFIX=i64, O=ptr, PACC=f32 if split else ptr,
+if want("attention"):
+    for dt, ptr in ((torch.bfloat16, bf16), (torch.float32, f32)):
+        stages = 1 if dt == torch.float32 else 2
+        for bm in attention_triton.BLOCK_MS:
+            for prefix, split, fold, cap in ((True, True, False, True), (True, True, True, True), (True, True, False, False),
+                                             (True, False, False, False), (False, True, False, False),
+                                             (False, True, True, True), (False, False, False, False)):
+                ok.append(check(attention_triton._live_attn_kernel,
+                                dict(Q=ptr, K=ptr, V=ptr, BIAS=ptr, LIVE=i64, PREFIX=i64, O=ptr, PACC=f32 if split else ptr,
+                                     PM=f32 if split else ptr, PL=f32 if split else ptr, COUNT=i32 if fold else i64,
+                                     M=4 * 257, T=257, G=4, n_split=3,
+                                     scale=0.088, sqh=4 * 257 * 128, sqm=128, skh=2112 * 128, skn=128,
+                                     svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096),
+                                dict(D=128, BLOCK_M=bm, BLOCK_N=attention_triton.BLOCK_N, BLOCK_D=128, HAS_PREFIX=prefix,
+                                     SPLIT=split, IEEE=dt == torch.float32, FOLD=fold, CAP=cap),
+                                dict(num_warps=8 if bm >= 128 else 4, num_stages=stages), mma=True))
+        for sp in (2, 32):
+            for t_major, cap in ((False, False), (True, False), (False, True)):
+                ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=ptr, LIVE=i64, M=4 * 17,
+                                                                       T=17, G=4, n_split=3, n_heads=8, sot=4096),
+                                dict(D=128, BLOCK_D=128, SP=sp, T_MAJOR=t_major, CAP=cap)))
+        # the verify's tree attention (prefix dense; ancestors gathered or the tree's tiles masked; combine after or
+        # folded), at every launch shape `config` picks and the tuning benchmark's (benchmarks/gpu_attention_tune.py),
+        # the wide ones (WIDE_SHAPES) with and without the prefix split
+        shapes = [(16, 64, True, False, False, False), (16, 64, True, True, False, False),
+                  (64, 64, False, False, False, False), (64, 64, False, True, False, False),
+                  (128, 128, False, True, False, False), (16, 64, True, False, True, False),
+                  (16, 64, True, False, True, True), (16, 64, True, False, False, True),
+                  (16, 128, True, True, True, True), (32, 64, False, False, True, False),
+                  (64, 64, False, True, True, False)]
+        wide = {(c.block_m, c.block_n): c for c in tree_attention_triton.WIDE_SHAPES}
+        for c in tree_attention_triton.WIDE_SHAPES:
+            shapes += [(c.block_m, c.block_n, split, False, dense, fold)
+                       for split, dense, fold in ((False, False, False), (False, True, False), (True, False, False),
+                                                  (True, True, True))]
+        for bm, bn, split, k_rows, dense, fold in shapes:
+            c = wide.get((bm, bn))
+            warps = c.warps if c else 8 if bm >= 128 else 4
+            ok.append(check(tree_attention_triton._tree_attn_kernel,
+                            dict(Q=ptr, K=ptr, V=ptr, PATH=i64, POS=i64, PREFIX=i64, O=ptr, PACC=f32 if split else ptr,
                                  PM=f32 if split else ptr, PL=f32 if split else ptr, COUNT=i32 if fold else i64,
                                  M=4 * 257, T=257, G=4, n_split=3,
-                                 scale=0.088, sqh=4 * 257 * 128, sqm=128, skh=2112 * 128, skn=128,
-                                 svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096),
-                            dict(D=128, BLOCK_M=bm, BLOCK_N=attention_triton.BLOCK_N, BLOCK_D=128, HAS_PREFIX=prefix,
-                                 SPLIT=split, IEEE=dt == torch.float32, FOLD=fold, CAP=cap),
-                            dict(num_warps=8 if bm >= 128 else 4, num_stages=stages), mma=True))
-    for sp in (2, 32):
-        for t_major, cap in ((False, False), (True, False), (False, True)):
-            ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=ptr, LIVE=i64, M=4 * 17,
-                                                                   T=17, G=4, n_split=3, n_heads=8, sot=4096),
-                            dict(D=128, BLOCK_D=128, SP=sp, T_MAJOR=t_major, CAP=cap)))
-    # the verify's tree attention (prefix dense; ancestors gathered or the tree's tiles masked; combine after or
-    # folded), at every launch shape `config` picks and the tuning benchmark's (benchmarks/gpu_attention_tune.py),
-    # the wide ones (WIDE_SHAPES) with and without the prefix split
-    shapes = [(16, 64, True, False, False, False), (16, 64, True, True, False, False),
-              (64, 64, False, False, False, False), (64, 64, False, True, False, False),
-              (128, 128, False, True, False, False), (16, 64, True, False, True, False),
-              (16, 64, True, False, True, True), (16, 64, True, False, False, True),
-              (16, 128, True, True, True, True), (32, 64, False, False, True, False),
-              (64, 64, False, True, True, False)]
-    wide = {(c.block_m, c.block_n): c for c in tree_attention_triton.WIDE_SHAPES}
-    for c in tree_attention_triton.WIDE_SHAPES:
-        shapes += [(c.block_m, c.block_n, split, False, dense, fold)
-                   for split, dense, fold in ((False, False, False), (False, True, False), (True, False, False),
-                                              (True, True, True))]
-    for bm, bn, split, k_rows, dense, fold in shapes:
-        c = wide.get((bm, bn))
-        warps = c.warps if c else 8 if bm >= 128 else 4
-        ok.append(check(tree_attention_triton._tree_attn_kernel,
-                        dict(Q=ptr, K=ptr, V=ptr, PATH=i64, POS=i64, PREFIX=i64, O=ptr, PACC=f32 if split else ptr,
-                             PM=f32 if split else ptr, PL=f32 if split else ptr, COUNT=i32 if fold else i64,
-                             M=4 * 257, T=257, G=4, n_split=3,
-                             qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128, svh=2112 * 128, svn=128,
-                             spath=16, sot=4096),
-                        dict(D=128, L1P=_pow2(L + 1), BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32,
-                             K_ROWS=k_rows, TREE_DENSE=dense, FOLD=fold),
-                        dict(num_warps=warps, num_stages=c.stages if c and stages > 1 else stages), mma=True))
+                                 qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128, svh=2112 * 128, svn=128,
+                                 spath=16, sot=4096),
+                            dict(D=128, L1P=_pow2(L + 1), BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32,
+                                 K_ROWS=k_rows, TREE_DENSE=dense, FOLD=fold),
+                            dict(num_warps=warps, num_stages=c.stages if c and stages > 1 else stages), mma=True))
 
 # the few-row weight GEMM (split and not, SiLU-mul epilogue, the split reduce) and the layer ops, with and without
 # programmatic dependent launch's instructions (kernels/pdl.py: griddepcontrol, the weights' L2 prefetch), and the
 # norm that sums a split GEMM's partials
-from ddtree_bench.engine.gpu.kernels import gemm as gemm_triton, layer_ops as layer_ops_triton  # noqa: E402
+if want("layer"):
+    from ddtree_bench.engine.gpu.kernels import gemm as gemm_triton, layer_ops as layer_ops_triton  # noqa: E402
 
-for gdc in (False, True):
-    for bm, bn, bk, sw, part in ((16, 64, 128, False, False), (16, 32, 128, True, True), (64, 64, 64, True, False),
-                                 (32, 128, 128, False, True)):
-        ok.append(check(gemm_triton._gemm_kernel,
-                        dict(X=bf16, W=bf16, Y=f32 if part else bf16, M=17, N=4096, K=4096, k_per_split=1024,
-                             up_rows=4096 if sw else 0, sx=4096, sw=4096, sy=4096, s_split=17 * 4096, prefetch_k=512),
-                        dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SWIGLU=sw, PARTIAL=part, EVEN_K=True, PRECISION="tf32",
-                             USE_GDC=gdc, LINE=64)))
-    ok.append(check(gemm_triton._gemm_split_reduce, dict(P=f32, Y=bf16, N=4096, splits=3, up_rows=4096, s_split=17 * 8192,
-                                                       sp=8192, sy=4096), dict(SWIGLU=True, BLOCK=1024, USE_GDC=gdc)))
-    for parts in (False, True):   # parts: a split GEMM's fp32 partials summed by the norm ("fused-reduce")
-        ok.append(check(layer_ops_triton._rmsnorm_kernel, dict(X=bf16, R=f32 if parts else bf16, W=bf16, Y=bf16, XO=bf16,
-                                                             N=4096, eps=1e-6, sx=4096, sr=4096, sy=4096, sxo=4096,
-                                                             n_parts=3, s_part=17 * 4096),
-                        dict(HAS_RES=True, BLOCK=4096, USE_GDC=gdc, PARTS=parts)))
-    ok.append(check(layer_ops_triton._silu_mul_kernel, dict(GU=bf16, Y=bf16, I=12288, sgu=24576, sy=12288),
-                    dict(BLOCK=1024, USE_GDC=gdc)))
-    ok.append(check(layer_ops_triton._qkv_rope_kernel, dict(QKV=bf16, sqkv=6144, QW=bf16, KW=bf16, COS=bf16, SIN=bf16,
-                                                          scs=128, Q=bf16, KC=bf16, VC=bf16, sch=2048 * 128, scs_slot=128,
-                                                          START=i64, T=17, n_q=32, n_kv=8, eps=1e-6),
-                    dict(HALF=64, HB=64, HAS_NORM=True, USE_GDC=gdc)))
-    ok.append(check(layer_ops_triton._qkv_rope_tiles_kernel, dict(QKV=bf16, sqkv=6144, QW=bf16, KW=bf16, COS=bf16,
-                                                                SIN=bf16, scs=128, Q=bf16, KC=bf16, VC=bf16,
-                                                                sch=2048 * 128, scs_slot=128, START=i64, T=17, n_q=32,
-                                                                n_kv=8, eps=1e-6),
-                    dict(HALF=64, HB=64, HG=layer_ops_triton.ROPE_HEADS, HAS_NORM=True, USE_GDC=gdc)))
+    for gdc in (False, True):
+        for bm, bn, bk, sw, part in ((16, 64, 128, False, False), (16, 32, 128, True, True), (64, 64, 64, True, False),
+                                     (32, 128, 128, False, True)):
+            ok.append(check(gemm_triton._gemm_kernel,
+                            dict(X=bf16, W=bf16, Y=f32 if part else bf16, M=17, N=4096, K=4096, k_per_split=1024,
+                                 up_rows=4096 if sw else 0, sx=4096, sw=4096, sy=4096, s_split=17 * 4096, prefetch_k=512),
+                            dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SWIGLU=sw, PARTIAL=part, EVEN_K=True, PRECISION="tf32",
+                                 USE_GDC=gdc, LINE=64)))
+        ok.append(check(gemm_triton._gemm_split_reduce, dict(P=f32, Y=bf16, N=4096, splits=3, up_rows=4096, s_split=17 * 8192,
+                                                           sp=8192, sy=4096), dict(SWIGLU=True, BLOCK=1024, USE_GDC=gdc)))
+        for parts in (False, True):   # parts: a split GEMM's fp32 partials summed by the norm ("fused-reduce")
+            ok.append(check(layer_ops_triton._rmsnorm_kernel, dict(X=bf16, R=f32 if parts else bf16, W=bf16, Y=bf16, XO=bf16,
+                                                                 N=4096, eps=1e-6, sx=4096, sr=4096, sy=4096, sxo=4096,
+                                                                 n_parts=3, s_part=17 * 4096),
+                            dict(HAS_RES=True, BLOCK=4096, USE_GDC=gdc, PARTS=parts)))
+        ok.append(check(layer_ops_triton._silu_mul_kernel, dict(GU=bf16, Y=bf16, I=12288, sgu=24576, sy=12288),
+                        dict(BLOCK=1024, USE_GDC=gdc)))
+        ok.append(check(layer_ops_triton._qkv_rope_kernel, dict(QKV=bf16, sqkv=6144, QW=bf16, KW=bf16, COS=bf16, SIN=bf16,
+                                                              scs=128, Q=bf16, KC=bf16, VC=bf16, sch=2048 * 128, scs_slot=128,
+                                                              START=i64, T=17, n_q=32, n_kv=8, eps=1e-6),
+                        dict(HALF=64, HB=64, HAS_NORM=True, USE_GDC=gdc)))
+        ok.append(check(layer_ops_triton._qkv_rope_tiles_kernel, dict(QKV=bf16, sqkv=6144, QW=bf16, KW=bf16, COS=bf16,
+                                                                    SIN=bf16, scs=128, Q=bf16, KC=bf16, VC=bf16,
+                                                                    sch=2048 * 128, scs_slot=128, START=i64, T=17, n_q=32,
+                                                                    n_kv=8, eps=1e-6),
+                        dict(HALF=64, HB=64, HG=layer_ops_triton.ROPE_HEADS, HAS_NORM=True, USE_GDC=gdc)))
 
 # the attention kernels with programmatic dependent launch's wait / launch_dependents (kernels/pdl.py)
-ok.append(check(attention_triton._live_attn_kernel,
-                dict(Q=bf16, K=bf16, V=bf16, BIAS=bf16, LIVE=i64, PREFIX=i64, O=bf16, PACC=f32, PM=f32, PL=f32, COUNT=i64,
-                     M=4 * 17, T=17, G=4, n_split=3, scale=0.088, sqh=17 * 4 * 128, sqm=128, skh=2112 * 128, skn=128,
-                     svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096),
-                dict(D=128, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_PREFIX=True, SPLIT=True, IEEE=False, FOLD=False,
-                     USE_GDC=True)))
-ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * 17, T=17, G=4,
-                                                     n_split=3, n_heads=8, sot=4096),
-                dict(D=128, BLOCK_D=128, SP=4, T_MAJOR=True, USE_GDC=True)))
-ok.append(check(tree_attention_triton._tree_attn_kernel,
-                dict(Q=bf16, K=bf16, V=bf16, PATH=i64, POS=i64, PREFIX=i64, O=bf16, PACC=bf16, PM=bf16, PL=bf16, COUNT=i64,
-                     M=4 * 257, T=257, G=4, n_split=1, qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128,
-                     svh=2112 * 128, svn=128, spath=16, sot=4096),
-                dict(D=128, L1P=16, BLOCK_M=32, BLOCK_N=64, SPLIT=False, IEEE=False, K_ROWS=False, TREE_DENSE=True, FOLD=False,
-                     USE_GDC=True)))
+if want("attention"):
+    ok.append(check(attention_triton._live_attn_kernel,
+                    dict(Q=bf16, K=bf16, V=bf16, BIAS=bf16, LIVE=i64, PREFIX=i64, O=bf16, PACC=f32, PM=f32, PL=f32, COUNT=i64,
+                         M=4 * 17, T=17, G=4, n_split=3, scale=0.088, sqh=17 * 4 * 128, sqm=128, skh=2112 * 128, skn=128,
+                         svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096),
+                    dict(D=128, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_PREFIX=True, SPLIT=True, IEEE=False, FOLD=False,
+                         USE_GDC=True)))
+    ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * 17, T=17, G=4,
+                                                         n_split=3, n_heads=8, sot=4096),
+                    dict(D=128, BLOCK_D=128, SP=4, T_MAJOR=True, USE_GDC=True)))
+    ok.append(check(tree_attention_triton._tree_attn_kernel,
+                    dict(Q=bf16, K=bf16, V=bf16, PATH=i64, POS=i64, PREFIX=i64, O=bf16, PACC=bf16, PM=bf16, PL=bf16, COUNT=i64,
+                         M=4 * 257, T=257, G=4, n_split=1, qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128,
+                         svh=2112 * 128, svn=128, spath=16, sot=4096),
+                    dict(D=128, L1P=16, BLOCK_M=32, BLOCK_N=64, SPLIT=False, IEEE=False, K_ROWS=False, TREE_DENSE=True, FOLD=False,
+                         USE_GDC=True)))
 
 # ---- the persistent TMA GEMM (kernels/gemm_tma.py; GemmConfig.kernel "tma", "tma-flat", "tma-ws") at the shapes the tuner
 # times (benchmarks/gpu_gemm_tune.py: tma_candidates at tma_block_ms of 16, 32 and TMA_ROWS): by default the first and the
@@ -276,7 +297,8 @@ def _tma_section() -> list[bool]:
     return out
 
 
-ok += _tma_section()
+if want("tma"):
+    ok += _tma_section()
 # ---- end of the TMA GEMM section
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
