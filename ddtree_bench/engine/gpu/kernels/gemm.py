@@ -39,7 +39,7 @@ import torch
 from ddtree_bench.engine.gpu.kernels import pdl
 from ddtree_bench.engine.gpu.kernels.common import tl, triton
 from ddtree_bench.engine.gpu.kernels.gemm_parts import (KERNELS, REDUCE_BLOCK, GemmConfig, SplitSums,  # noqa: F401
-                                                        _gemm_split_reduce, _swiglu_epilogue)
+                                                        _gemm_split_reduce, _store_tile)
 from ddtree_bench.engine.gpu.kernels.warm import launch as _launch
 
 GEMM_MAX_ROWS = 256   # above this the GEMMs are compute-bound and cuBLAS's large tiles win
@@ -93,18 +93,7 @@ if triton is not None:
                 acc_up = tl.dot(x, tl.trans(wu), acc_up, input_precision=PRECISION)
             xp += BLOCK_K
             wp += BLOCK_K
-        ok = m_ok[:, None] & n_ok[None, :]
-        if PARTIAL:   # fp32 partial sums [split, M, N (+ N of up)] for _gemm_split_reduce
-            out = Y + pid_k * s_split + rm[:, None] * sy + rn[None, :]
-            tl.store(out, acc, mask=ok)
-            if SWIGLU:
-                tl.store(out + up_rows, acc_up, mask=ok)
-        else:
-            out = Y + rm[:, None] * sy + rn[None, :]
-            if SWIGLU:
-                tl.store(out, _swiglu_epilogue(acc, acc_up, Y.dtype.element_ty), mask=ok)
-            else:
-                tl.store(out, acc.to(Y.dtype.element_ty), mask=ok)
+        _store_tile(Y, acc, acc_up, rm, rn, m_ok[:, None] & n_ok[None, :], pid_k, s_split, sy, up_rows, SWIGLU, PARTIAL)
 
 L2_PREFETCH_BYTES = 24 << 20   # what one GEMM's programs together prefetch into L2 ahead of their loop (of 50 MB)
 

@@ -76,3 +76,19 @@ if triton is not None:
             tl.store(Y + row * sy + cols, _swiglu_epilogue(acc, acc_up, Y.dtype.element_ty), mask=ok)
         else:
             tl.store(Y + row * sy + cols, acc.to(Y.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _store_tile(Y, acc, acc_up, rm, rn, ok, pid_k, s_split, sy, up_rows, SWIGLU: tl.constexpr, PARTIAL: tl.constexpr):
+        """A GEMM program's output tile (rows rm, columns rn, mask ok): fp32 partial sums [split, M, N (+ N of up)]
+        for _gemm_split_reduce (PARTIAL), else the finished tile in Y's dtype (through the SwiGLU epilogue)."""
+        if PARTIAL:
+            out = Y + pid_k * s_split + rm[:, None] * sy + rn[None, :]
+            tl.store(out, acc, mask=ok)
+            if SWIGLU:
+                tl.store(out + up_rows, acc_up, mask=ok)
+        else:
+            out = Y + rm[:, None] * sy + rn[None, :]
+            if SWIGLU:
+                tl.store(out, _swiglu_epilogue(acc, acc_up, Y.dtype.element_ty), mask=ok)
+            else:
+                tl.store(out, acc.to(Y.dtype.element_ty), mask=ok)

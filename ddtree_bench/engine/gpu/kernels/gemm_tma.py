@@ -55,7 +55,6 @@ if triton is not None:
                          SWIGLU: tl.constexpr, PARTIAL: tl.constexpr, PRECISION: tl.constexpr, FLATTEN: tl.constexpr,
                          WARP_SPECIALIZE: tl.constexpr, USE_GDC: tl.constexpr):
         pdl.enter(USE_GDC)
-        dt = Y.dtype.element_ty
         for unit in tl.range(tl.program_id(0), n_units, PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
             pid_m = unit % m_blocks
             pid_k = (unit // m_blocks) % splits
@@ -73,18 +72,8 @@ if triton is not None:
                     acc_up = tl.dot(x, WD.load([up_rows + n0, k]).T, acc_up, input_precision=PRECISION)
             rm = m0 + tl.arange(0, BLOCK_M)
             rn = n0 + tl.arange(0, BLOCK_N)
-            ok = (rm < M)[:, None] & (rn < N)[None, :]
-            if PARTIAL:   # fp32 partial sums [split, M, N (+ N of up)] for gemm_parts._gemm_split_reduce
-                out = Y + pid_k * s_split + rm[:, None] * sy + rn[None, :]
-                tl.store(out, acc, mask=ok)
-                if SWIGLU:
-                    tl.store(out + up_rows, acc_up, mask=ok)
-            else:
-                out = Y + rm[:, None] * sy + rn[None, :]
-                if SWIGLU:
-                    tl.store(out, gemm_parts._swiglu_epilogue(acc, acc_up, dt), mask=ok)
-                else:
-                    tl.store(out, acc.to(dt), mask=ok)
+            gemm_parts._store_tile(Y, acc, acc_up, rm, rn, (rm < M)[:, None] & (rn < N)[None, :], pid_k, s_split, sy,
+                                   up_rows, SWIGLU, PARTIAL)
 
 
 @lru_cache(maxsize=None)
