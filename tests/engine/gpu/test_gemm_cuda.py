@@ -32,19 +32,18 @@ def test_bf16_gemm_matches_cublas_at_the_8b_shapes(name, M):
     g = torch.Generator(device="cuda").manual_seed(M)
     x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
     w = (torch.randn(2 * N if sw else N, K, device="cuda", generator=g) / K ** 0.5).bfloat16()
-    want = (TORCH_OPS.silu_mul(F.linear(x, w)) if sw else F.linear(x, w)).float()
+    twin = lambda: (TORCH_OPS.silu_mul(F.linear(x, w)) if sw else F.linear(x, w)).float()  # noqa: E731
     op = gemm.swiglu if sw else gemm.linear
     for c in _launches(M, N, K, sw):
-        got = op(x, w, c).float()
-        # one bf16 rounding apart (and the SiLU's rounding on top for gate/up)
-        torch.testing.assert_close(got, want, rtol=2e-2, atol=3e-2, msg=lambda m: f"{c}: {m}")
+        # one bf16 rounding apart (and the SiLU's rounding on top for gate/up); the twin is recomputed for each
+        # launch because the replay below writes new values into x
+        torch.testing.assert_close(op(x, w, c).float(), twin(), rtol=2e-2, atol=3e-2, msg=lambda m: f"{c}: {m}")
         gr = torch.cuda.CUDAGraph()
         with torch.cuda.graph(gr):
             out = op(x, w, c)
         x.copy_(torch.randn(M, K, device="cuda", generator=g).bfloat16())
         gr.replay()
-        torch.testing.assert_close(out.float(), (TORCH_OPS.silu_mul(F.linear(x, w)) if sw else F.linear(x, w)).float(),
-                                   rtol=2e-2, atol=3e-2)
+        torch.testing.assert_close(out.float(), twin(), rtol=2e-2, atol=3e-2, msg=lambda m: f"{c} replayed: {m}")
 
 
 def _tma_launches(M, sw):
