@@ -14,8 +14,9 @@
 source "$(dirname "$0")/gpu_lib.sh"
 if [ "${TESTS:-0}" = 1 ]; then
   step gpu tests
-  timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -p no:cacheprovider -m gpu -q -rf tests/engine/gpu/test_gemm_cuda.py \
-    tests/engine/gpu/test_gemm_triton.py ${EXTRA_TESTS:-} > "$OUT/tests.txt" 2>&1
+  # test_gemm_cuda.py last: its TMA tests compile ~20-30 kernel variants on a cold cache, most of a call's minutes
+  timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -p no:cacheprovider -m gpu -q -rf tests/engine/gpu/test_gemm_triton.py \
+    ${EXTRA_TESTS:-} tests/engine/gpu/test_gemm_cuda.py > "$OUT/tests.txt" 2>&1
   echo "pytest exit $?: $(tail -1 "$OUT/tests.txt")" | tee -a "$LOG"
 fi
 if [ -z "${TABLE:-}" ]; then
