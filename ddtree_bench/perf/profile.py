@@ -25,7 +25,7 @@ _RULES = (  # first match wins; lower-case substrings of kernel (or ATen op) nam
     ("attention", ("_live_attn", "_tree_attn", "_combine_kernel", "flash", "fmha", "attention", "sdpa", "softmax")),
     ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk", "aten::mm", "aten::addmm", "aten::linear",
               "aten::matmul", "aten::bmm")),
-    ("layer_ops", ("_rmsnorm_kernel", "_qkv_rope_kernel", "_silu_mul_kernel")),
+    ("layer_ops", ("_rmsnorm_kernel", "_qkv_rope", "_silu_mul_kernel")),   # _qkv_rope_kernel, _qkv_rope_tiles_kernel
     ("elementwise", ("elementwise", "vectorized", "reduce", "index", "copy", "fill", "cat", "aten::")),
 )
 
