@@ -48,7 +48,7 @@ from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
 from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
 LAYERS, HQ, HKV, D, L = 36, 32, 8, 128, 15
-# config()'s four bands, a narrower tree tile for the dense phase on small trees, and the wide (wgmma-sized) tiles
+# config()'s four bands before 2026-12-02, a narrower tree tile for the dense phase on small trees, and the wide (wgmma-sized) tiles
 SHAPES = [tree.Config(16, 64, 4, 2), tree.Config(16, 128, 4, 2), tree.Config(32, 64, 4, 2), tree.Config(64, 64, 4, 3),
           tree.Config(16, 32, 4, 2), *tree.WIDE_SHAPES]
 TREE_VARIANTS = {"gather": dict(tree_dense=False, fold=False), "gather1": dict(tree_dense=False, fold=True),
@@ -65,7 +65,8 @@ def graph_ms(fn, reps: int = 10) -> float:
 
 def shape_name(c: tree.Config, splits: int | None = None) -> str:
     kind = ("d" if c.tree_dense else "g") + ("f" if c.fold else "")
-    return f"{c.block_m}x{c.block_n}w{c.warps}s{c.stages}{kind}" + (f"/{splits}" if splits else "")
+    ranges = splits or c.ranges
+    return f"{c.block_m}x{c.block_n}w{c.warps}s{c.stages}{kind}" + (f"/{ranges}" if ranges else "")
 
 
 def live_name(rows: int, splits: int | None, fold: bool) -> str:

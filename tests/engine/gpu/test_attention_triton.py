@@ -131,7 +131,7 @@ def test_the_partials_cap_keeps_ar_and_caps_ranges_whose_partials_outweigh_the_k
 
     prefix, S, Hkv = 1024, 2048, 8
     monkeypatch.delenv(experimental.ENV, raising=False)
-    assert ranges_used(n_split(Hkv, 256, S), 256, prefix + 64) == n_split(Hkv, 256, S) == 9   # off by default
+    assert ranges_used(n_split(Hkv, 256, S), 256, prefix + 64) == n_split(Hkv, 256, S) == 5   # off by default
     monkeypatch.setenv(experimental.ENV, "split-cap")
     for n in (1, 16, 64, 128, 192):
         M, live = 4 * n, prefix + n
@@ -325,6 +325,38 @@ def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
             for dense, fold in ((False, False), (True, False), (True, True)):
                 got = tree_attend(q, k, v, path, pos, st, splits=splits, launch=Config(16, 16, 4, 1, k_rows, dense, fold))
                 torch.testing.assert_close(got, want, **_tol(torch.float32))
+
+
+@pytest.mark.gpu
+@triton_only
+def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
+    """config()'s bands (the H200 tuning's winners): dense 64-row tiles over four prefix ranges up to 256 folded rows,
+    one range up to 1024, n_split's count above. A launch with the default shape gives the bits of the same shape
+    launched with those ranges as `splits` (so the ranges are the ones used, not n_split's 16 here), clamped to
+    one range per block_n slots of the cache, and SDPA's values."""
+    from ddtree_bench.engine.gpu.kernels.attention import n_split
+    from ddtree_bench.engine.gpu.kernels.tree_attention import config, tree_attend
+    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+
+    assert [(c.block_m, c.block_n, c.tree_dense, c.ranges) for c in map(lambda M: config(M, torch.bfloat16),
+            (4, 256, 257, 1024, 1025))] == [(64, 64, True, 4)] * 2 + [(64, 128, True, 1)] * 2 + [(64, 64, False, None)]
+    assert config(256, torch.float32).stages == 1 and config(256, torch.bfloat16).stages == 2
+    L, V, B, D, start, Hq, Hkv = 4, 50, 20, 16, 900, 4, 2
+    logits = torch.randn(L, V, generator=torch.Generator().manual_seed(5)).to(DEV) * 3
+    tok, par, dep = StaticTreeBuilder(L, V, B, DEV)(logits)
+    for S in (1024, 128):   # 16 slot tiles, 14 of them prefix: 4 ranges; 2 tiles: 2 ranges
+        st = torch.tensor(min(start, S - B - 1), device=DEV)
+        _, pos, _, bias, path = compile_tree(torch.ones(1, dtype=torch.long, device=DEV), tok, par, dep, st, S,
+                                             torch.float32, Hq // Hkv, L)
+        g = torch.Generator().manual_seed(S)
+        q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((Hq, B + 1, D), (Hkv, S, D), (Hkv, S, D)))
+        c = config(Hq // Hkv * (B + 1), torch.float32)
+        if S == 1024:   # n_split would take one range per slot tile
+            assert n_split(Hkv, Hq // Hkv * (B + 1), S, c.block_m, c.block_n) == 16
+        got = tree_attend(q, k, v, path, pos, st)
+        assert torch.equal(got, tree_attend(q, k, v, path, pos, st, splits=min(c.ranges, S // 64), launch=c))
+        torch.testing.assert_close(got, grouped_attend(q, k, v, bias), **_tol(torch.float32))
 
 
 @pytest.mark.gpu

@@ -226,8 +226,12 @@ def available(device) -> bool:
 
 
 def block_m(M: int) -> int:
-    """Query rows per program: M's power of two, 16 (tl.dot's least) to 64 (128 from 1024 rows)."""
-    return 128 if M >= 1024 else max(16, min(64, _pow2(M)))
+    """Query rows per program: 16 (tl.dot's least) up to 64 rows, 32 up to 256, then 64 (128 from 1024 rows).
+    Small row blocks leave more programs to split the slots over: on the H200 16 rows beat 64 at 64 rows (n = 16)
+    and 32 beat 64 at 256 (docs/gpu-performance.md, "Attention tuned on the H200")."""
+    if M >= 1024:
+        return 128
+    return 16 if M <= 64 else 32 if M <= 256 else 64
 
 
 def ranges_used(n_split: int, M: int, live: int) -> int:

@@ -34,7 +34,7 @@ one new variant. Knows nothing of models or of how the tree was built.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -44,10 +44,11 @@ from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 from ddtree_bench.engine.gpu.kernels import pdl
 
 LOG2E = 1.4426950408889634
-# forward.py's auto choice takes this kernel from this many folded query rows (n >= 128 tree nodes at 4 query heads
-# per KV head) and the live-slot kernel below: on an H200 (8B shape, 1024-token prefix) it won from n = 128 on
-# wide and on deep (depth 15) trees alike, and lost on deep trees at n = 16 (docs/gpu-performance.md)
-TREE_MIN_ROWS = 512
+# forward.py's auto choice takes this kernel from this many folded query rows (n >= 64 tree nodes at 4 query heads
+# per KV head) and the live-slot kernel below: on an H200 (8B shape, 1024-token prefix) its dense tree phase on
+# 64-row tiles won from n = 64 on wide and on deep (depth 15) trees alike, and tied the live kernel at n = 16
+# (docs/gpu-performance.md, "Attention tuned on the H200")
+TREE_MIN_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Config:
     k_rows: bool = False   # K tiles loaded as rows and transposed in registers (else a strided [D, BLOCK_N] view)
     tree_dense: bool = False   # tree phase over masked key tiles of block_n nodes (else each row's ancestors gathered)
     fold: bool = False     # split-KV ranges combined inside the launch (else attention.py's combine kernel after it)
+    ranges: int | None = None   # prefix ranges (split-KV) per row block, at most one per block_n slots; None: n_split's
 
 
 # wider tiles, options the tuner times beside config()'s (benchmarks/gpu_attention_tune.py), not defaults: >= 64 rows
@@ -71,18 +73,17 @@ WIDE_SHAPES = (Config(64, 64, 4, 2), Config(128, 64, 8, 2), Config(64, 128, 4, 2
 
 
 def config(M: int, dtype: torch.dtype) -> Config:
-    """The launch shape for M folded rows, from the H200 tuning table (docs/gpu-performance.md: 8B shape,
-    bf16, 1024-token prefix, 36 layers; the fastest shape at each tree size, rounded to four bands);
-    fp32 (the tests' twin check) single-stage."""
+    """The launch shape for M folded rows, from the H200 tuning table (docs/gpu-performance.md, "Attention tuned on
+    the H200": 8B shape, bf16, 1024-token prefix, 36 layers; the shape fastest on wide and deep trees together at
+    each tree size, in three bands): 64-row tiles (wgmma) with the dense tree phase up to 1024 rows, over four
+    prefix ranges while the row blocks alone are few; fp32 (the tests' twin check) single-stage."""
     if M <= 256:
-        bm, bn, warps, stages = 16, 64, 4, 2
-    elif M <= 512:
-        bm, bn, warps, stages = 16, 128, 4, 2
+        c = Config(64, 64, 4, 2, tree_dense=True, ranges=4)
     elif M <= 1024:
-        bm, bn, warps, stages = 32, 64, 4, 2
+        c = Config(64, 128, 4, 2, tree_dense=True, ranges=1)
     else:
-        bm, bn, warps, stages = 64, 64, 4, 3
-    return Config(bm, bn, warps, 1 if dtype == torch.float32 else stages)
+        c = Config(64, 64, 4, 3)
+    return replace(c, stages=1) if dtype == torch.float32 else c
 
 
 if triton is not None:
@@ -258,7 +259,8 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     """q: [Hq, T, D] (D a power of two >= 16); k, v: [Hkv, S, D] (last dim contiguous); path: [T, L+1] long
     (row t: node at depth 0..depth(t), compile_tree's); pos: [T] long, prefix + depth; prefix: 0-d long,
     the committed slots. Returns [T, Hq*D] in q's dtype: forward.grouped_attend's result with the tree's bias.
-    splits / launch: fixed prefix ranges / launch shape (tests and tuning), else chosen from M."""
+    splits / launch: fixed prefix ranges / launch shape (tests and tuning), else config(M) and its ranges
+    (n_split's count where the shape names none)."""
     Hq, T, D = q.shape
     if D != _pow2(D) or D < 16:
         raise ValueError(f"tree_attend needs a power-of-two head dim >= 16, got {D} (auto uses the live-slot kernel then)")
@@ -270,7 +272,12 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
         k, v = k.contiguous(), v.contiguous()
     path = path.contiguous()
     cfg = launch or config(M, q.dtype)
-    ns = n_split(Hkv, M, S, cfg.block_m, cfg.block_n) if splits is None else splits
+    if splits is not None:
+        ns = splits
+    elif cfg.ranges is not None:
+        ns = max(1, min(cfg.ranges, triton.cdiv(S, cfg.block_n)))
+    else:
+        ns = n_split(Hkv, M, S, cfg.block_m, cfg.block_n)
     out = torch.empty((T, Hq * D), dtype=q.dtype, device=q.device)
     if ns > 1:   # ns prefix ranges + the tree phase's partial
         pacc = torch.empty((ns + 1, Hkv, M, D), dtype=torch.float32, device=q.device)
