@@ -9,7 +9,7 @@ so every round has new shapes. Here every shape depends only on the number of qu
   (AR, the draft, trees to ~190 nodes) reads only the live slots, < start + T, whose count the kernel
   reads from the device (kernels/attention.py), so a captured graph stays valid as the prefix grows
   and its cost follows the live length, not the capacity; the target's verify also skips the bias
-  over the committed prefix (every row sees it). A tree verify of >= 64 nodes (TREE_MIN_ROWS folded
+  over the committed prefix (every row sees it). A tree verify of >= 32 nodes (TREE_MIN_ROWS folded
   rows) that brings its path table (the fused tree compile's) reads the prefix densely and gathers each
   row's <= L+1 ancestors instead of any bias (kernels/tree_attention.py). Larger trees without it, the PyTorch ops, CPUs and
   `attention="sdpa"` run `grouped_attend`, SDPA over the whole preallocated cache (the kernel's twin;

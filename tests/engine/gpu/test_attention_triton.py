@@ -330,8 +330,8 @@ def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
 @pytest.mark.gpu
 @triton_only
 def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
-    """config()'s bands (the H200 tuning's winners): dense 64-row tiles over four prefix ranges up to 256 folded rows,
-    one range up to 1024, n_split's count above. A launch with the default shape gives the bits of the same shape
+    """config()'s bands (the H200 tuning's winners): dense 64-row tiles over four prefix ranges up to 384 folded rows,
+    64 x 128 tiles over one range up to 1536, n_split's count above. A launch with the default shape gives the bits of the same shape
     launched with those ranges as `splits` (so the ranges are the ones used, not n_split's 16 here), clamped to
     one range per block_n slots of the cache, and SDPA's values."""
     from ddtree_bench.engine.gpu.kernels.attention import n_split
@@ -340,7 +340,7 @@ def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
     from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
     assert [(c.block_m, c.block_n, c.tree_dense, c.ranges) for c in map(lambda M: config(M, torch.bfloat16),
-            (4, 256, 257, 1024, 1025))] == [(64, 64, True, 4)] * 2 + [(64, 128, True, 1)] * 2 + [(64, 64, False, None)]
+            (4, 384, 385, 1536, 1537))] == [(64, 64, True, 4)] * 2 + [(64, 128, True, 1)] * 2 + [(64, 64, False, None)]
     assert config(256, torch.float32).stages == 1 and config(256, torch.bfloat16).stages == 2
     L, V, B, D, start, Hq, Hkv = 4, 50, 20, 16, 900, 4, 2
     logits = torch.randn(L, V, generator=torch.Generator().manual_seed(5)).to(DEV) * 3

@@ -226,12 +226,12 @@ def available(device) -> bool:
 
 
 def block_m(M: int) -> int:
-    """Query rows per program: 16 (tl.dot's least) up to 64 rows, 32 up to 256, then 64 (128 from 1024 rows).
+    """Query rows per program: 16 (tl.dot's least) up to 128 rows, 32 up to 512, then 64 (128 from 1024 rows).
     Small row blocks leave more programs to split the slots over: on the H200 16 rows beat 64 at 64 rows (n = 16)
-    and 32 beat 64 at 256 (docs/gpu-performance.md, "Attention tuned on the H200")."""
+    and 32 beat 64 at 256 (docs/gpu-performance.md, "H200, 2026-12-02"); the edges sit between."""
     if M >= 1024:
         return 128
-    return 16 if M <= 64 else 32 if M <= 256 else 64
+    return 16 if M <= 128 else 32 if M <= 512 else 64
 
 
 def ranges_used(n_split: int, M: int, live: int) -> int:

@@ -44,11 +44,11 @@ from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 from ddtree_bench.engine.gpu.kernels import pdl
 
 LOG2E = 1.4426950408889634
-# forward.py's auto choice takes this kernel from this many folded query rows (n >= 64 tree nodes at 4 query heads
+# forward.py's auto choice takes this kernel from this many folded query rows (n >= 32 tree nodes at 4 query heads
 # per KV head) and the live-slot kernel below: on an H200 (8B shape, 1024-token prefix) its dense tree phase on
-# 64-row tiles won from n = 64 on wide and on deep (depth 15) trees alike, and tied the live kernel at n = 16
-# (docs/gpu-performance.md, "Attention tuned on the H200")
-TREE_MIN_ROWS = 256
+# 64-row tiles won by 0.15 ms at n = 64 on wide and on deep (depth 15) trees alike and lost by 0.04 ms at n = 16;
+# the edge sits between (docs/gpu-performance.md, "H200, 2026-12-02")
+TREE_MIN_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,14 @@ WIDE_SHAPES = (Config(64, 64, 4, 2), Config(128, 64, 8, 2), Config(64, 128, 4, 2
 
 
 def config(M: int, dtype: torch.dtype) -> Config:
-    """The launch shape for M folded rows, from the H200 tuning table (docs/gpu-performance.md, "Attention tuned on
-    the H200": 8B shape, bf16, 1024-token prefix, 36 layers; the shape fastest on wide and deep trees together at
-    each tree size, in three bands): 64-row tiles (wgmma) with the dense tree phase up to 1024 rows, over four
-    prefix ranges while the row blocks alone are few; fp32 (the tests' twin check) single-stage."""
-    if M <= 256:
+    """The launch shape for M folded rows, from the H200 tuning table (docs/gpu-performance.md, "H200,
+    2026-12-02": 8B shape, bf16, 1024-token prefix, 36 layers; the shape fastest on wide and deep trees together at
+    n = 64 / 128 and 256 / 512 and 1024, each band's edge between two tuned sizes so that a budget's B + 1 nodes
+    land with its n): 64-row tiles (wgmma) with the dense tree phase to 1536 rows, over four prefix ranges while
+    the row blocks alone are few; fp32 (the tests' twin check) single-stage."""
+    if M <= 384:
         c = Config(64, 64, 4, 2, tree_dense=True, ranges=4)
-    elif M <= 1024:
+    elif M <= 1536:
         c = Config(64, 128, 4, 2, tree_dense=True, ranges=1)
     else:
         c = Config(64, 64, 4, 3)
