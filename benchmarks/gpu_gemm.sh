@@ -3,7 +3,7 @@
 # band (benchmarks/gpu_gemm_tune.py, the table to $OUT/gemm_table.json), then bench-engine's verify curve with that
 # table (DDTREE_GEMM_TABLE) and --profile: graph (the table's GEMMs) beside graph_cublas (every GEMM on cuBLAS),
 # kernel families per n. ROWS picks the row counts (default every band), TESTS=1 also runs the GEMM GPU tests
-# first (EXTRA_TESTS: more test files), TABLE=<json> (or builtin: gemm.H200_TABLE) skips the tuning,
+# first (EXTRA_TESTS: more test files), TABLE=<json> (or builtin: gemm.H200_TABLE) skips the tuning, PROFILE=0 the profile,
 # EXPERIMENTAL=pdl,fused-reduce,... then repeats tests, tuning and bench with those features on
 # (DDTREE_GPU_EXPERIMENTAL, kernels/experimental.py); EXPERIMENTAL_TUNE=0 benches them on $TABLE instead of a
 # retune, EACH=1 then benches each feature alone too (experimental_each.txt). With both TESTS=1 and EXPERIMENTAL,
@@ -32,10 +32,12 @@ profile() {   # profile NAME TABLE: bench-engine's verify curve with --profile, 
     2>> "$OUT/stderr.log" | grep -v '^{'
   return "${PIPESTATUS[0]}"
 }
-step profile
 [ "$TABLE" = builtin ] && TABLE=   # the code's own table (gemm.H200_TABLE)
-profile profile "$TABLE" > "$OUT/profile.txt"
-echo "profile exit $?" | tee -a "$LOG"
+if [ "${PROFILE:-1}" = 1 ]; then   # PROFILE=0: tune only (a table of a few ROWS leaves the other bands on cuBLAS)
+  step profile
+  profile profile "$TABLE" > "$OUT/profile.txt"
+  echo "profile exit $?" | tee -a "$LOG"
+fi
 if [ -n "${EXPERIMENTAL:-}" ]; then   # features not yet run on a GPU (kernels/experimental.py): tests, own table, bench
   export DDTREE_GPU_EXPERIMENTAL="$EXPERIMENTAL"
   step "experimental ($EXPERIMENTAL) tests"
