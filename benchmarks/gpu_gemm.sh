@@ -4,6 +4,7 @@
 # table (DDTREE_GEMM_TABLE) and --profile: graph (the table's GEMMs) beside graph_cublas (every GEMM on cuBLAS),
 # kernel families per n. ROWS picks the row counts (default every band), TESTS=1 also runs the GEMM GPU tests
 # first (EXTRA_TESTS: more test files), TABLE=<json> (or builtin: gemm.H200_TABLE) skips the tuning, PROFILE=0 the profile,
+# DEEP=1 repeats the profile on deep trees (profile_deep.txt),
 # EXPERIMENTAL=pdl,fused-reduce,... then repeats tests, tuning and bench with those features on
 # (DDTREE_GPU_EXPERIMENTAL, kernels/experimental.py); EXPERIMENTAL_TUNE=0 benches them on $TABLE instead of a
 # retune, EACH=1 then benches each feature alone too (experimental_each.txt). With both TESTS=1 and EXPERIMENTAL,
@@ -29,6 +30,7 @@ profile() {   # profile NAME TABLE: bench-engine's verify curve with --profile, 
   DDTREE_GEMM_TABLE="$2" timeout ${PROFILE_TIMEOUT:-200} python3 -m ddtree_bench bench-engine --shape qwen3-8b \
     --device cuda --dtype bfloat16 --budgets 16 --prefix-len 1024 --rounds 5 --no-plain --no-build-table \
     --tau "$PAPER_TAU" --profile --verify-tokens 1,16,64,128,256,512,1024 --out "${JSON_DIR:-$OUT}/$1.json" \
+    --curve-logit-scale "${CURVE_SCALE:-3}" \
     2>> "$OUT/stderr.log" | grep -v '^{'
   return "${PIPESTATUS[0]}"
 }
@@ -37,6 +39,11 @@ if [ "${PROFILE:-1}" = 1 ]; then   # PROFILE=0: tune only (a table of a few ROWS
   step profile
   profile profile "$TABLE" > "$OUT/profile.txt"
   echo "profile exit $?" | tee -a "$LOG"
+  if [ "${DEEP:-0}" = 1 ]; then   # the same on deep trees (draft logits x 12: depth up to 15, a confident drafter)
+    step "profile, deep trees"
+    CURVE_SCALE=12 JSON_DIR=/tmp profile profile_deep "$TABLE" > "$OUT/profile_deep.txt"
+    echo "profile (deep) exit $?" | tee -a "$LOG"
+  fi
 fi
 if [ -n "${EXPERIMENTAL:-}" ]; then   # features not yet run on a GPU (kernels/experimental.py): tests, own table, bench
   export DDTREE_GPU_EXPERIMENTAL="$EXPERIMENTAL"
