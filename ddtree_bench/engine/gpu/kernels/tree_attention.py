@@ -65,10 +65,9 @@ class Config:
     ranges: int | None = None   # prefix ranges (split-KV) per row block, at most one per block_n slots; None: n_split's
 
 
-# wider tiles, options the tuner times beside config()'s (benchmarks/gpu_attention_tune.py), not defaults: >= 64 rows
-# per warpgroup, the tile Hopper's wgmma takes (fewer rows compile to mma.sync: benchmarks/triton_ptx_check.py prints
-# which each shape gets); with few rows they split the prefix over more ranges (n_split) so the launch still fills
-# the SMs
+# wide tiles the tuner times (benchmarks/gpu_attention_tune.py; config()'s first two bands are the 64x64 and 64x128
+# ones with the dense tree phase and fixed ranges): >= 64 rows per warpgroup, the tile Hopper's wgmma takes (fewer
+# rows compile to mma.sync: benchmarks/triton_ptx_check.py prints which each shape gets)
 WIDE_SHAPES = (Config(64, 64, 4, 2), Config(128, 64, 8, 2), Config(64, 128, 4, 2))
 
 
