@@ -18,6 +18,7 @@ FEATURES = {
     "fused-reduce": "a split-K GEMM's partials summed by the residual add + RMSNorm that reads them (kernels/layer_ops.py)",
     "split-cap": "live attention's split-KV ranges capped on the device so their partials never outweigh the K/V (kernels/attention.py)",
     "rope-tiles": "q/k norm + RoPE + K/V write over a tile of heads per program, not one head (kernels/layer_ops.py)",
+    "l2-prefetch": "o_proj's weight pulled into L2 on a parallel branch while RoPE and attention run (kernels/l2_prefetch.py)",
 }
 
 

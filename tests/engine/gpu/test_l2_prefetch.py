@@ -1,0 +1,69 @@
+"""kernels/l2_prefetch.py ("l2-prefetch" in DDTREE_GPU_EXPERIMENTAL): off unless named; never on a CPU or under
+Triton's interpreter (no inline PTX there), even when named; and on CUDA a captured bf16 verify forward with
+o_proj's weight prefetched on a parallel branch gives the same logits and cache, bit for bit, as without (the
+fork is joined inside the capture, or the capture would fail)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree_bench.engine.gpu.kernels import experimental, l2_prefetch
+
+
+@pytest.mark.parametrize("flag", ["", "l2-prefetch"])
+def test_nothing_launches_on_a_cpu_whatever_the_flag(monkeypatch, flag):
+    monkeypatch.setenv(experimental.ENV, flag)
+    w = torch.zeros(64, 64)
+    assert experimental.enabled("l2-prefetch") == bool(flag)
+    assert not l2_prefetch.enabled(w) and l2_prefetch.start(w) is None
+    l2_prefetch.join(None)
+
+
+def test_the_interpreter_never_launches_it(monkeypatch):
+    monkeypatch.setenv(experimental.ENV, "l2-prefetch")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+    class CudaLike:   # what enabled() asks of a weight, as a CUDA tensor would answer
+        is_cuda = True
+
+        @staticmethod
+        def is_contiguous():
+            return True
+
+    assert not l2_prefetch.enabled(CudaLike())
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert l2_prefetch.enabled(CudaLike()) == (l2_prefetch.triton is not None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_captured_forward_with_the_prefetch_has_the_same_bits_as_without(monkeypatch):
+    from ddtree_bench.engine.gpu import fused
+    from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
+    from ddtree_bench.engine.gpu.tree_ops import verify_visible
+    from ddtree_bench.engine.loading import random_pair
+
+    target, _ = random_pair(seed=6, vocab_size=4096, dtype="bfloat16", device="cuda")
+    P, T, cap = 40, 17, 128
+    ids, pos = torch.arange(40, 40 + T, device="cuda"), P + torch.arange(T, device="cuda")
+    anc = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
+    start = torch.tensor(P, device="cuda")
+    odd = torch.randn(1000, 33, device="cuda").bfloat16()   # a line count that is not a multiple of BLOCK
+    outs = []
+    for flag in ("", "l2-prefetch"):
+        monkeypatch.setenv(experimental.ENV, flag)
+        l2_prefetch.join(l2_prefetch.start(odd))
+        cache = target.new_cache(cap)
+        target(torch.arange(1, P + 1, device="cuda"), torch.arange(P, device="cuda"), cache, 0)
+        bias = visible_bias(verify_visible(anc, start, cap), torch.bfloat16, group_size(target))
+        ops = fused.TritonOps()
+        run = lambda: target_forward(target, ids, pos, StaticKV(cache), start, bias, (), ops=ops)[0]  # noqa: E731
+        run()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            logits = run()
+        g.replay()
+        torch.cuda.synchronize()
+        outs.append((logits.clone(), cache.k[:, :, : P + T].clone()))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
