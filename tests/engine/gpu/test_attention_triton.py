@@ -9,6 +9,8 @@ under Triton's interpreter (engine/gpu/test_triton_interpreter.py):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -301,24 +303,50 @@ def test_tree_attend_equals_sdpa_with_the_trees_bias_and_reads_only_prefix_and_a
         torch.testing.assert_close(got.float(), want.float(), **_tol(dt))
 
 
+@dataclass
+class _TreeCase:
+    """A DDTree-shaped attention case: the PyTorch builder's tree (parents `par`, depths `dep`) compiled at `start`
+    as the fast loop compiles it (path table, positions, bias), and random q, k, v."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    path: torch.Tensor
+    pos: torch.Tensor
+    start: torch.Tensor
+    bias: torch.Tensor
+    par: torch.Tensor
+    dep: torch.Tensor
+
+    def want(self) -> torch.Tensor:
+        return grouped_attend(self.q, self.k, self.v, self.bias)
+
+
+def _built_tree(L: int, V: int, B: int, S: int, D: int, start: int, seed: int, scale: float = 3.0, Hq: int = 4,
+                Hkv: int = 2) -> _TreeCase:
+    """B nodes from random draft logits (x scale: 3 wide, 12 deep), an S-slot cache, q [Hq, B+1, D], k, v [Hkv, S, D]."""
+    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+
+    logits = torch.randn(L, V, generator=torch.Generator().manual_seed(seed)).to(DEV) * scale
+    tok, par, dep = StaticTreeBuilder(L, V, B, DEV)(logits)
+    st = torch.tensor(start, device=DEV)
+    _, pos, _, bias, path = compile_tree(torch.ones(1, dtype=torch.long, device=DEV), tok, par, dep, st, S,
+                                         torch.float32, Hq // Hkv, L)
+    g = torch.Generator().manual_seed(seed + 1)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((Hq, B + 1, D), (Hkv, S, D), (Hkv, S, D)))
+    return _TreeCase(q, k, v, path, pos, st, bias, par, dep)
+
+
 @pytest.mark.gpu
 @triton_only
 def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
     """The path table the fast loop hands over (kernels/tree_verify.compile_tree, from the PyTorch builder's
     tree of random draft logits) gives SDPA's result with compile_tree's own bias."""
     from ddtree_bench.engine.gpu.kernels.tree_attention import Config, tree_attend
-    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
-    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
-    L, V, B, S, D, start = 4, 50, 12, 64, 16, 37
-    logits = torch.randn(L, V, generator=torch.Generator().manual_seed(3)).to(DEV) * 3
-    tok, par, dep = StaticTreeBuilder(L, V, B, DEV)(logits)
-    st = torch.tensor(start, device=DEV)
-    ids, pos, anc, bias, path = compile_tree(torch.ones(1, dtype=torch.long, device=DEV), tok, par, dep, st, S,
-                                             torch.float32, 2, L)
-    g = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((4, B + 1, D), (2, S, D), (2, S, D)))
-    want = grouped_attend(q, k, v, bias)
+    c = _built_tree(L=4, V=50, B=12, S=64, D=16, start=37, seed=3)
+    q, k, v, path, pos, st, want = c.q, c.k, c.v, c.path, c.pos, c.start, c.want()
     torch.testing.assert_close(tree_attend(q, k, v, path, pos, st), want, **_tol(torch.float32))
     for k_rows in (False, True):   # both K tile layouts, split and not, gathered and dense tree phase
         for splits in (1, 2):
@@ -336,27 +364,20 @@ def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
     one range per block_n slots of the cache, and SDPA's values."""
     from ddtree_bench.engine.gpu.kernels.attention import n_split
     from ddtree_bench.engine.gpu.kernels.tree_attention import config, tree_attend
-    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
-    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
     assert [(c.block_m, c.block_n, c.tree_dense, c.ranges) for c in map(lambda M: config(M, torch.bfloat16),
             (4, 384, 385, 1536, 1537))] == [(64, 64, True, 4)] * 2 + [(64, 128, True, 1)] * 2 + [(64, 64, False, None)]
     assert config(256, torch.float32).stages == 1 and config(256, torch.bfloat16).stages == 2
-    L, V, B, D, start, Hq, Hkv = 4, 50, 20, 16, 900, 4, 2
-    logits = torch.randn(L, V, generator=torch.Generator().manual_seed(5)).to(DEV) * 3
-    tok, par, dep = StaticTreeBuilder(L, V, B, DEV)(logits)
+    B, Hq, Hkv = 20, 4, 2
     for S in (1024, 128):   # 16 slot tiles, 14 of them prefix: 4 ranges; 2 tiles: 2 ranges
-        st = torch.tensor(min(start, S - B - 1), device=DEV)
-        _, pos, _, bias, path = compile_tree(torch.ones(1, dtype=torch.long, device=DEV), tok, par, dep, st, S,
-                                             torch.float32, Hq // Hkv, L)
-        g = torch.Generator().manual_seed(S)
-        q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((Hq, B + 1, D), (Hkv, S, D), (Hkv, S, D)))
+        t = _built_tree(L=4, V=50, B=B, S=S, D=16, start=min(900, S - B - 1), seed=5, Hq=Hq, Hkv=Hkv)
         c = config(Hq // Hkv * (B + 1), torch.float32)
         if S == 1024:   # n_split would take one range per slot tile
             assert n_split(Hkv, Hq // Hkv * (B + 1), S, c.block_m, c.block_n) == 16
-        got = tree_attend(q, k, v, path, pos, st)
-        assert torch.equal(got, tree_attend(q, k, v, path, pos, st, splits=min(c.ranges, S // 64), launch=c))
-        torch.testing.assert_close(got, grouped_attend(q, k, v, bias), **_tol(torch.float32))
+        got = tree_attend(t.q, t.k, t.v, t.path, t.pos, t.start)
+        assert torch.equal(got, tree_attend(t.q, t.k, t.v, t.path, t.pos, t.start, splits=min(c.ranges, S // 64),
+                                            launch=c))
+        torch.testing.assert_close(got, t.want(), **_tol(torch.float32))
 
 
 @pytest.mark.gpu
@@ -368,26 +389,19 @@ def test_built_trees_put_every_parent_before_its_child_and_the_dense_phase_match
     deep (x 12, depth up to L = 15), each node's parent index is below its own and compile_tree's path table lists
     ancestors of lower index; tree_attend's dense phase on the deep tree gives compile_tree's-bias SDPA result."""
     from ddtree_bench.engine.gpu.kernels.tree_attention import Config, tree_attend
-    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
-    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
-    L, V, B, S, D, start = 15, 40, 40, 128, 16, 20
-    logits = torch.randn(L, V, generator=torch.Generator().manual_seed(11)).to(DEV) * scale
-    tok, par, dep = StaticTreeBuilder(L, V, B, DEV)(logits)
+    B, start = 40, 20
+    c = _built_tree(L=15, V=40, B=B, S=128, D=16, start=start, seed=11, scale=scale)
+    q, k, v, path, pos, st, par, dep = c.q, c.k, c.v, c.path, c.pos, c.start, c.par, c.dep
     nodes = torch.arange(1, B + 1, device=DEV)
     assert bool((par < nodes).all())   # parents 1-based, root 0
-    st = torch.tensor(start, device=DEV)
-    ids, pos, anc, bias, path = compile_tree(torch.ones(1, dtype=torch.long, device=DEV), tok, par, dep, st, S,
-                                             torch.float32, 2, L)
     depth = (pos - start).cpu()
     for t in range(B + 1):
         on_path = path[t, : int(depth[t]) + 1].cpu()
         assert bool((on_path[:-1] < on_path[1:]).all()) and int(on_path[-1]) == t
     if scale > 3.0:
         assert int(dep.max()) >= 10   # a deep tree: what the dense phase is for
-    g = torch.Generator().manual_seed(12)
-    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((4, B + 1, D), (2, S, D), (2, S, D)))
-    want = grouped_attend(q, k, v, bias)
+    want = c.want()
     for splits in (1, 2):
         got = tree_attend(q, k, v, path, pos, st, splits=splits, launch=Config(16, 16, 4, 1, tree_dense=True))
         torch.testing.assert_close(got, want, **_tol(torch.float32))
@@ -496,18 +510,9 @@ def test_the_wide_tree_tiles_on_a_built_tree_match_compile_trees_bias():
     from dataclasses import replace
 
     from ddtree_bench.engine.gpu.kernels.tree_attention import WIDE_SHAPES, tree_attend
-    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
-    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
-    L, V, B, S, D, start = 6, 50, 45, 192, 16, 70
-    logits = torch.randn(L, V, generator=torch.Generator().manual_seed(21)).to(DEV) * 3
-    tok, par, dep = StaticTreeBuilder(L, V, B, DEV)(logits)
-    st = torch.tensor(start, device=DEV)
-    ids, pos, anc, bias, path = compile_tree(torch.ones(1, dtype=torch.long, device=DEV), tok, par, dep, st, S,
-                                             torch.float32, 2, L)
-    g = torch.Generator().manual_seed(22)
-    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((4, B + 1, D), (2, S, D), (2, S, D)))
-    want = grouped_attend(q, k, v, bias)
+    t = _built_tree(L=6, V=50, B=45, S=192, D=16, start=70, seed=21)
+    q, k, v, path, pos, st, want = t.q, t.k, t.v, t.path, t.pos, t.start, t.want()
     for c in WIDE_SHAPES:
         for splits, dense in ((None, False), (2, True)) if INTERPRETED else ((None, False), (None, True), (2, False), (2, True)):
             got = tree_attend(q, k, v, path, pos, st, splits=splits, launch=replace(c, stages=1, tree_dense=dense))

@@ -32,18 +32,22 @@ def test_bf16_gemm_matches_cublas_at_the_8b_shapes(name, M):
     g = torch.Generator(device="cuda").manual_seed(M)
     x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
     w = (torch.randn(2 * N if sw else N, K, device="cuda", generator=g) / K ** 0.5).bfloat16()
-    twin = lambda: (TORCH_OPS.silu_mul(F.linear(x, w)) if sw else F.linear(x, w)).float()  # noqa: E731
-    op = gemm.swiglu if sw else gemm.linear
     for c in _launches(M, N, K, sw):
-        # one bf16 rounding apart (and the SiLU's rounding on top for gate/up); the twin is recomputed for each
-        # launch because the replay below writes new values into x
-        torch.testing.assert_close(op(x, w, c).float(), twin(), rtol=2e-2, atol=3e-2, msg=lambda m: f"{c}: {m}")
-        gr = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(gr):
-            out = op(x, w, c)
-        x.copy_(torch.randn(M, K, device="cuda", generator=g).bfloat16())
-        gr.replay()
-        torch.testing.assert_close(out.float(), twin(), rtol=2e-2, atol=3e-2, msg=lambda m: f"{c} replayed: {m}")
+        _eager_and_replayed(x, w, sw, c, g)
+
+
+def _eager_and_replayed(x, w, sw: bool, c: GemmConfig, g) -> None:
+    """The launch c within a bf16 step of cuBLAS (and the SiLU's rounding on top for gate/up), eagerly and replayed
+    from a CUDA graph after new values are copied into the captured x; the twin is taken after each, on x as it is."""
+    op = gemm.swiglu if sw else gemm.linear
+    twin = lambda: (TORCH_OPS.silu_mul(F.linear(x, w)) if sw else F.linear(x, w)).float()  # noqa: E731
+    torch.testing.assert_close(op(x, w, c).float(), twin(), rtol=2e-2, atol=3e-2, msg=lambda m: f"{c}: {m}")
+    gr = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gr):
+        out = op(x, w, c)
+    x.copy_(torch.randn(x.shape, device="cuda", generator=g).bfloat16())
+    gr.replay()
+    torch.testing.assert_close(out.float(), twin(), rtol=2e-2, atol=3e-2, msg=lambda m: f"{c} replayed: {m}")
 
 
 def _tma_launches(M, sw):
@@ -70,48 +74,20 @@ def test_bf16_tma_gemm_matches_cublas_at_the_8b_shapes(name, M):
     g = torch.Generator(device="cuda").manual_seed(M + 7)
     x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
     w = (torch.randn(2 * N if sw else N, K, device="cuda", generator=g) / K ** 0.5).bfloat16()
-    twin = lambda: (TORCH_OPS.silu_mul(F.linear(x, w)) if sw else F.linear(x, w)).float()  # noqa: E731
-    op = gemm.swiglu if sw else gemm.linear
     for c in _tma_launches(M, sw):
-        torch.testing.assert_close(op(x, w, c).float(), twin(), rtol=2e-2, atol=3e-2, msg=lambda m: f"{c}: {m}")
-        gr = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(gr):
-            out = op(x, w, c)
-        x.copy_(torch.randn(M, K, device="cuda", generator=g).bfloat16())
-        gr.replay()
-        torch.testing.assert_close(out.float(), twin(), rtol=2e-2, atol=3e-2, msg=lambda m: f"{c} replayed: {m}")
+        _eager_and_replayed(x, w, sw, c, g)
 
 
 def test_a_fused_forward_with_pdl_has_the_same_bits_as_without(monkeypatch):
     """Programmatic dependent launch (kernels/pdl.py) only overlaps launches and weight prefetch: a captured
     bf16 verify forward of the fused ops and GEMMs gives the same logits and cache, bit for bit."""
     from ddtree_bench.engine.gpu import fused
-    from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
-    from ddtree_bench.engine.gpu.kernels import experimental, pdl
-    from ddtree_bench.engine.gpu.tree_ops import verify_visible
-    from ddtree_bench.engine.loading import random_pair
+    from ddtree_bench.engine.gpu.kernels import pdl
+
+    from captured_forward_support import captured_verify
 
     if not pdl.SUPPORTED or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs sm_90+ and a Triton with launch_pdl")
-    target, _ = random_pair(seed=5, vocab_size=4096, dtype="bfloat16", device="cuda")
-    P, T, cap = 40, 17, 128
-    ids, pos = torch.arange(40, 40 + T, device="cuda"), P + torch.arange(T, device="cuda")
-    anc = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
-    start = torch.tensor(P, device="cuda")
     every = lambda M, N, K, dtype, device, swiglu=False: GemmConfig(16 if M <= 16 else 32, 32, 64, 2, 4, 3)  # noqa: E731
-    outs = []
-    for flag in ("", "pdl"):
-        monkeypatch.setenv(experimental.ENV, flag)
-        cache = target.new_cache(cap)
-        target(torch.arange(1, P + 1, device="cuda"), torch.arange(P, device="cuda"), cache, 0)
-        bias = visible_bias(verify_visible(anc, start, cap), torch.bfloat16, group_size(target))
-        ops = fused.TritonOps(gemm_config=every)
-        run = lambda: target_forward(target, ids, pos, StaticKV(cache), start, bias, (), ops=ops)[0]  # noqa: E731
-        run()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            logits = run()
-        g.replay()
-        torch.cuda.synchronize()
-        outs.append((logits.clone(), cache.k[:, :, : P + T].clone()))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    (l0, k0), (l1, k1) = (captured_verify(monkeypatch, flag, 5, fused.TritonOps(gemm_config=every)) for flag in ("", "pdl"))
+    assert torch.equal(l0, l1) and torch.equal(k0, k1)

@@ -40,30 +40,12 @@ def test_the_interpreter_never_launches_it(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_captured_forward_with_the_prefetch_has_the_same_bits_as_without(monkeypatch):
     from ddtree_bench.engine.gpu import fused
-    from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
-    from ddtree_bench.engine.gpu.tree_ops import verify_visible
-    from ddtree_bench.engine.loading import random_pair
 
-    target, _ = random_pair(seed=6, vocab_size=4096, dtype="bfloat16", device="cuda")
-    P, T, cap = 40, 17, 128
-    ids, pos = torch.arange(40, 40 + T, device="cuda"), P + torch.arange(T, device="cuda")
-    anc = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
-    start = torch.tensor(P, device="cuda")
+    from captured_forward_support import captured_verify
+
     odd = torch.randn(1000, 33, device="cuda").bfloat16()   # a line count that is not a multiple of BLOCK
-    outs = []
-    for flag in ("", "l2-prefetch"):
-        monkeypatch.setenv(experimental.ENV, flag)
-        l2_prefetch.join(l2_prefetch.start(odd))
-        cache = target.new_cache(cap)
-        target(torch.arange(1, P + 1, device="cuda"), torch.arange(P, device="cuda"), cache, 0)
-        bias = visible_bias(verify_visible(anc, start, cap), torch.bfloat16, group_size(target))
-        ops = fused.TritonOps()
-        run = lambda: target_forward(target, ids, pos, StaticKV(cache), start, bias, (), ops=ops)[0]  # noqa: E731
-        run()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            logits = run()
-        g.replay()
-        torch.cuda.synchronize()
-        outs.append((logits.clone(), cache.k[:, :, : P + T].clone()))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    monkeypatch.setenv(experimental.ENV, "l2-prefetch")
+    l2_prefetch.join(l2_prefetch.start(odd))
+    torch.cuda.synchronize()
+    (l0, k0), (l1, k1) = (captured_verify(monkeypatch, flag, 6, fused.TritonOps()) for flag in ("", "l2-prefetch"))
+    assert torch.equal(l0, l1) and torch.equal(k0, k1)
