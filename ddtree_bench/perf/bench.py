@@ -119,15 +119,69 @@ def curve_tree(n: int, device: torch.device, with_path: bool, logit_scale: float
     return par, dep, path
 
 
+@dataclass
+class CurvePoint:
+    """One n of the verify curve: its tree's depth and `forward(capacity, ops, attention)`, a zero-argument
+    static-shape target forward over the n tree tokens after the prefix (what a graph captures)."""
+    n: int
+    depth: int
+    forward: Callable[..., Callable[[], Any]]
+
+
+class CurveSetup:
+    """A target with `prefix_len` tokens of prefix in a cache of capacity prefix_len + max(tokens) (aligned),
+    and `point(n)`: the n-token DDTree-shaped tree after it (`curve_tree`), compiled as the fast loop
+    compiles it (bias, and the path table with the fused ops). Shared by verify_curve and the in-process
+    A/B benchmark (benchmarks/gpu_verify_ab.py)."""
+
+    @torch.inference_mode()
+    def __init__(self, target, layers, prefix_len: int, tokens: list[int], device: torch.device,
+                 layer_ops: str = "auto", logit_scale: float = D.BENCH_CURVE_LOGIT_SCALE):
+        from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
+
+        self.target, self.layers, self.device, self.logit_scale = target, layers, device, logit_scale
+        self.prefix_len = prefix_len
+        self.ops = ops_for(device, target.lm_head.weight.dtype, layer_ops)
+        merge_projections(target)   # before any capture: the merge allocates
+        self.whole = self.align(prefix_len + max(tokens))
+        self.cache = target.new_cache(self.whole)
+        prefix = torch.tensor(_random_prompt(target.cfg.vocab_size, prefix_len, 1), device=device)
+        target(prefix, torch.arange(prefix_len, device=device), self.cache, 0)
+        self.start = torch.tensor(prefix_len, device=device)
+
+    @staticmethod
+    def align(n: int) -> int:
+        from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN
+
+        return -(-n // CAPACITY_ALIGN) * CAPACITY_ALIGN
+
+    def point(self, n: int, with_path: bool) -> CurvePoint:
+        from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
+        from ddtree_bench.engine.gpu.tree_ops import ancestors, verify_visible
+
+        target, device, start = self.target, self.device, self.start
+        ids = torch.randint(target.cfg.vocab_size, (n,), device=device, generator=torch.Generator(device=device).manual_seed(n))
+        par, dep, path = curve_tree(n, device, with_path, self.logit_scale)
+        pos = start + torch.cat([torch.zeros(1, dtype=torch.long, device=device), dep])
+        anc = ancestors(par, CURVE_DEPTH)
+        dt = target.lm_head.weight.dtype
+
+        def forward(cap: int | None = None, o=None, attention: str = "auto"):
+            o = o or self.ops
+            kv = StaticKV(_Narrow(self.cache, cap or self.whole))
+            bias = visible_bias(verify_visible(anc, start, cap or self.whole), dt, group_size(target))
+            return lambda: target_forward(target, ids, pos, kv, start, bias, self.layers, o, attention=attention,
+                                          tree_path=path if o.name == "triton" else None)
+
+        return CurvePoint(n, int(dep.max()) if dep.numel() else 0, forward)
+
+
 @torch.inference_mode()
 def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: torch.device, graphs: bool,
                  reps: int = 20, eager: bool = True, layer_ops: str = "auto", profile: bool = False,
                  profile_reps: int = 5, profile_top: int = D.BENCH_PROFILE_TOP,
                  logit_scale: float = D.BENCH_CURVE_LOGIT_SCALE) -> dict[str, Any]:
-    """ms of one static-shape target forward over n tokens after prefix_len tokens, in a cache of capacity
-    prefix_len + max(tokens) (aligned). The n tokens are a DDTree-shaped tree (`curve_tree`: the PyTorch
-    builder's tree of the n - 1 best prefixes of random draft logits, depth <= CURVE_DEPTH), compiled as
-    the fast loop compiles it (bias, and the path table on CUDA with the fused ops). Columns:
+    """ms of one static-shape target forward over n tokens after prefix_len tokens (CurveSetup). Columns:
     "graph" (replayed, with `layer_ops` and the forward's default attention: on CUDA with the fused ops,
     the tree kernel, kernels/tree_attention.py, from TREE_MIN_ROWS folded rows and the live-slot kernel
     below; and their weight GEMMs: kernels/gemm.py where its table has the shape, else cuBLAS), "eager"
@@ -139,42 +193,22 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     "tree_depth": {n: the curve tree's depth}.
     profile: also "profile" = {column: {n: perf.profile.KernelProfile as a dict, top kernels}} for
     graph and graph_cublas (CUDA; the ATen ops on a CPU)."""
-    from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN
-    from ddtree_bench.engine.gpu.fused import TORCH_OPS, TritonOps, merge_projections, ops_for
+    from ddtree_bench.engine.gpu.fused import TORCH_OPS, TritonOps
     from ddtree_bench.engine.gpu.kernels.gemm import cublas_only
-    from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
-    from ddtree_bench.engine.gpu.tree_ops import ancestors, verify_visible
     from ddtree_bench.perf.profile import profile_kernels
 
-    ops = ops_for(device, target.lm_head.weight.dtype, layer_ops)
-    merge_projections(target)   # before any capture: the merge allocates
-
-    align = lambda n: -(-n // CAPACITY_ALIGN) * CAPACITY_ALIGN  # noqa: E731
-    whole = align(prefix_len + max(tokens))
-    cache = target.new_cache(whole)
-    prefix = torch.tensor(_random_prompt(target.cfg.vocab_size, prefix_len, 1), device=device)
-    target(prefix, torch.arange(prefix_len, device=device), cache, 0)
-    start = torch.tensor(prefix_len, device=device)
+    setup = CurveSetup(target, layers, prefix_len, tokens, device, layer_ops, logit_scale)
+    ops, whole, align = setup.ops, setup.whole, setup.align
     on_graphs = graphs and device.type == "cuda"
     fused = ops is not TORCH_OPS and on_graphs
     out: dict[str, Any] = {"graph": {}, "eager": {}}
     if fused:
         out.update({"graph_cublas": {}, "graph_live": {}, "graph_sdpa": {}, "graph_sdpa_whole": {}, "graph_unfused": {}})
     profiles: dict[str, dict[int, Any]] = {"graph": {}, **({"graph_cublas": {}} if fused else {})}
-    dt = target.lm_head.weight.dtype
     for n in tokens:
-        ids = torch.randint(target.cfg.vocab_size, (n,), device=device, generator=torch.Generator(device=device).manual_seed(n))
-        par, dep, path = curve_tree(n, device, fused, logit_scale)
-        out.setdefault("tree_depth", {})[n] = int(dep.max()) if dep.numel() else 0
-        pos = start + torch.cat([torch.zeros(1, dtype=torch.long, device=device), dep])
-        anc = ancestors(par, CURVE_DEPTH)
-
-        def forward(cap: int, o=ops, attention: str = "auto"):
-            kv = StaticKV(_Narrow(cache, cap))
-            bias = visible_bias(verify_visible(anc, start, cap), dt, group_size(target))
-            return lambda: target_forward(target, ids, pos, kv, start, bias, layers, o, attention=attention,
-                                          tree_path=path if o.name == "triton" else None)
-
+        pt = setup.point(n, with_path=fused)
+        out.setdefault("tree_depth", {})[n] = pt.depth
+        forward = pt.forward
         fns = {"graph": forward(whole)}
         if fused:
             fns.update({"graph_cublas": forward(whole, TritonOps(gemm_config=cublas_only)), "graph_live": forward(whole, attention="live"),

@@ -49,3 +49,16 @@ def test_a_captured_forward_with_the_prefetch_has_the_same_bits_as_without(monke
     torch.cuda.synchronize()
     (l0, k0), (l1, k1) = (captured_verify(monkeypatch, flag, 6, fused.TritonOps()) for flag in ("", "l2-prefetch"))
     assert torch.equal(l0, l1) and torch.equal(k0, k1)
+
+
+def test_the_programs_knob(monkeypatch):
+    monkeypatch.delenv("DDTREE_L2_PREFETCH_PROGRAMS", raising=False)
+    assert l2_prefetch.programs_wanted() == l2_prefetch.PROGRAMS
+    monkeypatch.setenv("DDTREE_L2_PREFETCH_PROGRAMS", "64")
+    assert l2_prefetch.programs_wanted() == 64
+    from ddtree_bench.errors import UsageError
+
+    for bad in ["0", "-3", "many"]:
+        monkeypatch.setenv("DDTREE_L2_PREFETCH_PROGRAMS", bad)
+        with pytest.raises(UsageError):
+            l2_prefetch.programs_wanted()

@@ -25,7 +25,7 @@ from ddtree_bench.engine.gpu.kernels import experimental, pdl
 from ddtree_bench.engine.gpu.kernels.common import tl, triton
 
 LINE_BYTES = 128   # an L2 line
-PROGRAMS = 16      # of 132 SMs on an H200
+PROGRAMS = 16      # of 132 SMs on an H200; DDTREE_L2_PREFETCH_PROGRAMS overrides it (an experiment's knob)
 BLOCK = 256        # lines per program and step (2 per thread at 4 warps)
 _SIDE: dict[str, torch.cuda.Stream] = {}
 
@@ -45,6 +45,18 @@ def enabled(w: torch.Tensor) -> bool:
             and os.environ.get("TRITON_INTERPRET") != "1")
 
 
+def programs_wanted() -> int:
+    """PROGRAMS, or DDTREE_L2_PREFETCH_PROGRAMS where set (a positive integer; else UsageError)."""
+    raw = os.environ.get("DDTREE_L2_PREFETCH_PROGRAMS", "")
+    if not raw:
+        return PROGRAMS
+    if not raw.isdigit() or int(raw) < 1:
+        from ddtree_bench.errors import UsageError
+
+        raise UsageError(f"DDTREE_L2_PREFETCH_PROGRAMS must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
 def start(w: torch.Tensor) -> torch.cuda.Stream | None:
     """Ask L2 for all of w on a side stream forked off the current one; the side stream to join(), or None."""
     if not enabled(w):
@@ -54,8 +66,9 @@ def start(w: torch.Tensor) -> torch.cuda.Stream | None:
     side.wait_stream(main)
     with torch.cuda.stream(side):
         n_lines = triton.cdiv(w.numel() * w.element_size(), LINE_BYTES)
-        _prefetch_kernel[(min(PROGRAMS, triton.cdiv(n_lines, BLOCK)),)](
-            w, n_lines, LINE=LINE_BYTES // w.element_size(), BLOCK=BLOCK, PROGRAMS=PROGRAMS, num_warps=4)
+        programs = programs_wanted()
+        _prefetch_kernel[(min(programs, triton.cdiv(n_lines, BLOCK)),)](
+            w, n_lines, LINE=LINE_BYTES // w.element_size(), BLOCK=BLOCK, PROGRAMS=programs, num_warps=4)
     return side
 
 

@@ -1,0 +1,180 @@
+"""In-process A/B of kernel knobs on the verify forward: every arm captured and timed in one process, interleaved.
+
+Two lent machines of one kind differ by 2-3% on the same code (docs/gpu-performance.md), so a change worth
+less than that can only be judged with both arms on one GPU, close together in time. An `Arm` is a name and
+environment variables (e.g. DDTREE_GPU_EXPERIMENTAL=rope-tiles, DDTREE_GEMM_TABLE=...) that the fused
+kernels read when they launch, i.e. when a graph is captured. For each n of the curve (perf.bench.CurveSetup's
+trees) `run_ab` captures one graph per arm under that arm's variables, checks its logits against the first
+arm's, then times the graphs round-robin: `rounds` rounds, each replaying every arm `reps` times (the arm
+order rotated each round), and reports per arm the median over rounds of the round medians, with the spread.
+On a CPU (no graphs) the same loop times eager calls, so the harness is testable anywhere.
+Knows nothing of what the knobs do.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from ddtree_bench.engine.gpu.graphs import no_gc
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def parse(text: str) -> "Arm":
+        """'NAME VAR=VALUE VAR=VALUE ...' (no variables: the defaults)."""
+        from ddtree_bench.errors import UsageError
+
+        parts = text.split()
+        if not parts or "=" in parts[0]:
+            raise UsageError(f"arm {text!r}: want 'NAME VAR=VALUE ...'")
+        env = {}
+        for p in parts[1:]:
+            k, sep, v = p.partition("=")
+            if not sep or not k:
+                raise UsageError(f"arm {text!r}: {p!r} is not VAR=VALUE")
+            env[k] = v
+        return Arm(parts[0], env)
+
+
+@contextmanager
+def arm_env(arm: Arm, others: frozenset[str] = frozenset()) -> Iterator[None]:
+    """The arm's variables set, and those of `others` (other arms' variables) it does not set unset, for the
+    duration; the environment as it was afterwards."""
+    old = {k: os.environ.get(k) for k in set(arm.env) | set(others)}
+    for k in others:
+        os.environ.pop(k, None)
+    os.environ.update(arm.env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@dataclass
+class ArmTiming:
+    arm: str
+    ms: float                   # median over rounds of each round's median replay
+    spread_ms: float            # max - min of the round medians
+    max_abs_logit_diff: float   # against the first arm's logits (0 for the first arm)
+    vs_first: float             # ms / the first arm's ms
+
+
+class _Runner:
+    """One arm's forward, captured as a graph on CUDA (run() replays it), or called eagerly elsewhere."""
+
+    def __init__(self, fn: Callable[[], Any], device: torch.device):
+        self.fn, self.graph, self.out = fn, None, None
+        if device.type == "cuda":
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                fn()
+                fn()
+            torch.cuda.current_stream().wait_stream(s)
+            self.graph = torch.cuda.CUDAGraph()
+            with no_gc(), torch.cuda.graph(self.graph):
+                self.out = fn()
+            self.graph.replay()
+        else:
+            self.out = fn()
+
+    def logits(self) -> torch.Tensor:
+        return self.out[0]
+
+    def run(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.fn()
+
+
+def _time(runner: _Runner, device: torch.device, reps: int) -> float:
+    import time
+
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            runner.run()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter_ns()
+            runner.run()
+            times.append((time.perf_counter_ns() - t) / 1e6)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def run_ab(setup, arms: list[Arm], tokens: list[int], rounds: int = 7, reps: int = 20,
+           progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """One row per n: {"tokens", "depth", "arms": [ArmTiming as dicts]} (see the module docstring).
+    setup: a perf.bench.CurveSetup."""
+    device = setup.device
+    rows = []
+    for n in tokens:
+        pt = setup.point(n, with_path=setup.ops.name == "triton")
+        runners = []
+        knobs = frozenset(k for a in arms for k in a.env)
+        for arm in arms:
+            with arm_env(arm, knobs):
+                runners.append(_Runner(pt.forward(), device))
+        ref = runners[0].logits().float()
+        diffs = [float((r.logits().float() - ref).abs().max()) for r in runners]
+        per_round: list[list[float]] = [[] for _ in arms]
+        for r in range(rounds):
+            order = [(i + r) % len(arms) for i in range(len(arms))]
+            for i in order:
+                per_round[i].append(_time(runners[i], device, reps))
+        meds = [statistics.median(x) for x in per_round]
+        timings = [ArmTiming(a.name, m, max(x) - min(x), d, m / meds[0])
+                   for a, m, x, d in zip(arms, meds, per_round, diffs)]
+        rows.append({"tokens": n, "depth": pt.depth, "arms": [asdict(t) for t in timings]})
+        if progress:
+            progress(f"n={n}: " + "  ".join(f"{t.arm} {t.ms:.3f}" for t in timings))
+        del runners
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def table(rows: list[dict[str, Any]], roofline: Callable[[int], float] | None = None) -> str:
+    """Text table: per n the depth, each arm's ms (and x the first arm), its round spread, and the largest
+    logit difference against the first arm; with `roofline` (n -> ms) also each arm's ratio to it."""
+    if not rows:
+        return ""
+    names = [a["arm"] for a in rows[0]["arms"]]
+    head = ["tokens", "depth"] + [f"{a} ms" for a in names] + [f"{a} x" for a in names[1:]]
+    if roofline:
+        head += [f"{a} /roof" for a in names]
+    head += ["spread ms", "max |dlogit|"]
+    lines = [head]
+    for r in rows:
+        arms = r["arms"]
+        cells = [str(r["tokens"]), str(r["depth"])] + [f"{a['ms']:.3f}" for a in arms]
+        cells += [f"{a['vs_first']:.3f}" for a in arms[1:]]
+        if roofline:
+            cells += [f"{a['ms'] / roofline(r['tokens']):.3f}" for a in arms]
+        cells += [f"{max(a['spread_ms'] for a in arms):.3f}", f"{max(a['max_abs_logit_diff'] for a in arms):.3g}"]
+        lines.append(cells)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
+
+
+__all__ = ["Arm", "ArmTiming", "arm_env", "run_ab", "table"]

@@ -1,0 +1,55 @@
+"""The in-process knob A/B (perf/knob_ab.py) on a CPU: arms parse, their variables hold only while their
+forward is built, every arm of an unchanged forward gives the reference's logits, and the table reads back."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ddtree_bench.errors import UsageError
+from ddtree_bench.perf.knob_ab import Arm, arm_env, run_ab, table
+
+
+def test_arm_parse():
+    assert Arm.parse("default") == Arm("default", {})
+    assert Arm.parse("rope DDTREE_GPU_EXPERIMENTAL=rope-tiles X=1").env == {"DDTREE_GPU_EXPERIMENTAL": "rope-tiles", "X": "1"}
+    for bad in ["", "A=1", "rope DDTREE_GPU_EXPERIMENTAL"]:
+        with pytest.raises(UsageError):
+            Arm.parse(bad)
+
+
+def test_arm_env_sets_unsets_and_restores(monkeypatch):
+    monkeypatch.setenv("KNOB_B", "outer")
+    monkeypatch.delenv("KNOB_A", raising=False)
+    with arm_env(Arm("a", {"KNOB_A": "1"}), frozenset({"KNOB_A", "KNOB_B"})):
+        assert os.environ["KNOB_A"] == "1" and "KNOB_B" not in os.environ   # another arm's knob is not inherited
+    assert "KNOB_A" not in os.environ and os.environ["KNOB_B"] == "outer"
+
+
+def test_run_ab_on_the_toy_pair(monkeypatch):
+    from ddtree_bench.perf.bench import BenchSpec, CurveSetup, load_bench_pair
+
+    seen = []
+    import ddtree_bench.engine.gpu.forward as fwd
+
+    real = fwd.target_forward
+
+    def spy(*a, **k):   # which arm's variable the forward ran under
+        seen.append(os.environ.get("KNOB_X"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(fwd, "target_forward", spy)
+    target, drafter, _, _ = load_bench_pair(BenchSpec(model="toy", device="cpu", dtype="float32"))
+    setup = CurveSetup(target, drafter.target_layer_ids, 12, [1, 6], torch.device("cpu"))
+    arms = [Arm("ref"), Arm("x", {"KNOB_X": "on"})]
+    rows = run_ab(setup, arms, [1, 6], rounds=2, reps=1)
+    assert [r["tokens"] for r in rows] == [1, 6]
+    for r in rows:
+        assert [a["arm"] for a in r["arms"]] == ["ref", "x"]
+        assert all(a["max_abs_logit_diff"] == 0.0 and a["ms"] > 0 for a in r["arms"])
+        assert r["arms"][0]["vs_first"] == 1.0
+    assert "on" in seen and None in seen   # each arm's forward saw its own variables
+    text = table(rows, roofline=lambda n: 1.0)
+    assert "ref ms" in text and "x x" in text and "x /roof" in text and len(text.splitlines()) == 3
