@@ -50,7 +50,7 @@ if [ -n "${EXPERIMENTAL:-}" ]; then   # features not yet run on a GPU (kernels/e
   step "experimental ($EXPERIMENTAL) tests"
   # the TMA kernel's tests left out (no feature here changes it, and they take minutes to compile)
   timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -p no:cacheprovider -m gpu -q -rf -k "not test_bf16_tma" tests/engine/gpu/test_gemm_cuda.py \
-    tests/engine/gpu/test_fused_triton.py tests/engine/gpu/test_fastloop_cuda.py tests/engine/gpu/test_l2_prefetch.py \
+    tests/engine/gpu/test_fused_triton.py tests/engine/gpu/test_fastloop_cuda.py \
     ${EXTRA_TESTS:-} >> "$OUT/tests.txt" 2>&1
   echo "pytest ($EXPERIMENTAL) exit $?: $(tail -1 "$OUT/tests.txt")" | tee -a "$LOG"
   XTABLE="$TABLE"

@@ -2,21 +2,24 @@
 # Issue 20, one device call: the retuned defaults' GPU tests, then every experimental feature against the
 # defaults in ONE process (benchmarks/gpu_verify_ab.py: graphs captured per arm, timed round-robin, logits
 # checked against the defaults'), on wide and deep curve trees, then bench-engine's verify curve + profile of
-# the defaults (the n-by-n roofline table). ARMS overrides the arms (one per line: 'NAME VAR=VALUE ...').
-# Files under $OUT: session.txt, tests.txt, ab.txt, ab.json, ab_stderr.log, profile.txt, profile.json, stderr.log.
+# the defaults (the n-by-n roofline table; PROFILE=0 skips it). ARMS overrides the arms (one per line: 'NAME
+# VAR=VALUE ...'); TESTS=0 skips the tests (EXTRA_TESTS: more pytest arguments); TMA_ROWS=128 also times the TMA
+# GEMM's forms against cuBLAS at those rows (tma.txt).
+# Files under $OUT: session.txt, tests.txt, ab.txt, ab.json, ab_stderr.log, profile.txt, profile.json, stderr.log
+# [, tma.txt: with PROFILE=0, to stay within 8 files].
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_issue20_ab.sh
 source "$(dirname "$0")/gpu_lib.sh"
 X=DDTREE_GPU_EXPERIMENTAL
 ARMS=${ARMS:-"default
+cr4 DDTREE_COMBINE_ROWS=4
+cr16 DDTREE_COMBINE_ROWS=16
+cr16tr DDTREE_COMBINE_ROWS=16 DDTREE_TREE_RANGES_TO=1536
 rope $X=rope-tiles
-l2 $X=l2-prefetch
-l2x64 $X=l2-prefetch DDTREE_L2_PREFETCH_PROGRAMS=64
-fr $X=fused-reduce
-all $X=rope-tiles,l2-prefetch,fused-reduce"}
+cr16rope DDTREE_COMBINE_ROWS=16 $X=rope-tiles"}
 if [ "${TESTS:-1}" = 1 ]; then
   step gpu tests
-  timeout ${TESTS_TIMEOUT:-170} python3 -m pytest -p no:cacheprovider -m gpu -q -rf tests/engine/gpu/test_l2_prefetch.py \
-    tests/engine/gpu/test_fused_triton.py tests/engine/gpu/test_attention_cuda.py ${EXTRA_TESTS:-} > "$OUT/tests.txt" 2>&1
+  timeout ${TESTS_TIMEOUT:-170} python3 -m pytest -p no:cacheprovider -m gpu -q -rf tests/engine/gpu/test_fused_triton.py \
+    tests/engine/gpu/test_attention_cuda.py ${EXTRA_TESTS:-} > "$OUT/tests.txt" 2>&1
   echo "pytest exit $?: $(tail -1 "$OUT/tests.txt")" | tee -a "$LOG"
 fi
 step "a/b ($(echo "$ARMS" | cut -d' ' -f1 | tr '\n' ' '))"
@@ -30,5 +33,11 @@ if [ "${PROFILE:-1}" = 1 ]; then
     --budgets 16 --prefix-len 1024 --rounds 5 --no-plain --no-build-table --tau "$PAPER_TAU" --profile \
     --verify-tokens 1,16,64,128,256,512,1024 --out "$OUT/profile.json" 2>> "$OUT/stderr.log" | grep -v '^{' > "$OUT/profile.txt"
   echo "profile exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+fi
+if [ -n "${TMA_ROWS:-}" ]; then   # the TMA GEMM's forms against cuBLAS at these rows (tma.txt)
+  step "tma tune ($TMA_ROWS rows)"
+  timeout ${TUNE_TIMEOUT:-200} python3 benchmarks/gpu_gemm_tune.py --rows "$TMA_ROWS" --tma-rows "$TMA_ROWS" \
+    --kernels tma,tma-flat,tma-ws > "$OUT/tma.txt" 2>&1
+  echo "tma tune exit $?" | tee -a "$LOG"
 fi
 step done

@@ -7,7 +7,7 @@ back end (to PTX) for every tree kernel, with the argument types and compile-tim
 engine's own builders derive for the Qwen3-8B shape (bf16 logits; budgets 64 and 256), so that
 class of error shows up before device time is spent. It checks that each kernel compiles, not what
 it computes (the interpreter tests do that). Needs Triton importable, no GPU:
-    PYTHONPATH=/tmp/tsite:. python benchmarks/triton_ptx_check.py [--only topk,tree,verify,attention,layer,tma,l2]
+    PYTHONPATH=/tmp/tsite:. python benchmarks/triton_ptx_check.py [--only topk,tree,verify,attention,layer,tma]
 """
 
 import sys
@@ -57,7 +57,7 @@ def check(kernel, args: dict, consts: dict, options: dict | None = None, mma: bo
         return False
 
 
-SECTIONS = ("topk", "tree", "verify", "attention", "layer", "tma", "l2")
+SECTIONS = ("topk", "tree", "verify", "attention", "layer", "tma")
 
 
 def want(section: str) -> bool:
@@ -300,21 +300,6 @@ def _tma_section() -> list[bool]:
 if want("tma"):
     ok += _tma_section()
 # ---- end of the TMA GEMM section
-
-if want("l2"):   # the experimental L2 prefetch of a weight (kernels/l2_prefetch.py): its PTX must hold the prefetch
-    from ddtree_bench.engine.gpu.kernels import l2_prefetch  # noqa: E402
-
-    sig = dict(W="*bf16", n_lines="i32", LINE="constexpr", BLOCK="constexpr", PROGRAMS="constexpr")
-    consts = dict(LINE=64, BLOCK=l2_prefetch.BLOCK, PROGRAMS=l2_prefetch.PROGRAMS)
-    try:
-        ptx = triton.compile(ASTSource(l2_prefetch._prefetch_kernel, sig, constexprs=consts), target=TARGET,
-                             options=dict(num_warps=4)).asm["ptx"]
-        n = ptx.count("prefetch.global.L2::evict_last")
-        print(f"{'ok  ' if n else 'FAIL'}  _prefetch_kernel {consts}: prefetch.global.L2::evict_last x {n}")
-        ok.append(n > 0)
-    except Exception as e:  # noqa: BLE001
-        print(f"FAIL  _prefetch_kernel: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
-        ok.append(False)
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
 sys.exit(0 if all(ok) else 1)

@@ -37,7 +37,6 @@ import torch.nn.functional as F
 
 from ddtree_bench.engine.cache import KVCache
 from ddtree_bench.engine.gpu.fused import ensure_merged
-from ddtree_bench.engine.gpu.kernels import l2_prefetch
 from ddtree_bench.engine.gpu.kernels import attention as live_kernel
 from ddtree_bench.engine.gpu.kernels import tree_attention as tree_kernel
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
@@ -115,11 +114,8 @@ def _attention(attn, ops: TorchOps, h, cos, sin, kv: StaticKV, layer: int, start
         ops.qkv_rope(F.linear(ctx, attn.qkv_weight[rows:], b), 0, attn.n_kv, None, k_w, eps, ctx_cos, ctx_sin,
                      k_cache, v_cache, ctx_start)
     qkv = ops.linear(h, attn.qkv_weight, attn.qkv_bias)
-    side = l2_prefetch.start(attn.o_proj.weight) if ops.name == "triton" else None   # experimental, off by default
     q = ops.qkv_rope(qkv, attn.n_heads, attn.n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start)
-    out = _attend(ops, attention, q, k_cache, v_cache, bias, live, prefix, tree)
-    l2_prefetch.join(side)
-    return out
+    return _attend(ops, attention, q, k_cache, v_cache, bias, live, prefix, tree)
 
 
 def _linear(ops: TorchOps, module, x):

@@ -517,3 +517,39 @@ def test_the_wide_tree_tiles_on_a_built_tree_match_compile_trees_bias():
         for splits, dense in ((None, False), (2, True)) if INTERPRETED else ((None, False), (None, True), (2, False), (2, True)):
             got = tree_attend(q, k, v, path, pos, st, splits=splits, launch=replace(c, stages=1, tree_dense=dense))
             torch.testing.assert_close(got, want, **_tol(torch.float32))
+
+
+@pytest.mark.gpu
+@triton_only
+@pytest.mark.parametrize("rows", ["1", "4", "16"])
+def test_the_combine_over_several_rows_per_program_equals_sdpa_live_and_tree(monkeypatch, rows):
+    """The split-KV combine at 1, 4 and 16 query rows per program (DDTREE_COMBINE_ROWS), on row counts that are not
+    a multiple of them (the last block masked), g-major (live) and t-major (tree) rows: the same values as SDPA
+    each time."""
+    from ddtree_bench.engine.gpu.kernels import attention
+    from ddtree_bench.engine.gpu.kernels.tree_attention import tree_attend
+
+    monkeypatch.setenv("DDTREE_COMBINE_ROWS", rows)
+    assert attention.combine_rows(1000) == int(rows) and attention.combine_rows(3) == min(int(rows), 4)
+    case = _built_tree(L=5, V=64, B=20, S=128, D=32, start=30, seed=5)   # M = 2 * 21 = 42 folded rows
+    got = tree_attend(case.q, case.k, case.v, case.path, case.pos, case.start, splits=3)
+    torch.testing.assert_close(got, case.want(), **_tol(torch.float32))
+    Hq, Hkv, T, start, S, D = 4, 2, 11, 40, 128, 32   # M = 22
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((Hq, T, D), (Hkv, S, D), (Hkv, S, D)))
+    bias = _tree_bias(T, start, S, Hq // Hkv, torch.float32, seed=3)
+    want = grouped_attend(q, k, v, bias)
+    st = torch.tensor(start, device=DEV)
+    got = attention.live_attend(q, k, v, bias, st + T, st, splits=4, fold=False)
+    torch.testing.assert_close(got, want, **_tol(torch.float32))
+
+
+def test_the_combine_rows_knob_is_checked(monkeypatch):
+    from ddtree_bench.engine.gpu.kernels import attention
+    from ddtree_bench.errors import UsageError
+
+    monkeypatch.delenv("DDTREE_COMBINE_ROWS", raising=False)
+    assert attention.combine_rows(500) == attention.COMBINE_ROWS
+    monkeypatch.setenv("DDTREE_COMBINE_ROWS", "0")
+    with pytest.raises(UsageError):
+        attention.combine_rows(500)

@@ -74,15 +74,12 @@ def test_a_strided_row_view_is_read_through_its_stride(dtype):
 
 
 @kernel_check
-@pytest.mark.parametrize("kernel,features", [("tiles", ""), ("tiles", "fused-reduce"), ("tma-flat", "fused-reduce")])
-def test_fused_target_forward_with_the_triton_gemm_matches_the_twin(dtype, kernel, features, monkeypatch):
+@pytest.mark.parametrize("kernel,fused_reduce", [("tiles", False), ("tiles", True), ("tma-flat", True)])
+def test_fused_target_forward_with_the_triton_gemm_matches_the_twin(dtype, kernel, fused_reduce):
     """Every weight GEMM of a verify forward (merged q/k/v, o_proj, gate/up + SiLU, down, lm_head) through the
     kernel - TritonOps with a policy that always picks it (split in two): the pointer-tile kernel, or the TMA
     one (kernels/gemm_tma.py) - against the PyTorch twin: same logits, cache, hidden; also with o_proj's and
-    down's partials summed by the norm after them."""
-    from ddtree_bench.engine.gpu.kernels import experimental
-
-    monkeypatch.setenv(experimental.ENV, features)
+    down's partials summed by the norm after them (fused_reduce, the default)."""
     dt = getattr(torch, dtype)
     target, _ = random_pair(seed=5, vocab_size=97, dtype=dtype, device=DEV)
     P, T, cap = 20, 9, 48
@@ -97,7 +94,7 @@ def test_fused_target_forward_with_the_triton_gemm_matches_the_twin(dtype, kerne
         return GemmConfig(16, 32, 32, 2, 4, 2, kernel)
 
     outs = []
-    for ops in (fused.TritonOps(gemm_config=always), TORCH_OPS):
+    for ops in (fused.TritonOps(gemm_config=always, fused_reduce=fused_reduce), TORCH_OPS):
         cache = target.new_cache(cap)
         target(prompt, torch.arange(P, device=DEV), cache, 0)
         bias = visible_bias(verify_visible(anc, start, cap), dt, group_size(target))
@@ -112,24 +109,20 @@ def test_fused_target_forward_with_the_triton_gemm_matches_the_twin(dtype, kerne
 
 @kernel_check
 @pytest.mark.parametrize("split", [2, 3])
-def test_the_norm_summing_a_split_gemms_partials_gives_the_reduce_kernels_bits(dtype, split, monkeypatch):
-    """"fused-reduce" (kernels/experimental.py): the residual add + RMSNorm reads the split GEMM's fp32
-    partials itself - the same sum in the same order as _gemm_split_reduce, so the same bits as the
-    reduce-then-add path, and the twin's values."""
-    from ddtree_bench.engine.gpu.kernels import experimental
-
+def test_the_norm_summing_a_split_gemms_partials_gives_the_reduce_kernels_bits(dtype, split):
+    """TritonOps' fused_reduce (the default): the residual add + RMSNorm reads the split GEMM's fp32 partials
+    itself - the same sum in the same order as _gemm_split_reduce, so the same bits as the reduce-then-add
+    path (fused_reduce=False), and the twin's values."""
     dt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(split)
     M, N, K = 5, 48, 96
     x, inner = torch.randn(M, N, generator=g).to(DEV, dt), torch.randn(M, K, generator=g).to(DEV, dt)
     w, nw = torch.randn(N, K, generator=g).to(DEV, dt), torch.randn(N, generator=g).to(DEV, dt)
     launch = GemmConfig(16, 16, 32, split, 4, 2)
-    ops = fused.TritonOps(gemm_config=lambda *a, **k: launch)
+    pick = lambda *a, **k: launch  # noqa: E731
     assert isinstance(gemm.linear_unreduced(inner, w, launch), gemm.SplitSums)
-    monkeypatch.setenv(experimental.ENV, "fused-reduce")
-    got = ops.linear_add_rmsnorm(x, inner, w, None, nw, 1e-6)
-    monkeypatch.delenv(experimental.ENV)
-    unfused = ops.linear_add_rmsnorm(x, inner, w, None, nw, 1e-6)
+    got = fused.TritonOps(gemm_config=pick).linear_add_rmsnorm(x, inner, w, None, nw, 1e-6)
+    unfused = fused.TritonOps(gemm_config=pick, fused_reduce=False).linear_add_rmsnorm(x, inner, w, None, nw, 1e-6)
     assert torch.equal(got[0], unfused[0]) and torch.equal(got[1], unfused[1])
     want = TORCH_OPS.linear_add_rmsnorm(x, inner, w, None, nw, 1e-6)
     for a, b in zip(got, want):

@@ -10,7 +10,7 @@ from ddtree_bench.engine.gpu.kernels import experimental, pdl
 from ddtree_bench.errors import UsageError
 
 
-@pytest.mark.parametrize("value", [None, "", "fused-reduce", " , "])
+@pytest.mark.parametrize("value", [None, "", "rope-tiles", " , "])
 def test_pdl_is_off_unless_named(monkeypatch, value):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if value is None:
@@ -22,8 +22,8 @@ def test_pdl_is_off_unless_named(monkeypatch, value):
 
 
 def test_pdl_needs_cuda_and_a_compiler(monkeypatch):
-    monkeypatch.setenv(experimental.ENV, "fused-reduce, pdl")
-    assert experimental.enabled("pdl") and experimental.enabled("fused-reduce")
+    monkeypatch.setenv(experimental.ENV, "rope-tiles, pdl")
+    assert experimental.enabled("pdl") and experimental.enabled("rope-tiles")
     assert not pdl.enabled("cpu")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not pdl.enabled("cuda")
@@ -31,5 +31,5 @@ def test_pdl_needs_cuda_and_a_compiler(monkeypatch):
 
 def test_an_unknown_feature_is_a_usage_error_naming_the_known_ones(monkeypatch):
     monkeypatch.setenv(experimental.ENV, "pdl,turbo")
-    with pytest.raises(UsageError, match="unknown feature.*turbo.*known: pdl, fused-reduce"):
+    with pytest.raises(UsageError, match="unknown feature.*turbo.*known: pdl, split-cap"):
         experimental.enabled("pdl")

@@ -62,6 +62,7 @@ NEG_BIG = -1.0e30        # running-max start: finite, so a range with nothing vi
 # the split-KV combine as a second launch (False) or folded into the attention launch (True); which wins on an H200
 # is what benchmarks/gpu_attention_tune.py measures (docs/gpu-performance.md)
 FOLD = False
+COMBINE_ROWS = 1         # query rows per combine program (combine_rows)
 COUNTERS_MIN = 4096      # int32 counters allocated at least (one per KV head x row block of a folded launch)
 _COUNTERS: dict[str, list[torch.Tensor]] = {}
 
@@ -183,32 +184,57 @@ if triton is not None:
     @triton.jit(do_not_specialize=["M", "T", "n_split"])
     def _combine_kernel(PACC, PM, PL, O, LIVE, M, T, G, n_split, n_heads, sot,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, SP: tl.constexpr, T_MAJOR: tl.constexpr = False,
-                        USE_GDC: tl.constexpr = False, CAP: tl.constexpr = False):
-        """One program per (KV head, query row): every range's (m, l, acc) loaded at once and reduced (CAP: only
-        the ranges the capped launch used, from LIVE). Rows fold (query head in the group, t) g-major
-        (row = g*T + t), or t-major (row = t*G + g: tree_attention.py)."""
+                        USE_GDC: tl.constexpr = False, CAP: tl.constexpr = False, ROWS: tl.constexpr = 1):
+        """One program per (KV head, ROWS query rows): the ranges' maxima loaded at once, then each range's
+        (l, acc) weighted and summed in range order (CAP: only the ranges the capped launch used, from LIVE).
+        Rows fold (query head in the group, t) g-major (row = g*T + t), or t-major (row = t*G + g: tree_attention.py)."""
         pdl.enter(USE_GDC)
         h = tl.program_id(0)
-        row = tl.program_id(1)
+        rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+        rmask = rows < M
         sp = tl.arange(0, SP)
         if CAP:
-            smask = sp < _ranges_used(tl.load(LIVE).to(tl.int32), M, n_split)
+            used = _ranges_used(tl.load(LIVE).to(tl.int32), M, n_split)
         else:
-            smask = sp < n_split
-        base = (sp * n_heads + h) * M + row
-        ms = tl.load(PM + base, mask=smask, other=-1.0e30)   # NEG_BIG: a range with nothing visible weighs 0
-        ls = tl.load(PL + base, mask=smask, other=0.0)
-        w = tl.exp(ms - tl.max(ms, axis=0))
+            used = n_split
+        mall = tl.load(PM + (sp[:, None] * n_heads + h) * M + rows[None, :],
+                       mask=(sp < used)[:, None] & rmask[None, :], other=-1.0e30)   # NEG_BIG: a range with nothing visible weighs 0
+        m = tl.max(mall, axis=0)
         dims = tl.arange(0, BLOCK_D)
-        a = tl.load(PACC + base[:, None] * BLOCK_D + dims[None, :], mask=smask[:, None], other=0.0)
-        out = tl.sum(a * w[:, None], axis=0) / tl.sum(ls * w, axis=0)
+        acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
+        den = tl.zeros((ROWS,), dtype=tl.float32)
+        for s in range(0, used):
+            base = (s * n_heads + h) * M + rows
+            w = tl.exp(tl.load(PM + base, mask=rmask, other=-1.0e30) - m)
+            den += tl.load(PL + base, mask=rmask, other=0.0) * w
+            acc += tl.load(PACC + base[:, None] * BLOCK_D + dims[None, :], mask=rmask[:, None], other=0.0) * w[:, None]
+        out = acc / tl.where(rmask, den, 1.0)[:, None]
         if T_MAJOR:
-            t = row // G
-            g = row - t * G
+            t = rows // G
+            g = rows - t * G
         else:
-            g = row // T
-            t = row - g * T
-        tl.store(O + t * sot + (h * G + g) * D + dims, out.to(O.dtype.element_ty), mask=dims < D)
+            g = rows // T
+            t = rows - g * T
+        tl.store(O + t[:, None] * sot + (h * G + g)[:, None] * D + dims[None, :], out.to(O.dtype.element_ty),
+                 mask=rmask[:, None] & (dims < D)[None, :])
+
+
+def combine_rows(M: int) -> int:
+    """Query rows per program of the split-KV combine: COMBINE_ROWS (DDTREE_COMBINE_ROWS in an A/B), at most M's
+    power of two. One row per program launched M x Hkv programs of a few KB each: 2080 at n = 64, where the
+    combine took 7.5 us a layer on the H200 (docs/gpu-performance.md)."""
+    return min(_pow2(M), _pow2(experimental.knob("COMBINE_ROWS", COMBINE_ROWS)))
+
+
+def combine(pacc, pm, pl, out, live, M: int, T: int, G: int, n_split: int, t_major: bool = False, cap: bool = False):
+    """The second launch of a split launch: out from every range's partials (pacc [n_split, Hkv, M, BLOCK_D],
+    pm / pl [n_split, Hkv, M]); shared by live_attend and tree_attention."""
+    Hkv, BD = pacc.shape[1], pacc.shape[-1]
+    rows = combine_rows(M)
+    _combine_kernel[(Hkv, triton.cdiv(M, rows))](pacc, pm, pl, out, live, M, T, G, n_split, Hkv, out.shape[1],
+                                                 D=out.shape[1] // (Hkv * G), BLOCK_D=BD, SP=_pow2(n_split),
+                                                 T_MAJOR=t_major, CAP=cap, ROWS=rows, num_warps=4,
+                                                 **pdl.gdc_options(out.device))
 
 
 def wanted(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -305,6 +331,5 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
                             IEEE=q.dtype == torch.float32, FOLD=fold, CAP=cap, num_warps=warps,
                             num_stages=1 if q.dtype == torch.float32 else 2, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
-        _combine_kernel[(Hkv, M)](pacc, pm, pl, out, live, M, T, G, ns, Hkv, Hq * D, D=D, BLOCK_D=BD, SP=_pow2(ns),
-                                  CAP=cap, num_warps=4, **pdl.gdc_options(q.device))
+        combine(pacc, pm, pl, out, live, M, T, G, ns, cap=cap)
     return out

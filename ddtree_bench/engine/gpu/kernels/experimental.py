@@ -1,10 +1,12 @@
 """GPU features that are written and tested on a CPU but have not run on a GPU yet: off until named.
 
-DDTREE_GPU_EXPERIMENTAL is a comma-separated list of FEATURES, e.g. `DDTREE_GPU_EXPERIMENTAL=pdl,fused-reduce`;
+DDTREE_GPU_EXPERIMENTAL is a comma-separated list of FEATURES, e.g. `DDTREE_GPU_EXPERIMENTAL=pdl,rope-tiles`;
 `enabled(name)` says whether one is on. A feature leaves this list, and becomes the default, when an H200
 run has shown it correct (its GPU tests) and faster (benchmarks/gpu_gemm.sh EXPERIMENTAL=...; the figures
 go to docs/gpu-performance.md). A name not in FEATURES is bad input (UsageError: exit 2 from the CLI).
-Knows nothing of what the features do.
+Beside the on/off features, KNOBS are integer settings an A/B (benchmarks/gpu_verify_ab.py) varies before one
+becomes the code's constant: `knob(name)` reads DDTREE_<NAME> (a positive integer) or returns the default the
+kernel passes. Knows nothing of what the features do.
 """
 
 from __future__ import annotations
@@ -15,11 +17,29 @@ from functools import lru_cache
 ENV = "DDTREE_GPU_EXPERIMENTAL"
 FEATURES = {
     "pdl": "programmatic dependent launch, with the weight GEMM's L2 prefetch (kernels/pdl.py)",
-    "fused-reduce": "a split-K GEMM's partials summed by the residual add + RMSNorm that reads them (kernels/layer_ops.py)",
     "split-cap": "live attention's split-KV ranges capped on the device so their partials never outweigh the K/V (kernels/attention.py)",
     "rope-tiles": "q/k norm + RoPE + K/V write over a tile of heads per program, not one head (kernels/layer_ops.py)",
-    "l2-prefetch": "o_proj's weight pulled into L2 on a parallel branch while RoPE and attention run (kernels/l2_prefetch.py)",
 }
+
+
+KNOBS = {
+    "COMBINE_ROWS": "query rows per program of the split-KV combine (kernels/attention.py)",
+    "TREE_RANGES_TO": "folded rows up to which the tree kernel splits the prefix in 4 ranges (kernels/tree_attention.py)",
+}
+
+
+def knob(name: str, default: int) -> int:
+    """DDTREE_<name> as a positive integer, or `default` where unset; anything else is bad input (UsageError)."""
+    if name not in KNOBS:
+        raise KeyError(name)
+    raw = os.environ.get(f"DDTREE_{name}", "")
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        from ddtree_bench.errors import UsageError
+
+        raise UsageError(f"DDTREE_{name} must be a positive integer, got {raw!r}")
+    return int(raw)
 
 
 def requested() -> frozenset[str]:

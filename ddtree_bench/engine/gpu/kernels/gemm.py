@@ -10,7 +10,7 @@ per SM; each program streams its [BLOCK_N, K / split_k] slice of W through a `st
 and accumulates in fp32 on the tensor cores. With split_k > 1 the programs write fp32 partials and
 `_gemm_split_reduce` sums them (in range order, so the result does not depend on scheduling);
 `linear_unreduced` hands them on instead (`SplitSums`), for the residual add + RMSNorm that reads the
-projection to sum (layer_ops, "fused-reduce" in kernels/experimental.py). With PDL (kernels/pdl.py) a
+projection to sum (layer_ops.TritonOps.linear_add_rmsnorm, the default). With PDL (kernels/pdl.py) a
 program first prefetches its weight slice into L2, then waits for the kernel before it.
 
 `swiglu(x, gate_up, launch)` is the MLP's first GEMM with its activation in the epilogue: gate_up

@@ -173,12 +173,14 @@ def _launch_opts(device, warps: int) -> dict:
 class TritonOps(TorchOps):
     """The fused kernels; same signatures and (up to a few fp32 ulps) the same values as TorchOps.
     gemm_config(M, N, K, dtype, device, swiglu) picks the weight GEMMs' Triton launch shape or None for
-    cuBLAS (default: kernels/gemm.config, the H200 table; gemm.cublas_only: cuBLAS everywhere)."""
+    cuBLAS (default: kernels/gemm.config, the H200 table; gemm.cublas_only: cuBLAS everywhere). fused_reduce:
+    a split GEMM's partials are summed by the residual add + RMSNorm after it (linear_add_rmsnorm)."""
 
     name = "triton"
 
-    def __init__(self, gemm_config=gemm.config):
+    def __init__(self, gemm_config=gemm.config, fused_reduce: bool = True):
         self.gemm_config = gemm_config
+        self.fused_reduce = fused_reduce
 
     def rmsnorm(self, x, w, eps):
         if x.dim() != 2 or x.stride(-1) != 1:
@@ -248,13 +250,14 @@ class TritonOps(TorchOps):
         return super().swiglu(x, gate_up, b) if c is None else gemm.swiglu(x, gate_up, c)
 
     def linear_add_rmsnorm(self, x, inner, w, b, norm_w, eps):
-        """With "fused-reduce" (kernels/experimental.py) and a split GEMM, the residual add + RMSNorm kernel
-        sums the GEMM's partials itself (gemm.SplitSums: the same sum, in the same order, as the reduce
-        kernel it replaces, so the same bits) - one launch fewer per projection."""
+        """With fused_reduce and a split GEMM, the residual add + RMSNorm kernel sums the GEMM's partials itself
+        (gemm.SplitSums: the same sum, in the same order, as the reduce kernel it replaces, so the same bits) -
+        one launch fewer per projection; on the H200 1.2-2.1% off the whole forward at n <= 64, the same bits
+        (docs/gpu-performance.md, "H200, 2026-12-02, afternoon")."""
         c = self._gemm(inner, w, b, w.shape[0], False)
         if c is None:
             return self.add_rmsnorm(x, TorchOps.linear(self, inner, w, b), norm_w, eps)
-        fuse = c.split_k > 1 and experimental.enabled("fused-reduce") and x.dtype == inner.dtype and x.stride(-1) == 1
+        fuse = c.split_k > 1 and self.fused_reduce and x.dtype == inner.dtype and x.stride(-1) == 1
         d = gemm.linear_unreduced(inner, w, c) if fuse else gemm.linear(inner, w, c)
         if isinstance(d, gemm.SplitSums):
             return self._add_rmsnorm(x, None, norm_w, eps, sums=d)

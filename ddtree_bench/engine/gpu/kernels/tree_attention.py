@@ -38,12 +38,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ddtree_bench.engine.gpu.kernels.attention import (NEG_BIG, _combine_kernel, _last_of_block, _reduce_ranges,
-                                                       available, counters, n_split)
+from ddtree_bench.engine.gpu.kernels.attention import (NEG_BIG, _last_of_block, _reduce_ranges, available, combine,
+                                                       counters, n_split)
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
-from ddtree_bench.engine.gpu.kernels import pdl
+from ddtree_bench.engine.gpu.kernels import experimental, pdl
 
 LOG2E = 1.4426950408889634
+RANGES_TO = 384   # config(): folded rows up to which the prefix is split in 4 ranges (DDTREE_TREE_RANGES_TO in an A/B)
 # forward.py's auto choice takes this kernel from this many folded query rows (n >= 32 tree nodes at 4 query heads
 # per KV head) and the live-slot kernel below: on an H200 (8B shape, 1024-token prefix) its dense tree phase on
 # 64-row tiles won by 0.15 ms at n = 64 on wide and on deep (depth 15) trees alike and lost by 0.04 ms at n = 16;
@@ -77,7 +78,7 @@ def config(M: int, dtype: torch.dtype) -> Config:
     n = 64 / 128 and 256 / 512 and 1024, each band's edge between two tuned sizes so that a budget's B + 1 nodes
     land with its n): 64-row tiles (wgmma) with the dense tree phase to 1536 rows, over four prefix ranges while
     the row blocks alone are few; fp32 (the tests' twin check) single-stage."""
-    if M <= 384:
+    if M <= experimental.knob("TREE_RANGES_TO", RANGES_TO):
         c = Config(64, 64, 4, 2, tree_dense=True, ranges=4)
     elif M <= 1536:
         c = Config(64, 128, 4, 2, tree_dense=True, ranges=1)
@@ -295,8 +296,7 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
                             SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, TREE_DENSE=cfg.tree_dense,
                             FOLD=fold, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
-        _combine_kernel[(Hkv, M)](pacc, pm, pl, out, prefix, M, T, G, ns + 1, Hkv, Hq * D, D=D, BLOCK_D=D, SP=_pow2(ns + 1),
-                                  T_MAJOR=True, num_warps=4, **pdl.gdc_options(q.device))
+        combine(pacc, pm, pl, out, prefix, M, T, G, ns + 1, t_major=True)
     return out
 
 
