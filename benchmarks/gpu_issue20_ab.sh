@@ -10,12 +10,9 @@
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_issue20_ab.sh
 source "$(dirname "$0")/gpu_lib.sh"
 X=DDTREE_GPU_EXPERIMENTAL
-ARMS=${ARMS:-"default
-cr4 DDTREE_COMBINE_ROWS=4
-cr16 DDTREE_COMBINE_ROWS=16
-cr16tr DDTREE_COMBINE_ROWS=16 DDTREE_TREE_RANGES_TO=1536
-rope $X=rope-tiles
-cr16rope DDTREE_COMBINE_ROWS=16 $X=rope-tiles"}
+ARMS=${ARMS:-"after
+before DDTREE_TREE_RANGES_TO=384 DDTREE_COMBINE_ROWS_FROM=100000 DDTREE_ROPE_TILES_FROM=100000
+rows1 DDTREE_COMBINE_ROWS_FROM=100000"}
 if [ "${TESTS:-1}" = 1 ]; then
   step gpu tests
   timeout ${TESTS_TIMEOUT:-170} python3 -m pytest -p no:cacheprovider -m gpu -q -rf tests/engine/gpu/test_fused_triton.py \

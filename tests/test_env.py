@@ -10,8 +10,8 @@ def test_the_engine_knobs_are_recorded_as_set_and_left_out_when_unset(monkeypatc
     monkeypatch.delenv("DDTREE_GPU_EXPERIMENTAL", raising=False)
     monkeypatch.delenv("DDTREE_GEMM_TABLE", raising=False)
     assert environment()["engine_knobs"] == {}
-    monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", "pdl,rope-tiles")
+    monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", "pdl,split-cap")
     monkeypatch.setenv("DDTREE_GEMM_TABLE", "tables/h100.json")
-    assert engine_knobs() == {"DDTREE_GPU_EXPERIMENTAL": "pdl,rope-tiles", "DDTREE_GEMM_TABLE": "tables/h100.json"}
+    assert engine_knobs() == {"DDTREE_GPU_EXPERIMENTAL": "pdl,split-cap", "DDTREE_GEMM_TABLE": "tables/h100.json"}
     monkeypatch.setenv("DDTREE_GEMM_TABLE", "")
-    assert engine_knobs() == {"DDTREE_GPU_EXPERIMENTAL": "pdl,rope-tiles"}
+    assert engine_knobs() == {"DDTREE_GPU_EXPERIMENTAL": "pdl,split-cap"}

@@ -358,15 +358,15 @@ def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
 @pytest.mark.gpu
 @triton_only
 def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
-    """config()'s bands (the H200 tuning's winners): dense 64-row tiles over four prefix ranges up to 384 folded rows,
-    64 x 128 tiles over one range up to 1536, n_split's count above. A launch with the default shape gives the bits of the same shape
+    """config()'s bands (the H200 tuning's and A/B's winners): dense 64-row tiles over four prefix ranges up to 768
+    folded rows, 64 x 128 tiles over one range up to 1536, n_split's count above. A launch with the default shape gives the bits of the same shape
     launched with those ranges as `splits` (so the ranges are the ones used, not n_split's 16 here), clamped to
     one range per block_n slots of the cache, and SDPA's values."""
     from ddtree_bench.engine.gpu.kernels.attention import n_split
     from ddtree_bench.engine.gpu.kernels.tree_attention import config, tree_attend
 
     assert [(c.block_m, c.block_n, c.tree_dense, c.ranges) for c in map(lambda M: config(M, torch.bfloat16),
-            (4, 384, 385, 1536, 1537))] == [(64, 64, True, 4)] * 2 + [(64, 128, True, 1)] * 2 + [(64, 64, False, None)]
+            (4, 768, 769, 1536, 1537))] == [(64, 64, True, 4)] * 2 + [(64, 128, True, 1)] * 2 + [(64, 64, False, None)]
     assert config(256, torch.float32).stages == 1 and config(256, torch.bfloat16).stages == 2
     B, Hq, Hkv = 20, 4, 2
     for S in (1024, 128):   # 16 slot tiles, 14 of them prefix: 4 ranges; 2 tiles: 2 ranges
@@ -521,16 +521,16 @@ def test_the_wide_tree_tiles_on_a_built_tree_match_compile_trees_bias():
 
 @pytest.mark.gpu
 @triton_only
-@pytest.mark.parametrize("rows", ["1", "4", "16"])
-def test_the_combine_over_several_rows_per_program_equals_sdpa_live_and_tree(monkeypatch, rows):
-    """The split-KV combine at 1, 4 and 16 query rows per program (DDTREE_COMBINE_ROWS), on row counts that are not
-    a multiple of them (the last block masked), g-major (live) and t-major (tree) rows: the same values as SDPA
-    each time."""
+@pytest.mark.parametrize("rows_from", ["1", "100000"])
+def test_the_combine_over_16_rows_per_program_equals_sdpa_live_and_tree(monkeypatch, rows_from):
+    """The split-KV combine at 16 query rows per program (DDTREE_COMBINE_ROWS_FROM=1 takes it at any M) and at one,
+    on row counts that are not a multiple of 16 (the last block masked), g-major (live) and t-major (tree) rows:
+    the same values as SDPA each time."""
     from ddtree_bench.engine.gpu.kernels import attention
     from ddtree_bench.engine.gpu.kernels.tree_attention import tree_attend
 
-    monkeypatch.setenv("DDTREE_COMBINE_ROWS", rows)
-    assert attention.combine_rows(1000) == int(rows) and attention.combine_rows(3) == min(int(rows), 4)
+    monkeypatch.setenv("DDTREE_COMBINE_ROWS_FROM", rows_from)
+    assert attention.combine_rows(42) == (16 if rows_from == "1" else 1)
     case = _built_tree(L=5, V=64, B=20, S=128, D=32, start=30, seed=5)   # M = 2 * 21 = 42 folded rows
     got = tree_attend(case.q, case.k, case.v, case.path, case.pos, case.start, splits=3)
     torch.testing.assert_close(got, case.want(), **_tol(torch.float32))
@@ -544,12 +544,13 @@ def test_the_combine_over_several_rows_per_program_equals_sdpa_live_and_tree(mon
     torch.testing.assert_close(got, want, **_tol(torch.float32))
 
 
-def test_the_combine_rows_knob_is_checked(monkeypatch):
+def test_the_combine_takes_16_rows_from_its_edge_and_the_knob_is_checked(monkeypatch):
     from ddtree_bench.engine.gpu.kernels import attention
     from ddtree_bench.errors import UsageError
 
-    monkeypatch.delenv("DDTREE_COMBINE_ROWS", raising=False)
-    assert attention.combine_rows(500) == attention.COMBINE_ROWS
-    monkeypatch.setenv("DDTREE_COMBINE_ROWS", "0")
+    monkeypatch.delenv("DDTREE_COMBINE_ROWS_FROM", raising=False)
+    edge = attention.COMBINE_ROWS_FROM
+    assert attention.combine_rows(edge - 1) == 1 and attention.combine_rows(edge) == attention.COMBINE_ROWS == 16
+    monkeypatch.setenv("DDTREE_COMBINE_ROWS_FROM", "0")
     with pytest.raises(UsageError):
         attention.combine_rows(500)

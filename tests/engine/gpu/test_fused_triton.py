@@ -13,7 +13,6 @@ import torch
 from ddtree_bench.engine.gpu import fused
 from ddtree_bench.engine.gpu.fused import TORCH_OPS
 from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
-from ddtree_bench.engine.gpu.kernels import experimental
 from ddtree_bench.engine.gpu.tree_ops import verify_visible
 from ddtree_bench.engine.loading import random_pair
 
@@ -65,10 +64,10 @@ def test_triton_silu_mul_matches_the_twin(dtype, T, I):
                                                (6, 4, 4, 64, False), (3, 6, 2, 48, True), (2, 12, 2, 32, True)])
 @pytest.mark.parametrize("tiles", [False, True], ids=["head", "tiles"])
 def test_triton_qkv_rope_matches_the_twin_and_writes_only_its_slots(dtype, T, n_q, n_kv, D, norm, tiles, monkeypatch):
-    """Both kernels: one head per program, and a tile of ROPE_HEADS heads ("rope-tiles"), whose tiles here
-    straddle the q/k boundary (12 + 2 heads: the second tile holds q and k heads) or hold k heads only."""
-    if tiles:
-        monkeypatch.setenv(experimental.ENV, "rope-tiles")
+    """Both kernels (forced by DDTREE_ROPE_TILES_FROM whatever T): one head per program, and a tile of ROPE_HEADS
+    heads, whose tiles here straddle the q/k boundary (12 + 2 heads: the second tile holds q and k heads) or hold
+    k heads only."""
+    monkeypatch.setenv("DDTREE_ROPE_TILES_FROM", "1" if tiles else "100000")
     dt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(D + T)
     rnd = lambda *s: torch.randn(*s, generator=g).to(DEV, dt)  # noqa: E731
@@ -123,3 +122,31 @@ def test_the_self_test_passes_at_the_real_head_dim():
     """ops_for's gate (fused.self_test) compares every Triton op with the twin at head dim 128, the
     real models' (it used 16, where a kernel bug at 128 lanes could hide)."""
     assert fused.self_test(fused.TritonOps(), DEV, torch.float32) is None
+
+
+def test_qkv_rope_takes_the_head_tiles_from_their_edge(monkeypatch):
+    """Below ROPE_TILES_FROM tokens one program per (token, head), from it the tiles (the H200 A/B's band rule);
+    the launch is recorded, not run, so this holds on any machine with Triton."""
+    from ddtree_bench.engine.gpu.kernels import layer_ops
+
+    if layer_ops.triton is None:
+        pytest.skip("needs Triton")
+    launched = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **k: launched.append((self.name, grid))
+
+    monkeypatch.setattr(layer_ops, "_qkv_rope_kernel", Recorder("head"))
+    monkeypatch.setattr(layer_ops, "_qkv_rope_tiles_kernel", Recorder("tiles"))
+    monkeypatch.delenv("DDTREE_ROPE_TILES_FROM", raising=False)
+    n_q, n_kv, D = 4, 2, 16
+    for T in (layer_ops.ROPE_TILES_FROM - 1, layer_ops.ROPE_TILES_FROM):
+        qkv, cos = torch.zeros(T, (n_q + 2 * n_kv) * D), torch.zeros(T, D)
+        cache = torch.zeros(n_kv, T + 4, D)
+        fused.TritonOps().qkv_rope(qkv, n_q, n_kv, torch.ones(D), torch.ones(D), 1e-6, cos, cos.clone(), cache,
+                                   cache.clone(), torch.tensor(0))
+    assert launched == [("head", (layer_ops.ROPE_TILES_FROM - 1, n_q + n_kv)), ("tiles", (layer_ops.ROPE_TILES_FROM, 1))]

@@ -10,7 +10,7 @@ from ddtree_bench.engine.gpu.kernels import experimental, pdl
 from ddtree_bench.errors import UsageError
 
 
-@pytest.mark.parametrize("value", [None, "", "rope-tiles", " , "])
+@pytest.mark.parametrize("value", [None, "", "split-cap", " , "])
 def test_pdl_is_off_unless_named(monkeypatch, value):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if value is None:
@@ -22,8 +22,8 @@ def test_pdl_is_off_unless_named(monkeypatch, value):
 
 
 def test_pdl_needs_cuda_and_a_compiler(monkeypatch):
-    monkeypatch.setenv(experimental.ENV, "rope-tiles, pdl")
-    assert experimental.enabled("pdl") and experimental.enabled("rope-tiles")
+    monkeypatch.setenv(experimental.ENV, "split-cap, pdl")
+    assert experimental.enabled("pdl") and experimental.enabled("split-cap")
     assert not pdl.enabled("cpu")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not pdl.enabled("cuda")

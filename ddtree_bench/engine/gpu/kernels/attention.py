@@ -62,7 +62,8 @@ NEG_BIG = -1.0e30        # running-max start: finite, so a range with nothing vi
 # the split-KV combine as a second launch (False) or folded into the attention launch (True); which wins on an H200
 # is what benchmarks/gpu_attention_tune.py measures (docs/gpu-performance.md)
 FOLD = False
-COMBINE_ROWS = 1         # query rows per combine program (combine_rows)
+COMBINE_ROWS = 16        # query rows per combine program from COMBINE_ROWS_FROM folded rows (combine_rows)
+COMBINE_ROWS_FROM = 512
 COUNTERS_MIN = 4096      # int32 counters allocated at least (one per KV head x row block of a folded launch)
 _COUNTERS: dict[str, list[torch.Tensor]] = {}
 
@@ -185,9 +186,10 @@ if triton is not None:
     def _combine_kernel(PACC, PM, PL, O, LIVE, M, T, G, n_split, n_heads, sot,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, SP: tl.constexpr, T_MAJOR: tl.constexpr = False,
                         USE_GDC: tl.constexpr = False, CAP: tl.constexpr = False, ROWS: tl.constexpr = 1):
-        """One program per (KV head, ROWS query rows): the ranges' maxima loaded at once, then each range's
-        (l, acc) weighted and summed in range order (CAP: only the ranges the capped launch used, from LIVE).
-        Rows fold (query head in the group, t) g-major (row = g*T + t), or t-major (row = t*G + g: tree_attention.py)."""
+        """One program per (KV head, ROWS query rows): every range's (m, l, acc) reduced (CAP: only the ranges the
+        capped launch used, from LIVE). ROWS = 1 loads every range at once; ROWS > 1 loads the ranges' maxima at
+        once, then weighs and sums each range's (l, acc) in range order. Rows fold (query head in the group, t)
+        g-major (row = g*T + t), or t-major (row = t*G + g: tree_attention.py)."""
         pdl.enter(USE_GDC)
         h = tl.program_id(0)
         rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
@@ -197,18 +199,28 @@ if triton is not None:
             used = _ranges_used(tl.load(LIVE).to(tl.int32), M, n_split)
         else:
             used = n_split
-        mall = tl.load(PM + (sp[:, None] * n_heads + h) * M + rows[None, :],
-                       mask=(sp < used)[:, None] & rmask[None, :], other=-1.0e30)   # NEG_BIG: a range with nothing visible weighs 0
-        m = tl.max(mall, axis=0)
         dims = tl.arange(0, BLOCK_D)
-        acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
-        den = tl.zeros((ROWS,), dtype=tl.float32)
-        for s in range(0, used):
-            base = (s * n_heads + h) * M + rows
-            w = tl.exp(tl.load(PM + base, mask=rmask, other=-1.0e30) - m)
-            den += tl.load(PL + base, mask=rmask, other=0.0) * w
-            acc += tl.load(PACC + base[:, None] * BLOCK_D + dims[None, :], mask=rmask[:, None], other=0.0) * w[:, None]
-        out = acc / tl.where(rmask, den, 1.0)[:, None]
+        if ROWS == 1:
+            row = tl.program_id(1)
+            smask = sp < used
+            base = (sp * n_heads + h) * M + row
+            ms = tl.load(PM + base, mask=smask, other=-1.0e30)   # NEG_BIG: a range with nothing visible weighs 0
+            ls = tl.load(PL + base, mask=smask, other=0.0)
+            w = tl.exp(ms - tl.max(ms, axis=0))
+            a = tl.load(PACC + base[:, None] * BLOCK_D + dims[None, :], mask=smask[:, None], other=0.0)
+            out = (tl.sum(a * w[:, None], axis=0) / tl.sum(ls * w, axis=0))[None, :]
+        else:
+            mall = tl.load(PM + (sp[:, None] * n_heads + h) * M + rows[None, :],
+                           mask=(sp < used)[:, None] & rmask[None, :], other=-1.0e30)
+            m = tl.max(mall, axis=0)
+            acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
+            den = tl.zeros((ROWS,), dtype=tl.float32)
+            for s in range(0, used):
+                base = (s * n_heads + h) * M + rows
+                w = tl.exp(tl.load(PM + base, mask=rmask, other=-1.0e30) - m)
+                den += tl.load(PL + base, mask=rmask, other=0.0) * w
+                acc += tl.load(PACC + base[:, None] * BLOCK_D + dims[None, :], mask=rmask[:, None], other=0.0) * w[:, None]
+            out = acc / tl.where(rmask, den, 1.0)[:, None]
         if T_MAJOR:
             t = rows // G
             g = rows - t * G
@@ -220,10 +232,11 @@ if triton is not None:
 
 
 def combine_rows(M: int) -> int:
-    """Query rows per program of the split-KV combine: COMBINE_ROWS (DDTREE_COMBINE_ROWS in an A/B), at most M's
-    power of two. One row per program launched M x Hkv programs of a few KB each: 2080 at n = 64, where the
-    combine took 7.5 us a layer on the H200 (docs/gpu-performance.md)."""
-    return min(_pow2(M), _pow2(experimental.knob("COMBINE_ROWS", COMBINE_ROWS)))
+    """Query rows per program of the split-KV combine: COMBINE_ROWS from COMBINE_ROWS_FROM folded rows
+    (DDTREE_COMBINE_ROWS_FROM in an A/B), else one. In one-process A/B on the H200 (docs/gpu-performance.md,
+    "H200, 2026-12-02, afternoon") 16 rows were even at n = 64 (M = 260) and 1-6% slower at n <= 16, and with the
+    tree kernel's 4 prefix ranges at n = 128 (M = 516: 4128 one-row programs) they took 2.2-2.5% off the forward."""
+    return COMBINE_ROWS if M >= experimental.knob("COMBINE_ROWS_FROM", COMBINE_ROWS_FROM) else 1
 
 
 def combine(pacc, pm, pl, out, live, M: int, T: int, G: int, n_split: int, t_major: bool = False, cap: bool = False):

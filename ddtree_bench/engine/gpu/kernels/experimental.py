@@ -1,6 +1,6 @@
 """GPU features that are written and tested on a CPU but have not run on a GPU yet: off until named.
 
-DDTREE_GPU_EXPERIMENTAL is a comma-separated list of FEATURES, e.g. `DDTREE_GPU_EXPERIMENTAL=pdl,rope-tiles`;
+DDTREE_GPU_EXPERIMENTAL is a comma-separated list of FEATURES, e.g. `DDTREE_GPU_EXPERIMENTAL=pdl,split-cap`;
 `enabled(name)` says whether one is on. A feature leaves this list, and becomes the default, when an H200
 run has shown it correct (its GPU tests) and faster (benchmarks/gpu_gemm.sh EXPERIMENTAL=...; the figures
 go to docs/gpu-performance.md). A name not in FEATURES is bad input (UsageError: exit 2 from the CLI).
@@ -18,13 +18,13 @@ ENV = "DDTREE_GPU_EXPERIMENTAL"
 FEATURES = {
     "pdl": "programmatic dependent launch, with the weight GEMM's L2 prefetch (kernels/pdl.py)",
     "split-cap": "live attention's split-KV ranges capped on the device so their partials never outweigh the K/V (kernels/attention.py)",
-    "rope-tiles": "q/k norm + RoPE + K/V write over a tile of heads per program, not one head (kernels/layer_ops.py)",
 }
 
 
 KNOBS = {
-    "COMBINE_ROWS": "query rows per program of the split-KV combine (kernels/attention.py)",
+    "COMBINE_ROWS_FROM": "folded rows from which the split-KV combine takes 16 rows per program (kernels/attention.py)",
     "TREE_RANGES_TO": "folded rows up to which the tree kernel splits the prefix in 4 ranges (kernels/tree_attention.py)",
+    "ROPE_TILES_FROM": "tokens from which q/k norm + RoPE runs a tile of heads per program (kernels/layer_ops.py)",
 }
 
 

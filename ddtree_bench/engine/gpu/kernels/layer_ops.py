@@ -5,9 +5,9 @@ twin (ops.TorchOps), which each method falls back to for layouts the kernels do 
 The kernels round where PyTorch rounds: after every op PyTorch runs in the activation dtype (bf16
 products and sums round to bf16; fp32 statistics stay fp32), so they agree with the twin except for
 the summation order of RMSNorm's mean of squares and the fp32 exp/rsqrt of the hardware.
-The q/k norm + RoPE kernel comes in two launch shapes with the same values: one program per (token,
-head), and with "rope-tiles" (kernels/experimental.py, off until an H200 has timed it) one program per
-(token, ROPE_HEADS heads) over [heads, D/2] tiles, which loads the token's cos/sin once for its heads.
+The q/k norm + RoPE kernel comes in two launch shapes with the twin's values (not each other's bits): one
+program per (token, head) below ROPE_TILES_FROM tokens, and from there one program per (token, ROPE_HEADS
+heads) over [heads, D/2] tiles, which loads the token's cos/sin once for its heads.
 Needs Triton (CUDA, or the CPU interpreter in tests); knows nothing of models.
 """
 
@@ -155,10 +155,13 @@ if triton is not None:
         tl.store(Y + t * sy + j, (s * u).to(Y.dtype.element_ty), mask=m)
 
 
-# "rope-tiles" (kernels/experimental.py): heads per program and warps of _qkv_rope_tiles_kernel; the one-head
-# kernel's 40 one-warp programs per token cap an H200 at 32 resident programs per SM (docs/gpu-performance.md)
+# heads per program and warps of _qkv_rope_tiles_kernel, and the tokens from which it runs (DDTREE_ROPE_TILES_FROM in
+# an A/B): the one-head kernel's 40 one-warp programs per token cap an H200 at 32 resident programs per SM; in one-process
+# A/B on the H200 the tiles took 0.5-2.1% off the whole forward at n = 256-1024 and added 1.1-1.8% at n = 1-64
+# (docs/gpu-performance.md, "H200, 2026-12-02, afternoon"); the edge sits between 128 (even) and 256
 ROPE_HEADS = 8
 ROPE_WARPS = 2
+ROPE_TILES_FROM = 192
 
 
 def _warps(block: int) -> int:
@@ -218,7 +221,7 @@ class TritonOps(TorchOps):
         args = (qkv, qkv.stride(0), q_w if norm else qkv, k_w if norm else qkv, cos, sin, cos.stride(0),
                 q if n_q else qkv, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), start, T, n_q, n_kv, eps)
         consts = dict(HALF=D // 2, HB=triton.next_power_of_2(D // 2), HAS_NORM=norm)
-        if experimental.enabled("rope-tiles"):
+        if T >= experimental.knob("ROPE_TILES_FROM", ROPE_TILES_FROM):
             _qkv_rope_tiles_kernel[(T, triton.cdiv(n_q + n_kv, ROPE_HEADS))](
                 *args, HG=ROPE_HEADS, **consts, **_launch_opts(qkv.device, ROPE_WARPS))
         else:

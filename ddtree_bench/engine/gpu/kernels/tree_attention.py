@@ -44,7 +44,7 @@ from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 from ddtree_bench.engine.gpu.kernels import experimental, pdl
 
 LOG2E = 1.4426950408889634
-RANGES_TO = 384   # config(): folded rows up to which the prefix is split in 4 ranges (DDTREE_TREE_RANGES_TO in an A/B)
+RANGES_TO = 768   # config(): folded rows up to which the prefix is split in 4 ranges (DDTREE_TREE_RANGES_TO in an A/B)
 # forward.py's auto choice takes this kernel from this many folded query rows (n >= 32 tree nodes at 4 query heads
 # per KV head) and the live-slot kernel below: on an H200 (8B shape, 1024-token prefix) its dense tree phase on
 # 64-row tiles won by 0.15 ms at n = 64 on wide and on deep (depth 15) trees alike and lost by 0.04 ms at n = 16;
@@ -76,8 +76,9 @@ def config(M: int, dtype: torch.dtype) -> Config:
     """The launch shape for M folded rows, from the H200 tuning table (docs/gpu-performance.md, "H200,
     2026-12-02": 8B shape, bf16, 1024-token prefix, 36 layers; the shape fastest on wide and deep trees together at
     n = 64 / 128 and 256 / 512 and 1024, each band's edge between two tuned sizes so that a budget's B + 1 nodes
-    land with its n): 64-row tiles (wgmma) with the dense tree phase to 1536 rows, over four prefix ranges while
-    the row blocks alone are few; fp32 (the tests' twin check) single-stage."""
+    land with its n): 64-row tiles (wgmma) with the dense tree phase to 1536 rows, over four prefix ranges up to
+    RANGES_TO rows (n = 128 too since the afternoon's one-process A/B: 2.2-2.5% off the forward there, with the
+    16-row combine; 0.5-3.6% slower at n = 256); fp32 (the tests' twin check) single-stage."""
     if M <= experimental.knob("TREE_RANGES_TO", RANGES_TO):
         c = Config(64, 64, 4, 2, tree_dense=True, ranges=4)
     elif M <= 1536:
