@@ -5,7 +5,7 @@
 # kernel families per n. ROWS picks the row counts (default every band), TESTS=1 also runs the GEMM GPU tests
 # first (EXTRA_TESTS: more test files), TABLE=<json> (or builtin: gemm.H200_TABLE) skips the tuning, PROFILE=0 the profile,
 # DEEP=1 repeats the profile on deep trees (profile_deep.txt),
-# EXPERIMENTAL=pdl,fused-reduce,... then repeats tests, tuning and bench with those features on
+# EXPERIMENTAL=pdl,split-cap then repeats tests, tuning and bench with those features on
 # (DDTREE_GPU_EXPERIMENTAL, kernels/experimental.py); EXPERIMENTAL_TUNE=0 benches them on $TABLE instead of a
 # retune, EACH=1 then benches each feature alone too (experimental_each.txt). With both TESTS=1 and EXPERIMENTAL,
 # split it in two calls (TESTS=1, then TABLE=builtin EXPERIMENTAL=...) to stay under a call's 10 minutes.

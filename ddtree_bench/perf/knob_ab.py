@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ddtree_bench.engine.gpu.graphs import no_gc
+from ddtree_bench.engine.gpu.graphs import capture
+from ddtree_bench.perf.timing import time_fn
 
 
 @dataclass(frozen=True)
@@ -79,15 +80,7 @@ class _Runner:
     def __init__(self, fn: Callable[[], Any], device: torch.device):
         self.fn, self.graph, self.out = fn, None, None
         if device.type == "cuda":
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                fn()
-                fn()
-            torch.cuda.current_stream().wait_stream(s)
-            self.graph = torch.cuda.CUDAGraph()
-            with no_gc(), torch.cuda.graph(self.graph):
-                self.out = fn()
+            self.graph, self.out = capture(fn)
             self.graph.replay()
         else:
             self.out = fn()
@@ -100,25 +93,6 @@ class _Runner:
             self.graph.replay()
         else:
             self.fn()
-
-
-def _time(runner: _Runner, device: torch.device, reps: int) -> float:
-    import time
-
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            runner.run()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter_ns()
-            runner.run()
-            times.append((time.perf_counter_ns() - t) / 1e6)
-    return statistics.median(times)
 
 
 @torch.inference_mode()
@@ -141,7 +115,7 @@ def run_ab(setup, arms: list[Arm], tokens: list[int], rounds: int = 7, reps: int
         for r in range(rounds):
             order = [(i + r) % len(arms) for i in range(len(arms))]
             for i in order:
-                per_round[i].append(_time(runners[i], device, reps))
+                per_round[i].append(time_fn(runners[i].run, device, reps=reps, warmup=0))
         meds = [statistics.median(x) for x in per_round]
         timings = [ArmTiming(a.name, m, max(x) - min(x), d, m / meds[0])
                    for a, m, x, d in zip(arms, meds, per_round, diffs)]

@@ -90,9 +90,8 @@ class Stage:
         self.out = None
 
 
-def replay_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3) -> float:
-    """Median ms of CUDA-graph replays of fn: two eager warmups on a side stream, one capture, then
-    `warmup` untimed and `reps` timed replays, each between two CUDA events."""
+def capture(fn: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """fn captured as a graph (two eager warmups on a side stream first): (graph, fn's outputs as the graph's static tensors)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -101,7 +100,14 @@ def replay_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3) -> float:
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with no_gc(), torch.cuda.graph(g):
-        fn()
+        out = fn()
+    return g, out
+
+
+def replay_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3) -> float:
+    """Median ms of CUDA-graph replays of fn: `capture`, then `warmup` untimed and `reps` timed replays,
+    each between two CUDA events."""
+    g, _ = capture(fn)
     for _ in range(warmup):
         g.replay()
     times = []

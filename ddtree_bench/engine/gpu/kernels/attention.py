@@ -234,8 +234,9 @@ if triton is not None:
 def combine_rows(M: int) -> int:
     """Query rows per program of the split-KV combine: COMBINE_ROWS from COMBINE_ROWS_FROM folded rows
     (DDTREE_COMBINE_ROWS_FROM in an A/B), else one. In one-process A/B on the H200 (docs/gpu-performance.md,
-    "H200, 2026-12-02, afternoon") 16 rows were even at n = 64 (M = 260) and 1-6% slower at n <= 16, and with the
-    tree kernel's 4 prefix ranges at n = 128 (M = 516: 4128 one-row programs) they took 2.2-2.5% off the forward."""
+    "H200, 2026-12-02, 04:00 UTC") 16 rows were even at n = 64 (M = 260) and 1-6% slower at n <= 16, and with the
+    tree kernel's 4 prefix ranges at n = 128 (M = 516: 4128 one-row programs) they took 2.2-2.5% off the forward,
+    where the same 4 ranges with one-row combines were 5.0-5.6% slower than with 16-row ones."""
     return COMBINE_ROWS if M >= experimental.knob("COMBINE_ROWS_FROM", COMBINE_ROWS_FROM) else 1
 
 

@@ -77,7 +77,7 @@ def config(M: int, dtype: torch.dtype) -> Config:
     2026-12-02": 8B shape, bf16, 1024-token prefix, 36 layers; the shape fastest on wide and deep trees together at
     n = 64 / 128 and 256 / 512 and 1024, each band's edge between two tuned sizes so that a budget's B + 1 nodes
     land with its n): 64-row tiles (wgmma) with the dense tree phase to 1536 rows, over four prefix ranges up to
-    RANGES_TO rows (n = 128 too since the afternoon's one-process A/B: 2.2-2.5% off the forward there, with the
+    RANGES_TO rows (n = 128 too since the one-process A/B of 2026-12-02, 04:00 UTC: 2.2-2.5% off the forward there, with the
     16-row combine; 0.5-3.6% slower at n = 256); fp32 (the tests' twin check) single-stage."""
     if M <= experimental.knob("TREE_RANGES_TO", RANGES_TO):
         c = Config(64, 64, 4, 2, tree_dense=True, ranges=4)
