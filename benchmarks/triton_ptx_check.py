@@ -242,6 +242,9 @@ if want("attention"):
     ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * 17, T=17, G=4,
                                                          n_split=3, n_heads=8, sot=4096),
                     dict(D=128, BLOCK_D=128, SP=4, T_MAJOR=True, USE_GDC=True)))
+    ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * 129, T=129, G=4,
+                                                         n_split=5, n_heads=8, sot=4096),   # 16 rows a program (n = 128)
+                    dict(D=128, BLOCK_D=128, SP=8, T_MAJOR=True, USE_GDC=False, ROWS=attention_triton.COMBINE_ROWS)))
     ok.append(check(tree_attention_triton._tree_attn_kernel,
                     dict(Q=bf16, K=bf16, V=bf16, PATH=i64, POS=i64, PREFIX=i64, O=bf16, PACC=bf16, PM=bf16, PL=bf16, COUNT=i64,
                          M=4 * 257, T=257, G=4, n_split=1, qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128,
