@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from ddtree_bench.errors import UsageError
 from ddtree_bench.perf.bench import BenchSpec, CurveSetup, load_bench_pair
 from ddtree_bench.perf.knob_ab import Arm, run_ab, table
 from ddtree_bench.perf.roofline import roofline_ms, weight_bytes_and_params
@@ -37,8 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=None, help="JSON file")
     a = ap.parse_args(argv)
-    arms = [Arm.parse(x) for x in a.arm]
-    tokens = [int(x) for x in a.tokens.split(",")]
+    try:
+        arms = [Arm.parse(x) for x in a.arm]
+        tokens = [int(x) for x in a.tokens.split(",")]
+    except (UsageError, ValueError) as e:
+        print(f"gpu_verify_ab: {e}", file=sys.stderr)
+        return 2
     spec = BenchSpec(shape=None if a.model else a.shape, model=a.model or "toy", device=a.device, dtype=a.dtype)
     target, drafter, _, info = load_bench_pair(spec)
     device = target.lm_head.weight.device

@@ -53,3 +53,25 @@ def test_run_ab_on_the_toy_pair(monkeypatch):
     assert "on" in seen and None in seen   # each arm's forward saw its own variables
     text = table(rows, roofline=lambda n: 1.0)
     assert "ref ms" in text and "x x" in text and "x /roof" in text and len(text.splitlines()) == 3
+
+
+def test_the_ab_script_on_the_toy_pair_writes_its_tables_and_json(tmp_path):
+    """benchmarks/gpu_verify_ab.py end to end on a CPU: a table per tree scale, one row per n, and the JSON with
+    every arm per n; a malformed arm is exit 2 with one line."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_verify_ab.py"
+    out = tmp_path / "ab.json"
+    args = [sys.executable, str(script), "--model", "toy", "--device", "cpu", "--dtype", "float32", "--prefix-len", "12",
+            "--tokens", "1,4", "--scales", "3,12", "--rounds", "1", "--reps", "1", "--arm", "a", "--arm", "b KNOB_X=1"]
+    r = subprocess.run(args + ["--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("## curve trees") == 2 and "b x" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["arms"] == [{"name": "a", "env": {}}, {"name": "b", "env": {"KNOB_X": "1"}}]
+    assert [[row["tokens"] for row in rows] for rows in doc["by_scale"].values()] == [[1, 4], [1, 4]]
+    bad = subprocess.run(args[:-2] + ["--arm", "b KNOB_X"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "KNOB_X" in bad.stderr
