@@ -4,7 +4,8 @@
 # checked against the defaults'), on wide and deep curve trees, then bench-engine's verify curve + profile of
 # the defaults (the n-by-n roofline table; PROFILE=0 skips it). ARMS overrides the arms (one per line: 'NAME
 # VAR=VALUE ...'); TESTS=0 skips the tests (EXTRA_TESTS: more pytest arguments); TMA_ROWS=128 also times the TMA
-# GEMM's forms against cuBLAS at those rows (tma.txt).
+# GEMM's forms against cuBLAS at those rows (tma.txt; TMA_MAX=N times at most N shapes per projection, since
+# compiling all of them outlasted a call).
 # Files under $OUT: session.txt, tests.txt, ab.txt, ab.json, ab_stderr.log, profile.txt, profile.json, stderr.log
 # [, tma.txt: with PROFILE=0, to stay within 8 files].
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_issue20_ab.sh
@@ -34,7 +35,7 @@ fi
 if [ -n "${TMA_ROWS:-}" ]; then   # the TMA GEMM's forms against cuBLAS at these rows (tma.txt)
   step "tma tune ($TMA_ROWS rows)"
   timeout ${TUNE_TIMEOUT:-200} python3 benchmarks/gpu_gemm_tune.py --rows "$TMA_ROWS" --tma-rows "$TMA_ROWS" \
-    --kernels tma,tma-flat,tma-ws > "$OUT/tma.txt" 2>&1
+    --kernels tma,tma-flat,tma-ws --max-candidates "${TMA_MAX:-0}" > "$OUT/tma.txt" 2>&1
   echo "tma tune exit $?" | tee -a "$LOG"
 fi
 step done
