@@ -1,12 +1,14 @@
-"""GPU features that are written and tested on a CPU but have not run on a GPU yet: off until named.
+"""GPU features that are off until named, and the integer settings an A/B varies.
 
 DDTREE_GPU_EXPERIMENTAL is a comma-separated list of FEATURES, e.g. `DDTREE_GPU_EXPERIMENTAL=pdl,split-cap`;
 `enabled(name)` says whether one is on. A feature leaves this list, and becomes the default, when an H200
-run has shown it correct (its GPU tests) and faster (benchmarks/gpu_gemm.sh EXPERIMENTAL=...; the figures
-go to docs/gpu-performance.md). A name not in FEATURES is bad input (UsageError: exit 2 from the CLI).
-Beside the on/off features, KNOBS are integer settings an A/B (benchmarks/gpu_verify_ab.py) varies before one
-becomes the code's constant: `knob(name)` reads DDTREE_<NAME> (a positive integer) or returns the default the
-kernel passes. Knows nothing of what the features do.
+run has shown it correct (its GPU tests) and faster (benchmarks/gpu_verify_ab.py: both arms in one process;
+the figures go to docs/gpu-performance.md); one that was slower goes (l2-prefetch did), unless it is kept for a
+re-measure on other GPUs, as the two left are (slower on the H200, 2026-12-02: pdl at every n, split-cap at n = 64). A name not in
+FEATURES is bad input (UsageError: exit 2 from the CLI).
+KNOBS are integer settings whose constants came from such an A/B: `knob(name, default)` reads DDTREE_<NAME>
+(a positive integer) or returns the constant the kernel passes, so the next A/B can move an edge without an
+edit. Knows nothing of what the features do.
 """
 
 from __future__ import annotations
