@@ -157,7 +157,8 @@ if triton is not None:
 
 # heads per program and warps of _qkv_rope_tiles_kernel, and the tokens from which it runs (DDTREE_ROPE_TILES_FROM in
 # an A/B): the one-head kernel's 40 one-warp programs per token cap an H200 at 32 resident programs per SM; in one-process
-# A/B on the H200 the tiles took 0.5-2.1% off the whole forward at n = 256-1024 and added 1.1-1.8% at n = 1-64
+# A/B on the H200 the tiles took 0.1-2.1% off the whole forward at n = 256-1024 (11 of 12 measurements; +0.4% in one)
+# and added 0.3-2.0% at n = 1-64
 # (docs/gpu-performance.md, "H200, 2026-12-02, 04:00 UTC"); the edge sits between 128 (even) and 256
 ROPE_HEADS = 8
 ROPE_WARPS = 2
@@ -255,7 +256,7 @@ class TritonOps(TorchOps):
     def linear_add_rmsnorm(self, x, inner, w, b, norm_w, eps):
         """With fused_reduce and a split GEMM, the residual add + RMSNorm kernel sums the GEMM's partials itself
         (gemm.SplitSums: the same sum, in the same order, as the reduce kernel it replaces, so the same bits) -
-        one launch fewer per projection; on the H200 1.2-2.1% off the whole forward at n <= 64, the same bits
+        one launch fewer per projection; on the H200 1.2-2.3% off the whole forward at n <= 64, the same bits
         (docs/gpu-performance.md, "H200, 2026-12-02, 04:00 UTC")."""
         c = self._gemm(inner, w, b, w.shape[0], False)
         if c is None:
