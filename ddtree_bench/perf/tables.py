@@ -15,7 +15,8 @@ def _f(x: Any, d: int = 3) -> Any:
 def profile_tables(prof: dict[str, dict[Any, dict[str, Any]]], top: int | None = None,
                    gemm_limit_ms: Callable[[int], float] | None = None) -> str:
     """bench-engine --profile: per column and n, the kernel time by family and the idle time between
-    kernels, then the top kernels (ms per forward, launches, share of the kernel time). gemm_limit_ms(n):
+    kernels, then the top kernels (ms per forward, launches, share of the kernel time) and, where the profile
+    has them (CUDA), the kernel pairs with the most idle time between them. gemm_limit_ms(n):
     the weight GEMMs' own roofline, for a "gemm x" column (gemm ms / that limit)."""
     from ddtree_bench.perf.profile import FAMILIES
 
@@ -39,6 +40,14 @@ def profile_tables(prof: dict[str, dict[Any, dict[str, Any]]], top: int | None =
             parts.append(f"\ntop kernels ({col}, n = {n}){f'; {more} more' if more > 0 else ''}:\n" + table(
                 [[k["name"][:70], k["family"], _f(k["ms"]), _f(k["launches"], 1), _f(100 * k["share"], 1)] for k in ks],
                 ["kernel", "family", "ms", "launches", "share %"]))
+            gaps = p.get("gaps") or []
+            if gaps:
+                gs = gaps[:top] if top else gaps
+                parts.append(f"\nidle between kernels ({col}, n = {n}): {_f(p.get('gaps_ms'))} ms per forward inside it, "
+                             f"largest pairs first:\n" + table(
+                                 [[g["after"][:40], g["before"][:40], _f(g["ms"]), _f(g["count"], 1),
+                                   _f(1e3 * g["ms"] / g["count"], 2) if g["count"] else None] for g in gs],
+                                 ["after", "before", "ms", "count", "us each"]))
     return "\n".join(parts)
 
 

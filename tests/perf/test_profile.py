@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree_bench.perf.profile import FAMILIES, family, kernel_profile, profile_kernels
+from ddtree_bench.perf.profile import FAMILIES, family, kernel_gaps, kernel_profile, profile_kernels
 from ddtree_bench.perf.tables import profile_tables
 
 
@@ -41,6 +41,21 @@ def test_fold_is_per_call_sorted_and_shares_sum_to_one():
     assert len(d["kernels"]) == 1 and d["kernels_total"] == 3
 
 
+def test_gaps_fall_between_kernels_inside_each_call_never_across_calls():
+    """Two replays of [a, b, c]: a 0-10, b 12-20 (2 us after a), c 19-25 (starts inside b: no gap); the second
+    replay 100 us later (that gap is between calls, not counted) with 3 us before b."""
+    spans = [("a", 0, 10), ("b", 12, 20), ("c", 19, 25), ("a", 125, 135), ("b", 138, 146), ("c", 146, 150)]
+    gaps = kernel_gaps(spans, reps=2)
+    assert [(g.after, g.before) for g in gaps] == [("a", "b"), ("b", "c")]
+    assert gaps[0].ms == pytest.approx(0.0025) and gaps[0].count == 1.0 and gaps[1].ms == 0.0
+    assert kernel_gaps(spans[:5], reps=2) == []   # the spans do not split into two equal calls
+    p = kernel_profile([(n, e - s, 1) for n, s, e in spans], reps=2, source="graph", wall_ms=0.05, spans=spans)
+    assert p.gaps_ms == pytest.approx(0.0025) and p.gaps == gaps
+    text = profile_tables({"graph": {16: p.to_dict(top=5)}})
+    assert "idle between kernels (graph, n = 16)" in text and "2.5" in text   # us each of the a -> b pair
+    assert kernel_profile([("a", 1.0, 1)], reps=1, source="cpu").gaps_ms is None
+
+
 def test_a_cpu_profile_names_the_matmul_and_the_tables_show_it():
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     p = profile_kernels(lambda: torch.softmax(a @ b, dim=-1), torch.device("cpu"), reps=3, wall_ms=1.0)
@@ -50,6 +65,7 @@ def test_a_cpu_profile_names_the_matmul_and_the_tables_show_it():
     assert p.families_ms["gemm"] > 0 and sum(k.share for k in p.kernels) == pytest.approx(1.0)
     text = profile_tables({"graph": {64: p.to_dict(top=5)}})
     assert "verify profile (graph)" in text and "top kernels (graph, n = 64)" in text and "aten::mm" in text
+    assert "idle between kernels" not in text   # a CPU profile has no device spans
 
 
 def test_verify_curve_with_profile_on_a_cpu():
