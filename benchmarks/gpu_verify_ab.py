@@ -5,7 +5,7 @@ Each --arm is 'NAME VAR=VALUE ...' (the first is the reference: its logits are t
 columns are against it); each arm's graphs are captured under its variables and timed round-robin with the
 others. --scales gives the curve trees' draft-logit scale(s): 3 wide trees, 12 deep ones.
 
-  python3 benchmarks/gpu_verify_ab.py --arm default --arm "rope DDTREE_GPU_EXPERIMENTAL=rope-tiles" \\
+  python3 benchmarks/gpu_verify_ab.py --arm default --arm "tiles DDTREE_ROPE_TILES_FROM=1" \\
       --tokens 1,16,64,128,256,512,1024 --scales 3,12 --out /tmp/ab.json
 """
 

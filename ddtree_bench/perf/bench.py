@@ -140,7 +140,6 @@ class CurveSetup:
         from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
 
         self.target, self.layers, self.device, self.logit_scale = target, layers, device, logit_scale
-        self.prefix_len = prefix_len
         self.ops = ops_for(device, target.lm_head.weight.dtype, layer_ops)
         merge_projections(target)   # before any capture: the merge allocates
         self.whole = self.align(prefix_len + max(tokens))

@@ -2,7 +2,7 @@
 
 Two lent machines of one kind differ by 2-3% on the same code (docs/gpu-performance.md), so a change worth
 less than that can only be judged with both arms on one GPU, close together in time. An `Arm` is a name and
-environment variables (e.g. DDTREE_GPU_EXPERIMENTAL=rope-tiles, DDTREE_GEMM_TABLE=...) that the fused
+environment variables (e.g. DDTREE_ROPE_TILES_FROM=1, DDTREE_GPU_EXPERIMENTAL=pdl, DDTREE_GEMM_TABLE=...) that the fused
 kernels read when they launch, i.e. when a graph is captured. For each n of the curve (perf.bench.CurveSetup's
 trees) `run_ab` captures one graph per arm under that arm's variables, checks its logits against the first
 arm's, then times the graphs round-robin: `rounds` rounds, each replaying every arm `reps` times (the arm

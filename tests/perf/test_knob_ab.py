@@ -14,7 +14,7 @@ from ddtree_bench.perf.knob_ab import Arm, arm_env, run_ab, table
 
 def test_arm_parse():
     assert Arm.parse("default") == Arm("default", {})
-    assert Arm.parse("rope DDTREE_GPU_EXPERIMENTAL=rope-tiles X=1").env == {"DDTREE_GPU_EXPERIMENTAL": "rope-tiles", "X": "1"}
+    assert Arm.parse("pdl DDTREE_GPU_EXPERIMENTAL=pdl X=1").env == {"DDTREE_GPU_EXPERIMENTAL": "pdl", "X": "1"}
     for bad in ["", "A=1", "rope DDTREE_GPU_EXPERIMENTAL"]:
         with pytest.raises(UsageError):
             Arm.parse(bad)
