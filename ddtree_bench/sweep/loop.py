@@ -46,6 +46,15 @@ from ddtree_bench.sweep.prepare import Prepared, server_command
 from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port
 
 
+def _some_request_failed(pdir: Path) -> bool:
+    """Did any request of a finished point fail? One that ran partly before its server was killed has
+    ok records and failed ones; the failed ones are the sign to give a dying server time to exit."""
+    try:
+        return any(not r.ok for r in read_records(pdir))
+    except UsageError:
+        return True
+
+
 class SweepLoop:
     executor = None  # None: batches run here, one after another (else sweep/executors.py's)
 
@@ -279,7 +288,8 @@ class SweepLoop:
         window = probe.start([srv.pid] if srv.pid else None)  # the server's CPU is not "other load"
         err = self._execute(p, spec)
         noise = window.finish()
-        died = not srv.alive(settle_s=D.SERVER_DEATH_SETTLE_S if err else 0.0)   # failed requests: did the server die?
+        failed = err is not None or _some_request_failed(self.sdir.point_dir(p.id))
+        died = not srv.alive(settle_s=D.SERVER_DEATH_SETTLE_S if failed else 0.0)   # failed requests: did the server die?
         after, after_text = C.scrape_with_text(kind, srv.url, api_key=api_key) if not died else ({}, None)
         log_end = srv.log_size()
         pdir = self.sdir.point_dir(p.id)
