@@ -172,18 +172,32 @@ class Retired:
     error: BaseException | None = None
 
 
-def retirement(st, wants) -> Retired | None:
+def retirement(st: _Active, speculative: bool) -> Retired | None:
     """What retires a request after a round, the same rule in both batched loops: a cancellation
-    (checked here) or an error retires it with that error, a request `wants` no further round retires
-    it with its final Generation; None keeps it. `st` is a loop's per-request state (req, error,
-    generation())."""
+    (checked here) or an error retires it with that error, a request that `interface.wants_round`
+    would not run again retires it with its final Generation; None keeps it."""
     if st.error is None and st.req.cancelled is not None and st.req.cancelled():
         st.error = Cancelled()
     if st.error is not None:
         return Retired(st.req, None, st.error)
-    if not wants(st):
+    if not wants_round(len(st.stream.out), st.stream.stopped, len(st.accept_lengths), st.req.max_new_tokens, speculative):
         return Retired(st.req, st.generation())
     return None
+
+
+def split_retired(active: Sequence[_Active], speculative: bool, only: Iterable[_Active] | None = None
+                  ) -> tuple[list[tuple[_Active, Retired]], list[_Active]]:
+    """`active` after a round: the (state, Retired) pairs that `retirement` retires and the states
+    kept, in order. With `only`, only those states are asked; the rest are kept."""
+    only = None if only is None else list(only)
+    out, keep = [], []
+    for st in active:
+        done = retirement(st, speculative) if only is None or st in only else None
+        if done is None:
+            keep.append(st)
+        else:
+            out.append((st, done))
+    return out, keep
 
 
 class BatchLoop:
@@ -268,21 +282,11 @@ class BatchLoop:
 
     # ------------------------------------------------------------------ rounds
 
-    def _wants(self, st: _Active) -> bool:
-        return wants_round(len(st.stream.out), st.stream.stopped, len(st.accept_lengths), st.req.max_new_tokens, self.spec)
-
     def _retire(self, only: Iterable[_Active] | None = None) -> list[Retired]:
-        out, keep = [], []
-        for st in self.active:
-            done = retirement(st, self._wants) if only is None or st in only else None
-            if done is None:
-                keep.append(st)
-                continue
-            out.append(done)
-            self._free.append((st.tcache, st.dcache))
-        self.active = keep
+        retired, self.active = split_retired(self.active, self.spec, only)
+        self._free.extend((st.tcache, st.dcache) for st, _ in retired)
         del self._free[: max(0, len(self._free) - self.max_batch)]  # keep at most one batch of spare caches
-        return out
+        return [done for _, done in retired]
 
     def _lap(self, stage: str, t: int) -> int:
         now = self._now()

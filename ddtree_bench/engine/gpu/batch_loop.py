@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from ddtree_bench.engine.batch import BatchLoop, BatchRequest, BatchStats, Cancelled, ProposeRow, Retired, _Active, retirement
+from ddtree_bench.engine.batch import BatchLoop, BatchRequest, BatchStats, Cancelled, ProposeRow, Retired, _Active, split_retired
 from ddtree_bench.engine.cache import KVCache
 from ddtree_bench.engine.gpu.batch_forward import draft_forward_batch, target_forward_batch
 from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
@@ -64,7 +64,7 @@ from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
 from ddtree_bench.engine.gpu.graphs import Pool, Stage
 from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN, Laps
 from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, commit_static, verify_visible, walk_static
-from ddtree_bench.engine.interface import METHODS, OutputStream, RoundTrace, WalkLayout, logit_gaps, wants_round
+from ddtree_bench.engine.interface import METHODS, OutputStream, RoundTrace, WalkLayout, logit_gaps
 from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.verify import GREEDY_EPS, pick, request_generator
 
@@ -292,22 +292,13 @@ class BatchFastLoop:
 
     # ------------------------------------------------------------------ retirement and packing
 
-    def _wants(self, st: _Slot) -> bool:
-        return wants_round(len(st.stream.out), st.stream.stopped, len(st.accept_lengths), st.req.max_new_tokens, self.spec)
-
     def _retire(self, only: Sequence[_Slot] | None = None) -> list[Retired]:
-        out, keep = [], []
-        for st in self.active:
-            done = retirement(st, self._wants) if only is None or st in only else None
-            if done is None:
-                keep.append(st)
-                continue
-            out.append(done)
+        retired, self.active = split_retired(self.active, self.spec, only)
+        for st, _ in retired:
             self.live[st.slot].fill_(0)
             self.start[st.slot].fill_(0)   # a padding slot computes at frontier 0, inside its region
-        self.active = keep
         self._pack()
-        return out
+        return [done for _, done in retired]
 
     def _pack(self) -> None:
         """Move live requests from slots >= n into the free slots below n (n = live requests), so a round's
