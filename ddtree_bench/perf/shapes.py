@@ -86,7 +86,7 @@ def random_shaped_pair(shape: str | dict = "qwen3-8b", dtype: str = "bfloat16", 
     dt = torch_dtype(dtype)
     tcfg_d, dcfg_d = shape_configs(shape)
     tcfg = parse_target_config(tcfg_d)
-    dcfg = parse_draft_config(dcfg_d, tcfg)
+    dcfg = parse_draft_config(dcfg_d, tcfg) if with_drafter else None
     gen = torch.Generator(device=dev).manual_seed(seed)
     with torch.device("meta"):
         target = Target(tcfg)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
+from ddtree_bench.engine.gpu.kernels.warm import launch
 
 BLOCK = 2048       # logits per lane-vector step
 PROGRAMS = 512     # aim: rows x spans >= this (a few per SM)
@@ -69,6 +70,6 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     S = triton.cdiv(V, span)
     part = torch.empty(T, S, dtype=torch.long, device=x.device)
     out = torch.empty(T, dtype=torch.long, device=x.device)
-    _span_kernel[(T, S)](x, part, x.stride(0), V=V, SPAN=span, S=S, BLOCK=BLOCK, num_warps=8)
-    _pick_kernel[(T,)](part, out, S=S, SP=_pow2(S))
+    launch(_span_kernel, (T, S), x, part, x.stride(0), V=V, SPAN=span, S=S, BLOCK=BLOCK, num_warps=8)
+    launch(_pick_kernel, (T,), part, out, S=S, SP=_pow2(S))
     return out

@@ -49,6 +49,7 @@ from __future__ import annotations
 import torch
 
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
+from ddtree_bench.engine.gpu.kernels.warm import launch
 from ddtree_bench.engine.gpu.kernels import experimental, pdl
 
 SM_TARGET = 264          # programs to aim for (two per SM of an H100/H200) when choosing n_split
@@ -245,10 +246,10 @@ def combine(pacc, pm, pl, out, live, M: int, T: int, G: int, n_split: int, t_maj
     pm / pl [n_split, Hkv, M]); shared by live_attend and tree_attention."""
     Hkv, BD = pacc.shape[1], pacc.shape[-1]
     rows = combine_rows(M)
-    _combine_kernel[(Hkv, triton.cdiv(M, rows))](pacc, pm, pl, out, live, M, T, G, n_split, Hkv, out.shape[1],
-                                                 D=out.shape[1] // (Hkv * G), BLOCK_D=BD, SP=_pow2(n_split),
-                                                 T_MAJOR=t_major, CAP=cap, ROWS=rows, num_warps=4,
-                                                 **pdl.gdc_options(out.device))
+    launch(_combine_kernel, (Hkv, triton.cdiv(M, rows)), pacc, pm, pl, out, live, M, T, G, n_split, Hkv, out.shape[1],
+           D=out.shape[1] // (Hkv * G), BLOCK_D=BD, SP=_pow2(n_split),
+           T_MAJOR=t_major, CAP=cap, ROWS=rows, num_warps=4,
+           **pdl.gdc_options(out.device))
 
 
 def wanted(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -338,12 +339,12 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
         pacc = pm = pl = out
     fold = (FOLD if fold is None else fold) and ns > 1
     count = counters(q.device, Hkv * grid[1]) if fold else live
-    _live_attn_kernel[grid](q, k, v, bias, live, prefix if prefix is not None else live, out, pacc, pm, pl, count,
-                            M, T, G, ns, D ** -0.5,
-                            T * D * G, D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), bias.stride(0), 1, Hq * D,
-                            D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, BLOCK_D=BD, HAS_PREFIX=prefix is not None, SPLIT=ns > 1,
-                            IEEE=q.dtype == torch.float32, FOLD=fold, CAP=cap, num_warps=warps,
-                            num_stages=1 if q.dtype == torch.float32 else 2, **pdl.gdc_options(q.device))
+    launch(_live_attn_kernel, grid, q, k, v, bias, live, prefix if prefix is not None else live, out, pacc, pm, pl,
+           count, M, T, G, ns, D ** -0.5,
+           T * D * G, D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), bias.stride(0), 1, Hq * D,
+           D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, BLOCK_D=BD, HAS_PREFIX=prefix is not None, SPLIT=ns > 1,
+           IEEE=q.dtype == torch.float32, FOLD=fold, CAP=cap, num_warps=warps,
+           num_stages=1 if q.dtype == torch.float32 else 2, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
         combine(pacc, pm, pl, out, live, M, T, G, ns, cap=cap)
     return out

@@ -17,6 +17,7 @@ import torch
 
 from ddtree_bench.engine.gpu.kernels import experimental, gemm, pdl
 from ddtree_bench.engine.gpu.kernels.common import tl, triton
+from ddtree_bench.engine.gpu.kernels.warm import launch
 from ddtree_bench.engine.gpu.ops import TorchOps
 
 
@@ -191,8 +192,8 @@ class TritonOps(TorchOps):
             return super().rmsnorm(x, w, eps)
         y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, w.dtype), device=x.device)
         B = triton.next_power_of_2(x.shape[1])
-        _rmsnorm_kernel[(x.shape[0],)](x, x, w, y, x, x.shape[1], eps, x.stride(0), 0, y.stride(0), 0, 0, 0,
-                                       HAS_RES=False, BLOCK=B, **_launch_opts(x.device, _warps(B)))
+        launch(_rmsnorm_kernel, (x.shape[0],), x, x, w, y, x, x.shape[1], eps, x.stride(0), 0, y.stride(0), 0, 0, 0,
+               HAS_RES=False, BLOCK=B, **_launch_opts(x.device, _warps(B)))
         return y
 
     def add_rmsnorm(self, x, d, w, eps):
@@ -207,9 +208,9 @@ class TritonOps(TorchOps):
         B = triton.next_power_of_2(x.shape[1])
         r = d if sums is None else sums.parts
         n_parts, s_part = (0, 0) if sums is None else (r.shape[0], r.stride(0))
-        _rmsnorm_kernel[(x.shape[0],)](x, r, w, y, xo, x.shape[1], eps, x.stride(0), r.stride(-2), y.stride(0), xo.stride(0),
-                                       n_parts, s_part, HAS_RES=True, BLOCK=B, PARTS=sums is not None,
-                                       **_launch_opts(x.device, _warps(B)))
+        launch(_rmsnorm_kernel, (x.shape[0],), x, r, w, y, xo, x.shape[1], eps, x.stride(0), r.stride(-2), y.stride(0),
+               xo.stride(0), n_parts, s_part, HAS_RES=True, BLOCK=B, PARTS=sums is not None,
+               **_launch_opts(x.device, _warps(B)))
         return xo, y
 
     def qkv_rope(self, qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start):
@@ -223,10 +224,10 @@ class TritonOps(TorchOps):
                 q if n_q else qkv, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), start, T, n_q, n_kv, eps)
         consts = dict(HALF=D // 2, HB=triton.next_power_of_2(D // 2), HAS_NORM=norm)
         if T >= experimental.knob("ROPE_TILES_FROM", ROPE_TILES_FROM):
-            _qkv_rope_tiles_kernel[(T, triton.cdiv(n_q + n_kv, ROPE_HEADS))](
-                *args, HG=ROPE_HEADS, **consts, **_launch_opts(qkv.device, ROPE_WARPS))
+            launch(_qkv_rope_tiles_kernel, (T, triton.cdiv(n_q + n_kv, ROPE_HEADS)),
+                   *args, HG=ROPE_HEADS, **consts, **_launch_opts(qkv.device, ROPE_WARPS))
         else:
-            _qkv_rope_kernel[(T, n_q + n_kv)](*args, **consts, **_launch_opts(qkv.device, 1))
+            launch(_qkv_rope_kernel, (T, n_q + n_kv), *args, **consts, **_launch_opts(qkv.device, 1))
         return q
 
     def silu_mul(self, gate_up):
@@ -235,8 +236,8 @@ class TritonOps(TorchOps):
         T, I = gate_up.shape[0], gate_up.shape[1] // 2
         y = torch.empty((T, I), dtype=gate_up.dtype, device=gate_up.device)
         B = 1024
-        _silu_mul_kernel[(T, triton.cdiv(I, B))](gate_up, y, I, gate_up.stride(0), y.stride(0), BLOCK=B,
-                                                 **_launch_opts(gate_up.device, 4))
+        launch(_silu_mul_kernel, (T, triton.cdiv(I, B)), gate_up, y, I, gate_up.stride(0), y.stride(0), BLOCK=B,
+               **_launch_opts(gate_up.device, 4))
         return y
 
     def _gemm(self, x, w, b, n: int, swiglu: bool):

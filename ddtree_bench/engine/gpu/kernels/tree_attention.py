@@ -41,7 +41,7 @@ import torch
 from ddtree_bench.engine.gpu.kernels.attention import (NEG_BIG, _last_of_block, _reduce_ranges, available, combine,
                                                        counters, n_split)
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
-from ddtree_bench.engine.gpu.kernels import experimental, pdl
+from ddtree_bench.engine.gpu.kernels import experimental, pdl, warm
 
 LOG2E = 1.4426950408889634
 RANGES_TO = 768   # config(): folded rows up to which the prefix is split in 4 ranges (DDTREE_TREE_RANGES_TO in an A/B)
@@ -290,12 +290,12 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     grid = (Hkv, triton.cdiv(M, cfg.block_m), ns + 1 if ns > 1 else 1)
     fold = cfg.fold and ns > 1
     count = counters(q.device, Hkv * grid[1]) if fold else prefix
-    _tree_attn_kernel[grid](q, k, v, path, pos, prefix, out, pacc, pm, pl, count,
-                            M, T, G, ns, D ** -0.5 * LOG2E,
-                            T * D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), path.stride(0), Hq * D,
-                            D=D, L1P=_pow2(path.shape[1]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                            SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, TREE_DENSE=cfg.tree_dense,
-                            FOLD=fold, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(q.device))
+    warm.launch(_tree_attn_kernel, grid, q, k, v, path, pos, prefix, out, pacc, pm, pl, count,
+                M, T, G, ns, D ** -0.5 * LOG2E,
+                T * D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), path.stride(0), Hq * D,
+                D=D, L1P=_pow2(path.shape[1]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, TREE_DENSE=cfg.tree_dense,
+                FOLD=fold, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
         combine(pacc, pm, pl, out, prefix, M, T, G, ns + 1, t_major=True)
     return out

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
+from ddtree_bench.engine.gpu.kernels.warm import launch
 from ddtree_bench.engine.interface import WalkLayout
 
 BC = 1024  # cache columns per inner step
@@ -171,8 +172,8 @@ def compile_tree(bonus: torch.Tensor, tok: torch.Tensor, par: torch.Tensor, dep:
     path = torch.empty(T, L + 1, dtype=torch.long, device=dev)  # row i: only depths <= depth(i) are written and read
     anc = torch.empty(T, T, dtype=torch.bool, device=dev)
     bias = torch.empty(group * T, capacity, dtype=dtype, device=dev)
-    _compile_kernel[(T, triton.cdiv(capacity, BC))](bonus, tok, par, dep, start, ids, pos, path, anc.view(torch.int8),
-                                                    bias, T, capacity, L=L, G=group, TP=_pow2(T), BC=BC, NEG=float("-inf"))
+    launch(_compile_kernel, (T, triton.cdiv(capacity, BC)), bonus, tok, par, dep, start, ids, pos, path,
+           anc.view(torch.int8), bias, T, capacity, L=L, G=group, TP=_pow2(T), BC=BC, NEG=float("-inf"))
     return ids, pos, anc, bias, path
 
 
@@ -182,8 +183,8 @@ def walk_tree(ids: torch.Tensor, par: torch.Tensor, dep: torch.Tensor, path: tor
     post [T] = the target's pick at every row."""
     T, L, n = ids.numel(), layout.L, layout.size
     out = torch.empty(n + T, dtype=torch.long, device=ids.device)  # the tail stages the matches
-    _walk_kernel[(1,)](ids, par, dep, path, post, out, T, L=L, TP=_pow2(T), LP=_pow2(L + 1), NODES=layout.nodes,
-                       TOKENS=layout.tokens, BONUS=layout.bonus, STAGE=n)
+    launch(_walk_kernel, (1,), ids, par, dep, path, post, out, T, L=L, TP=_pow2(T), LP=_pow2(L + 1), NODES=layout.nodes,
+           TOKENS=layout.tokens, BONUS=layout.bonus, STAGE=n)
     return out[:n]
 
 
@@ -196,6 +197,6 @@ def commit_tree(walked: torch.Tensor, layout: WalkLayout, start: torch.Tensor, c
     BCW = 1024
     grid = (layers * hkv + triton.cdiv(CW, BCW),)
     L, guard, flag = layout.L, layout.guard, layout.flag
-    _commit_rows_kernel[grid](k, v, hidden, ctx, walked, start, S, layers * hkv, T, CW, hidden.stride(0), flag,
-                              L=L, LP=_pow2(L + 1), D=D, DP=_pow2(D), BCW=BCW, GUARD=guard, NODES=layout.nodes)
-    _commit_state_kernel[(1,)](walked, start, ctx_start, bonus, flag, BONUS=layout.bonus, GUARD=guard)
+    launch(_commit_rows_kernel, grid, k, v, hidden, ctx, walked, start, S, layers * hkv, T, CW, hidden.stride(0), flag,
+           L=L, LP=_pow2(L + 1), D=D, DP=_pow2(D), BCW=BCW, GUARD=guard, NODES=layout.nodes)
+    launch(_commit_state_kernel, (1,), walked, start, ctx_start, bonus, flag, BONUS=layout.bonus, GUARD=guard)

@@ -1,8 +1,10 @@
 """Compile a Triton tree builder's kernels concurrently before its first launch, so a new budget's cold
 start waits for its slowest kernel function instead of the sum of all its compiles.
 
-`launch(kernel, grid, *args, **kwargs)` is how the tree builders and the top-K start a kernel: it runs
-`kernel[grid](...)`, or, inside `collecting()` (this thread only), records the launch instead.
+`launch(kernel, grid, *args, **kwargs)` is how every kernel of the fast path starts (tree builders, top-K,
+weight GEMMs, layer ops, attention, argmax, tree compile / walk / commit): it runs `kernel[grid](...)`, or,
+inside `collecting()` (this thread only), records the launch instead (perf/round_variants.py records a
+whole round that way).
 `warm(fn, device)` calls fn collecting, then compiles every recorded launch with
 `JITFunction.warmup` (compile, no launch) on one thread per kernel function, its launches in order (so
 a variant several launches share is compiled once and then found in Triton's cache), at most
