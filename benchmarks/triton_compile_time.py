@@ -11,11 +11,15 @@ comes from builders.auto_kernel(budget) and the dtype its check builds in; befor
 fp32 for the check and in the rounds' dtype for the timing. The last column is what warm() waits for:
 one thread per kernel function, each compiling its variants in turn, so the slowest function's sum.
 
+--forward does the same for what a round launches besides the builder (perf/round_variants.py: the target
+forward's layer ops, GEMMs and attention, the argmax, the tree compile / walk / commit) at each step of a
+sweep: AR, DFlash, then the budgets in order. --gemm: the weight GEMM's variants per row count alone.
+
 What it does not know: GPU-side costs (loading modules, Triton's C launchers, CUDA-graph capture), the
-kernels every budget compiles whatever the builder (tree compile / walk / commit, attention, argmax),
-and the H200 host's CPU speed (docs/gpu-performance.md, "Cold start", relates the two).
+drafter's forward, and the H200 host's CPU speed (docs/gpu-performance.md, "Cold start", relates the two).
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/triton_compile_time.py [--budgets 16,32,...]
-        [--builders block,grid,grid-keys] [--shape qwen3-8b|toy] [--dtype bfloat16|float32] [--jobs 1] [--gemm]
+        [--builders block,grid,grid-keys] [--shape qwen3-8b|toy] [--dtype bfloat16|float32] [--jobs 1]
+        [--gemm | --forward [--prefix 1024] [--new-tokens 64]]
 Prints, per budget, each builder's distinct variants and CPU seconds, what auto compiles there, and what
 a sweep over the budgets in the given order compiles new at each (a variant shared with an earlier
 budget is compiled once). --jobs N compiles N variants at once in forked processes (total wall only).
@@ -37,6 +41,7 @@ import triton  # noqa: E402
 
 from ddtree_bench.engine.gpu import builders  # noqa: E402
 from ddtree_bench.engine.gpu.kernels.variants import compile_variant, launched_variants  # noqa: E402
+from ddtree_bench.perf.round_variants import h200_gemm_table, round_variants  # noqa: E402
 
 SHAPES = {"qwen3-8b": (15, 151936), "toy": (15, 4096)}  # (L = block size - 1, V)
 
@@ -102,10 +107,9 @@ def gemm_report(jobs: int) -> None:
     """--gemm: the weight-GEMM variants gemm.H200_TABLE launches for the 8B projections at each row count a run
     meets, the ones new at each, and their CPU seconds: the sum (compiled in turn) and the slowest (what
     fused.warm_linears waits for, a thread per variant)."""
-    from ddtree_bench.engine.gpu.kernels import gemm
     from ddtree_bench.engine.gpu.kernels.layer_ops import TritonOps
 
-    table = lambda M, N, K, dt, dev, swiglu=False: gemm.lookup(gemm.H200_TABLE, M, N, K, swiglu) if M <= gemm.GEMM_MAX_ROWS else None  # noqa: E731
+    table = h200_gemm_table
     ops = TritonOps(gemm_config=table)
     bf = torch.bfloat16
     weights = [(torch.empty(6144, 4096, dtype=bf), False), (torch.empty(4096, 4096, dtype=bf), False),
@@ -126,6 +130,39 @@ def gemm_report(jobs: int) -> None:
               f"{max(secs, default=0.0):.1f} s at once", flush=True)
 
 
+def forward_report(budgets: list[int], jobs: int, prefix: int, new_tokens: int) -> None:
+    """--forward: what a sweep compiles at each step besides the tree builders: AR (one token), DFlash (a
+    16-token chain), then each DDTree budget in order (B + 1 tokens); per step the Triton variants of
+    round_variants that no earlier step launched, their CPU seconds, and the slowest kernel function's sum
+    (what compiling one thread per function would wait for). Qwen3-8B shape, bf16, one layer standing for 36."""
+    from ddtree_bench.perf.shapes import SHAPES as TARGET_SHAPES, random_shaped_pair
+
+    shape = {**TARGET_SHAPES["qwen3-8b"], "num_hidden_layers": 1, "tie_word_embeddings": True}
+    t0 = time.perf_counter()
+    target, _ = random_shaped_pair(shape, dtype="bfloat16", device="cpu", with_drafter=False)
+    L, ctx_layers, block = 15, 5, 16   # the DFlash drafter's block - 1, its target layers, its block
+    print(f"one-layer Qwen3-8B target built in {time.perf_counter() - t0:.1f} s; prefix {prefix}, "
+          f"{new_tokens} new tokens\n", flush=True)
+    seen: set = set()
+    rows = []
+    for label, n, kind in [("AR", 1, "tree"), ("DFlash", block, "chain"), *[(f"B={b}", b + 1, "tree") for b in budgets]]:
+        vs = round_variants(target, n, prefix, new_tokens, L=L, chain=kind == "chain", ctx_layers=ctx_layers,
+                            block=block, cache_layers=36)
+        new = {k: v for k, v in vs.items() if k not in seen}
+        seen.update(new)
+        secs = compile_all(new, jobs)[0] if new else {}
+        per_fn: dict = {}
+        for k, (c, _) in secs.items():
+            per_fn[k[1]] = per_fn.get(k[1], 0.0) + c
+        rows.append((label, n, len(vs), len(new), sum(c for c, _ in secs.values()), max(per_fn.values(), default=0.0),
+                     ", ".join(f"{f} {c:.1f}" for f, c in sorted(per_fn.items(), key=lambda kv: -kv[1]))))
+        print(f"  {label}: {len(new)} new of {len(vs)}", file=sys.stderr, flush=True)
+    print("| step | tokens | variants | new | CPU s, in turn | slowest function | new, by function (CPU s) |")
+    print("|---|---|---|---|---|---|---|")
+    for label, n, nv, nn, total, slow, detail in rows:
+        print(f"| {label} | {n} | {nv} | {nn} | {total:.1f} | {slow:.1f} | {detail} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budgets", default="16,32,64,128,256,512,1024")
@@ -136,7 +173,15 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="variants compiled at once (forked processes)")
     ap.add_argument("--self-test", action="store_true", help="also the one-block self-test available() ran before")
     ap.add_argument("--gemm", action="store_true", help="only the weight GEMM's variants (gemm.H200_TABLE) per row count")
+    ap.add_argument("--forward", action="store_true",
+                    help="only what each step of a sweep compiles besides the tree builders (forward, argmax, tree compile/walk/commit)")
+    ap.add_argument("--prefix", type=int, default=1024, help="--forward: tokens already in the cache")
+    ap.add_argument("--new-tokens", type=int, default=64, help="--forward: max new tokens (sizes the cache)")
     a = ap.parse_args(argv)
+    if a.forward:
+        print(f"triton {triton.__version__}, target sm_90, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+        forward_report([int(b) for b in a.budgets.split(",")], a.jobs, a.prefix, a.new_tokens)
+        return 0
     if a.gemm:
         print(f"triton {triton.__version__}, target sm_90, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
         gemm_report(a.jobs)
