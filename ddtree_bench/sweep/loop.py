@@ -46,13 +46,12 @@ from ddtree_bench.sweep.prepare import Prepared, server_command
 from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port
 
 
-def _some_request_failed(pdir: Path) -> bool:
-    """Did any request of a finished point fail? One that ran partly before its server was killed has
-    ok records and failed ones; the failed ones are the sign to give a dying server time to exit."""
+def _records_if_any(pdir: Path) -> list | None:
+    """A finished point's request records, or None when it wrote none that can be read."""
     try:
-        return any(not r.ok for r in read_records(pdir))
+        return read_records(pdir)
     except UsageError:
-        return True
+        return None
 
 
 class SweepLoop:
@@ -288,8 +287,10 @@ class SweepLoop:
         window = probe.start([srv.pid] if srv.pid else None)  # the server's CPU is not "other load"
         err = self._execute(p, spec)
         noise = window.finish()
-        failed = err is not None or _some_request_failed(self.sdir.point_dir(p.id))
-        died = not srv.alive(settle_s=D.SERVER_DEATH_SETTLE_S if failed else 0.0)   # failed requests: did the server die?
+        records = _records_if_any(self.sdir.point_dir(p.id))
+        # any failed request (one may have finished before a kill): give a dying server time to exit
+        failed = err is not None or records is None or any(not r.ok for r in records)
+        died = not srv.alive(settle_s=D.SERVER_DEATH_SETTLE_S if failed else 0.0)
         after, after_text = C.scrape_with_text(kind, srv.url, api_key=api_key) if not died else ({}, None)
         log_end = srv.log_size()
         pdir = self.sdir.point_dir(p.id)
@@ -303,7 +304,7 @@ class SweepLoop:
         if died:
             err = f"server exited with code {srv.returncode} while the point ran" + (f" ({err})" if err else "")
         if err is None:
-            records = read_records(pdir)
+            records = records if records is not None else read_records(pdir)
             ok = sum(1 for r in records if r.ok)
             from ddtree_bench import metrics
 
