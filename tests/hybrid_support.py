@@ -1,0 +1,164 @@
+"""Random tiny hybrid (Gated DeltaNet + attention) and MoE targets as Hugging Face directories, for tests.
+
+`random_hybrid_dir(out_dir, kind)` builds a seeded random model with transformers' own classes (the test
+oracle; the product's engine never imports them), saves it with `save_pretrained` (fp32 safetensors +
+config), copies the toy tokenizer files beside it, and (by default) writes a random DFlash drafter in z-lab's
+layout (`DFlashDraftModel`, `dflash_config.{mask_token_id,target_layer_ids}`) next to it.
+
+Kinds: "qwen3_5_text" (Qwen3_5ForCausalLM), "qwen3_5" (Qwen3_5ForConditionalGeneration: a `text_config`
+inside, a tiny vision tower whose weights the engine ignores), "qwen3_next" (packed `in_proj_qkvz` /
+`in_proj_ba`, MoE MLP with a shared expert, one dense layer), "qwen3_5_moe" (GDN + MoE), "qwen3_moe"
+(plain attention + MoE, no GDN). Tiny: hidden 64, 4 layers unless `layer_types` says otherwise.
+
+`oracle_model(dirs.target)` loads the saved target back through transformers in fp32 (pure-torch fallbacks)
+for the oracle tests. Knows nothing of the engine's internals.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+TOY_TARGET = Path(__file__).resolve().parents[1] / "ddtree_bench" / "models" / "toy" / "target"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+VOCAB = 272            # the toy tokenizer's vocabulary
+MASK_TOKEN_ID = 259    # the toy drafter's mask token
+EOS_TOKEN_ID = 258
+KINDS = ("qwen3_5_text", "qwen3_5", "qwen3_next", "qwen3_5_moe", "qwen3_moe")
+
+
+@dataclass(frozen=True)
+class HybridDirs:
+    target: Path
+    draft: Path | None
+
+
+def _default_layer_types(n: int) -> list[str]:
+    return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
+
+
+def _text_fields(kind: str, layer_types: list[str]) -> dict:
+    """Config fields shared by the tiny text models (hidden 64)."""
+    f = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=len(layer_types),
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=4096,
+        initializer_range=0.1, tie_word_embeddings=False, eos_token_id=EOS_TOKEN_ID, pad_token_id=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    if kind != "qwen3_moe":
+        f.update(layer_types=layer_types, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                 linear_num_key_heads=2, linear_num_value_heads=4)
+        f["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    if kind in ("qwen3_next", "qwen3_5_moe", "qwen3_moe"):
+        f.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    if kind in ("qwen3_next", "qwen3_5_moe"):
+        f.update(shared_expert_intermediate_size=48)
+    if kind == "qwen3_next":
+        f.update(mlp_only_layers=[0], norm_topk_prob=True)      # layer 0 keeps a dense MLP
+    if kind == "qwen3_moe":
+        f.update(norm_topk_prob=True, mlp_only_layers=[1])
+    return f
+
+
+def _build_target(kind: str, layer_types: list[str]):
+    """A transformers model of the given kind with the tiny config (random init by transformers)."""
+    f = _text_fields(kind, layer_types)
+    if kind == "qwen3_5_text":
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+        return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**f))
+    if kind == "qwen3_5":
+        from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+        f["rope_parameters"] = dict(f["rope_parameters"], mrope_section=[1, 1, 0], mrope_interleaved=True)
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4, temporal_patch_size=2,
+                      spatial_merge_size=2, out_hidden_size=64, num_position_embeddings=16)
+        return Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=f, vision_config=vision,
+                                                             tie_word_embeddings=False))
+    if kind == "qwen3_next":
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+        return Qwen3NextForCausalLM(Qwen3NextConfig(**f))
+    if kind == "qwen3_5_moe":
+        from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+        f.pop("intermediate_size")
+        return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**f))
+    if kind == "qwen3_moe":
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+        return Qwen3MoeForCausalLM(Qwen3MoeConfig(**f))
+    raise ValueError(f"unknown kind {kind!r}; expected one of {KINDS}")
+
+
+@torch.no_grad()
+def _perturb(model, g: torch.Generator) -> None:
+    """transformers initialises norms to their identity (zeros for the (1+w) norms, ones otherwise) and
+    biases to zero; random values there make a wrong norm convention or a dropped bias visible."""
+    for name, p in model.named_parameters():
+        if "norm" in name or name.endswith("dt_bias") or name.endswith(".bias"):
+            p.add_(0.2 * torch.randn(p.shape, generator=g))
+
+
+def _draft_config(target_layers: int, layer_ids: list[int], seed: int) -> dict:
+    n = 2
+    return {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": VOCAB, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": n, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "attention_bias": False, "tie_word_embeddings": False, "block_size": 8,
+        "num_target_layers": target_layers, "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 64, "dflash_config": {"mask_token_id": MASK_TOKEN_ID, "target_layer_ids": layer_ids},
+        "torch_dtype": "float32",
+    }
+
+
+def _write_drafter(out: Path, target_layers: int, seed: int) -> None:
+    """A random DFlash drafter in z-lab's layout, built with the engine's drafter class (its tensor names are
+    z-lab's: fc, hidden_norm, layers.*, norm); the target's embedding / lm_head are shared at run time."""
+    from ddtree_bench.engine.config import parse_draft_config
+    from ddtree_bench.engine.draft import DFlashDrafter
+    from ddtree_bench.engine.loading import save_hf
+
+    ids = sorted({0, target_layers // 2, target_layers - 1}) if target_layers > 2 else list(range(target_layers))
+    cfg = _draft_config(target_layers, ids, seed)
+    stand_in = SimpleNamespace(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=target_layers)
+    drafter = DFlashDrafter(parse_draft_config(cfg, stand_in))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+    save_hf(drafter, cfg, out)
+
+
+def random_hybrid_dir(out_dir: Path, kind: str = "qwen3_5_text", *, seed: int = 0, with_drafter: bool = True,
+                      layer_types: list[str] | None = None) -> HybridDirs:
+    """Write `<out_dir>/target` (and `<out_dir>/draft`) for a seeded random tiny model of `kind`."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {KINDS}")
+    out_dir = Path(out_dir)
+    types = list(layer_types) if layer_types is not None else _default_layer_types(4)
+    torch.manual_seed(seed)
+    model = _build_target(kind, types)
+    _perturb(model, torch.Generator().manual_seed(seed))
+    target = out_dir / "target"
+    model.to(torch.float32).save_pretrained(target, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        shutil.copy(TOY_TARGET / name, target / name)
+    draft = None
+    if with_drafter:
+        draft = out_dir / "draft"
+        _write_drafter(draft, len(types), seed)
+    return HybridDirs(target=target, draft=draft)
+
+
+def oracle_model(target_dir: Path):
+    """The saved target loaded back by transformers in fp32 (text-only causal LM), eval mode."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    cls = AutoModelForImageTextToText if cfg.get("model_type") == "qwen3_5" else AutoModelForCausalLM
+    return cls.from_pretrained(target_dir, dtype=torch.float32).eval()
