@@ -15,7 +15,6 @@
 source "$(dirname "$0")/gpu_lib.sh"
 if [ "${TESTS:-0}" = 1 ]; then
   step gpu tests
-  # test_gemm_cuda.py last: its TMA tests compile ~20-30 kernel variants on a cold cache, most of a call's minutes
   timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -p no:cacheprovider -m gpu -q -rf tests/engine/gpu/test_gemm_triton.py \
     ${EXTRA_TESTS:-} tests/engine/gpu/test_gemm_cuda.py > "$OUT/tests.txt" 2>&1
   echo "pytest exit $?: $(tail -1 "$OUT/tests.txt")" | tee -a "$LOG"
@@ -48,8 +47,7 @@ fi
 if [ -n "${EXPERIMENTAL:-}" ]; then   # features not yet run on a GPU (kernels/experimental.py): tests, own table, bench
   export DDTREE_GPU_EXPERIMENTAL="$EXPERIMENTAL"
   step "experimental ($EXPERIMENTAL) tests"
-  # the TMA kernel's tests left out (no feature here changes it, and they take minutes to compile)
-  timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -p no:cacheprovider -m gpu -q -rf -k "not test_bf16_tma" tests/engine/gpu/test_gemm_cuda.py \
+  timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -p no:cacheprovider -m gpu -q -rf tests/engine/gpu/test_gemm_cuda.py \
     tests/engine/gpu/test_fused_triton.py tests/engine/gpu/test_fastloop_cuda.py \
     ${EXTRA_TESTS:-} >> "$OUT/tests.txt" 2>&1
   echo "pytest ($EXPERIMENTAL) exit $?: $(tail -1 "$OUT/tests.txt")" | tee -a "$LOG"

@@ -12,11 +12,8 @@ table (per band the best shape where it beat cuBLAS by more than --min-gain, els
 (JSON, for DDTREE_GEMM_TABLE or for pasting into gemm.H200_TABLE). Each band's compiles run first, a
 thread per variant (kernels/warm.py).
 
-The candidates are launch shapes of two kernels (GemmConfig.kernel): "tiles", kernels/gemm.py's pointer-tile
-kernel, at every row count; and at the rows --tma-rows names (default 64, 128, 256) kernels/gemm_tma.py's
-persistent TMA kernel in its three forms ("tma", "tma-flat", "tma-ws"). Each line then gives the best of
-each kernel against cuBLAS, and the table takes the best of all. --kernels restricts the kernels timed
-(e.g. --kernels tma-flat,tma-ws to time only TMA shapes).
+The candidates are launch shapes of kernels/gemm.py's pointer-tile kernel. (Until 2026-12-02 the shapes of a
+persistent TMA kernel were timed too; it never won a band and was removed: docs/gpu-performance.md.)
 
     python benchmarks/gpu_gemm_tune.py --shape qwen3-8b --write table.json [--json all.json]
 """
@@ -71,40 +68,6 @@ def candidates(block_m: int, swiglu: bool) -> list[GemmConfig]:
     return out
 
 
-TMA_ROWS = (64, 128, 256)   # the row counts whose bands also time gemm_tma's shapes (--tma-rows)
-
-
-def tma_candidates(block_m: int, swiglu: bool, kernels=gemm.KERNELS[1:]) -> list[GemmConfig]:
-    """Shapes of the persistent TMA kernel (gemm_tma.py) worth timing for a row block: weight tiles of 64..256
-    rows, K steps 64 and 128, the deepest pipeline that fits shared memory and 4 stages (8 at most), one
-    warp group per 64 rows up to 128 (the warp-specialised form: 4 warps, to which Triton adds its producer
-    and consumer groups); swiglu (two fp32 accumulators) at tiles of at most 128 x 64. The flattened and the
-    warp-specialised forms keep their pipeline's buffers through the epilogue, which needs an fp32 tile of
-    shared memory more for split partials (the warp-specialised one up to 32 KB more again); Triton 3.6 does
-    not compile the warp-specialised form at 64 x 256 tiles, nor specialise it under 64 rows (no wgmma there:
-    benchmarks/triton_ptx_check.py --tma-all prints what each shape compiles to). split_k per problem."""
-    out = []
-    for kind, bn, bk in itertools.product(kernels, (64, 128, 256), (64, 128)):
-        if (swiglu and block_m * bn > 128 * 64) or (bn == 256 and block_m > 128):
-            continue
-        if kind == "tma-ws" and (block_m < 64 or (block_m == 64 and bn == 256)):
-            continue
-        per_stage = GemmConfig(block_m, bn, bk, stages=1).smem_bytes(swiglu)
-        epilogue = {"tma": 0, "tma-flat": block_m * bn * 4}.get(kind, block_m * bn * 4 + (32 << 10))
-        deepest = min(8, (SMEM_BYTES - epilogue) // per_stage)
-        warps = 4 if kind == "tma-ws" or block_m <= 64 else 8
-        for stages in sorted({deepest, 4} & set(range(2, deepest + 1))):
-            out.append(GemmConfig(block_m, bn, bk, 1, warps, stages, kind))
-    return out
-
-
-def tma_block_ms(M: int) -> list[int]:
-    """Row blocks of the TMA kernel for M rows: one block over all of them (at least 16 rows; 64 is one wgmma
-    warp group), and from 128 rows also blocks of 64 or 128 that share each weight tile through L2."""
-    whole = max(16, 1 << (M - 1).bit_length())
-    return [whole] + ([whole // 2] if M >= 128 else [])
-
-
 def splits_for(c: GemmConfig, M: int, N: int, K: int, sms: int) -> list[int]:
     """split_k values that give about 1..4 programs per SM (never a K range under two K steps)."""
     tiles = math.ceil(N / c.block_n) * math.ceil(M / c.block_m)
@@ -126,9 +89,6 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated projections (default: all)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--max-candidates", type=int, default=0, help="cap the shapes timed per band (0: all)")
-    ap.add_argument("--kernels", default=",".join(gemm.KERNELS), help="comma-separated GemmConfig.kernel values to time")
-    ap.add_argument("--tma-rows", default=",".join(map(str, TMA_ROWS)),
-                    help="row counts at which the TMA kernel's shapes are timed too (empty: none)")
     ap.add_argument("--min-gain", type=float, default=0.02, help="a shape enters the table if it beats cuBLAS by this share")
     ap.add_argument("--write", default="", help="write the winning table here (JSON)")
     ap.add_argument("--json", default="", help="write every measurement here (JSON)")
@@ -146,12 +106,6 @@ def main(argv=None) -> int:
     if any(r < 1 or r > BANDS[-1] for r in rows):
         print(f"gpu_gemm_tune: --rows must lie in 1..{BANDS[-1]}", file=sys.stderr)
         return 2
-    kernels = [k for k in a.kernels.split(",") if k]
-    tma_rows = {int(r) for r in a.tma_rows.split(",") if r}
-    if not kernels or any(k not in gemm.KERNELS for k in kernels):
-        print(f"gpu_gemm_tune: --kernels takes names from {','.join(gemm.KERNELS)}", file=sys.stderr)
-        return 2
-    tma_kinds = [k for k in kernels if k != "tiles"]
     t0 = time.perf_counter()
     from ddtree_bench.engine.gpu.kernels import pdl
 
@@ -177,19 +131,15 @@ def main(argv=None) -> int:
             cublas_ms = timed(base, len(ws), a.reps)
             bms = [bm] + ([bm // 2] if band >= 128 else [])   # from 128 rows also two row blocks sharing the weight in L2
             runs = [dataclasses_replace(c, split_k=s) for b_m in bms for c in candidates(b_m, sw)
-                    for s in splits_for(c, M, N, K, sms)] if "tiles" in kernels else []
+                    for s in splits_for(c, M, N, K, sms)]
             if a.max_candidates:
                 runs = runs[: a.max_candidates]
-            if M in tma_rows and tma_kinds:   # the TMA kernel's shapes, after the pointer-tile ones (--max-candidates caps each)
-                tma_runs = [dataclasses_replace(c, split_k=s) for b_m in tma_block_ms(M)
-                            for c in tma_candidates(b_m, sw, tma_kinds) for s in splits_for(c, M, N, K, sms)]
-                runs += tma_runs[: a.max_candidates] if a.max_candidates else tma_runs
             op = gemm.swiglu if sw else gemm.linear
             try:
                 warm(lambda: [op(x, ws[0], c) for c in runs], dev, per="variant")   # every shape compiled at once
             except Exception as e:  # one shape the compiler refuses: the others still compile at their first call below
                 print(f"  {name} M={M} warm: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}", flush=True)
-            best = {}   # "tiles" / "tma" (any TMA form) -> (launch, ms, err)
+            best = {}   # "tiles" -> (launch, ms, err)
             for c in runs:
                 try:
                     err = (op(x, ws[0], c).float() - want).abs().max().item()
@@ -199,18 +149,16 @@ def main(argv=None) -> int:
                           flush=True)
                     continue
                 results.append({"proj": name, "rows": M, "config": c.__dict__, "ms": ms, "max_err": err})
-                family = "tiles" if c.kernel == "tiles" else "tma"
-                if err < 0.1 and (family not in best or ms < best[family][1]):
-                    best[family] = (c, ms, err)
+                if err < 0.1 and ("tiles" not in best or ms < best["tiles"][1]):
+                    best["tiles"] = (c, ms, err)
             bytes_ = ws[0].numel() * 2
             line = f"{name:8s} M={M:4d} cublas {cublas_ms * 1e3:8.1f} us ({bytes_ / cublas_ms / 1e6:6.0f} GB/s)"
             results.append({"proj": name, "rows": M, "config": "cublas", "ms": cublas_ms})
-            for family in [f for f in ("tiles", "tma") if f in best]:
-                c, ms, err = best[family]
-                kind = "" if c.kernel == "tiles" else f" {c.kernel}"
-                line += (f"  {'triton' if family == 'tiles' else 'tma':>6s} {ms * 1e3:8.1f} us ({bytes_ / ms / 1e6:6.0f} GB/s) "
+            if "tiles" in best:
+                c, ms, err = best["tiles"]
+                line += (f"  triton {ms * 1e3:8.1f} us ({bytes_ / ms / 1e6:6.0f} GB/s) "
                          f"x{cublas_ms / ms:5.2f}  {c.block_m}x{c.block_n}x{c.block_k} split{c.split_k} w{c.warps} "
-                         f"s{c.stages}{kind} err {err:.1e}")
+                         f"s{c.stages} err {err:.1e}")
             top = min(best.values(), key=lambda b: b[1]) if best else None
             if M == band:
                 win = top is not None and top[1] < cublas_ms * (1 - a.min_gain)

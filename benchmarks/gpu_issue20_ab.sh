@@ -3,11 +3,8 @@
 # defaults in ONE process (benchmarks/gpu_verify_ab.py: graphs captured per arm, timed round-robin, logits
 # checked against the defaults'), on wide and deep curve trees, then bench-engine's verify curve + profile of
 # the defaults (the n-by-n roofline table; PROFILE=0 skips it). ARMS overrides the arms (one per line: 'NAME
-# VAR=VALUE ...'); TESTS=0 skips the tests (EXTRA_TESTS: more pytest arguments); TMA_ROWS=128 also times the TMA
-# GEMM's forms against cuBLAS at those rows (tma.txt; TMA_MAX=N times at most N shapes per projection, since
-# compiling all of them outlasted a call).
+# VAR=VALUE ...'); TESTS=0 skips the tests (EXTRA_TESTS: more pytest arguments).
 # Files under $OUT: session.txt, tests.txt, ab.txt, ab.json, ab_stderr.log, profile.txt, profile.json, stderr.log
-# [, tma.txt: with PROFILE=0, to stay within 8 files].
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_issue20_ab.sh
 source "$(dirname "$0")/gpu_lib.sh"
 X=DDTREE_GPU_EXPERIMENTAL
@@ -31,11 +28,5 @@ if [ "${PROFILE:-1}" = 1 ]; then
     --budgets 16 --prefix-len 1024 --rounds 5 --no-plain --no-build-table --tau "$PAPER_TAU" --profile \
     --verify-tokens 1,16,64,128,256,512,1024 --out "$OUT/profile.json" 2>> "$OUT/stderr.log" | grep -v '^{' > "$OUT/profile.txt"
   echo "profile exit ${PIPESTATUS[0]}" | tee -a "$LOG"
-fi
-if [ -n "${TMA_ROWS:-}" ]; then   # the TMA GEMM's forms against cuBLAS at these rows (tma.txt)
-  step "tma tune ($TMA_ROWS rows)"
-  timeout ${TUNE_TIMEOUT:-200} python3 benchmarks/gpu_gemm_tune.py --rows "$TMA_ROWS" --tma-rows "$TMA_ROWS" \
-    --kernels tma,tma-flat,tma-ws --max-candidates "${TMA_MAX:-0}" > "$OUT/tma.txt" 2>&1
-  echo "tma tune exit $?" | tee -a "$LOG"
 fi
 step done

@@ -7,7 +7,7 @@ back end (to PTX) for every tree kernel, with the argument types and compile-tim
 engine's own builders derive for the Qwen3-8B shape (bf16 logits; budgets 64 and 256), so that
 class of error shows up before device time is spent. It checks that each kernel compiles, not what
 it computes (the interpreter tests do that). Needs Triton importable, no GPU:
-    PYTHONPATH=/tmp/tsite:. python benchmarks/triton_ptx_check.py [--only topk,tree,verify,attention,layer,tma]
+    PYTHONPATH=/tmp/tsite:. python benchmarks/triton_ptx_check.py [--only topk,tree,verify,attention,layer]
 """
 
 import sys
@@ -57,7 +57,7 @@ def check(kernel, args: dict, consts: dict, options: dict | None = None, mma: bo
         return False
 
 
-SECTIONS = ("topk", "tree", "verify", "attention", "layer", "tma")
+SECTIONS = ("topk", "tree", "verify", "attention", "layer")
 
 
 def want(section: str) -> bool:
@@ -252,57 +252,6 @@ if want("attention"):
                     dict(D=128, L1P=16, BLOCK_M=32, BLOCK_N=64, SPLIT=False, IEEE=False, K_ROWS=False, TREE_DENSE=True, FOLD=False,
                          USE_GDC=True)))
 
-# ---- the persistent TMA GEMM (kernels/gemm_tma.py; GemmConfig.kernel "tma", "tma-flat", "tma-ws") at the shapes the tuner
-# times (benchmarks/gpu_gemm_tune.py: tma_candidates at tma_block_ms of 16, 32 and TMA_ROWS): by default the first and the
-# last shape of each (row block, form, SwiGLU or not), unsplit and split; `--tma-all` compiles every one. Printed per
-# compile: TMA copies (cp.async.bulk.tensor), wgmma instructions (Hopper's warpgroup MMA; row blocks under 64 get
-# the warp-level mma.sync instead), setmaxnreg (there when Triton warp-specialised the loop: producer and consumer
-# warp groups), the warps it runs with, and shared memory against an H200 SM's 227 KB.
-def _tma_section() -> list[bool]:
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import gpu_gemm_tune as tune
-    from ddtree_bench.engine.gpu.kernels import gemm_tma
-
-    smem_limit = 227 * 1024
-    shapes = []
-    for bm in sorted({b for r in (16, 32) + tune.TMA_ROWS for b in tune.tma_block_ms(r)}):   # 16, 32: --tma-rows 16,32
-        for kind in gemm_tma.KINDS:
-            for sw in (False, True):
-                cands = tune.tma_candidates(bm, sw, (kind,))
-                shapes += [(c, sw) for c in (cands if "--tma-all" in sys.argv else cands[:1] + cands[-1:])]
-    out = []
-    for c, sw in shapes:
-        for part in (False, True):
-            sig = dict(XD=f"tensordesc<bf16[{c.block_m}, {c.block_k}]>", WD=f"tensordesc<bf16[{c.block_n}, {c.block_k}]>",
-                       Y="*fp32" if part else "*bf16", M="i32", N="i32", k_per_split="i32", k_steps="i32", up_rows="i32",
-                       sy="i32", s_split="i32", m_blocks="i32", splits="i32", n_units="i32")
-            consts = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, PROGRAMS=132, SWIGLU=sw, PARTIAL=part,
-                          PRECISION="tf32", FLATTEN=c.kernel == "tma-flat", WARP_SPECIALIZE=c.kernel == "tma-ws",
-                          USE_GDC=False)
-            sig.update({n: "constexpr" for n in consts})
-            what = (f"{c.block_m}x{c.block_n}x{c.block_k} w{c.warps} s{c.stages} {c.kernel}"
-                    f"{' swiglu' if sw else ''}{' partial' if part else ''}")
-            try:
-                k = triton.compile(ASTSource(gemm_tma._tma_gemm_kernel, sig, constexprs=consts), target=TARGET,
-                                   options=dict(num_warps=c.warps, num_stages=c.stages))
-            except Exception as e:  # noqa: BLE001 - report every shape, then fail
-                print(f"FAIL  _tma_gemm_kernel {what}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
-                out.append(False)
-                continue
-            ptx = k.asm["ptx"]
-            smem = k.metadata.shared
-            print(f"ok    _tma_gemm_kernel {what}: cp.async.bulk.tensor {ptx.count('cp.async.bulk.tensor')}, "
-                  f"wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}, setmaxnreg {ptx.count('setmaxnreg')}, "
-                  f"warps {k.metadata.num_warps}, smem {smem / 1024:.0f} KB{' (over the SM: will not launch)' if smem > smem_limit else ''}")
-            out.append(smem <= smem_limit)   # a shape the tuner times must launch
-    return out
-
-
-if want("tma"):
-    ok += _tma_section()
-# ---- end of the TMA GEMM section
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
 sys.exit(0 if all(ok) else 1)

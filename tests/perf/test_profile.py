@@ -18,7 +18,7 @@ from ddtree_bench.perf.tables import profile_tables
     ("_live_attn_kernel", "attention"), ("_combine_kernel", "attention"),
     ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "attention"),
     ("_rmsnorm_kernel", "layer_ops"), ("_qkv_rope_kernel", "layer_ops"), ("_qkv_rope_tiles_kernel", "layer_ops"),
-    ("_silu_mul_kernel", "layer_ops"), ("_tma_gemm_kernel", "gemm"), ("_gemm_split_reduce", "gemm"),
+    ("_silu_mul_kernel", "layer_ops"), ("_gemm_split_reduce", "gemm"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "elementwise"),
     ("aten::mm", "gemm"), ("aten::copy_", "elementwise"), ("_compile_kernel", "other"),
 ])

@@ -1,6 +1,6 @@
 """The few-row weight GEMM on a GPU at the Qwen3-8B projections' real shapes in bf16: every launch shape the
 table (gemm.config: the H200 table, or DDTREE_GEMM_TABLE's) picks, and a split and an unsplit shape of
-every band, and each form of the persistent TMA kernel (kernels/gemm_tma.py) at 64-256 rows, against cuBLAS
+every band, against cuBLAS
 (F.linear; the fused SiLU-mul for gate/up), eager and replayed from a CUDA graph. Skips without CUDA."""
 
 from __future__ import annotations
@@ -48,34 +48,6 @@ def _eager_and_replayed(x, w, sw: bool, c: GemmConfig, g) -> None:
     x.copy_(torch.randn(x.shape, device="cuda", generator=g).bfloat16())
     gr.replay()
     torch.testing.assert_close(out.float(), twin(), rtol=2e-2, atol=3e-2, msg=lambda m: f"{c} replayed: {m}")
-
-
-def _tma_launches(M, sw):
-    """Each form of the persistent TMA kernel (kernels/gemm_tma.py) at a shape the tuner times for M's band, split
-    and not; from 256 rows also one 256-row block."""
-    bm = 64 if M <= 64 else 128
-    warps = 4 if bm == 64 else 8
-    out = [GemmConfig(bm, 64 if sw else 128, 64, 1, warps, 4, "tma"), GemmConfig(bm, 64, 64, 2, warps, 4, "tma-flat"),
-           GemmConfig(bm, 64, 64, 1, 4, 4, "tma-ws"), GemmConfig(bm, 64, 128, 3, 4, 3, "tma-ws")]
-    return out + ([GemmConfig(256, 64, 64, 1, 8, 3, "tma")] if M > 128 and not sw else [])
-
-
-@pytest.mark.parametrize("name", list(PROJ))
-@pytest.mark.parametrize("M", [64, 65, 129, 256])
-def test_bf16_tma_gemm_matches_cublas_at_the_8b_shapes(name, M):
-    """The TMA kernel within a bf16 step of cuBLAS, eager and from a CUDA graph (M = 65: fewer rows than the TMA box
-    of 128, the rest zero-filled): the graph bakes the TMA descriptors (base addresses) at capture, so a replay
-    after new values are copied into the captured x reads them."""
-    from ddtree_bench.engine.gpu.kernels import gemm_tma
-
-    if not gemm_tma.SUPPORTED or torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA needs sm_90+ and Triton's tensor descriptors")
-    N, K, sw = PROJ[name]
-    g = torch.Generator(device="cuda").manual_seed(M + 7)
-    x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
-    w = (torch.randn(2 * N if sw else N, K, device="cuda", generator=g) / K ** 0.5).bfloat16()
-    for c in _tma_launches(M, sw):
-        _eager_and_replayed(x, w, sw, c, g)
 
 
 def test_a_fused_forward_with_pdl_has_the_same_bits_as_without(monkeypatch):

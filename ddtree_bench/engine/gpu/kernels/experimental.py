@@ -17,6 +17,7 @@ import os
 from functools import lru_cache
 
 ENV = "DDTREE_GPU_EXPERIMENTAL"
+GEMM_TABLE_ENV = "DDTREE_GEMM_TABLE"   # a JSON GEMM table (kernels/gemm.py) used on any CUDA device; named here, Triton-free
 FEATURES = {
     "pdl": "programmatic dependent launch, with the weight GEMM's L2 prefetch (kernels/pdl.py)",
     "split-cap": "live attention's split-KV ranges capped on the device so their partials never outweigh the K/V (kernels/attention.py)",

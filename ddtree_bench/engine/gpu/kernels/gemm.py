@@ -22,11 +22,9 @@ and the separate SiLU kernel are gone.
 Twins: F.linear, and ops.TorchOps.silu_mul(F.linear(x, gate_up)); results agree up to fp32 summation
 order before the one rounding to the activation dtype. Launch shapes come from an H200 tuning table
 (`config`, measured by benchmarks/gpu_gemm_tune.py; docs/gpu-performance.md); shapes the table does not
-name run cuBLAS (`config` returns None). A launch shape whose `kernel` is not "tiles" runs kernels/gemm_tma.py's
-persistent TMA kernel instead, with the same epilogues and partials (a tuner candidate: H200_TABLE names none).
-bf16 / fp16 only (fp32 keeps cuBLAS's IEEE products).
-The launch shape, the SwiGLU epilogue and the split-K partials and their reduce live in kernels/gemm_parts.py,
-shared with gemm_tma.py. Knows nothing of models: only x [M, K] (last dim contiguous) and a row-major weight [N, K].
+name run cuBLAS (`config` returns None). bf16 / fp16 only (fp32 keeps cuBLAS's IEEE products).
+The launch shape, the SwiGLU epilogue and the split-K partials and their reduce live in kernels/gemm_parts.py.
+Knows nothing of models: only x [M, K] (last dim contiguous) and a row-major weight [N, K].
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ import os
 
 import torch
 
-from ddtree_bench.engine.gpu.kernels import pdl
+from ddtree_bench.engine.gpu.kernels import experimental, pdl
 from ddtree_bench.engine.gpu.kernels.common import tl, triton
 from ddtree_bench.engine.gpu.kernels.gemm_parts import (KERNELS, REDUCE_BLOCK, GemmConfig, SplitSums,  # noqa: F401
                                                         _gemm_split_reduce, _store_tile)
@@ -108,10 +106,8 @@ def _run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: Gem
          reduce: bool = True) -> torch.Tensor | SplitSums:
     """Launch the kernel for out [M, n_out] (swiglu when up_rows > 0: the up weight rows start at up_rows);
     reduce=False leaves a split launch's partials unreduced (SplitSums)."""
-    if launch.kernel != "tiles":
-        from ddtree_bench.engine.gpu.kernels import gemm_tma
-
-        return gemm_tma.run(x, w, n_out, up_rows, launch, reduce)
+    if launch.kernel not in KERNELS:
+        raise ValueError(f"unknown GEMM kernel {launch.kernel!r}: {' | '.join(KERNELS)}")
     M, K = x.shape
     c = launch
     split = max(1, min(c.split_k, triton.cdiv(K, c.block_k)))
@@ -190,7 +186,7 @@ H200_TABLE: Table = {   # benchmarks/h200-2026-12-01d/gemm1 (no PDL): wins of 2-
 }
 
 TUNED_CAPABILITY = (9, 0)   # H200_TABLE was measured on sm_90 (H200); elsewhere cuBLAS unless TABLE_ENV names a table
-TABLE_ENV = "DDTREE_GEMM_TABLE"   # a JSON table written by benchmarks/gpu_gemm_tune.py --write, used on any CUDA device
+TABLE_ENV = experimental.GEMM_TABLE_ENV   # a JSON table written by benchmarks/gpu_gemm_tune.py --write, used on any CUDA device
 _LOADED: dict[str, Table] = {}
 
 

@@ -1,9 +1,8 @@
-"""What the two few-row GEMM kernels share (kernels/gemm.py's pointer-tile kernel, kernels/gemm_tma.py's
-persistent TMA kernel): the launch shape of one GEMM (`GemmConfig`, whose `kernel` names which of them runs
-it), the SwiGLU epilogue (silu(gate) * up, rounded where ops.TorchOps.silu_mul rounds), the split-K partials
-(`SplitSums`) and the kernel that sums them in range order (`_gemm_split_reduce`). Its own file so that gemm.py
-can dispatch to gemm_tma.py and both can use these without importing each other. Knows nothing of models or of
-which shape is fast.
+"""The parts of the few-row GEMM (kernels/gemm.py) that are not its main loop: the launch shape of one GEMM
+(`GemmConfig`), the SwiGLU epilogue (silu(gate) * up, rounded where ops.TorchOps.silu_mul rounds), the split-K
+partials (`SplitSums`) and the kernel that sums them in range order (`_gemm_split_reduce`). (A persistent TMA
+kernel shared these until 2026-12-02; it lost to this one, NaN'd in one launch form, and was removed:
+docs/gpu-performance.md.) Knows nothing of models or of which shape is fast.
 """
 
 from __future__ import annotations
@@ -15,16 +14,15 @@ import torch
 from ddtree_bench.engine.gpu.kernels import pdl
 from ddtree_bench.engine.gpu.kernels.common import tl, triton
 
-# GemmConfig.kernel: "tiles" kernels/gemm.py's pointer-tile kernel; the others kernels/gemm_tma.py's persistent TMA kernel,
-# plain, with its loop nest flattened (tl.range(flatten=True)), or warp-specialised (tl.range(warp_specialize=True))
-KERNELS = ("tiles", "tma", "tma-flat", "tma-ws")
+# GemmConfig.kernel: "tiles", kernels/gemm.py's pointer-tile kernel, the only one (a table naming another is refused)
+KERNELS = ("tiles",)
 REDUCE_BLOCK = 1024   # columns per program of _gemm_split_reduce
 
 
 @dataclass(frozen=True)
 class GemmConfig:
     """Launch shape of one GEMM: output tile block_m x block_n, K step block_k, K split into split_k ranges, and
-    which kernel runs it (a name in KERNELS)."""
+    the kernel that runs it (a name in KERNELS)."""
 
     block_m: int
     block_n: int
