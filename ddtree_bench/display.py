@@ -98,9 +98,11 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
     tps_ci = any(r.get("output_throughput_tok_s_ci_low") is not None for r in shown)
     heavy = any(r.get("heavy_load") for r in shown)
     loaded = any(_loaded(r) for r in shown)  # batched columns: the throughput ratio, batch fill, honoured
+    judged = [sfx for sfx in ("", "_vs_baseline") if any(r.get(f"correctness{sfx}") not in (None, "") for r in shown)]
     header = ["method", "budget", *vary, "tau", f"tok/s [{pct} CI]" if tps_ci else "tok/s", f"speedup [{pct} CI]",
               *(["tok/s x AR", "batch fill", "load honoured"] if loaded else []),
-              "TTFT p50 ms", "TPOT p50 ms", *(["repeats"] if agg else []), *(["heavy load"] if heavy else []), "status"]
+              "TTFT p50 ms", "TPOT p50 ms", *(["repeats"] if agg else []), *(["heavy load"] if heavy else []),
+              *[{"": "greedy vs AR", "_vs_baseline": "vs baseline"}[sfx] for sfx in judged], "status"]
     body = []
     for r in shown:
         ttft = r.get("ttft_ms_p50")
@@ -111,19 +113,44 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
                      *([r.get("throughput_ratio_vs_ar"), _fill(r), _honoured_cell(r)] if loaded else []),
                      round(ttft, 1) if isinstance(ttft, float) else ttft, r.get("tpot_ms_p50"),
                      *([r.get("repeats_ok")] if agg else []), *(["yes" if r.get("heavy_load") else ""] if heavy else []),
-                     r["status"]])
+                     *[correctness_cell(r, sfx) for sfx in judged], r["status"]])
     out = table(body, header)
     if loaded:
         out += ("\n(tok/s x AR: output tok/s / AR's at the same load, the batched speedup; batch fill: requests per "
                 "engine round, mean / max)")
         for label, why in unhonoured_loads(shown):
             out += f"\nNOT honoured ({label}): {why}. Its rows are not measurements at that load; no takeaway is drawn there."
+    if judged:
+        out += ("\n(greedy vs AR: prompt turns identical to the sweep's AR point / compared; a tie is a near tie "
+                "(shown, not failed), DIVERGES a confident divergence by the logit-gap rule: the sweep exits 1)")
     if agg:
         out += (f"\n(over {max(int(r.get('repeats_ok') or 0) for r in agg)} repeats; one row per repeat in summary.csv. "
                 f"tok/s: mean, Student t interval over repeats; speedup: paired, bootstrap over repeats and prompts)")
     else:
         out += "\n(speedup interval: paired bootstrap over prompts; tok/s needs --repeats >= 2 for an interval)"
     return out
+
+
+def correctness_cell(r: dict[str, Any], suffix: str = "") -> str:
+    """'16/16 same', '15/16 same, 1 tie', 'DIVERGES 2/16', 'T>0: not judged', ... (sweep/correctness.py)."""
+    v = r.get(f"correctness{suffix}")
+    if v in (None, ""):
+        return "reference" if (r.get("method") == "ar" and not suffix) else ""
+
+    def n(k: str) -> int:
+        x = r.get(f"{k}{suffix}")
+        return int(float(x)) if x not in (None, "") else 0
+
+    same = f"{n('exact_match')}/{n('compared')} same"
+    if v == "DIVERGES":
+        return f"DIVERGES {n('divergences')}/{n('compared')}"
+    if v == "near ties":
+        return f"{same}, {n('near_ties')} tie{'s' if n('near_ties') != 1 else ''}"
+    if v == "unjudged":
+        return f"{same}, {n('other_diffs')} unjudged"
+    if v == "not judged":
+        return "not judged" + (" (T>0)" if float(r.get("temperature") or 0) > 0 else "")
+    return same if v == "lossless" else str(v)
 
 
 def _loaded(r: dict[str, Any]) -> bool:

@@ -4,6 +4,10 @@ With no arguments it runs the embedded default: the in-process toy pair on the b
 AR + DFlash + DDTree at budgets 16..1024 (`defaults.SWEEP_*`). Grid flags take comma lists and
 override `--config grid.yaml`; `--resume [SWEEP_DIR]` continues a sweep (the latest one under
 results/ when no directory is given) with the grid stored in its sweep.json.
+
+Exit codes: 0 every point ran and no greedy output diverges confidently; 1 a point failed, or a
+DFlash/DDTree point's greedy outputs confidently diverge from the sweep's AR point (or from
+--baseline; sweep/correctness.py; near ties are shown, not failed); 2 bad input.
 """
 
 from __future__ import annotations
@@ -60,7 +64,9 @@ def sweep_cmd(
     api_key: O.ApiKey = None,
     out: Annotated[Optional[Path], _opt("--out", help="Sweep directory (default: results/<sweep-id>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue a sweep: finished points are kept, failed and missing ones run.")] = False,
-    report: Annotated[bool, typer.Option("--report/--no-report", help="Write reports/<sweep-id>.html.")] = True,
+    baseline: Annotated[Optional[Path], _opt("--baseline", help="Also compare every point's greedy outputs with this baseline file (baseline record / import); every DFlash/DDTree point is always compared with the sweep's AR point. Kept by --resume.")] = None,
+    allow_model_mismatch: Annotated[bool, typer.Option("--allow-model-mismatch", help="Compare with a --baseline recorded with another model (refused otherwise: exit 2).")] = False,
+    report: Annotated[bool, typer.Option("--report/--no-report", help="Write the HTML report: beside the sweep directory (DIR.html) with --out DIR, else reports/<sweep-id>.html.")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
     """Run a grid of configurations (servers or the in-process engine) into results/<sweep-id>/."""
@@ -107,22 +113,30 @@ def sweep_cmd(
         return
     if resume:
         typer.echo(f"resuming {target}")
-        outcome = run_sweep(grid, target, resume=True, api_key=api_key, progress=not quiet, echo=typer.echo)
+        outcome = run_sweep(grid, target, resume=True, api_key=api_key, progress=not quiet, echo=typer.echo,
+                            baseline=baseline, allow_model_mismatch=allow_model_mismatch)
     else:
-        outcome = run_sweep(grid, target, api_key=api_key, progress=not quiet, echo=typer.echo)
+        outcome = run_sweep(grid, target, api_key=api_key, progress=not quiet, echo=typer.echo,
+                            baseline=baseline, allow_model_mismatch=allow_model_mismatch)
     if outcome.auto_ar:
         typer.echo("note: the AR baseline was added to the grid (speedup_vs_ar needs it)")
     summary = _sweep_summary(outcome.out)
     typer.echo(final_table(summary["rows"] if summary else outcome.rows))
     typer.echo(f"results: {outcome.out}  (summary.csv, points/, sweep.json)")
     if report and outcome.rows:
-        path = _report(outcome.out)
+        path = _report(outcome.out, report_path(outcome.out, out is not None or sweep_dir is not None))
         if path is not None:
             typer.echo(f"report: {path}")
     for t in (summary or {}).get("takeaways") or []:  # the closing line: a winner only when intervals separate
         typer.echo("takeaway" + (f" ({t['settings']})" if t.get("settings") else "") + ": " + t["sentence"])
     for t in (summary or {}).get("no_takeaway") or []:  # a load the backend did not honour: said, not silently skipped
         typer.echo("no takeaway" + (f" ({t['settings']})" if t.get("settings") else "") + ": " + t["why"])
+    for line in outcome.correctness:  # is it correct: greedy outputs vs the sweep's AR point (and --baseline)
+        typer.echo(line)
+    if outcome.diverged:
+        raise RunFailed(f"{len(outcome.diverged)} point(s) confidently diverge from greedy AR: "
+                        + ", ".join(outcome.diverged[:3]) + (" ..." if len(outcome.diverged) > 3 else ""),
+                        hint=f"see the correctness column of {outcome.out}/summary.csv and points/<id>/compare_ar.json")
     if outcome.failed:
         raise RunFailed(f"{len(outcome.failed)} of {len(outcome.points)} points failed (see status.json in {outcome.out}/points/)",
                         hint=f"rerun the failed points with: ddtree-bench sweep --resume {outcome.out}")
@@ -135,14 +149,23 @@ def _stored_grid(target: Path):
     return GridSpec.from_dict(SweepDir(target).read()["grid"])
 
 
-def _report(sweep_dir: Path) -> Path | None:
-    """reports/<sweep-id>.html via the report renderer; None (table only) while it is not installed."""
+def report_path(sweep_dir: Path, given: bool) -> Path:
+    """Where the sweep's report goes: beside a directory the user named (--out DIR or --resume DIR:
+    DIR.html), else reports/<sweep-id>.html for the default results/<sweep-id>/."""
+    sweep_dir = Path(sweep_dir)
+    if given and sweep_dir.resolve().parent != Path("results").resolve():
+        return sweep_dir.parent / f"{sweep_dir.name}.html"
+    return Path("reports") / f"{sweep_dir.name}.html"
+
+
+def _report(sweep_dir: Path, path: Path) -> Path | None:
+    """The sweep's HTML report at `path` via the report renderer; None (table only) while it is not installed."""
     try:
         from ddtree_bench.report import write_report  # INTEGRATION(report): issue of the HTML report
     except ImportError:
         return None
     try:
-        return write_report([sweep_dir], Path("reports") / f"{sweep_dir.name}.html")
+        return write_report([sweep_dir], path)
     except Exception as e:  # a report problem must not hide the sweep's results
         typer.echo(f"warning: the HTML report failed ({type(e).__name__}: {e})", err=True)
         return None

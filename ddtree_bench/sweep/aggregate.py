@@ -12,7 +12,8 @@ over repeats with the Student t interval (`metrics.output_throughput_interval`);
 E2E, ITL from the pooled records of the finished repeats; counts summed; `heavy_load` true when any
 repeat ran under heavy load. Status `ok` when every repeat finished, else `failed` with the count.
 
-summary.json (kind `ddtree-bench-sweep-summary`, version 1): the interval method and defaults,
+summary.json (kind `ddtree-bench-sweep-summary`, version 2; 1 had no correctness): the interval
+method and defaults, the correctness verdict (`correctness`: sweep/correctness.py's closing lines),
 every row (per repeat and aggregate) and the takeaways (`noise.verdict`), one per group of
 settings that share an AR baseline, except groups in which some point did not honour its
 concurrency (`concurrency_honoured` false): those are listed under `no_takeaway` with the why.
@@ -40,7 +41,7 @@ from ddtree_bench.stats import BOOTSTRAP, BOOTSTRAP_2WAY, STUDENT_T, Interval
 from ddtree_bench.sweep.grid import Point
 
 SUMMARY_KIND = "ddtree-bench-sweep-summary"
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2  # 2: rows carry the correctness columns and the document a `correctness` block
 ALL = "all"
 CI_COLUMNS = ("speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high", "output_throughput_tok_s_ci_low",
               "output_throughput_tok_s_ci_high")
@@ -166,6 +167,7 @@ def aggregate_rows(sdir, points: list[Point], rows: list[dict[str, Any]]) -> lis
         shares = [r.get("other_cpu_share") for r in rep_rows if r is not None and r.get("other_cpu_share") is not None]
         row["other_cpu_share"] = max(shares) if shares else None
         row.update(_batching([r for r in rep_rows if r is not None and r.get("status") == "ok"]))
+        row.update(_correctness([r for r in rep_rows if r is not None and r.get("status") == "ok"]))
         row["_ar_key"] = base.ar_key()
         out.append(row)
     ar_rows = {r["_ar_key"]: r for r in out if r.get("method") == "ar"}
@@ -186,6 +188,23 @@ def _batching(reps: list[dict[str, Any]]) -> dict[str, Any]:
     maxes = [int(float(r["batch_size_max"])) for r in reps if r.get("batch_size_max") not in (None, "")]
     return {"concurrency_honoured": honoured, "concurrency_why": why,
             "batch_size_mean": sum(means) / len(means) if means else None, "batch_size_max": max(maxes) if maxes else None}
+
+
+def _correctness(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The aggregate row's correctness columns: counts summed over repeats, the worst verdict
+    (DIVERGES > unjudged > near ties > lossless; any other verdict is kept as it is)."""
+    from ddtree_bench.sweep.correctness import COUNTS
+
+    out: dict[str, Any] = {}
+    rank = {"DIVERGES": 0, "unjudged": 1, "no reference": 2, "not judged": 3, "near ties": 4, "lossless": 5}
+    for suffix in ("", "_vs_baseline"):
+        verdicts = [str(r[f"correctness{suffix}"]) for r in reps if r.get(f"correctness{suffix}") not in (None, "")]
+        if not verdicts:
+            continue
+        out[f"correctness{suffix}"] = min(verdicts, key=lambda v: rank.get(v, -1))
+        for k in COUNTS:
+            out[f"{k}{suffix}"] = sum(int(float(r.get(f"{k}{suffix}") or 0)) for r in reps)
+    return out
 
 
 # ---------------------------------------------------------------------------- takeaways
@@ -298,7 +317,8 @@ def closing_line(rows: list[dict[str, Any]]) -> str:
 # ---------------------------------------------------------------------------- summary.json
 
 
-def write_summary(sdir, rows: list[dict[str, Any]], aggregates: list[dict[str, Any]], schedule: Any = None) -> dict[str, Any]:
+def write_summary(sdir, rows: list[dict[str, Any]], aggregates: list[dict[str, Any]], schedule: Any = None,
+                  correctness: dict[str, Any] | None = None) -> dict[str, Any]:
     """The sweep directory's summary.json (module docstring); returns what it wrote."""
     from ddtree_bench.env import now_iso
     from ddtree_bench.results import write_json_atomic
@@ -307,7 +327,7 @@ def write_summary(sdir, rows: list[dict[str, Any]], aggregates: list[dict[str, A
     doc = {"kind": SUMMARY_KIND, "version": SUMMARY_VERSION, "written_at": now_iso(), "intervals": interval_method(),
            "schedule": schedule, "rows": allrows,
            "takeaways": [{"settings": label, **v.to_dict()} for label, v in takeaways(allrows)],
-           "no_takeaway": no_takeaways(allrows)}
+           "no_takeaway": no_takeaways(allrows), "correctness": correctness}
     for t in doc["takeaways"]:
         for c in t["ranked"]:
             c.pop("ref", None)

@@ -3,13 +3,15 @@
     results/<sweep-id>/
       sweep.json                 the grid, the expanded points (in execution order), versions, start time
       summary.csv                one row per attempted point: SUMMARY_COLUMNS (the design.md contract),
-                                 then EXTRA_COLUMNS (intervals and noise: sweep/aggregate.py); with
+                                 then EXTRA_COLUMNS (intervals and noise: sweep/aggregate.py; greedy
+                                 correctness vs AR and --baseline: sweep/correctness.py); with
                                  repeats > 1 also one aggregate row per point (`repeat` = `all`)
       summary.json               the same rows, the interval method and the takeaways (aggregate.py)
       points/<point-id>/         a run directory (run.json, records.jsonl, summary.json), plus
                                  status.json (ok | failed, error, server log tail), and for server
                                  backends server.log (the server's log while this point ran),
-                                 server.json (command, version, url) and counters.json
+                                 server.json (command, version, url) and counters.json; after the
+                                 sweep correctness.json and compare_ar.json / compare_baseline.json
       servers/<server-id>-<n>.log  each server process's whole log (n counts restarts)
 
 A point is finished iff its `summary.json` exists; everything else (failed, interrupted, never
@@ -34,6 +36,8 @@ from ddtree_bench import metrics
 from ddtree_bench.errors import UsageError
 from ddtree_bench.results import read_json, read_records, write_json_atomic
 from ddtree_bench.sweep.aggregate import CI_COLUMNS, NOISE_COLUMNS, noise_columns, speedup_columns
+from ddtree_bench.sweep.correctness import CORRECTNESS_COLUMNS, CORRECTNESS_JSON
+from ddtree_bench.sweep.correctness import columns as correctness_columns
 from ddtree_bench.sweep.grid import Point
 
 SUMMARY_COLUMNS = (
@@ -47,7 +51,7 @@ EXTRA_COLUMNS = (
     "acceptance_crosscheck_agree", "server_version",
     # batching (metrics.concurrency_summary): total tok/s vs AR at the same concurrency, whether the load was real
     "throughput_ratio_vs_ar", "concurrency_honoured", "concurrency_why", "batch_size_mean", "batch_size_max",
-) + CI_COLUMNS + NOISE_COLUMNS
+) + CI_COLUMNS + NOISE_COLUMNS + CORRECTNESS_COLUMNS  # greedy outputs vs AR / --baseline (sweep/correctness.py)
 COLUMNS = SUMMARY_COLUMNS + EXTRA_COLUMNS
 ERROR_CHARS = 300
 SWEEP_VERSION = 2   # sweep.json; 2 adds `schedule` (the run order) and grid `order` / `order_seed`
@@ -180,6 +184,7 @@ class SweepDir:
             row["throughput_ratio_vs_ar"] = metrics.throughput_ratio_vs_ar(
                 summary.get("output_throughput_tok_s"), (ar_summary or {}).get("output_throughput_tok_s"))
             row.update(speedup_columns(self, p, ar))
+            row.update(correctness_columns(self.read_point_json(pid, CORRECTNESS_JSON)))
         return row
 
     def speedup(self, p: Point, ar: Point | None) -> float | None:

@@ -2,8 +2,9 @@
 held for its whole life, preparation (`sweep/prepare.py`, exit 2 on bad input before any work), the
 plan printed before it runs (`sweep/plan.py`), sweep.json, the loop (`sweep/loop.py`: batches in
 this process, or on the executor `sweep/executor_choice.py` picks for `--workers` / `--executor
-ray`), and at the end, even after a failure or Ctrl-C, summary.csv with the aggregate rows and
-their intervals (`sweep/aggregate.py`).
+ray`), and at the end, even after a failure or Ctrl-C, the correctness of every finished point
+(`sweep/correctness.py`: greedy outputs vs the sweep's AR point and --baseline) and summary.csv
+with the aggregate rows and their intervals (`sweep/aggregate.py`).
 
 Bad input is found before anything runs (exit 2). Ctrl-C / SIGTERM stop the servers (process
 groups) and leave the directory resumable; --resume keeps the stored grid (with this invocation's
@@ -28,6 +29,7 @@ from ddtree_bench.errors import UsageError
 from ddtree_bench.outpaths import check_output_dir, make_dirs
 from ddtree_bench.results import read_json
 from ddtree_bench.sweep import aggregate as A
+from ddtree_bench.sweep import correctness as K
 from ddtree_bench.sweep import executors as X
 from ddtree_bench.sweep import order as O
 from ddtree_bench.sweep import plan as P
@@ -49,6 +51,8 @@ class SweepOutcome:
     failed: list[str] = field(default_factory=list)
     skipped: int = 0            # finished before this invocation (--resume)
     auto_ar: bool = False
+    correctness: list[str] = field(default_factory=list)    # the closing verdict lines (sweep/correctness.py)
+    diverged: list[str] = field(default_factory=list)       # point ids whose outputs confidently diverge
 
 
 # --------------------------------------------------------------------------- directories
@@ -102,8 +106,14 @@ def _sigterm_as_interrupt():
 
 
 def run_sweep(grid: GridSpec, out: Path, *, resume: bool = False, api_key: str | None = None, progress: bool = True,
-              echo: Callable[[str], None] = print) -> SweepOutcome:
+              echo: Callable[[str], None] = print, baseline: Path | None = None,
+              allow_model_mismatch: bool = False) -> SweepOutcome:
     """Run (or resume) a sweep into `out`. Raises UsageError before any work on bad input.
+
+    After the points ran, every finished point's greedy outputs are judged against the sweep's AR
+    point and against `baseline` when given (sweep/correctness.py); the baseline file is read (and
+    its model checked against the grid's) before any work. A resumed sweep keeps the baseline
+    recorded in sweep.json unless another is given.
 
     The driver holds `SweepLock(out)` for the sweep's whole life: a second sweep or --resume on the
     same directory is exit 2 naming the holder; a lock left by a driver that died is taken over
@@ -125,7 +135,7 @@ def run_sweep(grid: GridSpec, out: Path, *, resume: bool = False, api_key: str |
     try:
         if lock.taken_over:
             echo(f"note: took over the lock of a sweep that died: {describe_holder(lock.taken_over)}")
-        return _run_locked(grid, out, sdir, resume, api_key, progress, echo)
+        return _run_locked(grid, out, sdir, resume, api_key, progress, echo, baseline, allow_model_mismatch)
     finally:
         lock.release()
         if created:
@@ -140,13 +150,24 @@ def _rmdir_if_empty(path: Path) -> None:
 
 
 def _run_locked(grid: GridSpec, out: Path, sdir: SweepDir, resume: bool, api_key: str | None, progress: bool,
-                echo: Callable[[str], None]) -> SweepOutcome:
+                echo: Callable[[str], None], baseline_path: Path | None = None,
+                allow_model_mismatch: bool = False) -> SweepOutcome:
     if resume:
         info = sdir.read()
         grid = X.keep_execution(GridSpec.from_dict(info["grid"]), grid)  # this invocation's workers / executor
         reap_recorded(sdir.servers_dir, echo)
+        stored = info.get("baseline") or {}
+        if baseline_path is None and stored.get("path"):
+            baseline_path = Path(stored["path"])
+            allow_model_mismatch = allow_model_mismatch or bool(stored.get("allow_model_mismatch"))
     elif any(f.name != LOCK_NAME for f in out.iterdir()):
         raise UsageError(f"{out} already exists and is not empty", hint=f"continue it with: ddtree-bench sweep --resume {out}")
+    baseline = None
+    if baseline_path is not None:  # bad input before any work: unreadable, or of another model
+        from ddtree_bench.baselines.file import read_baseline
+
+        baseline = read_baseline(baseline_path)
+        K.check_baseline_model(baseline, grid.models, allow_model_mismatch)
     prep = prepare(grid, api_key, RX.external_device_fn(grid))
     executor = make_executor(grid, prep.points, echo)  # exit 2 for a layout this host cannot give
     auto_ar = "ar" not in grid.methods
@@ -160,20 +181,34 @@ def _run_locked(grid: GridSpec, out: Path, sdir: SweepDir, resume: bool, api_key
                      "sweep_id": sdir.id, "created_at": now_iso(),
                      "grid": grid.to_dict(), "auto_ar": auto_ar, "points": [p.to_dict() for p in prep.points],
                      "profiles": {b: pr.to_dict() for b, pr in prep.profiles.items()}, **environment(None)})
+    if baseline_path is not None:
+        sdir.update(baseline={"path": str(baseline_path), "allow_model_mismatch": allow_model_mismatch})
     skipped = sum(1 for p in prep.points if sdir.finished(p.id))
     sdir.rewrite_csv(sdir.rows([p for p in prep.points if sdir.finished(p.id)]))
     for line in P.plan_for(grid, prep.points, sdir, executor).lines():
         echo(line)
     sweep = SweepLoop(grid, prep, sdir, progress, echo)
     sweep.executor = executor
+    finished_loop = False
     try:
         with _sigterm_as_interrupt():
             sweep.run()
+        finished_loop = True
     finally:
+        # correctness: re-scoring gaps may load the reference engine, so not after a Ctrl-C
+        judge_error = None
+        try:
+            K.judge_sweep(sdir, prep.points, baseline, allow_model_mismatch, rescore=finished_loop)
+        except Exception as e:  # the rows and summary are still written; the error is raised after them
+            judge_error = e
         rows = sdir.rows(prep.points)
         aggregates = A.aggregate_rows(sdir, prep.points, rows)  # `repeat` = `all` rows with the intervals
         sdir.rewrite_csv(rows + aggregates)
-        A.write_summary(sdir, rows, aggregates, O.describe_for(grid, prep.points))
+        verdict = K.closing_lines(rows, str(baseline_path) if baseline_path is not None else None)
+        A.write_summary(sdir, rows, aggregates, O.describe_for(grid, prep.points),
+                        {"lines": verdict, "diverged": [r["point_id"] for r in K.failures(rows)]})
         sdir.update(last_run_at=now_iso(), complete=all(sdir.finished(p.id) for p in prep.points))
+    if judge_error is not None:
+        raise judge_error
     failed = [r["point_id"] for r in rows if r["status"] not in ("ok", "unsupported")]
-    return SweepOutcome(out, prep.points, rows, failed, skipped, auto_ar)
+    return SweepOutcome(out, prep.points, rows, failed, skipped, auto_ar, verdict, [r["point_id"] for r in K.failures(rows)])

@@ -17,7 +17,9 @@ For each (prompt_id, turn) present in both, `kind` is one of:
                     diverged (it carries that answer), so it cannot be compared;
   error             the run's request failed;
   sampled           T > 0 (run or baseline): outputs are equal only in distribution, so tokens are
-                    not diffed; acceptance histograms and tau are compared instead.
+                    not diffed; acceptance histograms and tau are compared instead, and
+                    `compare_run` tests the emitted tokens against the target's tempered
+                    distribution (`distribution.py`: the `distribution` section).
 exact_match_rate = matches / num_prompts (every paired (prompt, turn) counts).
 Acceptance: tau (metrics.acceptance_length_mean) of the run and of the baseline over the same
 paired prompts, per-depth acceptance-rate deltas (run - baseline) and the histograms' total
@@ -73,6 +75,7 @@ class Comparison:
     warnings: list[str] = field(default_factory=list)
     run_info: dict[str, Any] = field(default_factory=dict)
     baseline_info: dict[str, Any] = field(default_factory=dict)
+    distribution: Any = None   # T > 0: distribution.SamplingReport (compare_run / the gate fill it); None at T = 0
 
     def count(self, kind: str, reason_in: tuple[str, ...] | None = None, reason_not_in: tuple[str, ...] = ()) -> int:
         return sum(1 for p in self.prompts if p.kind == kind
@@ -116,6 +119,7 @@ class Comparison:
             "warnings": self.warnings,
             "run_info": self.run_info,
             "baseline_info": self.baseline_info,
+            "distribution": self.distribution.to_json() if self.distribution is not None else None,
         }
 
 
@@ -272,6 +276,16 @@ def run_fact(run_info: dict[str, Any], key: str) -> Any:
     return spec.get(key) if spec.get("backend", "inprocess") == "inprocess" else None
 
 
+def model_mismatch(run_info: dict[str, Any], header: dict[str, Any]) -> str | None:
+    """Why the run's target is not the baseline's (both model hashes known and different), else None.
+    `compare` and `gate` refuse such a pair (exit 2) unless told --allow-model-mismatch."""
+    mine, theirs = run_fact(run_info, "model_hash"), header.get("model_hash")
+    if not mine or not theirs or mine == theirs:
+        return None
+    return (f"the run's target {run_fact(run_info, 'model') or '?'!s} ({mine}) is not the baseline's "
+            f"{header.get('model') or '?'!s} ({theirs})")
+
+
 def _warnings(run_info: dict[str, Any], b: Baseline) -> list[str]:
     """Differences in setup between the run and the baseline that change what a diff means."""
     spec, h = run_info.get("spec", {}), b.header
@@ -371,8 +385,9 @@ def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_g
     )
 
 
-def compare_run(run_dir: str | Path, baseline: Baseline, near_tie_gap: float | None = None) -> Comparison:
-    """Compare a results directory (run.json + records.jsonl) with a baseline."""
+def compare_run(run_dir: str | Path, baseline: Baseline, near_tie_gap: float | None = None, sampling: bool = True) -> Comparison:
+    """Compare a results directory (run.json + records.jsonl) with a baseline; at T > 0 (and `sampling`)
+    also test the run's tokens against the target's distribution (`distribution.judge_sampling`)."""
     from ddtree_bench.results import is_run_dir, is_sweep_dir, read_records, read_run_info
 
     run_dir = Path(run_dir)
@@ -387,4 +402,10 @@ def compare_run(run_dir: str | Path, baseline: Baseline, near_tie_gap: float | N
         summary = read_json(summary_path)
         if isinstance(summary, dict):
             info = {**info, "load": {k: summary.get(k) for k in ("concurrency_requested", "concurrency_honoured", "concurrency_why")}}
-    return compare_records(read_records(run_dir), baseline, near_tie_gap, info, str(run_dir))
+    records = read_records(run_dir)
+    c = compare_records(records, baseline, near_tie_gap, info, str(run_dir))
+    if sampling:
+        from ddtree_bench.verdict.distribution import judge_sampling
+
+        c.distribution = judge_sampling(records, info, baseline)
+    return c
