@@ -34,6 +34,8 @@ def render(c: Comparison) -> str:
         lines.append(f"  warning: {w}")
     if not c.token_comparable:
         lines.append(f"  note: {c.not_comparable_reason}")
+    if c.distribution is not None:
+        lines.append(f"  {c.distribution.line()}")
     lines.append("")
 
     rows = c.prompts

@@ -14,6 +14,10 @@ or the median of `--reference-run` summaries (`against: reference`); with 2+ ref
 tolerance widens to max(tol, noise_k x the relative half-width of the Student-t prediction interval of
 one new run, `reference_spread`, the same intervals the sweep reports).
 
+At T > 0 the token rules do not apply; `sampling_distribution` tests the run's emitted tokens
+against the target's tempered distribution (`distribution.py`, a KS test at a 1% false-alarm
+rate) and says NOT JUDGED where the reference engine cannot score them.
+
 The rules themselves (the packaged `gate_rules.yaml` and a user's file merged over it) are read and
 checked by `rules.py`. Knows compare, metrics and results; nothing of engines or HTTP.
 """
@@ -154,11 +158,39 @@ def correctness_checks(c: Comparison, rules: Rules, num_errors: int, recheck: Re
             checks.append(Check("exact_match_rate", "correctness", "pass" if ok else "fail",
                                 f"{rate:.1%} of prompts match exactly (required {rules.min_exact_match_rate:.1%})",
                                 rate, rules.min_exact_match_rate))
+    sampling = _sampling_check(c, rules)
+    if sampling is not None:
+        checks.append(sampling)
     if c.missing_in_run:
         checks.append(Check("coverage", "correctness", "warn",
                             f"{len(c.missing_in_run)} baseline prompts/turns are not in the run (not judged)"))
     checks.append(_unjudged_check(c, rules))
     return checks
+
+
+def _sampling_check(c: Comparison, rules: Rules) -> Check | None:
+    """T > 0: the run's pooled randomised PIT u must look uniform (`distribution.py`): fail when the KS
+    p-value is below `sampling_alpha`; where the reference engine could not score the run, say NOT
+    JUDGED (a warning, or a failure with `sampling_not_judged: fail`). None at T = 0 (the token rules judge)."""
+    temperature = float(c.run_info.get("temperature") or 0.0)
+    if temperature < D.GREEDY_EPS:
+        return None
+    name = "sampling_distribution"
+    if not rules.sampling_distribution:
+        return Check(name, "correctness", "skip", "off (correctness.sampling_distribution: false): the run's sampling is not judged")
+    d = c.distribution
+    if d is None or not d.judged:
+        why = d.reason if d is not None else "not scored"
+        return Check(name, "correctness", rules.sampling_not_judged, f"NOT JUDGED: {why}")
+    ok = d.p_value >= rules.sampling_alpha
+    msg = (f"KS test of the randomised PIT u over {d.num_tokens} tokens of {d.num_requests} requests at T={d.temperature:g}"
+           + (f", top_p={d.top_p:g}" if d.top_p < 1 else "")
+           + f": D = {d.statistic:.4f}, p = {d.p_value:.3g} ({'>=' if ok else '<'} false-alarm rate {rules.sampling_alpha:g}); "
+           f"mean u {d.mean_u:.3f}")
+    if not ok:
+        msg += ("; u skewed low: the server samples greedily or too cold for its label" if d.skew == "low"
+                else "; u skewed high: the server samples too hot (or ignores top-p)")
+    return Check(name, "correctness", "pass" if ok else "fail", msg, d.p_value, rules.sampling_alpha)
 
 
 def _unjudged_check(c: Comparison, rules: Rules) -> Check:
@@ -305,4 +337,8 @@ def run_gate(results: str | Path, baseline_path: str | Path, rules_path: str | P
     c = compare_records(records, baseline, None if rules.near_tie_gap_from_baseline else rules.near_tie_gap, info, str(results))
     rules.near_tie_gap = c.near_tie_gap
     recheck = recheck_near_ties(c, records, baseline, rules.recheck_near_ties) if c.token_comparable else None
+    if rules.sampling_distribution:  # T > 0 only (None otherwise): the distribution verdict
+        from ddtree_bench.verdict.distribution import judge_sampling
+
+        c.distribution = judge_sampling(records, info, baseline)
     return evaluate(c, rules, sum(1 for r in records if not r.ok), info, summary, refs, baseline.header, recheck)

@@ -151,7 +151,9 @@ def text(g: GateResult) -> str:
     w = max(len(c.name) for c in g.checks)
     lines = [f"{c.status.upper():4}  {c.name.ljust(w)}  {c.message}" for c in g.checks]
     lines += [f"warning: {x}" for x in g.warnings]
-    lines.append("gate: PASSED" if g.passed else f"gate: FAILED ({', '.join(c.name for c in g.failed)})")
+    unjudged = [c.name for c in g.checks if c.message.startswith("NOT JUDGED")]
+    lines.append(("gate: PASSED" if g.passed else f"gate: FAILED ({', '.join(c.name for c in g.failed)})")
+                 + (f" (NOT JUDGED: {', '.join(unjudged)})" if unjudged else ""))
     return "\n".join(lines)
 
 

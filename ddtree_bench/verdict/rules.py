@@ -16,11 +16,14 @@ from typing import Any
 
 from ddtree_bench import defaults as D
 from ddtree_bench.errors import UsageError
+from ddtree_bench.verdict.distribution import FALSE_ALARM_RATE
 
 DEFAULT_RULES = Path(__file__).resolve().parent / "gate_rules.yaml"
 COUNT_RULES = ("max_confident_divergences", "max_errors", "max_prompt_mismatches", "max_length_only",
                "max_unknown_gap", "max_near_ties", "max_unjudged_prompts")
-CORRECTNESS_KEYS = ("near_tie_gap", *COUNT_RULES, "min_exact_match_rate", "recheck_near_ties")
+CORRECTNESS_KEYS = ("near_tie_gap", *COUNT_RULES, "min_exact_match_rate", "recheck_near_ties", "sampling_distribution",
+                    "sampling_alpha", "sampling_not_judged")
+NOT_JUDGED = ("warn", "fail")   # what an unjudged sampling_distribution rule does to the verdict
 METRIC_KEYS = ("metric", "against", "direction", "tolerance", "noise_k", "severity", "name")
 BASELINE_METRICS = {"acceptance_length_mean": "tau_run", "acceptance_length_token_weighted": "tau_run_token_weighted"}
 NATURAL_DIRECTION = {"acceptance_length_mean": "higher", "acceptance_length_token_weighted": "higher",
@@ -58,6 +61,9 @@ class Rules:
     max_unjudged_prompts: int | None = 0   # run prompts/turns absent from the baseline (never judged)
     near_tie_gap_from_baseline: bool = False  # near_tie_gap: null = compare's default for the baseline's source
     recheck_near_ties: bool = True          # re-check near ties from the run's prefix where the model loads
+    sampling_distribution: bool = True      # T > 0: test the emitted tokens against the target's distribution
+    sampling_alpha: float = FALSE_ALARM_RATE  # its false-alarm rate (gate_rules.yaml: null = this default)
+    sampling_not_judged: str = "warn"       # where the reference cannot score the run: warn | fail
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -147,6 +153,17 @@ def load_rules(path: str | Path | None = None) -> Rules:
     recheck = corr.get("recheck_near_ties", True)
     if not isinstance(recheck, bool):
         raise UsageError(f"{where}: correctness.recheck_near_ties must be true or false, got {recheck!r}")
+    sampling = corr.get("sampling_distribution", True)
+    if not isinstance(sampling, bool):
+        raise UsageError(f"{where}: correctness.sampling_distribution must be true or false, got {sampling!r}")
+    alpha = check_number(corr.get("sampling_alpha"), f"{where}: correctness.sampling_alpha")
+    if alpha is not None and not 0 < alpha < 1:
+        raise UsageError(f"{where}: correctness.sampling_alpha must be in (0, 1), got {alpha}")
+    not_judged = corr.get("sampling_not_judged", "warn")
+    if not_judged not in NOT_JUDGED:
+        raise UsageError(f"{where}: correctness.sampling_not_judged must be warn or fail, got {not_judged!r}")
     return Rules(near_tie_gap=D.NEAR_TIE_GAP if gap is None else float(gap), min_exact_match_rate=rate,
                  metrics=[_metric_rule(m, f"{where}: metrics[{i}]") for i, m in enumerate(metrics_list)],
-                 source=where, recheck_near_ties=recheck, near_tie_gap_from_baseline=gap is None, **kw)
+                 source=where, recheck_near_ties=recheck, near_tie_gap_from_baseline=gap is None,
+                 sampling_distribution=sampling, sampling_alpha=FALSE_ALARM_RATE if alpha is None else float(alpha),
+                 sampling_not_judged=not_judged, **kw)
