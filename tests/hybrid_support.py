@@ -162,3 +162,49 @@ def oracle_model(target_dir: Path):
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
     cls = AutoModelForImageTextToText if cfg.get("model_type") == "qwen3_5" else AutoModelForCausalLM
     return cls.from_pretrained(target_dir, dtype=torch.float32).eval()
+
+
+# ---------------------------------------------------------------------------- test worlds (oracle + engine)
+
+# The random tiny configs the oracle tests run on: two GDN layer patterns, the conditional-generation
+# layout, Qwen3-Next's packed projections with MoE, Qwen3.5-MoE; Qwen3-MoE has no GDN (loop tests only).
+CONFIGS = {
+    "qwen3_5_text": dict(kind="qwen3_5_text", layer_types=None),
+    "qwen3_5-attn-first": dict(kind="qwen3_5", layer_types=["full_attention", "linear_attention", "linear_attention",
+                                                             "full_attention", "linear_attention", "linear_attention"]),
+    "qwen3_next": dict(kind="qwen3_next", layer_types=None),
+    "qwen3_5_moe": dict(kind="qwen3_5_moe", layer_types=None),
+}
+
+
+@dataclass
+class HybridWorld:
+    name: str
+    dirs: HybridDirs
+    oracle: object            # transformers' model, fp32, eval
+    target: object            # the engine's HybridTarget
+    drafter: object           # the engine's DFlash drafter (random weights)
+
+    @torch.inference_mode()
+    def oracle_logits(self, seq: list[int]) -> torch.Tensor:
+        """transformers' logits [len(seq), V] of seq run as one plain sequence (no cache)."""
+        return self.oracle(torch.tensor([seq])).logits[0].float()
+
+    @torch.inference_mode()
+    def oracle_greedy(self, prompt: list[int], n: int) -> list[int]:
+        """transformers' greedy `generate` (with its own cache), EOS disabled so exactly n tokens come back."""
+        out = self.oracle.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                   eos_token_id=None, pad_token_id=0)
+        return out[0, len(prompt):].tolist()
+
+
+def build_world(root: Path, name: str, seed: int = 0) -> HybridWorld:
+    from transformers.utils import logging as hf_logging
+
+    from ddtree_bench.engine.loading import load_drafter, load_target
+
+    hf_logging.set_verbosity_error()
+    spec = CONFIGS.get(name, dict(kind=name, layer_types=None))
+    dirs = random_hybrid_dir(root / name, spec["kind"], seed=seed, layer_types=spec["layer_types"])
+    target = load_target(dirs.target)
+    return HybridWorld(name, dirs, oracle_model(dirs.target), target, load_drafter(dirs.draft, target.cfg))

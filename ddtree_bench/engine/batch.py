@@ -383,8 +383,7 @@ class BatchLoop:
             else:
                 accepted, new_bonus = walk(tree, st.bonus, post.tolist())
             a = len(accepted)
-            if accepted != list(range(a)):
-                st.tcache.compact(st.start, torch.tensor(accepted, device=dev))
+            st.tcache.commit(st.start, accepted)
             keep = torch.tensor(accepted, device=dev)
             st.ctx = hidden[keep]
             if st.req.return_logit_gaps:

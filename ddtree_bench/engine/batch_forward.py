@@ -54,6 +54,8 @@ def target_forward_batch(target: Target, rows: Sequence[TargetRow], hidden_layer
                          ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """Per request (logits [T_i, V], hidden [T_i, len(hidden_layers) * H] or None), as
     `Target.forward(ids, positions, cache, start, mask, hidden_layers)` would give for each alone."""
+    if hasattr(target, "forward_rows"):   # hybrid targets (engine/hybrid/model.py) batch their own way
+        return target.forward_rows(rows, hidden_layers)
     spans = _splits([int(r.ids.shape[0]) for r in rows])
     ids = torch.cat([r.ids for r in rows])
     positions = torch.cat([r.positions for r in rows])

@@ -34,6 +34,13 @@ class KVCache:
         """K, V of slots [0, end): [kv_heads, end, head_dim] each."""
         return self.k[layer, :, :end], self.v[layer, :, :end]
 
+    def commit(self, start: int, accepted: list[int]) -> None:
+        """After a verify at `start`: keep the accepted path (node indices, root first). A prefix
+        [0, 1, ..., a-1] is already in place; anything else is compacted. (A hybrid target's cache,
+        engine/hybrid/state.py, also commits its recurrent states here.)"""
+        if accepted != list(range(len(accepted))):
+            self.compact(start, torch.tensor(accepted, device=self.k.device))
+
     def compact(self, start: int, keep: torch.Tensor) -> None:
         """Move rows start + keep[i] to start + i, for all layers (keep: LongTensor, increasing, keep[0] = 0).
 

@@ -128,7 +128,8 @@ def parse_target_config(cfg: dict[str, Any], where: str = "target") -> TargetCon
         archs = cfg.get("architectures")
         raise UsageError(
             f"{where}: model_type {model_type!r} ({archs}) is not supported; the reference engine runs "
-            f"dense Qwen3 and Llama-3.x targets"
+            f"dense Qwen3 and Llama-3.x targets, the hybrid Qwen3.5 / Qwen3-Next families and Qwen3-MoE "
+            f"(model_type qwen3, llama, qwen3_5_text, qwen3_5, qwen3_5_moe, qwen3_next, qwen3_moe)"
         )
     if cfg.get("use_sliding_window"):
         raise UsageError(f"{where}: sliding-window targets are not supported by the reference engine")

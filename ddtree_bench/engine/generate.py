@@ -154,8 +154,7 @@ class PlainLoop:
             else:
                 accepted, new_bonus = walk(tree, bonus, post.tolist())
             a = len(accepted)
-            if accepted != list(range(a)):
-                tcache.compact(start, torch.tensor(accepted, device=dev))
+            tcache.commit(start, accepted)
             keep = torch.tensor(accepted, device=dev)
             ctx = hidden[keep]
             if return_logit_gaps:  # each emitted token was picked from its parent's row

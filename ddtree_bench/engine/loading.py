@@ -115,9 +115,23 @@ def _load_into(module: nn.Module, sd: dict[str, torch.Tensor], what: str, ignore
     module.load_state_dict({k: v for k, v in sd.items() if k in expected}, strict=False)
 
 
-def load_target(model_dir: Path, dtype: str = "float32", device: str = "cpu") -> Target:
+def load_target(model_dir: Path, dtype: str = "float32", device: str = "cpu", target_variant=None) -> Target:
+    """A target from a HF directory. Hybrid / MoE model types (engine/hybrid/) load as `HybridTarget`;
+    `target_variant` (a name or a target_variants.TargetVariant) runs it under a target-side variant."""
     what = f"model {model_dir}"
-    cfg = parse_target_config(read_config(model_dir, "model"), what)
+    raw = read_config(model_dir, "model")
+    from ddtree_bench.engine.hybrid.config import is_hybrid_config
+
+    if is_hybrid_config(raw):
+        from ddtree_bench.engine.hybrid.loading import load_hybrid_target
+
+        return load_hybrid_target(model_dir, raw, torch_dtype(dtype), resolve_device(device), what, target_variant)
+    if target_variant not in (None, "", "reference") and getattr(target_variant, "name", "reference") != "reference":
+        from ddtree_bench.engine.target_variants import parse_target_variant
+
+        v = parse_target_variant(target_variant) if isinstance(target_variant, str) else target_variant
+        raise UsageError(f"target variant {v.name!r} applies to hybrid (Gated DeltaNet) targets only; {model_dir} is {raw.get('model_type')!r}")
+    cfg = parse_target_config(raw, what)
     sd = read_state_dict(model_dir, what)
     target = Target(cfg)
     tied = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
