@@ -13,13 +13,26 @@ them before and after each point (after the server's warmup, with no other traff
   `sglang:spec_verify_calls_total` (both added per finished request), so the window's accept length is
   Δgeneration_tokens / Δverify_calls = Σcompletion_tokens / Σspec_verify_ct. That counts the first
   token (made by prefill, not by a verify round), so the comparable figure is
-  (Σcompletion_tokens − N requests) / Σspec_verify_ct. `/server_info` `internal_states[i].avg_spec_accept_length`
-  is a lifetime figure folded in every `--decode-log-interval` batches: recorded, not compared.
+  (Σcompletion_tokens − N requests) / Σspec_verify_ct: tokens *delivered* per verify round. SGLang's
+  counters cannot say more: a request's last round may accept tokens past `max_tokens`, which its
+  per-request histograms (and the client's a_r, and the reference engine's rounds) count but its
+  completion tokens do not. So the client side of SGLang's check uses the same delivered-token
+  definition (`client_acceptance_length`): Σ(output tokens − 1) / Σ rounds over the client's records,
+  equal to the counters' figure exactly when the server is right. (Client τ = Σa_r / rounds is the
+  figure compared with the reference engine; it differs from this one by the last rounds' overshoot.)
+  `/server_info` `internal_states[i].avg_spec_accept_length` is a lifetime figure folded in every
+  `--decode-log-interval` batches: recorded, not compared.
 * per-request stats the client kept in `RequestRecord.server_stats` (SGLang `spec_verify_ct` with the
   completion tokens; vLLM `num_spec_steps` / `num_accepted_draft_tokens`) give the same sums without
   Prometheus.
 * ddtree-bench serve (`backends/server_metrics.py`): vLLM's counter names under the `ddtree:` prefix,
   read the same way (exact: the server counts the same rounds the client records).
+* llama.cpp's llama-server (`--metrics`, `snapshot_llamacpp`): `llamacpp:spec_decode_num_drafts_total`
+  (verify steps), `..._num_draft_tokens_total`, `..._num_accepted_tokens_total`,
+  `..._num_accepted_tokens_per_pos_total{position}`, added when a request finishes: vLLM's definitions,
+  so 1 + Δaccepted / Δdrafts. The client rebuilds the same rounds from each chunk's `timings`
+  (backends/parsers.py), so the two agree exactly when the server is right; both count the server's
+  rounds as it ran them, drafts shortened to max_tokens (verdict/comparable_acceptance.py).
 
 Differences beyond `defaults.CROSSCHECK_REL_TOL` are flagged (`agree: false`), not failed: truncation
 at max_new_tokens and EOS makes the two sides differ slightly by construction.
@@ -44,6 +57,7 @@ SPEC_COUNTERS = {"num_drafts": "spec_decode_num_drafts_total", "num_draft_tokens
                  "num_accepted_tokens": "spec_decode_num_accepted_tokens_total"}
 SPEC_PER_POS = "spec_decode_num_accepted_tokens_per_pos_total"
 PREFIX = {"vllm": "vllm:", "standalone": "ddtree:"}
+LLAMACPP_PREFIX = "llamacpp:"
 SGL_GEN_TOKENS = "sglang:generation_tokens_total"
 SGL_VERIFY = "sglang:spec_verify_calls_total"
 
@@ -99,6 +113,8 @@ def snapshot(kind: str | None, samples_text: str | None, server_info: dict[str, 
             for key, name in SPEC_COUNTERS.items():
                 snap[key] = metric_sum(s, PREFIX[kind] + name)
             snap["accepted_per_pos"] = {str(k): v for k, v in sorted(_per_pos(s, PREFIX[kind] + SPEC_PER_POS).items())} or None
+        elif kind == "llamacpp":
+            snap.update(snapshot_llamacpp(s))
         elif kind == "sglang":
             snap["generation_tokens"] = metric_sum(s, SGL_GEN_TOKENS)
             snap["spec_verify_calls"] = metric_sum(s, SGL_VERIFY)
@@ -108,6 +124,14 @@ def snapshot(kind: str | None, samples_text: str | None, server_info: dict[str, 
             states = server_info["decode"][0].get("internal_states")  # PD disaggregation
         if isinstance(states, list):
             snap["avg_spec_accept_length_lifetime"] = [st.get("avg_spec_accept_length") for st in states if isinstance(st, dict)]
+    return snap
+
+
+def snapshot_llamacpp(samples: Sequence[tuple[str, dict[str, str], float]]) -> dict[str, Any]:
+    """llama-server's spec-decode counters under vLLM's keys (num_drafts = verify steps; module docstring)."""
+    snap: dict[str, Any] = {key: metric_sum(samples, LLAMACPP_PREFIX + name) for key, name in SPEC_COUNTERS.items()}
+    pos = _per_pos(samples, LLAMACPP_PREFIX + SPEC_PER_POS)
+    snap["accepted_per_pos"] = {str(k): v for k, v in sorted(pos.items())} or None
     return snap
 
 
@@ -121,7 +145,7 @@ def _d(after: dict, before: dict, key: str) -> float | None:
 def server_acceptance(kind: str | None, before: dict[str, Any], after: dict[str, Any], num_requests: int) -> dict[str, Any]:
     """Acceptance from counter deltas over a point. `acceptance_length_comparable` uses the client's definition."""
     out: dict[str, Any] = {}
-    if kind in PREFIX:
+    if kind in PREFIX or kind == "llamacpp":
         drafts, dtoks, acc = (_d(after, before, k) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"))
         out.update(delta_num_drafts=drafts, delta_num_draft_tokens=dtoks, delta_num_accepted_tokens=acc)
         if drafts and acc is not None:
@@ -195,6 +219,30 @@ def per_request_acceptance(records: Sequence[RequestRecord]) -> dict[str, Any] |
             out["per_position_rate"] = [sum(1 for x in per_step if x > i) / len(per_step) for i in range(depth)]
         return out
     return None
+
+
+# What each engine's counters measure, as a figure of the client's records (see the module docstring).
+CLIENT_DEFINITION = {
+    "vllm": "sum a_r / rounds (accepted drafts per spec step + 1, as vLLM counts them)",
+    "standalone": "sum a_r / rounds (ddtree-bench serve counts the rounds the client records)",
+    "sglang": "sum(output tokens - 1) / rounds (tokens delivered per verify round, as SGLang's counters count them)",
+}
+
+
+def client_acceptance_length(kind: str | None, records: Sequence[RequestRecord]) -> float | None:
+    """The client's acceptance length under the definition `kind`'s counters measure (CLIENT_DEFINITION):
+    SGLang: Σ(num_output_tokens − 1) / Σ rounds over ok records that have rounds; every other kind: the
+    token-weighted τ = Σa_r / Σ rounds."""
+    from ddtree_bench import metrics
+
+    if kind != "sglang":
+        return metrics.acceptance_length_token_weighted(records)
+    emitted = rounds = 0
+    for r in records:
+        if r.ok and r.accept_lengths and r.num_output_tokens:
+            emitted += r.num_output_tokens - 1
+            rounds += len(r.accept_lengths)
+    return emitted / rounds if rounds else None
 
 
 def crosscheck(client_tau: float | None, server: dict[str, Any] | None, per_request: dict[str, Any] | None,

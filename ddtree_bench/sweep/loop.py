@@ -46,6 +46,16 @@ from ddtree_bench.sweep.prepare import Prepared, server_command
 from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port
 
 
+def _shim_patches(log: bytes) -> list[str] | None:
+    """Patches a server-side shim announced in the server's log (lines `ddtree-bench-shim: applied NAME (...)`,
+    e.g. the SGLang CPU shim of scripts/install-sglang-cpu.sh), in order, once each; None when there were none."""
+    seen: dict[str, None] = {}
+    for line in log.decode("utf-8", errors="replace").splitlines():
+        if line.startswith("ddtree-bench-shim: applied "):
+            seen.setdefault(line.split()[2], None)
+    return list(seen) or None
+
+
 def _records_if_any(pdir: Path) -> list | None:
     """A finished point's request records, or None when it wrote none that can be read."""
     try:
@@ -214,7 +224,8 @@ class SweepLoop:
             info = {"backend": p.backend, "profile": profile.source, "requires": profile.requires,
                     "note": profile.notes.get(p.method), "command": cmd.display(), "env": cmd.display_env(),
                     "server_python": self.prep.server_pythons.get(p.backend),
-                    "version": version, "restarts": restarts, "started_at": now_iso(), **srv.describe()}
+                    "version": version, "restarts": restarts, "started_at": now_iso(),
+                    "cpu_shim": _shim_patches(srv.log_slice(0)), **srv.describe()}
             try:
                 self._warmup(p, srv)
             except (UsageError, RunFailed, OSError) as e:
@@ -306,11 +317,9 @@ class SweepLoop:
         if err is None:
             records = records if records is not None else read_records(pdir)
             ok = sum(1 for r in records if r.ok)
-            from ddtree_bench import metrics
-
             server_side = C.server_acceptance(kind, before, after, ok) if kind else None
             per_req = C.per_request_acceptance(records)
-            cross = C.crosscheck(metrics.acceptance_length_token_weighted(records), server_side, per_req)
+            cross = C.crosscheck(C.client_acceptance_length(kind, records), server_side, per_req)  # kind's definition
             write_json_atomic(pdir / "counters.json", {"kind": kind, "before": before, "after": after,
                                                        "server_counters": server_side, "per_request": per_req,
                                                        "crosscheck": cross})

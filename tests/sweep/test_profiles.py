@@ -144,8 +144,10 @@ def test_standalone_profile_runs_this_python_with_ddtree_bench_serve():
 
 
 def test_profiles_reject_bad_input(tmp_path):
-    with pytest.raises(UsageError, match="runs on cuda"):
-        _cmd("sglang", "ar", device="cpu")
+    cuda_only = parse_profile({"name": "x", "argv": ["x"], "method_args": {"ar": []}, "devices": ["cuda"]}, "x.yaml")
+    with pytest.raises(UsageError, match="runs on cuda"):  # (the bundled sglang profile runs on cpu too, with its shim)
+        build_command(cuda_only, point_params(cuda_only, model="m", draft=None, method="ar", budget=None,
+                                              spec_tokens=None, dtype="float32", device="cpu", host="h", port=1))
     with pytest.raises(UsageError, match="device_args must map"):
         parse_profile({"name": "x", "argv": ["x"], "method_args": {"ar": []}, "device_args": {"cpu": "--x"}}, "x.yaml")
     with pytest.raises(UsageError, match="method_probe must map"):

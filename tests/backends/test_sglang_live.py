@@ -1,0 +1,282 @@
+"""ddtree-bench against a real SGLang: SGLang 0.5.23 on this CPU (with ddtree-bench's CPU shim) serving the
+bundled toy pair in fp32, AR and DFlash.
+
+What a user does with their deployment, with our CLI: runs over both endpoints, streaming and not, for AR
+and DFlash, token-for-token parity with the reference engine's stored baseline; SGLang's own per-request
+speculative stats (`spec_verify_ct`, `spec_correct_drafts_histogram`) equal to the reference engine's
+per-round acceptance, prompt by prompt, on a suite the shim was not tuned on (humaneval, and mt-bench's
+second turns over /v1/completions); the same stats equal to SGLang's /metrics counters, and the sweep's
+counter cross-check agreeing on a correct server; the gate passing on AR and DFlash; and a sweep that
+launches SGLang itself, survives a server killed in the middle of a point, records DDTree as unsupported
+(PR #29907), and resumes only what failed.
+
+The two servers are module-scoped (`sglang_servers`: AR and DFlash started at once, shared by every test
+here; nothing restarts or kills them). Tests that read /metrics read the before/after difference around
+one run (`dflash_run`) and nothing else reaches that server meanwhile. The sweep test launches its own
+servers. Without SGLang these tests skip with the reason; under CI=true they fail (tests/sglang_support.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from process_support import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "ddtree_bench"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sglang_servers(tmp_path_factory):
+    """One SGLang-CPU AR server and one DFlash server (toy pair, fp32), started at once, for this module.
+    DDTREE_BENCH_SGLANG_AR_URL / _DFLASH_URL point them at servers already running (for iterating)."""
+    from sglang_support import require_sglang, start_sglang
+
+    given = {m: os.environ.get(f"DDTREE_BENCH_SGLANG_{m.upper()}_URL") for m in ("ar", "dflash")}
+    if all(given.values()):
+        yield {m: SimpleNamespace(url=u.rstrip("/"), log_path=None) for m, u in given.items()}
+        return
+    py = require_sglang()
+    logs = tmp_path_factory.mktemp("sglang-logs")
+    servers = {}
+    try:
+        for method in ("ar", "dflash"):
+            servers[method] = start_sglang(method, logs, py)
+        for srv in servers.values():
+            srv.wait_ready()
+        yield servers
+    finally:
+        for srv in servers.values():
+            srv.stop()
+
+
+def run_sglang(url: str, method: str, out: Path, *extra: str, suite: str = "gsm8k", limit: int = 4,
+               tokens: int = 32) -> Path:
+    """`ddtree-bench run --backend sglang ...` through the CLI's main in this process; must exit 0."""
+    rc = run_cli(["run", "--backend", "sglang", "--url", url, "--model", "toy", "--method", method, "--suite", suite,
+                  "--limit", str(limit), "--max-new-tokens", str(tokens), "--warmup", "0", "--out", str(out), "--quiet",
+                  *extra])
+    assert rc == 0, f"ddtree-bench run --backend sglang --method {method} exited {rc} (its output is above)"
+    return out
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip()]
+
+
+def baseline_entries(path: Path) -> dict[tuple[str, int], dict]:
+    lines = path.read_text().splitlines()[1:]
+    return {(e["prompt_id"], e.get("turn", 0)): e for e in map(json.loads, lines)}
+
+
+def record_reference(out: Path, suite: str, limit: int, tokens: int) -> Path:
+    """The reference engine's fp32 baseline with DFlash's per-round acceptance (`--accept-method dflash`)."""
+    rc = run_cli(["baseline", "record", "--model", "toy", "--suite", suite, "--limit", str(limit), "--max-new-tokens",
+                  str(tokens), "--accept-method", "dflash", "--out", str(out), "--quiet"])
+    assert rc == 0, f"baseline record exited {rc}"
+    return out
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "no-stream"])
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("method", ["ar", "dflash"])
+def test_every_endpoint_and_shape_parses_and_matches_greedy(sglang_servers, tmp_path, method, endpoint, stream):
+    run = run_sglang(sglang_servers[method].url, method, tmp_path / "run", "--endpoint", endpoint,
+                     "--stream" if stream else "--no-stream")
+    base = baseline_entries(ROOT / "baselines" / "toy-gsm8k.jsonl")   # reference engine, AR greedy, fp32
+    recs = records(run)
+    assert len(recs) == 4
+    for r in recs:
+        assert r["error"] is None, r["error"]
+        n = r["num_output_tokens"]
+        assert n == len(r["output_ids"]) and 0 < n <= 32
+        assert r["finish_reason"] in ("length", "stop")
+        assert sum(r["chunk_tokens"]) == n          # the stream parser credits every token exactly once
+        assert len(r["chunk_times_ns"]) == len(r["chunk_tokens"])
+        ref = base[(r["prompt_id"], 0)]
+        # chat: SGLang rendered the template; its prompt ids equal the reference engine's rendering
+        assert r["prompt_ids"] == ref["prompt_ids"]
+        assert r["output_ids"] == ref["output_ids"][:n]   # greedy parity, token for token
+        if method == "dflash":
+            if stream:
+                assert max(r["chunk_tokens"]) > 1      # speculative chunks carry several tokens
+            a = r["accept_lengths"]
+            assert r["accept_lengths_source"] == "histogram" and a and all(1 <= x <= 16 for x in a)
+            assert 1 + sum(a) >= n >= len(a)          # prefill's token + each round's a_r (before truncation)
+            assert r["server_stats"]["spec_verify_ct"] == len(a)
+        else:
+            assert not r["accept_lengths"]
+
+
+@pytest.fixture(scope="module")
+def dflash_run(sglang_servers, tmp_path_factory):
+    """One DFlash run on humaneval (a suite the shim was not tuned on: it was built on gsm8k), 8 prompts x 64
+    tokens, with the server's /metrics scraped just before and after (nothing else reaches the server in
+    between); the reference engine's DFlash baseline of the same prompts beside it."""
+    from ddtree_bench.sweep import counters as C
+
+    tmp = tmp_path_factory.mktemp("sglang-dflash")
+    url = sglang_servers["dflash"].url
+    before, text = C.scrape_with_text("sglang", url)
+    run = run_sglang(url, "dflash", tmp / "run", suite="humaneval", limit=8, tokens=64)
+    after, _ = C.scrape_with_text("sglang", url)
+    ref = record_reference(tmp / "ref-dflash.jsonl", "humaneval", 8, 64)
+    return SimpleNamespace(run=run, before=before, before_text=text, after=after, ref=ref)
+
+
+def test_dflash_matches_the_reference_token_for_token_and_round_for_round(dflash_run):
+    ref = baseline_entries(dflash_run.ref)
+    recs = records(dflash_run.run)
+    assert len(recs) == 8
+    for r in recs:
+        e = ref[(r["prompt_id"], 0)]
+        assert r["prompt_ids"] == e["prompt_ids"]
+        assert r["output_ids"] == e["output_ids"], r["prompt_id"]          # token for token
+        # SGLang's own per-request stats: its histogram of accepted drafts per verify round and its count of
+        # verify rounds equal the reference engine's rounds exactly (the histogram has no order: a multiset)
+        hist = r["server_stats"]["spec_correct_drafts_histogram"]
+        assert Counter({j + 1: c for j, c in enumerate(hist) if c}) == Counter(e["accept_lengths"]), r["prompt_id"]
+        assert r["server_stats"]["spec_verify_ct"] == len(e["accept_lengths"])
+        assert sorted(r["accept_lengths"]) == sorted(e["accept_lengths"])
+
+
+def test_second_turns_over_completions_match_the_reference(sglang_servers, tmp_path):
+    """mt-bench: two turns per conversation, the second turn's prompt holds the server's own first answer;
+    /v1/completions with the client's template and token ids."""
+    ref = baseline_entries(record_reference(tmp_path / "ref.jsonl", "mt-bench", 3, 32))
+    run = run_sglang(sglang_servers["dflash"].url, "dflash", tmp_path / "run", "--endpoint", "completions",
+                     suite="mt-bench", limit=3, tokens=32)
+    recs = records(run)
+    assert len(recs) == 6 and {r["turn"] for r in recs} == {0, 1}
+    for r in recs:
+        e = ref[(r["prompt_id"], r["turn"])]
+        assert r["prompt_ids"] == e["prompt_ids"] and r["output_ids"] == e["output_ids"]
+        assert sorted(r["accept_lengths"]) == sorted(e["accept_lengths"])
+
+
+def test_per_request_stats_equal_the_metrics_counters_and_the_crosscheck_agrees(dflash_run):
+    from ddtree_bench.results import read_records
+    from ddtree_bench.sweep import counters as C
+
+    text = dflash_run.before_text
+    assert text and "sglang:spec_verify_calls_total" in text and "sglang:generation_tokens_total" in text
+    recs = read_records(dflash_run.run)
+    server = C.server_acceptance("sglang", dflash_run.before, dflash_run.after, len(recs))
+    per_req = C.per_request_acceptance(recs)
+    assert per_req["source"] == "sglang-sglext"
+    assert server["delta_spec_verify_calls"] == per_req["sum_spec_verify_ct"] == sum(len(r.accept_lengths) for r in recs)
+    assert server["delta_generation_tokens"] == per_req["sum_completion_tokens"] == sum(r.num_output_tokens for r in recs)
+    assert server["acceptance_length_comparable"] == pytest.approx(per_req["acceptance_length_comparable"], abs=1e-12)
+    cross = C.crosscheck(C.client_acceptance_length("sglang", recs), server, per_req)
+    assert cross["server_source"] == "counters" and cross["agree"] is True
+    assert cross["rel_diff"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_gate_passes_where_sglang_is_right(sglang_servers, dflash_run, tmp_path, capsys):
+    runs = {"ar": run_sglang(sglang_servers["ar"].url, "ar", tmp_path / "ar", suite="humaneval", limit=8, tokens=64),
+            "dflash": dflash_run.run}
+    for method, run in runs.items():
+        junit = tmp_path / f"gate-{method}.xml"
+        capsys.readouterr()
+        rc = run_cli(["gate", str(run), "--baseline", str(dflash_run.ref), "--junit", str(junit)])
+        said = capsys.readouterr()
+        cases = {c.get("name"): c.find("failure") is None for c in ET.parse(junit).getroot().iter("testcase")}
+        assert rc == 0, said.out + said.err
+        assert cases and all(cases.values()), cases
+        if method == "dflash":
+            assert any("acceptance" in name for name in cases), cases   # the acceptance rule ran, and passed
+
+
+def _pids_of_port(port: int) -> list[int]:
+    """Processes whose command line has `--port PORT` (the server the sweep launched)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--port" in argv and argv[argv.index(b"--port") + 1:argv.index(b"--port") + 2] == [str(port).encode()]:
+            out.append(int(d.name))
+    return out
+
+
+def _generation_tokens(port: int) -> float:
+    from ddtree_bench.sweep import counters as C
+    from ddtree_bench.sweep.server import http_get
+
+    status, body, _ = http_get(f"http://127.0.0.1:{port}/metrics", 2.0)
+    if status != 200:
+        return 0.0
+    return C.metric_sum(C.parse_prometheus(body.decode()), C.SGL_GEN_TOKENS) or 0.0
+
+
+def test_sweep_launches_sglang_survives_a_killed_server_and_resumes(tmp_path):
+    from sglang_support import require_sglang
+
+    py = require_sglang()
+    out = tmp_path / "sweep"
+    args = ["sweep", "--backends", "sglang", "--methods", "ar,dflash,ddtree", "--budgets", "16", "--suites", "gsm8k",
+            "--limit", "6", "--max-new-tokens", "48", "--server-python", py, "--out", str(out),
+            "--no-report", "-q"]
+    sweep = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
+    lines, killed_port = [], None
+    try:
+        for line in sweep.stdout:
+            lines.append(line)
+            if killed_port is None and "starting sglang server for sglang ar on port" in line:
+                port = int(line.split(" on port ")[1].split()[0])
+                deadline = time.monotonic() + 900
+                # SGLang adds a request's tokens when it finishes: past the warmup, one measured request is done
+                while _generation_tokens(port) <= 16 and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                for pid in _pids_of_port(port):
+                    os.killpg(os.getpgid(pid), signal.SIGKILL)  # the whole server, mid-point
+                killed_port = port
+        rc = sweep.wait(timeout=900)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    log = "".join(lines)
+    assert killed_port is not None, log
+    assert rc == 1, log                                # one point failed: exit 1, the sweep went on
+    assert not _pids_of_port(killed_port)
+    rows = {r["method"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    assert rows["ar"]["status"] == "failed" and "server" in rows["ar"]["error"], rows["ar"]
+    assert rows["dflash"]["status"] == "ok" and float(rows["dflash"]["acceptance_length_mean"]) > 1.5
+    assert rows["ddtree"]["status"] == "unsupported" and "29907" in rows["ddtree"]["error"]
+    dflash_dir = out / "points" / rows["dflash"]["point_id"]
+    for name in ("server.json", "metrics_before.prom", "metrics_after.prom", "counters.json", "server.log"):
+        assert (dflash_dir / name).is_file(), name
+    server = json.loads((dflash_dir / "server.json").read_text())
+    assert server["version"] == "0.5.23" and "sglang.launch_server" in server["command"]
+    assert server["env"]["SGLANG_USE_CPU_ENGINE"] == "1" and server["env"]["DDTREE_BENCH_SGLANG_CPU_SHIM"] == "1"
+    assert "p6_input_embeds_in_model_dtype" in server["cpu_shim"]     # the server ran with the shim, fp32 fix too
+    counters = json.loads((dflash_dir / "counters.json").read_text())
+    assert counters["crosscheck"]["server_source"] == "counters" and counters["crosscheck"]["agree"] is True
+    dflash_records = (dflash_dir / "records.jsonl").read_bytes()
+
+    p = subprocess.run(CLI + ["sweep", "--resume", str(out), "--no-report", "-q"], capture_output=True, text=True,
+                       env=ENV, timeout=900, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "starting sglang server for sglang ar" in p.stdout and "starting sglang server for sglang dflash" not in p.stdout
+    rows = {r["method"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    assert rows["ar"]["status"] == "ok" and rows["dflash"]["status"] == "ok" and rows["ddtree"]["status"] == "unsupported"
+    assert (dflash_dir / "records.jsonl").read_bytes() == dflash_records   # a finished point is never rerun
+    assert float(rows["dflash"]["speedup_vs_ar"]) > 0
