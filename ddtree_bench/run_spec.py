@@ -16,7 +16,7 @@ from typing import Any
 from ddtree_bench import defaults as D
 from ddtree_bench.errors import UsageError
 
-BACKENDS = ("inprocess", "standalone", "sglang", "vllm", "openai")  # openai: any OpenAI-compatible server
+BACKENDS = ("inprocess", "standalone", "sglang", "vllm", "openai", "llamacpp")  # openai: any OpenAI-compatible server; llamacpp: llama-server
 DTYPES = ("float32", "bfloat16", "float16")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 

@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP client: one backend for `standalone` (ddtree-bench serve), `sglang`,
-`vllm` and `openai` (any other OpenAI-compatible server) servers.
+`vllm`, `llamacpp` (llama.cpp's llama-server) and `openai` (any other OpenAI-compatible server) servers.
 
 Requests stream by default (`stream: true` with `stream_options.include_usage`; `--no-stream` asks
 for one JSON body) from `/v1/chat/completions` (messages; the server renders its chat template) or
@@ -14,12 +14,23 @@ ids, the exact-parity path; plain text for `openai`). Sampling is always explici
   streamed chat (400), so streamed chat asks for `return_output_ids_in_sglext` /
   `return_input_ids_in_sglext` instead (the ids arrive whole in one `sglext` chunk at the end;
   per-chunk counts come from the continuous usage);
+* llamacpp: prompt token ids on completions, `return_tokens` + `verbose` (ids per chunk in
+  `__verbose.tokens`), `timings_per_token` (each chunk's cumulative `timings.draft_n` /
+  `draft_n_accepted`, from which `parsers` rebuilds the rounds), `top_k: 0` and `min_p: 0` (its
+  sampler defaults are 40 and 0.05: not neutral at T > 0), `cache_prompt: false` (each request
+  from an empty cache, as the reference runs it), `chat_template_kwargs.enable_thinking = false`;
+  no `stop_token_ids` (it stops on the vocabulary's end-of-generation tokens);
 * openai: standard fields only (servers such as `transformers serve` answer 422 to vendor fields).
   Token ids are the server's if it sends any, else the output text tokenized with the model's
   local tokenizer (`RequestRecord.token_source` = "retokenized"; per-chunk counts then come from
   tokenizing the growing text, so ITL stays per token).
 
-One `aiohttp.ClientSession` (one keep-alive pool) serves the whole run. Each SSE read is stamped with
+One `aiohttp.ClientSession` (one keep-alive pool) serves the whole run. Servers may close a kept-alive
+connection between requests (llama-server closes it after every streamed response although its headers
+say keep-alive); a request sent on such a reused connection fails before the server read it. So a
+request whose reused connection breaks before any response byte arrives is sent once more on a fresh
+connection (`stale_connection_retries` in describe() counts them), and connections to llama-server
+are not reused at all (one connection per request, `force_close`). Each SSE read is stamped with
 `time.perf_counter_ns()`; a chunk's token count comes from its token ids (see `parsers`), so a
 k-token speculative chunk is k tokens for ITL. A stream is complete when it ends with `data: [DONE]`
 or after a chunk with a `finish_reason` (transformers serve sends no `[DONE]`, as the official
@@ -49,7 +60,7 @@ from ddtree_bench.backends.parsers import ResponseError, StreamState, accept_len
 from ddtree_bench.errors import UsageError
 from ddtree_bench.records import GenerationRequest, RequestRecord
 
-KINDS = ("standalone", "sglang", "vllm", "openai")
+KINDS = ("standalone", "sglang", "vllm", "openai", "llamacpp")
 VENDOR_KINDS = ("standalone", "sglang", "vllm")  # servers we know: they get their extension fields
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # What run.json keeps of SGLang's (large) /server_info.
@@ -116,6 +127,8 @@ class HTTPBackend:
         self.info: dict[str, Any] = {}
         self.tokenizer = None
         self.connections_opened = 0  # TCP connections the pool opened (keep-alive: about one per concurrent request)
+        self.stale_connection_retries = 0  # requests re-sent because their reused connection was already closed
+        self._fresh = None  # a session without keep-alive, for those re-sends
         self.concurrency: int | None = None  # the run's closed-loop concurrency (set by from_spec), for batching()
         self._session = None
 
@@ -175,9 +188,15 @@ class HTTPBackend:
             async def opened(*_args) -> None:
                 self.connections_opened += 1
 
+            async def reused(_session, ctx, _params) -> None:
+                if isinstance(ctx.trace_request_ctx, dict):
+                    ctx.trace_request_ctx["reused"] = True
+
             trace.on_connection_create_end.append(opened)
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=self._headers(),
-                                                  trace_configs=[trace])
+            trace.on_connection_reuseconn.append(reused)
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=self.kind == "llamacpp"), headers=self._headers(),
+                trace_configs=[trace])
         if self.kind == "openai" and self.tokenizer is None:
             self.tokenizer = local_tokenizer(self.model)  # for re-tokenizing text; None: ids only if the server sends them
         if self.endpoint == "completions" and self.tokenizer is None:
@@ -241,17 +260,29 @@ class HTTPBackend:
                 if isinstance(body.get("block_size"), int):
                     self.block_size = body["block_size"]
 
+    async def _fresh_session(self):
+        """A session that never reuses connections (re-sends after a dead kept-alive connection)."""
+        import aiohttp
+
+        if self._fresh is None or self._fresh.closed:
+            self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                                                headers=self._headers())
+        return self._fresh
+
     async def aclose(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
+        for s in (self._session, self._fresh):
+            if s is not None and not s.closed:
+                await s.close()
+        self._session = self._fresh = None
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "url": self.url, "endpoint": ENDPOINTS[self.endpoint], "model": self.model,
                 "served_model": self.served_model, "block_size": self.block_size, "stop_ids": self.stop_ids,
                 "timeout_s": self.timeout_s, "extra_body": self.extra_body or None, "stream": self.stream,
                 "retokenize_with": str(self.tokenizer.model_dir) if self.kind == "openai" and self.tokenizer else None,
-                "connections_opened": self.connections_opened, **self.info}
+                "connections_opened": self.connections_opened,
+                "stale_connection_retries": self.stale_connection_retries,
+                "drafts_shortened_to_budget": self.kind == "llamacpp" or None, **self.info}
 
     # ------------------------------------------------------------------ requests
 
@@ -275,11 +306,12 @@ class HTTPBackend:
         if vendor and self.stop_ids is not None:
             body["stop_token_ids"] = self.stop_ids
         prompt_ids = None
+        llama = self.kind == "llamacpp"
         if self.endpoint == "chat":
             body["messages"] = req.messages
-            if vendor:
+            if vendor or llama:
                 body["chat_template_kwargs"] = {"enable_thinking": False}
-        elif vendor:
+        elif vendor or llama:
             prompt_ids = list(req.prompt_ids) if req.prompt_ids is not None else self.tokenizer.apply_chat_template(req.messages)
             body["prompt"] = prompt_ids
         else:  # the standard prompt is text: the conversation rendered by the local chat template
@@ -295,6 +327,8 @@ class HTTPBackend:
             body["return_token_ids"] = True
         if self.kind == "sglang":
             body["return_spec_tokens_details"] = True
+        if llama:
+            body.update(return_tokens=True, verbose=True, timings_per_token=True, top_k=0, min_p=0.0, cache_prompt=False)
         body.update(self.extra_body)
         return body, prompt_ids
 
@@ -314,44 +348,55 @@ class HTTPBackend:
         url = self.url + ENDPOINTS[self.endpoint]
         responded = False  # response headers arrived: later breaks are truncated streams, earlier ones connection errors
         rec.t_send_ns = time.perf_counter_ns()
-        try:
-            if self._session is None:
-                raise RuntimeError("HTTPBackend.generate before start()")
-            async with self._session.post(url, data=data, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
-                responded = True
-                if resp.status != 200:
-                    text = await resp.text()
-                    try:
-                        msg = error_message(json.loads(text))
-                    except ValueError:
-                        msg = text.strip()[:500] or resp.reason
-                    rec.error = f"http {resp.status}: {msg}"
-                elif "json" in (resp.content_type or ""):  # a server that ignored stream=true
-                    obj = json.loads(await resp.read())
-                    rec.t_done_ns = time.perf_counter_ns()
-                    self._account(rec, state, obj, rec.t_done_ns, texts)
-                    if not self.stream:  # asked for one body: no first-token time to report (TTFT/TPOT stay unknown)
-                        rec.t_first_token_ns = None
+        ctx: dict[str, Any] = {"reused": False}  # set by the trace when the pool hands out a kept-alive connection
+        for attempt in range(2):  # a second attempt only for a request whose reused connection was dead (docstring)
+            try:
+                if self._session is None:
+                    raise RuntimeError("HTTPBackend.generate before start()")
+                session = self._session if attempt == 0 else await self._fresh_session()
+                async with session.post(url, data=data, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                        trace_request_ctx=ctx) as resp:
+                    responded = True
+                    if resp.status != 200:
+                        text = await resp.text()
+                        try:
+                            msg = error_message(json.loads(text))
+                        except ValueError:
+                            msg = text.strip()[:500] or resp.reason
+                        rec.error = f"http {resp.status}: {msg}"
+                    elif "json" in (resp.content_type or ""):  # a server that ignored stream=true
+                        obj = json.loads(await resp.read())
+                        rec.t_done_ns = time.perf_counter_ns()
+                        self._account(rec, state, obj, rec.t_done_ns, texts)
+                        if not self.stream:  # asked for one body: no first-token time to report (TTFT/TPOT stay unknown)
+                            rec.t_first_token_ns = None
+                    else:
+                        if not await self._read_stream(resp, rec, state, texts):
+                            rec.error = (f"truncated stream: the response ended without [DONE] or a finish_reason after "
+                                         f"{len(state.output_ids) or sum(rec.chunk_tokens)} tokens")
+            except asyncio.TimeoutError:
+                rec.error = f"timeout: no complete response within {self.timeout_s:g}s"
+            except ResponseError as e:
+                rec.error = f"server error: {e}"
+            except aiohttp.ClientConnectorError as e:
+                rec.error = f"connection: {e}"
+            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                if not responded and attempt == 0 and ctx["reused"] and not isinstance(e, aiohttp.ClientPayloadError):
+                    self.stale_connection_retries += 1  # the server had closed the kept-alive connection: never read
+                    continue
+                if responded:
+                    rec.error = (f"truncated stream: the connection broke after {len(state.output_ids) or sum(rec.chunk_tokens)} "
+                                 f"tokens ({type(e).__name__}: {e})")
                 else:
-                    if not await self._read_stream(resp, rec, state, texts):
-                        rec.error = (f"truncated stream: the response ended without [DONE] or a finish_reason after "
-                                     f"{len(state.output_ids) or sum(rec.chunk_tokens)} tokens")
-        except asyncio.TimeoutError:
-            rec.error = f"timeout: no complete response within {self.timeout_s:g}s"
-        except ResponseError as e:
-            rec.error = f"server error: {e}"
-        except aiohttp.ClientConnectorError as e:
-            rec.error = f"connection: {e}"
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            if responded:
-                rec.error = (f"truncated stream: the connection broke after {len(state.output_ids) or sum(rec.chunk_tokens)} "
-                             f"tokens ({type(e).__name__}: {e})")
-            else:
+                    rec.error = f"connection: {type(e).__name__}: {e}"
+            except aiohttp.ClientError as e:  # ClientConnectionResetError: "Cannot write to closing transport"
+                if not responded and attempt == 0 and ctx["reused"] and isinstance(e, ConnectionResetError):
+                    self.stale_connection_retries += 1
+                    continue
                 rec.error = f"connection: {type(e).__name__}: {e}"
-        except aiohttp.ClientError as e:
-            rec.error = f"connection: {type(e).__name__}: {e}"
-        except ValueError as e:  # malformed JSON in the stream
-            rec.error = f"bad response: {e}"
+            except ValueError as e:  # malformed JSON in the stream
+                rec.error = f"bad response: {e}"
+            break
         if rec.t_done_ns is None:
             rec.t_done_ns = time.perf_counter_ns()
         self._finish(rec, state, sent_ids, texts)

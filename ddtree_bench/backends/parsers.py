@@ -21,7 +21,15 @@ Two jobs, both pure functions over parsed JSON (no I/O, no timing):
       accepted exactly j drafts) -> the multiset of j + 1 -> "histogram";
     - SGLang (`sglext.spec_tokens_details`, a list when n > 1; `meta_info` / `choices[].meta_info`
       of /generate and chat `return_meta_info`): `spec_correct_drafts_histogram` (>= 0.5.12) or
-      `spec_accept_histogram` (<= 0.5.11), same indexing -> "histogram".
+      `spec_accept_histogram` (<= 0.5.11), same indexing -> "histogram";
+    - llama.cpp (`timings.draft_n` / `draft_n_accepted`, cumulative over the request; in every chunk
+      with `timings_per_token`): `draft_n` grows once per verify round (by that round's draft length,
+      before verification) and `draft_n_accepted` by its accepted drafts, and every round emits at
+      least one chunk, so the distinct `draft_n` values of a stream are its rounds and the growth of
+      `draft_n_accepted` between them each round's accepted drafts -> `per_step_accepted` -> "rounds".
+      A step without a draft (the last token of the budget) leaves `draft_n` unchanged: not a round,
+      as in the server's own count. One non-streamed body carries the totals only (no rounds).
+  Token ids of llama-server are in `__verbose.tokens` (`verbose` + `return_tokens`).
   Totals alone (a mean, counts) cannot be turned into rounds: accept_lengths is then None and the
   stats stay in `server_stats`.
 
@@ -78,6 +86,10 @@ def spec_stats(obj: dict[str, Any]) -> dict[str, Any] | None:
     if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
         sd = dict(metrics["speculative_decoding"])
         return {"source": "ddtree-bench" if "acceptance_lengths" in sd else "vllm", **sd}
+    timings = obj.get("timings")
+    if isinstance(timings, dict) and isinstance(timings.get("draft_n"), int):
+        keep = ("draft_n", "draft_n_accepted", "predicted_n", "prompt_n", "cache_n")
+        return {"source": "llamacpp", **{k: timings[k] for k in keep if k in timings}}
     sglext = obj.get("sglext")
     if isinstance(sglext, dict) and sglext.get("spec_tokens_details") is not None:
         details = _first(sglext["spec_tokens_details"])
@@ -158,6 +170,9 @@ class StreamState:
     stats: dict[str, Any] | None = None
     token_count_source: str | None = None   # "token_ids" | "usage" | "text-chunks"
     _usage_tokens: int = 0
+    _llama_rounds: list[tuple[int, int]] = field(default_factory=list)  # (draft_n, draft_n_accepted) per round
+    _llama_whole_body: bool = False
+    _objects_fed: int = 0
 
     @property
     def text(self) -> str:
@@ -167,16 +182,19 @@ class StreamState:
         """Fold one JSON object (stream chunk or whole body) in. Raises ResponseError on an error event."""
         if not isinstance(obj, dict):
             raise ResponseError(f"expected a JSON object, got {type(obj).__name__}")
+        self._objects_fed += 1
         if "error" in obj and not obj.get("choices"):
             raise ResponseError(error_message(obj))
         choices = obj.get("choices") or []
         ch = choices[0] if choices else None
         if choices and not isinstance(ch, dict):
             raise ResponseError("malformed choice")
-        if "metrics" in obj or "sglext" in obj or "meta_info" in obj or (ch is not None and "meta_info" in ch):
+        if "metrics" in obj or "sglext" in obj or "meta_info" in obj or "timings" in obj or (ch is not None and "meta_info" in ch):
             stats = spec_stats(obj)
             if stats is not None:
                 self.stats = stats
+                if stats["source"] == "llamacpp":
+                    self._llama_round(stats)
         if isinstance(obj.get("prompt_token_ids"), list):  # vLLM chat: top level, first chunk
             self.prompt_ids = list(obj["prompt_token_ids"])
         upd = ChunkUpdate()
@@ -191,6 +209,8 @@ class StreamState:
             ids = ch.get("token_ids")
             if not isinstance(ids, list):
                 ids = ch.get("response_token_ids")           # SGLang chat, non-streaming
+            if not isinstance(ids, list) and isinstance(obj.get("__verbose"), dict):
+                ids = obj["__verbose"].get("tokens")         # llama-server (verbose + return_tokens)
             if isinstance(ids, list):
                 upd.token_ids = ids
             if isinstance(ch.get("prompt_token_ids"), list):  # vLLM completions: in the choice
@@ -227,6 +247,24 @@ class StreamState:
             self._usage_tokens = new_usage_tokens
         self.text_parts.append(upd.text)
         return upd
+
+    def _llama_round(self, stats: dict[str, Any]) -> None:
+        """Fold one llama-server `timings` into the rounds (module docstring) and the stats derived from them."""
+        d, a = stats.get("draft_n"), stats.get("draft_n_accepted", 0)
+        if not isinstance(d, int) or not isinstance(a, int):
+            return
+        if d > 0 and (not self._llama_rounds or d > self._llama_rounds[-1][0]):
+            if not self._llama_rounds and self._objects_fed == 1:
+                self._llama_whole_body = True   # the first object already had drafts: totals only, no rounds
+            self._llama_rounds.append((d, a))
+        elif self._llama_rounds and d == self._llama_rounds[-1][0]:
+            self._llama_rounds[-1] = (d, a)
+        if self._llama_rounds and not self._llama_whole_body:
+            prev = [0] + [x for _, x in self._llama_rounds[:-1]]
+            stats["per_step_accepted"] = [x - p for (_, x), p in zip(self._llama_rounds, prev)]
+            stats["num_spec_steps"] = len(self._llama_rounds)
+        stats["num_accepted_draft_tokens"] = a
+        stats["num_draft_tokens"] = d
 
     @property
     def usage_completion_tokens(self) -> int | None:

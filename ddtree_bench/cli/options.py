@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 
-Backend = Annotated[str, typer.Option("--backend", help="inprocess | standalone | sglang | vllm | openai (any OpenAI-compatible server: standard fields only, docs/openai-compat.md).")]
+Backend = Annotated[str, typer.Option("--backend", help="inprocess | standalone | sglang | vllm | llamacpp (llama.cpp's llama-server, docs/llama-cpp.md) | openai (any OpenAI-compatible server: standard fields only, docs/openai-compat.md).")]
 Stream = Annotated[bool, typer.Option("--stream/--no-stream", help="HTTP backends: stream each response (SSE; per-chunk times) or ask for one JSON body (no TTFT/ITL).")]
 Url = Annotated[Optional[str], typer.Option("--url", help="Base URL of a running server (backends other than inprocess).")]
 ApiKey = Annotated[Optional[str], typer.Option("--api-key", help="Bearer token for the server.", envvar="DDTREE_BENCH_API_KEY")]

@@ -32,7 +32,7 @@ def _opt(*names: str, help: str):
 def sweep_cmd(
     sweep_dir: Annotated[Optional[Path], typer.Argument(help="With --resume: the sweep directory to continue (default: the latest under results/).", show_default=False)] = None,
     config: Annotated[Optional[Path], _opt("--config", help="Grid YAML (keys as in docs/serving-ddtree.md; unknown keys are errors). Flags override it.")] = None,
-    backends: Annotated[Optional[str], _opt("--backends", "--backend", help=f"inprocess | standalone | sglang | vllm. {_L} [default: {D.BACKEND}]")] = None,
+    backends: Annotated[Optional[str], _opt("--backends", "--backend", help=f"inprocess | standalone | sglang | vllm | llamacpp | openai. {_L} [default: {D.BACKEND}]")] = None,
     models: Annotated[Optional[str], _opt("--models", "--model", help=f"'toy', 'random' or model directories / ids. {_L} [default: {D.MODEL}]")] = None,
     drafts: Annotated[Optional[str], _opt("--drafts", "--draft", help=f"DFlash drafters, one per model (or one for all). {_L}")] = None,
     methods: Annotated[Optional[str], _opt("--methods", "--method", help=f"ar, dflash, ddtree (AR is always added as the baseline). {_L} [default: {','.join(D.SWEEP_METHODS)}]")] = None,
@@ -55,6 +55,7 @@ def sweep_cmd(
     endpoint: Annotated[Optional[str], _opt("--endpoint", help="chat | completions (HTTP backends). [default: chat]")] = None,
     profiles: Annotated[Optional[Path], _opt("--profiles", help="Directory of <backend>.yaml profiles overriding the bundled ones.")] = None,
     server_python: Annotated[Optional[str], _opt("--server-python", help="Python of the environment that holds the serving engine (sglang/vllm), launched as PY -m <engine's server module>. [default: the first Python on PATH that can import it]")] = None,
+    llama_server: Annotated[Optional[str], _opt("--llama-server", help="llama.cpp's llama-server binary (backend llamacpp). [default: the first llama-server on PATH, else the one scripts/install-llama-cpp.sh built]")] = None,
     workers: Annotated[Optional[int], _opt("--workers", help=f"Server groups run at once on this host, each in its own worker pinned to its own GPUs / CPU cores (allowed with --resume). [default: {D.SWEEP_WORKERS}]")] = None,
     gpus_per_point: Annotated[Optional[int], _opt("--gpus-per-point", help=f"GPUs each worker (or Ray task) gets: CUDA_VISIBLE_DEVICES / num_gpus. [default: {D.SWEEP_GPUS_PER_POINT}]")] = None,
     executor: Annotated[Optional[str], _opt("--executor", help=f"local (this host) | ray (one Ray task per server group; pip install \"ddtree-bench[ray]\"). [default: {D.SWEEP_EXECUTOR}]")] = None,
@@ -79,7 +80,7 @@ def sweep_cmd(
         "spec_tokens": spec_tokens, "concurrency": concurrency, "request_rates": request_rates,
         "temperatures": temperatures, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
         "repeats": repeats, "order": order, "order_seed": order_seed, "dtype": dtype, "device": device, "cuda_graphs": cuda_graphs, "seed": seed, "warmup": warmup, "endpoint": endpoint,
-        "profiles": str(profiles) if profiles else None, "server_python": server_python,
+        "profiles": str(profiles) if profiles else None, "server_python": server_python, "llama_server": llama_server,
     }
     execution = {"workers": workers, "gpus_per_point": gpus_per_point, "executor": executor,
                  "ray_address": ray_address, "ray_resources": ray_resources}  # where points run: allowed with --resume

@@ -67,6 +67,7 @@ class GridSpec:
     order: str = D.SWEEP_ORDER                      # interleaved | as-listed | rounds (sweep/order.py)
     order_seed: int | None = None                   # seed of the per-round shuffles (None = drawn, then recorded)
     server_python: str | None = None                # interpreter of the serving engine (None = first on PATH that has it)
+    llama_server: str | None = None                 # llama-server binary (None = first on PATH, else scripts/install-llama-cpp.sh's)
     cuda_graphs: bool = False                       # in-process points: the fixed-shape CUDA-graph loop (RunSpec.cuda_graphs)
     # where points run (sweep/executors.py, sweep/ray_executor.py); they change no result, so --resume may change them
     workers: int = D.SWEEP_WORKERS                  # server groups run at once on this host (1 = serial)
@@ -264,6 +265,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "order": _order,
     "order_seed": lambda v: _opt_int(v, "order_seed", 0),
     "server_python": lambda v: None if v is None else str(v),
+    "llama_server": lambda v: None if v is None else str(v),
     "cuda_graphs": lambda v: _flag(v, "cuda_graphs"),
     "workers": lambda v: _opt_int(v, "workers", 1),
     "gpus_per_point": lambda v: _opt_int(v, "gpus_per_point", 1),
@@ -332,7 +334,7 @@ def build_grid(config: Path | None = None, overrides: dict[str, Any] | None = No
             raw[k] = v
     grid = GridSpec()
     for k, v in raw.items():
-        if v is None and k not in ("limit", "startup_timeout_s", "profiles", "server_python", "ray_address"):
+        if v is None and k not in ("limit", "startup_timeout_s", "profiles", "server_python", "llama_server", "ray_address"):
             raise UsageError(f"{k}: needs a value")
         setattr(grid, k, PARSERS[k](v))
     return grid
@@ -513,7 +515,7 @@ def _validate_point(p: Point, g: GridSpec) -> None:
     builtin_draft = p.model == "toy" or (p.model in BUILTIN_MODELS and p.backend in ("inprocess", "standalone"))
     if p.method in SPEC_METHODS and p.draft is None and not builtin_draft:
         raise UsageError(f"method {p.method} on model {p.model!r} needs a drafter", hint="pass --drafts DIR (one per model)")
-    if p.backend in ("sglang", "vllm", "openai") and p.model == "random":
+    if p.backend in ("sglang", "vllm", "openai", "llamacpp") and p.model == "random":
         raise UsageError(f"--model random exists only inside ddtree-bench; {p.backend} needs a model directory or id")
     if p.spec_tokens is not None and p.backend in ("inprocess", "standalone"):
         raise UsageError(f"spec_tokens is not a knob of the {p.backend} backend (it uses the drafter's block size)",

@@ -22,7 +22,7 @@ from ddtree_bench.sweep import server_python
 from ddtree_bench.sweep.grid import GridSpec, Point, expand
 from ddtree_bench.sweep.profiles import Profile, build_command, load_profile, point_params
 
-SERVER_BACKENDS = ("standalone", "sglang", "vllm", "openai")  # openai: profiles/openai.yaml (transformers serve)
+SERVER_BACKENDS = ("standalone", "sglang", "vllm", "openai", "llamacpp")  # openai: transformers serve; llamacpp: llama-server
 
 
 @dataclass
@@ -55,6 +55,14 @@ def prepare(grid: GridSpec, api_key: str | None = None, external_device_fn: Call
             if prof.python_module and _uses_server_python(prof):
                 prep.server_pythons[p.backend] = server_python.resolve(prof.python_module, grid.server_python)
         prof = prep.profiles[p.backend]
+        if p.backend == "llamacpp":  # the GGUF files the server loads: a model llama.cpp cannot convert is unsupported
+            from ddtree_bench.backends.llamacpp_gguf import ConversionRefused
+
+            try:
+                _model_for(prof, p)
+            except ConversionRefused as e:
+                prep.unsupported[p.id] = f"unsupported by llama.cpp: {e}"
+                continue
         cmd = server_command(prof, p, grid, port=0, api_key=api_key, server_python=prep.server_pythons.get(p.backend))
         exe = cmd.argv[0]
         if not (os.path.isabs(exe) and os.access(exe, os.X_OK)) and shutil.which(exe) is None:
@@ -74,19 +82,31 @@ def _uses_server_python(profile: Profile) -> bool:
 
 
 def _model_for(profile: Profile, p: Point) -> tuple[str, str | None]:
-    """Engines outside ddtree-bench get directories: the bundled toy pair resolves to its files."""
-    if p.backend in ("sglang", "vllm", "openai") and p.model == "toy":
+    """Engines outside ddtree-bench get directories: the bundled toy pair resolves to its files;
+    llama-server gets GGUF files converted from them (backends/llamacpp_gguf.py, cached by content)."""
+    model, draft = p.model, p.draft
+    if p.backend in ("sglang", "vllm", "openai", "llamacpp") and p.model == "toy":
         from ddtree_bench.pair import TOY_DIR
 
-        return str(TOY_DIR / "target"), p.draft or (str(TOY_DIR / "draft") if p.method != "ar" else None)
-    return p.model, p.draft
+        model, draft = str(TOY_DIR / "target"), p.draft or (str(TOY_DIR / "draft") if p.method != "ar" else None)
+    if p.backend == "llamacpp":
+        from ddtree_bench.backends.llamacpp_gguf import gguf_pair
+
+        pair = gguf_pair(model, draft if p.method != "ar" else None, p.dtype)
+        return str(pair.target), str(pair.draft) if pair.draft is not None else None
+    return model, draft
 
 
 def server_command(profile: Profile, p: Point, grid: GridSpec, port: int, api_key: str | None,
              server_python: str | None = None):
     model, draft = _model_for(profile, p)
+    server_bin = None
+    if "{server_bin}" in repr(profile.argv):
+        from ddtree_bench.backends.llamacpp_gguf import find_server
+
+        server_bin = find_server(grid.llama_server)
     params = point_params(profile, model=model, draft=draft, method=p.method, budget=p.budget,
                           spec_tokens=p.spec_tokens, dtype=p.dtype, device=p.device, host=D.HOST, port=port,
-                          api_key=api_key, server_python=server_python,
+                          api_key=api_key, server_python=server_python, server_bin=server_bin,
                           max_batch=max(grid.concurrency or [1]))  # every client-side point shares the server
     return build_command(profile, params, grid.server_args.get(p.backend), grid.server_env)

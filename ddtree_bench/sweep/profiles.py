@@ -22,13 +22,14 @@ watch it:
     health_path                     readiness endpoint (200 = ready)
     startup_timeout_s               how long loading may take
     version: {path, key}            where the server reports its version (JSON)
-    counters                        which counter parser applies (sweep/counters.py): sglang|vllm|standalone
+    counters                        which counter parser applies (sweep/counters.py): sglang|vllm|standalone|llamacpp
     notes: {method: text}           shown in sweep.json / server.json (e.g. "needs PR #29907")
 
 Template items are strings with `{name}` placeholders (model, draft, method, budget, spec_tokens,
 block_size = spec_tokens + 1, dtype, device, gpu = N of cuda:N, host, port, api_key, python = this
-interpreter, server_python = the serving engine's interpreter, max_batch = the largest concurrency the
-server's points ask for), or
+interpreter, server_python = the serving engine's interpreter, server_bin = the serving engine's binary
+(llama-server: `--llama-server`, else found as backends/llamacpp_gguf.py says), max_batch = the largest
+concurrency the server's points ask for), or
 `{json: OBJ}`, which renders OBJ as compact JSON after substituting placeholders (a leaf that is exactly "{name}" keeps
 the value's type; keys whose value is unset are dropped). Unknown keys in a profile are errors.
 
@@ -102,8 +103,8 @@ def parse_profile(data: Any, source: str) -> Profile:
     oa = data.get("optional_args") or {}
     if not isinstance(oa, dict) or not all(isinstance(v, list) for v in oa.values()):
         raise UsageError(f"profile {source}: optional_args must map parameter names to lists")
-    if data.get("counters") not in (None, "sglang", "vllm", "standalone"):
-        raise UsageError(f"profile {source}: counters must be sglang, vllm or standalone")
+    if data.get("counters") not in (None, "sglang", "vllm", "standalone", "llamacpp"):
+        raise UsageError(f"profile {source}: counters must be sglang, vllm, standalone or llamacpp")
     da = data.get("device_args") or {}
     if not isinstance(da, dict) or not all(isinstance(v, list) for v in da.values()):
         raise UsageError(f"profile {source}: device_args must map device kinds (cpu, cuda) to lists")
@@ -232,7 +233,7 @@ def mask_argv(argv: list[str], params: dict[str, Any]) -> list[str]:
 def point_params(profile: Profile, *, model: str, draft: str | None, method: str, budget: int | None,
                  spec_tokens: int | None, dtype: str, device: str, host: str, port: int,
                  api_key: str | None = None, server_python: str | None = None,
-                 max_batch: int | None = None) -> dict[str, Any]:
+                 max_batch: int | None = None, server_bin: str | None = None) -> dict[str, Any]:
     """Template values for one server (profile defaults fill unset knobs). `server_python` is the
     resolved interpreter of the serving engine (`server_python.resolve`), None when the profile needs none."""
     k = spec_tokens if spec_tokens is not None else profile.defaults.get("spec_tokens")
@@ -243,7 +244,7 @@ def point_params(profile: Profile, *, model: str, draft: str | None, method: str
         "budget": budget if method == "ddtree" else None, "spec_tokens": k,
         "block_size": (k + 1) if k is not None else None, "dtype": dtype, "device": device,
         "host": host, "port": port, "api_key": api_key, "python": sys.executable, "server_python": server_python,
-        "max_batch": max_batch,
+        "server_bin": server_bin, "max_batch": max_batch,
         "gpu": device.split(":", 1)[1] if device.startswith("cuda:") else None,
     }
     for key, v in profile.defaults.items():

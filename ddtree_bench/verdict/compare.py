@@ -23,7 +23,9 @@ For each (prompt_id, turn) present in both, `kind` is one of:
 exact_match_rate = matches / num_prompts (every paired (prompt, turn) counts).
 Acceptance: tau (metrics.acceptance_length_mean) of the run and of the baseline over the same
 paired prompts, per-depth acceptance-rate deltas (run - baseline) and the histograms' total
-variation distance. Knows records, baselines and metrics; nothing of engines or HTTP.
+variation distance. For a run whose server shortens its last drafts to the token budget (llama.cpp),
+both sides' rounds are first put under that rule (verdict/comparable_acceptance.py;
+`acceptance.definition` says which). Knows records, baselines and metrics; nothing of engines or HTTP.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ddtree_bench import metrics
 from ddtree_bench.baselines.file import Baseline, BaselineEntry
 from ddtree_bench.errors import UsageError
 from ddtree_bench.records import RequestRecord
+from ddtree_bench.verdict import comparable_acceptance
 
 BENIGN_LENGTH_REASONS = ("run_truncated", "baseline_truncated", "eos_stripped")
 CONTEXT_TOKENS = 8
@@ -366,7 +369,14 @@ def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_g
         warnings.append(f"judged by re-tokenized text: {n_retok} of {len(run_paired)} run outputs are the server's text "
                         "tokenized with the local tokenizer (the server sent no token ids), so a difference can come "
                         "from tokenization and a stop token the server left out of its text shows as eos_stripped")
-    acceptance = acceptance_block(run_paired, [e.as_record() for e in paired], max(block, 2))
+    base_paired = [e.as_record() for e in paired]
+    n_max = spec.get("max_new_tokens")
+    shorten = comparable_acceptance.shortens_drafts(run_info) and isinstance(n_max, int)
+    if shorten:  # llama.cpp: both sides' rounds under its draft-shortening rule (comparable_acceptance.py)
+        run_paired = comparable_acceptance.shorten_records(run_paired, n_max)
+        base_paired = comparable_acceptance.shorten_records(base_paired, n_max)
+    acceptance = acceptance_block(run_paired, base_paired, max(block, 2))
+    acceptance["definition"] = comparable_acceptance.DEFINITION if shorten else "rounds as recorded"
     h = baseline.header
     return Comparison(
         run=run_path, baseline=str(baseline.path or ""), near_tie_gap=near_tie_gap, token_comparable=token_comparable,
