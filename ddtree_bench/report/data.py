@@ -105,6 +105,8 @@ class Point:
     compare: dict[str, Any] | None = None    # compare.json found in the directory
     noise: dict[str, Any] | None = None      # status.json `noise` (noise/probe.py) of a sweep point
     explain: dict[str, Any] | None = None    # explain.json (`ddtree-bench explain`) found in the directory
+    correctness: dict[str, Any] | None = None  # a sweep point's correctness.json (sweep/correctness.py)
+    sweep_compares: dict[str, dict[str, Any]] = field(default_factory=dict)  # "ar" / "baseline": compare_*.json
 
     @property
     def method(self) -> str:
@@ -190,6 +192,18 @@ class Point:
     def config_label(self) -> str:
         """'ar', 'dflash' or 'ddtree B=64'."""
         return f"ddtree B={self.budget}" if self.method == "ddtree" else self.method
+
+    def judgement(self, against: str) -> dict[str, Any] | None:
+        """The point's greedy verdict vs the sweep's AR point ("ar") or --baseline ("baseline"):
+        correctness.json's, else the summary.csv columns (sweep/correctness.py); None when not judged."""
+        j = (self.correctness or {}).get(f"vs_{against}")
+        if isinstance(j, dict):
+            return j
+        row, sfx = self.csv_row or {}, "" if against == "ar" else "_vs_baseline"
+        if row.get(f"correctness{sfx}") in (None, ""):
+            return None
+        return {"verdict": row[f"correctness{sfx}"], **{k: _int_or_none(_num(row.get(f"{k}{sfx}")))
+                                                        for k in ("compared", "exact_match", "near_ties", "divergences", "other_diffs")}}
 
     @property
     def load_label(self) -> str:
@@ -382,6 +396,13 @@ def load_run(path: Path, source: str) -> Point:
                    else "no summary.json (the run did not finish)")
     if (path / "compare.json").exists():
         p.compare = _check_compare(_read_json_obj(path / "compare.json"), path / "compare.json")
+    for against in ("ar", "baseline"):  # a sweep point judged against its AR point / --baseline
+        f = path / f"compare_{against}.json"
+        if f.exists():
+            p.sweep_compares[against] = _check_compare(_read_json_obj(f), f)
+    if (path / "correctness.json").exists():
+        c = _read_json_any(path / "correctness.json")
+        p.correctness = c if isinstance(c, dict) else None
     if (path / "explain.json").exists():
         ex = _read_json_any(path / "explain.json")
         p.explain = ex if isinstance(ex, dict) and ex.get("kind") == "ddtree-bench-explain" else None
@@ -609,4 +630,28 @@ def build_configs(points: list[Point], aggregates: list[dict[str, Any]]) -> list
             vals = [v for q in pts if (v := q.values.get("tok_s")) is not None]
             c.tok_s_value = c.tok_s.estimate if c.tok_s else (sum(vals) / len(vals) if vals else None)
         out.append(c)
+    disambiguate(out)
     return out
+
+
+def disambiguate(configs: list[Config]) -> None:
+    """Configurations of one load level that share a label ('ddtree B=32' of an in-process run and of a
+    standalone one) get what tells them apart: the backend, else the model, else the run (source)."""
+    groups: dict[tuple, list[Config]] = {}
+    for c in configs:
+        groups.setdefault((c.group_key(), c.label), []).append(c)
+    for cs in groups.values():
+        if len(cs) < 2:
+            continue
+        parts: list[list[str]] = [[] for _ in cs]
+        for get in (lambda c: c.first.spec.get("backend"), lambda c: Path(str(c.first.spec.get("model"))).name,
+                    lambda c: Path(c.first.source).name, lambda c: c.first.id):
+            tags = [str(get(c)) for c in cs]
+            if len(set(tags)) > 1:
+                for ps, t in zip(parts, tags):
+                    ps.append(t)
+            if len({tuple(ps) for ps in parts}) == len(cs):
+                break
+        for c, ps in zip(cs, parts):
+            if ps:
+                c.label = f"{c.label} ({', '.join(ps)})"

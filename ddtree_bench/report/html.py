@@ -22,6 +22,7 @@ from typing import Any
 
 from ddtree_bench import __version__, metrics
 from ddtree_bench.report.explain_section import section_explain
+from ddtree_bench.report.sampling_section import section_sampling
 from ddtree_bench.report.markup import Html, Ids, el, esc, fmt, join
 from ddtree_bench import defaults as D
 from ddtree_bench.noise.probe import HEAVY_RULE
@@ -249,17 +250,21 @@ def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
                         "Its figures are not measurements at that load, so they are not ranked or compared across loads (",
                         el("a", "row", href=f"#{anchors[id(p)]}"), ").", class_="warn"))
     rows = []
+    temps = len({c.first.temperature for c in data.configs}) > 1  # rows of two temperatures say which
+    suites = len({c.first.suite for c in data.configs}) > 1
     for (_, _, _), v in vs:
         for c in v.ranked:
             cfg: Config = c.ref
             heavy = cfg.heavy_points
+            where = ", ".join([*([cfg.first.suite] if suites else []), cfg.first.load_label,
+                               *([f"T={cfg.first.temperature:g}"] if temps else [])])
             rows.append(el("tr", el("td", el("a", cfg.label, href=f"#{anchors[id(cfg.first)]}")),
-                           el("td", cfg.first.load_label), el("td", cfg.repeats, class_="num"),
+                           el("td", where), el("td", cfg.repeats, class_="num"),
                            el("td", _iv_text(cfg, "speedup_vs_ar", 2, "\u00d7"), class_="num"),
                            el("td", _iv_text(cfg, "output_throughput_tok_s", 1), class_="num"),
                            el("td", f"{len(heavy)} of {cfg.repeats}" if heavy else "", class_="num"),
                            class_="best" if v.winner is c and len(v.ranked) > 1 else None))
-    head = el("tr", *[el("th", h) for h in ("configuration", "load", "repeats", f"speedup vs AR [{pct} CI]",
+    head = el("tr", *[el("th", h) for h in ("configuration", "settings" if (temps or suites) else "load", "repeats", f"speedup vs AR [{pct} CI]",
                                             f"tok/s [{pct} CI]", "heavy-load repeats")])
     table = el("div", el("table", el("thead", head), el("tbody", *rows), class_="grid"), class_="table-wrap")
     method = el("p", (
@@ -289,6 +294,7 @@ def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
 _HEADLINE_COLUMNS: tuple[tuple[str, str | None, Any, str | None, bool], ...] = (
     ("point", "run directory / grid point", lambda p, v: el("code", p.id), "id", True),
     ("suite", None, lambda p, v: p.suite, None, False),
+    ("backend", "where the point ran: inprocess, standalone, vllm, sglang, ...", lambda p, v: p.spec.get("backend"), None, False),
     ("method", None, lambda p, v: p.method, None, True),
     ("B", "DDTree tree budget (nodes)", lambda p, v: fmt(p.budget), "num", True),
     ("load", "concurrency c or request rate", lambda p, v: p.load_label, None, False),
@@ -485,17 +491,86 @@ def _compare_block(c: CompareResult, ids: Ids) -> Html:
               class_="compare", id=ids.make("cmp", c.label))
 
 
-def section_correctness(data: ReportData, ids: Ids) -> Html:
+_VERDICT_CLASS = {"lossless": "good", "near ties": "warn", "DIVERGES": "bad"}
+
+
+def _judged_cells(j: dict[str, Any] | None) -> list[Html]:
+    """identical / compared, near ties, confident divergences, verdict (with its note) of one judgement."""
+    if j is None:
+        return [el("td", "\u2014")] + [el("td", "")] * 3
+    verdict = str(j.get("verdict") or "")
+    note = j.get("note") if verdict not in ("lossless",) else None
+    ex = j.get("examples") or []
+    return [el("td", f"{fmt(j.get('exact_match'))} / {fmt(j.get('compared'))}", class_="num"),
+            el("td", fmt(j.get("near_ties")), class_="num"),
+            el("td", fmt(j.get("divergences")), class_="num"),
+            el("td", el("strong", verdict, class_=_VERDICT_CLASS.get(verdict)),
+               el("div", _clip("; ".join(str(x) for x in [*ex, note] if x), MAX_CELL), class_="muted small") if (note or ex) else "")]
+
+
+def _sweep_verdict(points: list[Point], against: str) -> Html:
+    """The one-paragraph answer to "is it correct" over the judged points."""
+    js = [(p, p.judgement(against)) for p in points]
+    js = [(p, j) for p, j in js if j is not None]
+    what = "the AR point of the same sweep and settings" if against == "ar" else "the baseline"
+    tot = {k: sum(int(j.get(k) or 0) for _, j in js) for k in ("compared", "exact_match", "near_ties", "divergences")}
+    bad = [p for p, j in js if j.get("verdict") == "DIVERGES"]
+    if bad:
+        return el("p", el("strong", f"Not correct: {len(bad)} of {len(js)} points confidently diverge from {what}"),
+                  f" ({tot['divergences']} prompt turns where the reference was confident: a bug until shown otherwise; "
+                  f"{', '.join(p.config_label for p in bad)}). The sweep exited 1.", class_="bad-text")
+    skipped = [p for p, j in js if j.get("verdict") not in ("lossless", "near ties")]
+    head = ("Correct: every judged point emits exactly the greedy tokens of " + what if tot["near_ties"] == 0 and not skipped
+            else "No confident divergence from " + what)
+    tail = (f": {tot['exact_match']} of {tot['compared']} prompt turns identical token for token"
+            + (f", {tot['near_ties']} near ties (shown below, not failed)" if tot["near_ties"] else "")
+            + (f"; {len(skipped)} points not judged (see the verdict column)" if skipped else "") + ".")
+    return el("p", el("strong", head), tail, class_="good-text" if head.startswith("Correct") else "warn")
+
+
+def section_sweep_correctness(data: ReportData, ids: Ids, anchors: dict[int, str]) -> list[Html]:
+    """A sweep's own answer: each DFlash/DDTree point vs its AR point (and every point vs --baseline)."""
+    out: list[Html] = []
+    for against, title in (("ar", "Greedy outputs vs the sweep's AR point"), ("baseline", "Greedy outputs vs the baseline")):
+        pts = [p for p in data.points if p.judgement(against) is not None]
+        if not pts:
+            continue
+        head = el("tr", *[el("th", h) for h in ("point", "configuration", "load", "identical / compared", "near ties",
+                                                 "confident divergences", "verdict")])
+        rows = [el("tr", el("td", el("a", el("code", p.id), href=f"#{anchors[id(p)]}")), el("td", p.config_label),
+                   el("td", p.load_label + (f", T={p.temperature:g}" if p.temperature else "")),
+                   *_judged_cells(p.judgement(against)), class_="failed" if (p.judgement(against) or {}).get("verdict") == "DIVERGES" else None)
+                for p in pts]
+        out += [el("h3", title), _sweep_verdict(pts, against),
+                el("div", el("table", el("thead", head), el("tbody", *rows), class_="grid"), class_="table-wrap")]
+        for p in pts:  # the differences, prompt by prompt, where there are any
+            doc = p.sweep_compares.get(against)
+            if doc and any(_kind(x) != "match" for x in doc.get("prompts", []) if isinstance(x, dict)):
+                out.append(_compare_block(CompareResult(f"{p.id} ({p.config_label}) vs {'AR' if against == 'ar' else 'the baseline'}",
+                                                        str(p.path / f"compare_{against}.json") if p.path else "", doc, p), ids))
+    if out:
+        out.insert(0, el("p", "Speculative decoding is lossless: at T = 0 every DFlash and DDTree point must emit the AR "
+                              "point's greedy tokens. The sweep compares them with ", el("code", "ddtree-bench compare"),
+                         "'s rule: a near tie (the reference's top-1 and top-2 logits closer than the near-tie gap; "
+                         "numerics can flip it) is shown, not failed; a confident divergence fails the sweep (exit 1). "
+                         "T > 0 points are not token-diffed (equal only in distribution).", class_="muted"))
+    return out
+
+
+def section_correctness(data: ReportData, ids: Ids, anchors: dict[int, str] | None = None) -> Html:
     intro = el("p", "Greedy outputs against the baseline, from ", el("code", "ddtree-bench compare --json"),
                ". A near tie is a divergence where the baseline's top-1 and top-2 logits were closer than the "
                "near-tie gap (numerics can flip it); a confident divergence is a correctness bug until shown "
                "otherwise. The token diff shows the tokens before the divergence plain, the baseline's continuation "
                "struck out and the run's underlined (token ids when compare recorded them, then the text).", class_="muted")
-    if not data.compares:
+    swept = section_sweep_correctness(data, ids, anchors or {id(p): "" for p in data.points})
+    if not data.compares and not swept:
         body = el("p", "No compare results in these inputs. Run ", el("code", "ddtree-bench compare RUN --baseline FILE --json > compare.json"),
-                  " and pass ", el("code", "--compare compare.json"), ", or leave compare.json in the run directory.")
+                  " and pass ", el("code", "--compare compare.json"), ", or leave compare.json in the run directory. "
+                  "(A sweep judges its own points against its AR point.)")
         return el("section", el("h2", "Correctness"), body, id="correctness")
-    return el("section", el("h2", "Correctness"), intro, *[_compare_block(c, ids) for c in data.compares], id="correctness")
+    given = [intro, *[_compare_block(c, ids) for c in data.compares]] if data.compares else []
+    return el("section", el("h2", "Correctness"), *swept, *given, id="correctness")
 
 
 def section_requests(p: Point) -> Html:
@@ -543,13 +618,16 @@ def render(data: ReportData, figures: list[Figure], title: str | None = None) ->
     """The whole page."""
     title = title or default_title(data)
     ids = Ids()
-    for fixed in ("metadata", "takeaways", "headline", "plots", "correctness", "explain", "requests", *(f.id for f in figures)):
+    for fixed in ("metadata", "takeaways", "headline", "plots", "correctness", "sampling", "explain", "requests", *(f.id for f in figures)):
         ids.used.add(fixed)
     anchors = {id(p): ids.make("pt", p.id) for p in data.points}
     generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
     takeaways = section_takeaways(data, anchors)
     nav_items = [("metadata", "Run metadata")] + ([("takeaways", "Takeaways")] if takeaways else []) + [
         ("headline", "Headline numbers"), ("plots", "Plots"), ("correctness", "Correctness")]
+    sampled = section_sampling(data)
+    if sampled:
+        nav_items.append(("sampling", "Sampling"))
     explained = section_explain(data)
     if explained:
         nav_items.append(("explain", "Acceptance gap"))
@@ -560,7 +638,7 @@ def render(data: ReportData, figures: list[Figure], title: str | None = None) ->
         el("header", el("h1", title), el("p", f"{_sources_line(data)} \u00b7 generated {generated} by ddtree-bench {__version__}",
                                            class_="muted")),
         nav, section_metadata(data), takeaways, section_headline(data, anchors), section_plots(figures, data),
-        section_correctness(data, ids), explained,
+        section_correctness(data, ids, anchors), sampled, explained,
         section_requests(data.points[0]) if data.is_single_run else "",
         el("footer", el("p", "Inputs: ", join([el("code", s.path) for s in data.sources], ", "),
                         ". This page is self-contained: no scripts, no fonts or images from the network.", class_="muted")),

@@ -325,7 +325,7 @@ def fig_accept_histogram(data: ReportData) -> Figure | None:
     n = len(shown)
     ncols = min(4, n)
     nrows = (n + ncols - 1) // ncols
-    fig, axes = _new(nrows, ncols, w=2.4 * ncols + 0.6, h=2.0 * nrows + 0.5, sharex=True, sharey=True)
+    fig, axes = _new(nrows, ncols, w=2.4 * ncols + 0.6, h=2.2 * nrows + 0.5, sharex=True, sharey=True)
     colours = _config_colour_map([(lbl, ps) for lbl, _, ps in shown])
     top = max(16, max(max(h) for _, h, _ in shown))
     for i, (lbl, h, ps) in enumerate(shown):
@@ -335,6 +335,7 @@ def fig_accept_histogram(data: ReportData) -> Figure | None:
         tau = _mean([p.values.get("tau_mean") for p in ps])
         ax.set_title(lbl + (f"  (\u03c4 = {tau:.2f})" if tau is not None else ""), fontsize=9)
         ax.set_xticks([1, 4, 8, 12, 16] if top <= 16 else [1, top // 4, top // 2, 3 * top // 4, top])
+        ax.xaxis.set_tick_params(labelbottom=True)  # every panel keeps its numbers (sharex hides all but the last row's)
     for j in range(n, nrows * ncols):
         axes[j // ncols][j % ncols].set_visible(False)
     for r in range(nrows):

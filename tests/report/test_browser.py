@@ -73,7 +73,7 @@ class Browser:
                 self.proc.wait(10)
 
 
-async def _inspect(port: int, url: str, shot: Path | None) -> dict:
+async def _inspect(port: int, url: str, shot: Path | None, width: int = 1280) -> dict:
     """Load `url` in the browser's page and report console errors, requests, image state, screenshot, PDF."""
     import aiohttp
 
@@ -106,7 +106,7 @@ async def _inspect(port: int, url: str, shot: Path | None) -> dict:
 
             for domain in ("Page", "Runtime", "Log", "Network"):
                 await call(f"{domain}.enable")
-            await call("Emulation.setDeviceMetricsOverride", width=1280, height=2000, deviceScaleFactor=1, mobile=False)
+            await call("Emulation.setDeviceMetricsOverride", width=width, height=2000, deviceScaleFactor=1, mobile=False)
             await call("Page.navigate", url=url)
             for _ in range(600):
                 if any(e["method"] == "Page.loadEventFired" for e in events):
@@ -117,6 +117,9 @@ async def _inspect(port: int, url: str, shot: Path | None) -> dict:
             await asyncio.sleep(0.3)  # late console messages / requests
             images = (await call("Runtime.evaluate", returnByValue=True, expression=(
                 "Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight])")))["result"]["value"]
+            overflow = (await call("Runtime.evaluate", returnByValue=True, expression=(  # tables behind a scrollbar
+                "Array.from(document.querySelectorAll('.table-wrap')).map(w => [w.closest('section').id, "
+                "w.scrollWidth, w.clientWidth])")))["result"]["value"]
             shot_png = base64.b64decode((await call("Page.captureScreenshot", format="png"))["data"])
             pdf = base64.b64decode((await call("Page.printToPDF", printBackground=True))["data"])
             task.cancel()
@@ -128,15 +131,16 @@ async def _inspect(port: int, url: str, shot: Path | None) -> dict:
               or (e["method"] == "Log.entryAdded" and e["params"]["entry"].get("level") == "error")]
     requests = [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
     foreign = [u for u in requests if not (u.startswith("data:") or u == url)]
-    return {"errors": errors, "foreign_requests": foreign, "images": images, "png": shot_png, "pdf": pdf}
+    return {"errors": errors, "foreign_requests": foreign, "images": images, "png": shot_png, "pdf": pdf,
+            "overflow": overflow}
 
 
-def inspect(urls: list[str], shots: list[Path | None]) -> list[dict]:
+def inspect(urls: list[str], shots: list[Path | None], width: int = 1280) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="ddtree-bench-chromium-") as tmp:
         b = Browser(Path(tmp))
         try:
             async def all_pages():
-                return [await _inspect(b.port, u, s) for u, s in zip(urls, shots)]
+                return [await _inspect(b.port, u, s, width) for u, s in zip(urls, shots)]
 
             return asyncio.run(all_pages())
         finally:
@@ -180,3 +184,18 @@ def test_report_loads_offline_in_chromium(fx, tmp_path):
             f"{name}: printing produced no pages"
     assert len(res_sweep["images"]) == 7  # every figure a sweep of 3 budgets x 2 concurrencies has
     print(f"screenshots: {shots[0]} {shots[1]}")
+
+
+def test_the_headline_table_fits_a_1400_px_window_with_real_point_ids_and_notes(fx, tmp_path):
+    """Issue 33: at 1400 px the note column sat behind a horizontal scrollbar (point ids did not wrap)."""
+    from ddtree_bench.report import write_report
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(fx.sweep, sweep)
+    for d in sorted((sweep / "points").iterdir()):  # the ids a real sweep writes: backend-model-method-...-hash
+        d.rename(d.with_name(f"inprocess-random-{d.name}-smoke-t0-0123456789ab"))
+    page = write_report([sweep], tmp_path / "sweep.html")
+    (res,) = inspect([page.resolve().as_uri()], [tmp_path / "sweep-1400.png"], width=1400)
+    headline = [o for o in res["overflow"] if o[0] == "headline"]
+    assert headline, res["overflow"]
+    assert all(scroll <= client + 1 for _, scroll, client in res["overflow"] if _ in ("headline", "takeaways")), res["overflow"]

@@ -455,3 +455,60 @@ def test_a_load_that_was_not_honoured_is_said_in_the_table_takeaways_and_caption
     assert "points at c=2 whose backend did not honour the concurrency" in caps["fig-latency-vs-concurrency"]
     assert "no trend across load should be read from them" in caps["fig-latency-vs-concurrency"]
     assert "not honoured\u2019 (c=2)" in caps["fig-throughput-vs-budget"]
+
+
+def test_every_histogram_panel_keeps_its_x_tick_labels_on_every_row(fx, monkeypatch):
+    """Issue 33: with two rows of panels, sharex hid the numbers of the top row."""
+    from ddtree_bench.report import plots
+
+    d = rdata.load([fx.sweep])
+    entries = plots._config_entries(d.ok_points)
+    many = [(f"{lbl} #{i}", ps) for i in range(2) for lbl, ps in entries][:6]  # 6 panels: 4 on top, 2 below
+    monkeypatch.setattr(plots, "_config_entries", lambda points, with_ar=False: many)
+    figs = []
+    monkeypatch.setattr(plots, "_to_uri", lambda fig: figs.append(fig) or "data:image/png;base64,")
+    assert plots.fig_accept_histogram(d) is not None
+    (fig,) = figs
+    fig.canvas.draw()
+    panels = [a for a in fig.axes if a.get_visible()]
+    assert len(panels) == 6
+    for ax in panels:
+        labels = [t.get_text() for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        assert labels == ["1", "4", "8", "12", "16"], (ax.get_title(), labels)
+
+
+def test_a_sweeps_correctness_section_answers_is_it_correct(tmp_path):
+    """The default sweep report says whether the outputs are correct (no compare file needed), and a
+    two-run report's configurations that differ only by backend say which is which."""
+    out = tmp_path / "sw"
+    assert main_rc(["sweep", "--models", "random", "--suites", "smoke", "--methods", "dflash", "--limit", "2",
+                    "--max-new-tokens", "6", "-q", "--no-report", "--out", str(out)]) == 0
+    page = render_report([out])
+    section = page[page.index('id="correctness"'):]
+    assert "No compare results" not in section
+    assert "Correct: every judged point emits exactly the greedy tokens of the AR point" in section
+    assert "2 of 2 prompt turns identical" in section and "lossless" in section
+
+
+def test_configurations_that_differ_only_by_backend_or_run_are_labelled_apart(fx, tmp_path):
+    from ddtree_bench.report.data import Config, disambiguate
+
+    d = rdata.load([fx.sweep])
+    p = next(q for q in d.ok_points if q.method == "ddtree")
+    twin = rdata.Point(**{**p.__dict__, "spec": {**p.spec, "backend": "standalone"}, "values": dict(p.values)})
+    third = rdata.Point(**{**p.__dict__, "source": str(tmp_path / "run-b"), "values": dict(p.values)})
+    two = [Config(p.config_label, [p]), Config(p.config_label, [twin])]
+    disambiguate(two)
+    assert [c.label for c in two] == [f"{p.config_label} (inprocess)", f"{p.config_label} (standalone)"]
+    three = [Config(p.config_label, [p]), Config(p.config_label, [twin]), Config(p.config_label, [third])]
+    disambiguate(three)
+    assert [c.label for c in three] == [f"{p.config_label} (inprocess, sweep-demo)", f"{p.config_label} (standalone, sweep-demo)",
+                                        f"{p.config_label} (inprocess, run-b)"]
+
+
+def main_rc(argv) -> int:
+    try:
+        main(argv)
+    except SystemExit as e:
+        return e.code
+    return 0
