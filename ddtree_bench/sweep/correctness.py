@@ -24,8 +24,10 @@ Verdict per point and reference (`Judgement.verdict`):
   DIVERGES       a confident divergence (gap >= threshold) or a length-only difference that
                  truncation does not explain (e.g. a stop token ignored): the sweep fails (exit 1);
   unjudged       differences whose gap is unknown (the model could not be re-scored);
-  not judged     T > 0: sampled outputs equal AR's only in distribution, so no token diff here
-                 (compare's `distribution` section, where it has one, is surfaced as is);
+  not judged     T > 0: sampled outputs equal AR's only in distribution, so no token diff here;
+                 the sampling-distribution test (`verdict/distribution.py`, the reference engine
+                 scoring the point's tokens with its own target) is run and its line shown in the
+                 note, not failed (its 1% false-alarm rate is per point);
   no reference   the AR point did not finish (or reported no token ids).
 
 Files: `points/<id>/compare_ar.json` and `compare_baseline.json` are the `compare --json`
@@ -93,8 +95,8 @@ def judge(c: Any, against: str) -> Judgement:
     if not c.token_comparable:
         dist = getattr(c, "distribution", None)
         note = "T > 0: sampled outputs equal AR only in distribution; tokens are not diffed here"
-        if isinstance(dist, dict) and dist.get("verdict"):
-            note += f"; distribution rule: {dist.get('verdict')}"
+        if dist is not None and hasattr(dist, "line"):  # verdict/distribution.py's test, surfaced, not failed
+            note += "; " + dist.line()
         return Judgement(against, "not judged", compared=n, note=note)
     match = sum(1 for p in c.prompts if p.kind == "match" or (p.kind == "length_only" and p.reason in BENIGN_LENGTH_REASONS))
     near = sum(1 for p in c.prompts if p.kind == "near_tie")
@@ -162,6 +164,34 @@ class _Rescorer:
             return None, f"re-scoring the AR output failed: {type(e).__name__}: {e}"
 
 
+def _distribution(sdir, p: Point) -> Any:
+    """T > 0: the sampling-distribution test of `verdict/distribution.py` on the point's tokens, scored
+    by the reference engine with the point's own target (None where that module or model is missing)."""
+    try:
+        from ddtree_bench.results import read_records, read_run_info
+        from ddtree_bench.verdict.compare import run_fact
+        from ddtree_bench.verdict.distribution import judge_sampling
+
+        pdir = sdir.point_dir(p.id)
+        info = read_run_info(pdir)
+        header = {"source": "record", "model": p.model, "device": p.device if p.backend == "inprocess" else "cpu",
+                  "model_hash": run_fact(info, "model_hash"), "stop_ids": run_fact(info, "stop_ids")}
+        return judge_sampling(read_records(pdir), info, Baseline(header, []))
+    except (ImportError, UsageError, OSError, RuntimeError, ValueError) as e:
+        return _Note(f"sampling distribution not judged: {type(e).__name__}: {e}")
+
+
+@dataclass
+class _Note:
+    text: str
+
+    def line(self) -> str:
+        return self.text
+
+    def to_json(self) -> dict[str, Any]:
+        return {"judged": False, "reason": self.text}
+
+
 # ---------------------------------------------------------------------------- a whole sweep
 
 
@@ -184,6 +214,8 @@ def judge_vs_ar(sdir, p: Point, ar: Point | None, cache: dict[str, Baseline | No
         return Judgement("ar", "no reference", note="the AR point has no successful request with token ids"), None
     gap = near_tie_gap_for(p)
     c = _compare(sdir, p, base, gap)
+    if not c.token_comparable and rescorer is not None:
+        c.distribution = _distribution(sdir, p)
     unknown = [r for r in c.prompts if r.kind == "unknown" and r.first_divergence is not None]
     why = None
     if unknown and rescorer is not None:
@@ -294,29 +326,35 @@ def failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             and FAILING in (r.get("correctness"), r.get("correctness_vs_baseline"))]
 
 
-def closing_lines(rows: list[dict[str, Any]], baseline: str | None = None) -> list[str]:
-    """The sweep's correctness verdict for the console: one line per reference, then one per failing point."""
+def closing_lines(rows: list[dict[str, Any]], baseline: str | None = None,
+                  judged: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """The sweep's correctness verdict for the console: one line per reference (totals over the
+    greedy points), then what was not judged and why (T > 0: the sampling-distribution line)."""
     from ddtree_bench.sweep.aggregate import config_label
 
     per = [r for r in rows if str(r.get("repeat")) != "all" and r.get("status") == "ok"]
     lines = []
-    for suffix, what in (("", "the sweep's AR point"), ("_vs_baseline", f"the baseline {baseline}")):
-        judged = [r for r in per if r.get(f"correctness{suffix}") not in (None, "")]
-        if not judged or (suffix and baseline is None):
+    for suffix, what, key in (("", "the sweep's AR point", "vs_ar"), ("_vs_baseline", f"the baseline {baseline}", "vs_baseline")):
+        if suffix and baseline is None:
             continue
-        tot = {k: sum(int(float(r.get(f"{k}{suffix}") or 0)) for r in judged) for k in COUNTS}
-        verdicts = [r.get(f"correctness{suffix}") for r in judged]
+        judged_rows = [r for r in per if r.get(f"correctness{suffix}") not in (None, "")]
+        greedy = [r for r in judged_rows if r.get(f"correctness{suffix}") in ("lossless", "near ties", FAILING, "unjudged")]
+        tot = {k: sum(int(float(r.get(f"{k}{suffix}") or 0)) for r in greedy) for k in COUNTS}
+        verdicts = [r.get(f"correctness{suffix}") for r in greedy]
         head = "correctness vs " + what + ": "
         if FAILING in verdicts:
-            bad = [r for r in judged if r.get(f"correctness{suffix}") == FAILING]
-            lines.append(head + f"FAIL - {len(bad)} of {len(judged)} points diverge confidently "
+            bad = [r for r in greedy if r.get(f"correctness{suffix}") == FAILING]
+            lines.append(head + f"FAIL - {len(bad)} of {len(greedy)} points diverge confidently "
                          f"({tot['divergences']} prompt turns; {tot['near_ties']} near ties shown, not failed)")
-        else:
+        elif greedy:
             state = "lossless" if all(v == "lossless" for v in verdicts) else "no confident divergence"
             lines.append(head + f"{state} - {tot['exact_match']} of {tot['compared']} prompt turns identical, "
-                         f"{tot['near_ties']} near ties (shown, not failed), 0 confident divergences over {len(judged)} points")
-        skipped = sorted({str(v) for v in verdicts if v in ("unjudged", "not judged", "no reference")})
-        if skipped:
-            n = sum(1 for v in verdicts if v in skipped)
-            lines.append(f"  {n} point(s) {' / '.join(skipped)}: see the correctness column and points/<id>/correctness.json")
+                         f"{tot['near_ties']} near ties (shown, not failed), 0 confident divergences over {len(greedy)} points")
+        for r in judged_rows:
+            if r in greedy and r.get(f"correctness{suffix}") != "unjudged":
+                continue
+            note = ((judged or {}).get(str(r.get("point_id"))) or {}).get(key) or {}
+            label = config_label(r) + (f" T={r.get('temperature')}" if float(r.get("temperature") or 0) > 0 else "")
+            lines.append(f"  {label} vs {'AR' if not suffix else 'baseline'}: {r.get(f'correctness{suffix}')}"
+                         + (f" - {note.get('note')}" if note.get("note") else ""))
     return lines

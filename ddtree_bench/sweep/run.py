@@ -196,15 +196,15 @@ def _run_locked(grid: GridSpec, out: Path, sdir: SweepDir, resume: bool, api_key
         finished_loop = True
     finally:
         # correctness: re-scoring gaps may load the reference engine, so not after a Ctrl-C
-        judge_error = None
+        judge_error, judged = None, {}
         try:
-            K.judge_sweep(sdir, prep.points, baseline, allow_model_mismatch, rescore=finished_loop)
+            judged = K.judge_sweep(sdir, prep.points, baseline, allow_model_mismatch, rescore=finished_loop)
         except Exception as e:  # the rows and summary are still written; the error is raised after them
             judge_error = e
         rows = sdir.rows(prep.points)
         aggregates = A.aggregate_rows(sdir, prep.points, rows)  # `repeat` = `all` rows with the intervals
         sdir.rewrite_csv(rows + aggregates)
-        verdict = K.closing_lines(rows, str(baseline_path) if baseline_path is not None else None)
+        verdict = K.closing_lines(rows, str(baseline_path) if baseline_path is not None else None, judged)
         A.write_summary(sdir, rows, aggregates, O.describe_for(grid, prep.points),
                         {"lines": verdict, "diverged": [r["point_id"] for r in K.failures(rows)]})
         sdir.update(last_run_at=now_iso(), complete=all(sdir.finished(p.id) for p in prep.points))
