@@ -14,7 +14,9 @@ loaded model pair (in-process). Three orders (`grid.order`, `--order`):
   runs every group's k-th repeat, the groups in a shuffled order, restarting each server once
   per round. Costs a server start per group per round; spreads drift across budgets.
 
-Shuffles are `random.Random(f"{seed}:{round}")` — reproducible from the seed recorded in
+Where two rounds meet, the next round's first point (or server group, for `rounds`) is never the
+configuration that just ran: it is swapped with the round's second, so no configuration runs its
+two repeats back to back (a slow minute would land on both). Shuffles are `random.Random(f"{seed}:{round}")` — reproducible from the seed recorded in
 sweep.json (`grid.order_seed`), so `--resume` recomputes the same schedule and skips the
 point-repeats already finished (a point-repeat is the unit of resume).
 
@@ -23,6 +25,7 @@ Knows points and their keys; nothing of servers, engines or files.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +48,21 @@ def _shuffled(items: list, seed: int, rnd: int) -> list:
     out = list(items)
     random.Random(f"{seed}:{rnd}").shuffle(out)
     return out
+
+
+def _config(p: Point) -> Point:
+    """The point without its repeat index: what two repeats of one configuration share."""
+    return dataclasses.replace(p, repeat=0)
+
+
+def _not_after(seq: list, last, key: Callable = lambda x: x) -> list:
+    """`seq` (one round, every item once) with its first item swapped with its second when it would
+    run right after `last`, the same configuration, where two rounds meet."""
+    if last is None or len(seq) < 2 or key(seq[0]) != key(last):
+        return seq
+    seq = list(seq)
+    seq[0], seq[1] = seq[1], seq[0]
+    return seq
 
 
 def _batch_key(p: Point) -> tuple:
@@ -74,14 +92,15 @@ def schedule(points: list[Point], order: str = D.SWEEP_ORDER, seed: int | None =
         for key, group in batches.items():
             seq: list[Point] = []
             for k in range(repeats):
-                seq += _shuffled([p for p in group if p.repeat == k], seed, k)
+                seq += _not_after(_shuffled([p for p in group if p.repeat == k], seed, k), seq[-1] if seq else None, _config)
             out.append(Batch(key, seq))
         return out
-    out = []
+    out: list[Batch] = []
     for k in range(repeats):
-        keys = _shuffled(list(batches), seed, k)
+        keys = _not_after(_shuffled(list(batches), seed, k), out[-1].key if out else None)
         for key in keys:
-            pts = _shuffled([p for p in batches[key] if p.repeat == k], seed, k)
+            last = out[-1].points[-1] if out else None
+            pts = _not_after(_shuffled([p for p in batches[key] if p.repeat == k], seed, k), last, _config)
             if pts:
                 out.append(Batch(key, pts, k))
     return out

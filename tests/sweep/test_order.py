@@ -116,3 +116,21 @@ def test_a_sweep_with_repeats_writes_intervals_aggregates_noise_and_resumes_by_p
     assert [pid for pid in before if before[pid] != after[pid]] == [victim]
     with open(out / "summary.csv", newline="") as f:
         assert sum(1 for r in csv.DictReader(f) if r["repeat"] == "all") == 2
+
+
+@pytest.mark.parametrize("order", ["interleaved", "rounds"])
+def test_no_configuration_runs_its_repeats_back_to_back_where_rounds_meet(order):
+    """Issue 33: two shuffled rounds could meet on the same point (its repeats then share one slow minute).
+    Interleaved server points stay within their server group, so a group of one configuration (a
+    standalone AR server) can only run its repeats back to back: there only `rounds` separates them."""
+    for flags in ({"repeats": 2}, {"repeats": 3, "methods": "ddtree", "budgets": "8"},
+                  {"repeats": 2, "backends": "standalone", "budgets": "8"}):
+        pts = expand(grid(**flags))
+        for seed in range(60):
+            batches = O.schedule(pts, order, seed=seed)
+            assert sorted(p.id for b in batches for p in b.points) == sorted(p.id for p in pts)
+            seqs = [[p for b in batches for p in b.points]] if order == "rounds" else \
+                [b.points for b in batches if len({(p.method, p.budget) for p in b.points}) > 1]
+            for a, b in ((a, b) for seq in seqs for a, b in zip(seq, seq[1:])):
+                same = (a.method, a.budget, a.backend) == (b.method, b.budget, b.backend)
+                assert not same, (order, flags, seed, a.id, b.id)
