@@ -2,7 +2,8 @@
 
 `main()` turns every failure into the exit-code contract: 0 success, 1 the command ran and found a
 failure (`RunFailed`), 2 bad input (`UsageError`, bad flags). Errors print one `error: ...` line on
-stderr, optionally followed by a `hint: ...` line; `--debug` shows the traceback instead.
+stderr, optionally followed by a `hint: ...` line; `--debug` (anywhere on the line, or
+DDTREE_BENCH_DEBUG=1) shows the traceback instead.
 Every module in this package is imported so that it can register its commands on `app`.
 """
 
@@ -29,6 +30,14 @@ def _fail(code: int, message: str, hint: str | None = None) -> None:
     sys.exit(code)
 
 
+def take_debug(args: list[str]) -> tuple[list[str], bool]:
+    """`--debug` anywhere on the line (before or after the subcommand, before a bare `--`): taken out of
+    the arguments, so every subcommand accepts it as the crash hint says."""
+    end = args.index("--") if "--" in args else len(args)
+    found = "--debug" in args[:end]
+    return [a for a in args[:end] if a != "--debug"] + args[end:], found
+
+
 def _click_kind(e: BaseException) -> str | None:
     """Classify click's exceptions by class name: typer >= 0.2x vendors its own copy of click,
     so isinstance checks against the `click` package miss them."""
@@ -39,8 +48,9 @@ def _click_kind(e: BaseException) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or os.environ.get("DDTREE_BENCH_DEBUG") == "1"
+    args, debug_flag = take_debug(list(sys.argv[1:] if argv is None else argv))
+    debug = debug_flag or os.environ.get("DDTREE_BENCH_DEBUG") == "1"
+    state["debug"] = debug
     try:
         rv = app(args=args, prog_name="ddtree-bench", standalone_mode=False)
         if rv == 130:  # typer turns KeyboardInterrupt (Ctrl-C, or SIGTERM in a sweep) into a returned 130

@@ -27,9 +27,9 @@ state = {"debug": False}
 
 @app.callback()
 def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors (accepted anywhere on the line)."),
 ) -> None:
-    state["debug"] = debug
+    state["debug"] = state["debug"] or debug  # cli.main takes --debug out of the line wherever it is
     _check_engine_environment()
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from ddtree_bench.cli.app import app
-from ddtree_bench.cli.compare import BaselineOpt, NearTieGap
+from ddtree_bench.cli.compare import AllowModelMismatch, BaselineOpt, NearTieGap, check_same_model
 
 
 def _check_report_path(path: Optional[Path], flag: str) -> None:
@@ -32,6 +32,7 @@ def gate_cmd(
     junit: Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML here (one testcase per rule and per prompt).")] = None,
     markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Write a markdown summary here (for a PR comment).")] = None,
     near_tie_gap: NearTieGap = None,
+    allow_model_mismatch: AllowModelMismatch = False,
 ) -> None:
     """Judge a run: hard fail on confident greedy divergences and errors, soft noise-aware fail on tau and tok/s."""
     from ddtree_bench.errors import RunFailed
@@ -40,6 +41,9 @@ def gate_cmd(
 
     _check_report_path(junit, "--junit")
     _check_report_path(markdown, "--markdown")
+    from ddtree_bench.baselines.file import read_baseline
+
+    check_same_model(results, read_baseline(baseline), allow_model_mismatch)  # another model: exit 2
     g = run_gate(results, baseline, rules, reference_run or [], near_tie_gap)
     if junit is not None:
         gate_render.write_text(junit, gate_render.junit_xml(g))
