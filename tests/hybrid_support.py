@@ -135,8 +135,10 @@ def _write_drafter(out: Path, target_layers: int, seed: int) -> None:
 
 
 def random_hybrid_dir(out_dir: Path, kind: str = "qwen3_5_text", *, seed: int = 0, with_drafter: bool = True,
-                      layer_types: list[str] | None = None) -> HybridDirs:
-    """Write `<out_dir>/target` (and `<out_dir>/draft`) for a seeded random tiny model of `kind`."""
+                      layer_types: list[str] | None = None, logit_scale: float = 1.0) -> HybridDirs:
+    """Write `<out_dir>/target` (and `<out_dir>/draft`) for a seeded random tiny model of `kind`.
+    `logit_scale` multiplies lm_head: random tiny models have top-1 minus top-2 gaps of ~0.2, all near ties
+    for `gate`; x30 makes most gaps decisive, so a wrong token fails the exact-match rule."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; expected one of {KINDS}")
     out_dir = Path(out_dir)
@@ -144,6 +146,9 @@ def random_hybrid_dir(out_dir: Path, kind: str = "qwen3_5_text", *, seed: int = 
     torch.manual_seed(seed)
     model = _build_target(kind, types)
     _perturb(model, torch.Generator().manual_seed(seed))
+    if logit_scale != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(logit_scale)
     target = out_dir / "target"
     model.to(torch.float32).save_pretrained(target, safe_serialization=True)
     for name in TOKENIZER_FILES:

@@ -50,8 +50,12 @@ class InProcessBackend:
     def from_spec(cls, spec: RunSpec) -> "InProcessBackend":
         from ddtree_bench.pair import load_pair
 
-        return cls(load_pair(spec.model, spec.draft, spec.method, spec.dtype, spec.device, cuda_graphs=spec.cuda_graphs),
-                   spec.method, spec.budget, spec)
+        pair = load_pair(spec.model, spec.draft, spec.method, spec.dtype, spec.device, cuda_graphs=spec.cuda_graphs)
+        if spec.extra.get("target_variant"):   # a fault injection (engine/target_variants.py)
+            from ddtree_bench.engine.target_variants import apply_to_pair
+
+            apply_to_pair(pair, spec.extra["target_variant"])
+        return cls(pair, spec.method, spec.budget, spec)
 
     async def start(self) -> None:
         self._lock = asyncio.Lock()

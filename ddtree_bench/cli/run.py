@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -36,21 +36,42 @@ def run_cmd(
     warmup: Annotated[int, typer.Option("--warmup", help="Warmup requests before measuring (not recorded).")] = D.WARMUP_REQUESTS,
     endpoint: Annotated[str, typer.Option("--endpoint", help="chat | completions (HTTP backends).")] = "chat",
     stream: O.Stream = True,
+    llama_server: Annotated[str, typer.Option("--llama-server", help="--backend llamacpp without --url: the llama-server binary to start for this run. [default: the first on PATH, else scripts/install-llama-cpp.sh's]")] = "",
     out: O.Out = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run already in --out (refused otherwise).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table.")] = False,
+    target_variant: Annotated[Optional[str], typer.Option("--target-variant", help="FAULT INJECTION for testing the tool: run the in-process target under a known deviation (gdn-crop: GDN state not rolled back, as transformers' Cache.crop; docs/hybrid-targets.md). Not lossless.")] = None,
 ) -> None:
     """Run one configuration over one suite and write run.json, records.jsonl and summary.json."""
     from ddtree_bench.run_spec import RunSpec
     from ddtree_bench.display import run_summary
     from ddtree_bench.runner import execute
 
+    if backend == "llamacpp" and url is None:  # no server given: convert to GGUF and start one for this run
+        import contextlib
+
+        from ddtree_bench.backends.llamacpp_launch import launched_server
+
+        stack = contextlib.ExitStack()
+        ctx.call_on_close(stack.close)  # stopped when the command ends, whatever way
+        server = stack.enter_context(launched_server(model, draft, method, dtype, device, llama_server or None, concurrency))
+        url = server.url
+        if not quiet:
+            typer.echo(f"started {server.command} (log: {server.log})", err=True)
     spec = RunSpec(
         backend=backend, url=url, api_key=api_key, model=model, draft=draft, method=method, budget=budget,
         suite=suite, limit=limit, subset=subset, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
         device=device, cuda_graphs=cuda_graphs, concurrency=concurrency, request_rate=request_rate, warmup=warmup, endpoint=endpoint,
         timeout_s=timeout, stream=stream,
     ).validate()
+    if target_variant is not None:
+        from ddtree_bench.engine.target_variants import parse_target_variant
+        from ddtree_bench.errors import UsageError
+
+        parse_target_variant(target_variant)
+        if backend != "inprocess":
+            raise UsageError("--target-variant changes the in-process engine; it does not apply to --backend " + backend)
+        spec.extra["target_variant"] = target_variant
     if backend != "inprocess":  # a server's own /server_info labels the run (backends/client.py)
         from ddtree_bench.backends.client import adopt_server_labels
 

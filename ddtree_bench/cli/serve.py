@@ -37,6 +37,7 @@ def serve_cmd(
     shutdown_grace: Annotated[float, typer.Option("--shutdown-grace", help="Seconds in-flight requests get to finish after SIGTERM.")] = D.SERVE_SHUTDOWN_GRACE_S,
     read_timeout: Annotated[float, typer.Option("--read-timeout", help="Seconds a request head or body may take to arrive (slow connections are dropped), a stalled stream write may wait, a keep-alive connection may idle.")] = D.SERVE_READ_TIMEOUT_S,
     insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback --host without --api-key (anyone who can reach the port can use the model).")] = False,
+    target_variant: Annotated[Optional[str], typer.Option("--target-variant", help="FAULT INJECTION for testing the tool: serve the target under a known deviation (gdn-crop: GDN state not rolled back, as transformers' Cache.crop; docs/hybrid-targets.md). Not lossless.")] = None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics until SIGTERM."""
     import asyncio
@@ -84,6 +85,10 @@ def serve_cmd(
 
         print(f"ddtree-bench serve: loading {model} ({method}, {dtype}, {device})", file=sys.stderr, flush=True)
         pair = load_pair(model, draft, method, dtype, device, cuda_graphs=cuda_graphs)
+        if target_variant is not None:
+            from ddtree_bench.engine.target_variants import apply_to_pair
+
+            apply_to_pair(pair, target_variant)
         source = EngineSource(pair, method, budget, served_model_name or model, max_batch=max_batch)
         what = (f"model {source.model_id}, method {method}" + (f", budget {budget}" if method == "ddtree" else "")
                 + (f", batching up to {max_batch}" if max_batch > 1 else ""))

@@ -192,6 +192,11 @@ class Engine:
 
     def __init__(self, target: Target, drafter: DFlashDrafter | None = None, fast: bool | None = None, sync_stages: bool = True,
                  proposer=None, cuda_graphs: bool = False):
+        if cuda_graphs and getattr(target, "is_hybrid", False):
+            from ddtree_bench.errors import UsageError
+
+            raise UsageError(f"--cuda-graphs does not run hybrid / MoE targets ({target.cfg.model_type}) yet",
+                             hint="drop --cuda-graphs: the plain loop runs them on CUDA (docs/hybrid-targets.md)")
         self.target = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.proposer = proposer if proposer is not None else (DFlashProposer(self.drafter, self.target) if drafter is not None else None)

@@ -12,8 +12,9 @@ cannot reuse the reference decode.
 | `gdn-crop` | what transformers' `Cache.crop` does after a verify: attention K/V cropped to the accepted length, GDN conv and recurrent state left as after the WHOLE verified block (rejected drafts included; z-lab/dflash#172, huggingface/transformers#49036) | hybrid (GDN) targets |
 
 `parse_target_variant(name)` reads the CLI spelling; `target_catalog(is_hybrid)` lists the variants that
-apply to a target; `apply_target_variant(target, variant)` switches a loaded target (the next request's
-cache uses it). Knows nothing of drafters, runs or files.
+apply to a target; `apply_target_variant(target, variant)` switches a loaded target (from its next forward
+on; `load_target(..., target_variant=)` does it at load); `apply_to_pair(pair, name)` also records it in
+the pair's info. Knows nothing of drafters, runs or files.
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ def parse_target_variant(name: str | None) -> TargetVariant:
 def target_catalog(is_hybrid: bool) -> list[TargetVariant]:
     """The variants that apply to a target (the reference first)."""
     return [v for v in TARGET_VARIANTS.values() if is_hybrid or not v.hybrid_only]
+
+
+def apply_to_pair(pair, name: str | None) -> None:
+    """Run a loaded pair's (pair.LoadedPair) target under the variant `name` (None: the reference) and
+    record it in pair.info (run.json's backend section, serve's /server_info)."""
+    variant = parse_target_variant(name)
+    apply_target_variant(pair.engine.target, variant)
+    pair.info["target_variant"] = variant.name
 
 
 def apply_target_variant(target, variant: TargetVariant) -> None:

@@ -117,6 +117,7 @@ class HybridTarget(nn.Module):
             tree = not isinstance(r.mask, str) and r.mask is not None
             if r.mask is None and T > 1:
                 raise ValueError("hybrid target: mask=None over several tokens has no recurrent meaning; pass 'causal' or a tree mask")
+            r.cache.commit_mode, r.cache.crop = self.commit_mode, self.variant.gdn_crop
             r.cache.begin(r.start, tree)
             if tree:
                 if r.start and not bool(r.mask[:, :r.start].all()):
