@@ -22,7 +22,7 @@ from ddtree_bench.cli.app import app
 def bench_engine_cmd(
     model: O.Model = D.MODEL,
     draft: O.Draft = None,
-    shape: Annotated[Optional[str], typer.Option("--shape", help="Random weights of a real shape instead of --model: qwen3-8b | qwen3-4b | qwen3-1.7b | llama3-8b (+ its 5-layer DFlash drafter).")] = None,
+    shape: Annotated[Optional[str], typer.Option("--shape", help="Random weights of a real shape instead of --model: qwen3-8b | qwen3-4b | qwen3-1.7b | qwen3-32b | llama3-8b (+ its 5-layer DFlash drafter), or the hybrid qwen3.6-27b (verify ms and GDN state memory per node, next to qwen3-32b; docs/hybrid-targets.md).")] = None,
     budgets: Annotated[str, typer.Option("--budgets", help="Tree budgets: 16..1024 (powers of two) or 16,48,100.")] = D.SWEEP_BUDGETS,
     prefix_len: Annotated[int, typer.Option("--prefix-len", help="Prompt / prefix tokens before the measured rounds.")] = D.BENCH_PREFIX_LEN,
     device: O.Device = D.DEVICE,
@@ -85,8 +85,21 @@ def bench_engine_cmd(
     if resolve_device(device).type != "cuda" and layer_ops == "triton":
         raise UsageError("--layer-ops triton needs a CUDA device (the fused kernels are Triton); use auto or torch")
     torch_dtype(dtype)
+    from ddtree_bench.perf.shapes import HYBRID_SHAPES
+
+    if shape in HYBRID_SHAPES:   # the hybrid target's verify and state memory, then its dense twin (perf/bench_hybrid.py)
+        from ddtree_bench.perf.bench_hybrid import bench_hybrid, render_hybrid
+
+        say = (lambda s: None) if quiet else (lambda s: print(f"[bench-engine] {s}", file=sys.stderr, flush=True))
+        sizes = sorted({1} | {b + 1 for b in spec_budgets})
+        result = bench_hybrid(shape, device=device, dtype=dtype, sizes=sizes, prefix_len=prefix_len, reps=rounds, say=say)
+        typer.echo(render_hybrid(result))
+        if out is not None:
+            write_json_atomic(out, json_safe(result))
+        typer.echo(json.dumps(json_safe(result)))
+        return
     if shape is not None and shape not in SHAPES:
-        raise UsageError(f"unknown --shape {shape!r}; expected one of {', '.join(SHAPES)}")
+        raise UsageError(f"unknown --shape {shape!r}; expected one of {', '.join(list(SHAPES) + list(HYBRID_SHAPES))}")
     spec = BenchSpec(model=model, draft=draft, shape=shape, budgets=spec_budgets, prefix_len=prefix_len, device=device,
                      dtype=dtype, rounds=rounds, verify_tokens=vt, graphs=graphs, layer_ops=layer_ops, plain=plain, e2e=e2e, build_table=build_table, profile=profile, curve_logit_scale=curve_logit_scale, suite=suite,
                      limit=limit, max_new_tokens=max_new_tokens, tau=parse_points(tau, "--tau") if tau else None)

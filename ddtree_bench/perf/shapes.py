@@ -32,12 +32,34 @@ SHAPES: dict[str, dict] = {
                  "num_attention_heads": 32, "tie_word_embeddings": True},
     "qwen3-1.7b": {**_QWEN3, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
                    "num_attention_heads": 16, "tie_word_embeddings": True},
+    "qwen3-32b": {**_QWEN3, "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64,
+                  "num_attention_heads": 64, "tie_word_embeddings": False},
     "llama3-8b": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
                   "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                   "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
                   "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                    "original_max_position_embeddings": 8192},
                   "max_position_embeddings": 131072, "hidden_act": "silu"},
+}
+# Hybrid (Gated DeltaNet) shapes: perf/bench_hybrid.py builds these (engine/hybrid/); facts from
+# docs/hybrid-targets.md (third-party copies of Qwen/Qwen3.6-27B's config.json and z-lab's drafter).
+HYBRID_SHAPES: dict[str, dict] = {
+    "qwen3.6-27b": {
+        "target": {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "tie_word_embeddings": False,
+                   "text_config": {"model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 5120,
+                                   "intermediate_size": 17408, "num_hidden_layers": 64, "full_attention_interval": 4,
+                                   "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
+                                   "rms_norm_eps": 1e-6, "max_position_embeddings": 262144, "hidden_act": "silu",
+                                   "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+                                   "linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
+                                   "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32"}},
+        "draft": {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": 248320, "hidden_size": 5120,
+                  "intermediate_size": 17408, "num_hidden_layers": 5, "num_attention_heads": 32, "num_key_value_heads": 8,
+                  "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 10000000.0, "block_size": 16,
+                  "layer_types": ["sliding_attention"] * 4 + ["full_attention"], "sliding_window": 2048,
+                  "dflash_config": {"mask_token_id": 248070, "target_layer_ids": [1, 16, 31, 46, 61]}},
+        "dense_twin": "qwen3-32b",
+    },
 }
 DRAFT_LAYERS = 5
 BLOCK_SIZE = 16
@@ -48,7 +70,7 @@ def shape_configs(shape: str | dict) -> tuple[dict, dict]:
     """HF-style config dicts (target, DFlash drafter) of a named shape, or of a target config dict."""
     if isinstance(shape, str):
         if shape not in SHAPES:
-            raise UsageError(f"unknown --shape {shape!r}; expected one of {', '.join(SHAPES)}")
+            raise UsageError(f"unknown --shape {shape!r}; expected one of {', '.join(list(SHAPES) + list(HYBRID_SHAPES))}")
         shape = SHAPES[shape]
     t = dict(shape)
     draft = {
