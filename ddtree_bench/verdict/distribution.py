@@ -242,7 +242,7 @@ class SamplingReport:
     temperature: float
     top_p: float
     num_requests: int = 0              # requests whose tokens were scored
-    num_requests_unscored: int = 0     # ok requests without prompt or output ids
+    num_requests_unscored: int = 0     # ok requests without prompt or output ids (or with re-tokenized ones)
     num_tokens: int = 0                # u values tested
     num_tokens_after_stop: int = 0     # emitted after the first stop token: not tested
     num_outside_support: int = 0       # tokens the target gives probability 0 (outside top-p)
@@ -332,8 +332,8 @@ def score_records(target: Any, records: list[Any], temperature: float, top_p: fl
     for r in records:
         if not r.ok:
             continue  # failed requests are the request_errors rule's
-        if r.prompt_ids is None or r.output_ids is None:
-            rep.num_requests_unscored += 1
+        if r.prompt_ids is None or r.output_ids is None or r.token_source == "retokenized":
+            rep.num_requests_unscored += 1  # re-tokenized text is not the token sequence the server sampled
             continue
         out = cut_after_stop(r.output_ids, stop_ids)
         rep.num_tokens_after_stop += len(r.output_ids) - len(out)
@@ -343,14 +343,15 @@ def score_records(target: Any, records: list[Any], temperature: float, top_p: fl
         rep.num_outside_support += outside
         rep.num_requests += 1
     if rep.num_requests_unscored:
-        rep.warnings.append(f"{rep.num_requests_unscored} requests carry no prompt or output token ids and were not scored")
+        rep.warnings.append(f"{rep.num_requests_unscored} requests carry no prompt or output token ids (or only ids re-tokenized "
+                            "from the server's text, which need not be the tokens it sampled) and were not scored")
     if rep.num_tokens_after_stop:
         rep.warnings.append(f"{rep.num_tokens_after_stop} tokens came after a stop token and were not tested")
     if rep.num_outside_support:
         rep.warnings.append(f"{rep.num_outside_support} emitted tokens have probability 0 under the target's "
                             f"T={temperature:g}, top_p={top_p:g} distribution (outside the nucleus)")
     if not pooled:
-        rep.reason = "no emitted token could be scored (no request with prompt and output token ids)"
+        rep.reason = "no emitted token could be scored (no request with the server's own prompt and output token ids)"
         return rep
     rep.judged = True
     rep.reason = f"scored with the reference engine: {scored_with}" if scored_with else "scored"
