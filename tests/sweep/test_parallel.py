@@ -181,15 +181,33 @@ def test_ctrl_c_stops_every_worker_and_server_and_leaves_the_sweep_resumable(tmp
     out = tmp_path / "sw"
     proc = _sweep_proc(out)
     try:
+        def cmdline(pid: int) -> bytes:
+            try:
+                return Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:  # it exited between listing and reading
+                return b""
+
         def running_server():
             workers = [c for c in children(proc.pid) if is_worker(c)]
-            servers = [g for w in workers for g in children(w) if b"serve" in Path(f"/proc/{g}/cmdline").read_bytes()]
+            servers = [g for w in workers for g in children(w) if b"serve" in cmdline(g)]
             return (workers, servers) if servers else None
 
-        found = wait_for(running_server)
-        assert found, "no server started"
-        family = found[0] + found[1]
+        n_points = len(json.loads((out / "sweep.json").read_text())["points"]) if (out / "sweep.json").exists() else None
+        family = None
+        for _ in range(20):
+            found = wait_for(running_server)
+            assert found, "no server started"
+            # Freeze the whole group, then check the state the test needs still holds: on a loaded machine
+            # the sweep could otherwise finish (exit 0) between seeing the server and the interrupt landing.
+            os.killpg(proc.pid, signal.SIGSTOP)
+            n_points = n_points or len(json.loads((out / "sweep.json").read_text())["points"])
+            if all(alive(p) for p in found[0] + found[1]) and len(_finished(out)) < n_points:
+                family = found[0] + found[1]
+                break
+            os.killpg(proc.pid, signal.SIGCONT)
+        assert family, "never caught a server mid-sweep"
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        os.killpg(proc.pid, signal.SIGCONT)  # delivered as the group resumes, with work still left to do
         text = proc.communicate(timeout=120)[0].decode()
     finally:
         if proc.poll() is None:
