@@ -76,6 +76,6 @@ def engine_knobs() -> dict[str, str]:
     files made with different kernels say so."""
     import os
 
-    from ddtree_bench.engine.gpu.kernels import experimental, gemm
+    from ddtree_bench.engine.gpu.kernels import experimental   # Triton-free: names only, no kernel module
 
-    return {name: os.environ[name] for name in (experimental.ENV, gemm.TABLE_ENV) if os.environ.get(name)}
+    return {name: os.environ[name] for name in (experimental.ENV, experimental.GEMM_TABLE_ENV) if os.environ.get(name)}

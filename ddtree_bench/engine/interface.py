@@ -15,6 +15,8 @@ import torch
 
 METHODS = ("ar", "dflash", "ddtree")
 STAGES = ("prefill", "draft", "tree_build", "verify", "commit")
+# the GPU loop's timed stages of one round (gpu/loop.py fills them; perf/ reads them without importing the GPU path)
+ROUND_STAGES = ("draft", "tree_build", "tree_compile", "verify", "walk", "commit")
 
 
 @dataclass

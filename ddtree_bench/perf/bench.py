@@ -7,7 +7,9 @@ of a real shape):
 2. rounds - per-round stage times (draft, tree_build, tree_compile, verify, walk, commit) of AR,
    DFlash and DDTree at each budget, from the fast engine (Engine(cuda_graphs=True)) generating
    after a `prefix_len`-token prompt; round 1 (eager draft over the prompt) and the warmup
-   generation are left out; median per stage over rounds. Optionally the plain engine's stages too;
+   generation are left out; median per stage over rounds; `cold_s`, the warmup generation's first round
+   (a new budget's compiles and graph captures: the cold start on a fresh Triton cache, or the captures
+   alone on a warm one). Optionally the plain engine's stages too;
 3. tree build - `build_tree` (heap, on the CPU), `build_tree_fast` and the static builder (eager and
    graph-captured on a GPU) on random [L, V] draft logits, per budget;
 4. end to end (pairs with a tokenizer; `random` accepts ~nothing) - tok/s and acceptance length of AR, DFlash and DDTree per budget
@@ -28,7 +30,7 @@ import torch
 
 from ddtree_bench import defaults as D
 from ddtree_bench.run_spec import parse_budgets
-from ddtree_bench.engine.gpu.loop import ROUND_STAGES
+from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.perf.shapes import BLOCK_SIZE
 from ddtree_bench.perf.roofline import linear_bytes_and_params, roofline_ms, roofline_rows, weight_bytes_and_params
 from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
@@ -175,6 +177,30 @@ class CurveSetup:
         return CurvePoint(n, int(dep.max()) if dep.numel() else 0, forward)
 
 
+def gemm_only(target, n: int, device: torch.device):
+    """A zero-argument function that runs every weight GEMM of a verify forward over n tokens once, through
+    cuBLAS (F.linear) and nothing else: per layer the merged q/k/v, o_proj, the merged gate/up and down_proj,
+    then lm_head, on fixed random inputs of the right widths - the floor the verify's non-GEMM work sits on
+    (issue 35: everything else should cost <= 15% of it). Call after fused.merge_projections."""
+    import torch.nn.functional as F
+
+    weights = []
+    for m in target.modules():
+        for name in ("qkv_weight", "gate_up_weight"):
+            w = getattr(m, name, None)
+            if w is not None:
+                weights.append(w)
+        for name in ("o_proj", "down_proj"):
+            lin = getattr(m, name, None)
+            if isinstance(lin, torch.nn.Linear):
+                weights.append(lin.weight)
+    weights.append(target.lm_head.weight)
+    g = torch.Generator(device=device).manual_seed(n)
+    dt = target.lm_head.weight.dtype
+    xs = {k: torch.randn(n, k, device=device, generator=g).to(dt) for k in {w.shape[1] for w in weights}}
+    return lambda: [F.linear(xs[w.shape[1]], w) for w in weights]
+
+
 @torch.inference_mode()
 def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: torch.device, graphs: bool,
                  reps: int = 20, eager: bool = True, layer_ops: str = "auto", profile: bool = False,
@@ -189,6 +215,7 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     tree kernel), "graph_sdpa" (SDPA over a cache narrowed to prefix_len + n: how
     the curve was taken before the live-slot kernel), "graph_sdpa_whole" (SDPA over the whole cache:
     what the engine's rounds ran before it) and "graph_unfused" (the PyTorch twin ops: what fusion saves);
+    "gemm_only" (`gemm_only`: every weight GEMM once on cuBLAS, nothing else; replayed on CUDA, eager elsewhere);
     "tree_depth": {n: the curve tree's depth}.
     profile: also "profile" = {column: {n: perf.profile.KernelProfile as a dict, top kernels}} for
     graph and graph_cublas (CUDA; the ATen ops on a CPU)."""
@@ -200,7 +227,7 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     ops, whole, align = setup.ops, setup.whole, setup.align
     on_graphs = graphs and device.type == "cuda"
     fused = ops is not TORCH_OPS and on_graphs
-    out: dict[str, Any] = {"graph": {}, "eager": {}}
+    out: dict[str, Any] = {"graph": {}, "eager": {}, "gemm_only": {}}
     if fused:
         out.update({"graph_cublas": {}, "graph_live": {}, "graph_sdpa": {}, "graph_sdpa_whole": {}, "graph_unfused": {}})
     profiles: dict[str, dict[int, Any]] = {"graph": {}, **({"graph_cublas": {}} if fused else {})}
@@ -218,6 +245,8 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
                 out[col][n] = graph_time_fn(fn, reps=reps)
         if eager or not on_graphs:
             out["eager"][n] = time_fn(fns["graph"], device, reps=max(3, reps // 4), warmup=1)
+        gemms = gemm_only(target, n, device)
+        out["gemm_only"][n] = graph_time_fn(gemms, reps=reps) if on_graphs else time_fn(gemms, device, reps=max(3, reps // 4), warmup=1)
         if profile:
             for col in profiles:
                 wall = out[col].get(n) if on_graphs else out["eager"].get(n)
@@ -262,7 +291,7 @@ def round_times(target, drafter, method: str, budget: int, prefix_len: int, roun
     out: dict[str, Any] = {"method": method, "budget": budget if method == "ddtree" else None, "rounds": len(measured),
                            "tau": sum(gen.accept_lengths) / max(1, len(gen.accept_lengths))}
     med = _stage_medians(measured)
-    out["fast"] = {**med, **_overhead(med)}
+    out["fast"] = {**med, **_overhead(med), "cold_s": fast.fast_loop().cold_s.get((method, budget if method == "ddtree" else 0))}
     if method == "ddtree":
         loop = fast.fast_loop()
         out["fast"]["tree_builder"] = loop.tree_builder(budget)
@@ -414,7 +443,7 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
     progress(f"verify curve ms: {curves}")
     curve = curves["graph"] or curves["eager"]
     result["verify_roofline"] = {"weight_bytes": weight_bytes, "params": params, "timing": "graph" if curves["graph"] else "eager",
-                                 "rows": roofline_rows(curve, weight_bytes, params),
+                                 "rows": roofline_rows(curve, weight_bytes, params, curves.get("gemm_only")),
                                  "gemm_weight_bytes": gemm_bytes, "gemm_params": gemm_params}
 
     result["rounds"] = []

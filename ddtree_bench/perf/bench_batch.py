@@ -14,6 +14,12 @@ Output tok/s of a row = B * tau / round_ms * 1000, with
         is supplied, as bench-engine does at batch 1), DFlash: `tau[0]` when given; else the mean
         a_r measured over the measured rounds (`tau_source` says which);
 and per-request tok/s = tau / round_ms * 1000 (what one request's decode rate is at that load).
+Beside each row, the single-request fast loop (loop.FastLoop, what `serve --max-batch 1` runs) at the same
+point, measured in the same process as bench-engine measures it (bench.round_times): `single_round_ms`
+and `x_single` = round_ms / single_round_ms (at batch 1: 1.0 means the batched loop costs what the single
+loop costs; at batch b, b * tau / round against tau / single round is the throughput gain). With more
+than one batch size, batch 1 is also run in a loop of max(batches) slots (`max_batch`): what `serve
+--max-batch N` does at concurrency 1. (File version 2, 2026-12-02: those fields and rows are new; version 1 had neither.)
 `best` lists per batch the budget with the highest output tok/s among the DDTree rows (and
 whether it beats DFlash and AR at that batch).
 
@@ -40,11 +46,11 @@ import torch
 
 from ddtree_bench import defaults as D
 from ddtree_bench.display import table
-from ddtree_bench.engine.gpu.loop import ROUND_STAGES
+from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.perf.timing import median
 
-COLUMNS = ["batch", "method", "budget", "rounds", *[f"{s}_ms" for s in ROUND_STAGES], "round_ms", "first_round_ms",
-           "tau", "tau_source", "tok_s", "tok_s_per_request", "bucket"]
+COLUMNS = ["batch", "max_batch", "method", "budget", "rounds", *[f"{s}_ms" for s in ROUND_STAGES], "round_ms",
+           "first_round_ms", "single_round_ms", "x_single", "tau", "tau_source", "tok_s", "tok_s_per_request", "bucket"]
 
 
 @dataclass
@@ -59,6 +65,7 @@ class BatchBenchSpec:
     layer_ops: str = "auto"
     tau: dict[int, float] | None = None   # given tau per budget (DDTree), key 0 for DFlash
     seed: int = D.SEED
+    single: bool = True                # also time the single-request fast loop per point (x_single)
 
 
 def parse_batches(text: str) -> list[int]:
@@ -78,14 +85,15 @@ def _prompt(vocab: int, n: int, seed: int) -> list[int]:
 
 
 @torch.inference_mode()
-def batch_row(target, drafter, method: str, budget: int, batch: int, spec: BatchBenchSpec) -> dict[str, Any]:
-    """One (batch, method, budget) measurement (module docstring)."""
+def batch_row(target, drafter, method: str, budget: int, batch: int, spec: BatchBenchSpec,
+              max_batch: int | None = None) -> dict[str, Any]:
+    """One (batch, method, budget) measurement in a loop of max_batch slots (default: batch) (module docstring)."""
     from ddtree_bench.engine.batch import BatchRequest
     from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
     from ddtree_bench.engine.proposer import DFlashProposer
 
     proposer = DFlashProposer(drafter, target) if method != "ar" else None
-    loop = BatchFastLoop(target, proposer, method, budget, batch, graphs=spec.graphs, layer_ops=spec.layer_ops)
+    loop = BatchFastLoop(target, proposer, method, budget, max_batch or batch, graphs=spec.graphs, layer_ops=spec.layer_ops)
     per_round = 1 + (proposer.block_size - 1 if proposer is not None else 0)   # most tokens a round can emit
     n_new = (spec.warmup + spec.rounds) * per_round + 1                          # every slot stays live throughout
     V = target.cfg.vocab_size
@@ -114,7 +122,8 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
         tau, source = float(given), "given"
     else:
         tau, source = (sum(acc) / len(acc) if acc else float("nan")), "measured"
-    row = {"batch": batch, "method": method, "budget": budget if method == "ddtree" else None, "rounds": len(measured),
+    row = {"batch": batch, "max_batch": max_batch or batch, "method": method, "budget": budget if method == "ddtree" else None,
+           "rounds": len(measured),
            **med, "round_ms": round_ms, "first_round_ms": first_ms, "tau": tau, "tau_source": source,
            "tok_s": batch * tau / round_ms * 1e3 if round_ms else float("nan"),
            "tok_s_per_request": tau / round_ms * 1e3 if round_ms else float("nan"),
@@ -133,7 +142,7 @@ def best_per_batch(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = [r for r in rows if "error" not in r]
     out = []
     for b in sorted({r["batch"] for r in rows}):
-        at = [r for r in rows if r["batch"] == b]
+        at = [r for r in rows if r["batch"] == b and r.get("max_batch", b) == b]
         dd = [r for r in at if r["method"] == "ddtree"]
         top = max(dd, key=lambda r: r["tok_s"]) if dd else None
         other = {m: next((r["tok_s"] for r in at if r["method"] == m), None) for m in ("dflash", "ar")}
@@ -147,24 +156,42 @@ def run_batch_bench(target, drafter, spec: BatchBenchSpec, progress: Callable[[s
     points = [(m, 0) for m in spec.methods if m != "ddtree"]
     if "ddtree" in spec.methods:
         points += [("ddtree", b) for b in spec.budgets]
-    rows = []
-    for batch in spec.batches:
+    single: dict[tuple[str, int], float] = {}
+    if spec.single:
+        from ddtree_bench.perf.bench import round_times
+
         for method, budget in points:
-            what = f"batch {batch}: {method}{f' B={budget}' if method == 'ddtree' else ''}"
+            progress(f"single loop: {method}{f' B={budget}' if method == 'ddtree' else ''}")
+            try:
+                single[(method, budget)] = round_times(target, drafter if method != "ar" else None, method, budget,
+                                                       spec.prefix_len, spec.rounds, spec.graphs, False, spec.seed,
+                                                       spec.layer_ops)["fast"]["round"]
+            except Exception as e:  # noqa: BLE001 - the batched rows still run
+                progress(f"single loop {method} {budget}: {type(e).__name__}: {e}")
+    runs = [(b, None) for b in spec.batches]
+    if len(spec.batches) > 1 and 1 in spec.batches:   # serve --max-batch N at concurrency 1
+        runs.insert(1, (1, max(spec.batches)))
+    rows = []
+    for batch, slots in runs:
+        for method, budget in points:
+            what = f"batch {batch}{f' of {slots}' if slots else ''}: {method}{f' B={budget}' if method == 'ddtree' else ''}"
             progress(what)
             try:
-                row = batch_row(target, drafter, method, budget, batch, spec)
+                row = batch_row(target, drafter, method, budget, batch, spec, slots)
             except Exception as e:  # one shape that cannot run (memory, a kernel) must not lose the others
-                row = {"batch": batch, "method": method, "budget": budget if method == "ddtree" else None,
-                       "error": f"{type(e).__name__}: {e}"}
+                row = {"batch": batch, "max_batch": slots or batch, "method": method,
+                       "budget": budget if method == "ddtree" else None, "error": f"{type(e).__name__}: {e}"}
                 gc.collect()
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
+            one = single.get((method, budget))
+            if one and "error" not in row:
+                row.update(single_round_ms=one, x_single=row["round_ms"] / one)
             progress(f"{what}: " + (f"error {row['error']}" if "error" in row else
-                                    f"round {row['round_ms']:.3f} ms, first {row['first_round_ms']:.0f} ms, "
-                                    f"{row['tok_s']:.1f} tok/s"))
+                                    f"round {row['round_ms']:.3f} ms (single loop {one or float('nan'):.3f}), "
+                                    f"first {row['first_round_ms']:.0f} ms, {row['tok_s']:.1f} tok/s"))
             rows.append(row)
-    return {"kind": "bench-engine-batch", "version": 1, "rows": rows, "best": best_per_batch(rows),
+    return {"kind": "bench-engine-batch", "version": 2, "rows": rows, "best": best_per_batch(rows),
             "model": model_check(rows), "spec": {k: v for k, v in spec.__dict__.items()}}
 
 
@@ -172,7 +199,8 @@ def model_check(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The batched cost model against the measured rows, one batch left out at a time (module docstring)."""
     from ddtree_bench.perf.costmodel import BatchRoundPoint, best_per_batch as model_best, calibrate_batched, predict_batched
 
-    ok = [r for r in rows if "error" not in r and r["method"] in ("ar", "ddtree") and r.get("round_ms")]
+    ok = [r for r in rows if "error" not in r and r["method"] in ("ar", "ddtree") and r.get("round_ms")
+          and r.get("max_batch", r["batch"]) == r["batch"]]
     points = {id(r): BatchRoundPoint(r["batch"], r["budget"] or 0, r.get("draft_ms", 0.0), r["verify_ms"],
                                      r["round_ms"] - r.get("draft_ms", 0.0) - r["verify_ms"]) for r in ok}
     batches = sorted({r["batch"] for r in ok})
@@ -207,13 +235,14 @@ def render_batch(result: dict[str, Any]) -> str:
 
     ok = [r for r in result["rows"] if "error" not in r]
     failed = [f"  batch {r['batch']} {r['method']} {r['budget'] or ''}: {r['error']}" for r in result["rows"] if "error" in r]
-    rows = [[r["batch"], r["method"], r["budget"] if r["budget"] is not None else "-", r["rounds"]]
-            + [f(r.get(f"{s}_ms"), 3) for s in ROUND_STAGES] + [f(r["round_ms"], 3), f(r["first_round_ms"], 1),
+    rows = [[r["batch"], r.get("max_batch", r["batch"]), r["method"], r["budget"] if r["budget"] is not None else "-", r["rounds"]]
+            + [f(r.get(f"{s}_ms"), 3) for s in ROUND_STAGES] + [f(r["round_ms"], 3), f(r.get("single_round_ms"), 3),
+                                                                f(r.get("x_single"), 2), f(r["first_round_ms"], 1),
                                                                 f(r["tau"]), r["tau_source"], f(r["tok_s"], 1),
                                                                 f(r["tok_s_per_request"], 1)]
             for r in ok]
-    head = ["batch", "method", "budget", "rounds", *ROUND_STAGES, "round", "first round", "tau", "tau from",
-            "tok/s", "tok/s/req"]
+    head = ["batch", "slots", "method", "budget", "rounds", *ROUND_STAGES, "round", "single", "x single", "first round",
+            "tau", "tau from", "tok/s", "tok/s/req"]
     best = [[b["batch"], b["best_budget"], f(b["ddtree_tok_s"], 1), f(b["dflash_tok_s"], 1), f(b["ar_tok_s"], 1)]
             for b in result["best"]]
     model = result.get("model") or {"cells": [], "best": []}
@@ -225,7 +254,9 @@ def render_batch(result: dict[str, Any]) -> str:
                + table(cells, ["batch", "budget", "tau", "pred round", "meas round", "pred tok/s", "meas tok/s", "error"])
                + "\n\nbest budget per batch, predicted vs measured (loss = tok/s given up by the predicted pick):\n"
                + table(picks, ["batch", "predicted", "measured", "loss"]))
-    return ("batched fast loop, ms per round (medians; first round = cold start of the shape, graphs captured):\n"
+    return ("batched fast loop, ms per round (medians; single = the single-request fast loop's round at the same point, "
+            "x single = round / single; slots = the loop's max_batch; first round = cold start of the shape, graphs "
+            "captured):\n"
             + table(rows, head) + "\n\nbest DDTree budget per batch (output tok/s):\n"
             + table(best, ["batch", "best budget", "ddtree tok/s", "dflash tok/s", "ar tok/s"]) + checked
             + ("\n\nfailed:\n" + "\n".join(failed) if failed else ""))

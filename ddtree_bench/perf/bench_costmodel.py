@@ -21,7 +21,7 @@ from typing import Any
 
 from ddtree_bench.perf.costmodel import (CostModel, Curve, RoundTimes, best, calibrate_medians, held_out_predictions,
                                          rounds_counted)
-from ddtree_bench.engine.gpu.loop import ROUND_STAGES
+from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.perf.timing import median
 
 STATISTIC = "mean"    # costmodel.STATISTICS key the calibrated model reduces each stage's rounds with

@@ -47,12 +47,27 @@ from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visib
 from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
 from ddtree_bench.engine.gpu.graphs import Pool, Stage
 from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, commit_static, verify_visible, walk_static
-from ddtree_bench.engine.interface import Generation, OutputStream, RoundTrace, WalkLayout, logit_gaps, wants_round
+from ddtree_bench.engine.interface import (ROUND_STAGES, Generation, OutputStream, RoundTrace, WalkLayout, logit_gaps,  # noqa: F401
+                                          wants_round)
 from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.verify import GREEDY_EPS, pick, request_generator
 
-ROUND_STAGES = ("draft", "tree_build", "tree_compile", "verify", "walk", "commit")
 CAPACITY_ALIGN = 64  # cache slots; keeps the attention bias rows aligned for fused SDPA kernels
+COLD_NOTICE_S = 1.0  # a new shape's first round slower than this on a GPU says why on stderr (cold_notice)
+
+
+def cold_notice(what: str, seconds: float, device) -> None:
+    """Tell the user why a new budget's first round was slow - Triton compiling and CUDA graphs capturing - on
+    stderr above any progress bar (a sweep's first point of each budget, a server's first request), on CUDA
+    when it took COLD_NOTICE_S or more."""
+    if torch.device(device).type != "cuda" or seconds < COLD_NOTICE_S:
+        return
+    import sys
+
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"[ddtree-bench] {what}: first round {seconds:.1f} s, compiling and capturing its GPU kernels (once per "
+               "shape and process; a later run reuses the compiled kernels from the Triton cache)", file=sys.stderr)
 
 
 class Laps:
@@ -176,6 +191,7 @@ class FastLoop:
         self.builder_ms: dict[int, dict[str, float]] = {}  # budget -> auto's chosen builder -> ms per build
         self.layer_ops = layer_ops      # auto (fused Triton ops on CUDA when they pass their self-test) | triton | torch
         self.redone_rounds = 0          # rounds rebuilt with the exact builder after a failed certificate
+        self.cold_s: dict[tuple[str, int], float] = {}   # (method, budget) -> s from its new bucket to its first result
         self.capacity = 0
         self.rounds: list[dict[str, float]] = []
         self._min_capacity = capacity
@@ -222,21 +238,37 @@ class FastLoop:
         self.tcache = self.tkv = self.dcache = self.dkv = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.capacity = cap
-        self.tcache = t.new_cache(cap)
-        self.tkv = StaticKV(self.tcache)
-        self.start = torch.zeros((), dtype=torch.long, device=dev)
-        self.ctx_start = torch.zeros((), dtype=torch.long, device=dev)
-        self.bonus = torch.zeros(1, dtype=torch.long, device=dev)
-        self.tgroup = group_size(t)
+        long = dict(dtype=torch.long, device=dev)
+        dcache = dlogits = ctx = None
+        tcache = t.new_cache(cap)
         if self.proposer is not None:
             bs = self.proposer.block_size
-            self.L = bs - 1
-            self.dcache = self.proposer.new_cache(cap)
-            self.dlogits = torch.zeros(self.L, t.cfg.vocab_size, dtype=self.dtype, device=dev)
-            self.ctx = torch.zeros(bs, len(self.proposer.target_layer_ids) * t.cfg.hidden_size, dtype=self.dtype, device=dev)
+            dcache = self.proposer.new_cache(cap)
+            dlogits = torch.zeros(bs - 1, t.cfg.vocab_size, dtype=self.dtype, device=dev)
+            ctx = torch.zeros(bs, len(self.proposer.target_layer_ids) * t.cfg.hidden_size, dtype=self.dtype, device=dev)
+        self.adopt(cap, tcache, torch.zeros((), **long), torch.zeros((), **long), torch.zeros(1, **long), dcache, dlogits, ctx)
+
+    def adopt(self, capacity: int, tcache, start: torch.Tensor, ctx_start: torch.Tensor, bonus: torch.Tensor,
+              dcache=None, dlogits: torch.Tensor | None = None, ctx: torch.Tensor | None = None) -> None:
+        """Run the stages on these state buffers: the target cache (a KVCache, or any object with k, v
+        [layers, Hkv, S, D] whose layers are each contiguous), the frontier `start` and `ctx_start` (0-d),
+        the bonus [1], and with a drafter its cache, draft logits [L, V] and context rows [L+1, C].
+        _ensure adopts the buffers it allocates; the batched loop (batch_loop.py) adopts views of its slot 0,
+        so that a bucket of one request runs this loop's stages on them. Drops every captured graph (they
+        point at the old buffers); the checked tree builders stay."""
+        dev = self.device
+        self.release()
+        self.buckets = {}
+        self.draft_stage = None
+        self.capacity = capacity
+        self.tcache, self.tkv = tcache, StaticKV(tcache)
+        self.start, self.ctx_start, self.bonus = start, ctx_start, bonus
+        self.tgroup = group_size(self.target)
+        if self.proposer is not None:
+            self.L = self.proposer.block_size - 1
+            self.dcache, self.dlogits, self.ctx = dcache, dlogits, ctx
         if self.drafter is not None:
-            self.dkv = StaticKV(self.dcache)
+            self.dkv = StaticKV(dcache)
             self.dgroup = group_size(self.drafter)
             self.mask_tail = torch.full((self.drafter.block_size - 1,), self.drafter.mask_token_id, dtype=torch.long, device=dev)
             kinds = [(c, w) for c, w in zip(self.drafter.cfg.layer_causal, self.drafter.cfg.layer_window)]
@@ -456,6 +488,25 @@ class FastLoop:
         if laps is not None:
             laps.mark("walk")
 
+    def note_cold(self, method: str, budget: int, seconds: float) -> None:
+        """Record (cold_s) and tell (cold_notice) a new shape's first-round time."""
+        key = (method, budget if method == "ddtree" else 0)
+        self.cold_s[key] = seconds
+        cold_notice(method + (f" B={budget}" if method == "ddtree" else ""), seconds, self.device)
+
+    def _redo(self, b: _Bucket, temperature: float, top_p: float, gen) -> tuple[_Bucket, list[int]]:
+        """A round whose pruned build raised its certificate flag, redone with the exact PyTorch builder: the
+        queued commit saw the flag and kept every buffer as it was, and dlogits hold this round's draft (a
+        draft queued ahead recomputed it from the same state). Returns the fallback bucket and its walk result
+        (its commit queued)."""
+        self.redone_rounds += 1
+        b.builder.flag.zero_()
+        done = b.fallback
+        self._tree_and_walk(done, None, temperature, top_p, gen)
+        res = self._result(done)
+        self._run(done, "commit", None)
+        return done, res
+
     def _result(self, b: _Bucket) -> list[int]:
         """Wait for the walk result of the round queued last on `b` (not for the stages queued after it)."""
         if b.ready is not None:
@@ -477,7 +528,9 @@ class FastLoop:
         greedy = temperature < GREEDY_EPS
         gen = request_generator(dev, temperature, seed)
         layers = self.proposer.target_layer_ids if spec else ()
+        t_cold, known = time.perf_counter(), len(self.buckets)
         b = self._bucket(method, budget, greedy)
+        cold = len(self.buckets) > known   # a new shape: its builder checked, its GEMMs compiled, its graphs to capture
 
         t_start = time.perf_counter_ns()
         gaps: list[float] = []
@@ -514,15 +567,12 @@ class FastLoop:
             drafted = self._launch(b, True, False, ahead(len(out), stream.stopped), host, laps, temperature, top_p, gen)
         while pending:
             res = self._result(b)
+            if cold:
+                cold = False
+                self.note_cold(method, budget, time.perf_counter() - t_cold)
             done = b   # the bucket whose stages produced this round's committed result
             if spec and b.layout.read(res).flagged:  # the pruned build could not certify its tree: redo exactly
-                self.redone_rounds += 1   # the queued commit saw the flag and kept every buffer as it was, and
-                # dlogits hold this round's draft (a draft queued ahead recomputed it from the same state)
-                b.builder.flag.zero_()
-                done = b.fallback
-                self._tree_and_walk(done, None, temperature, top_p, gen)
-                res = self._result(done)
-                self._run(done, "commit", None)
+                done, res = self._redo(b, temperature, top_p, gen)
                 drafted = False
             now = time.perf_counter_ns()
             if spec:

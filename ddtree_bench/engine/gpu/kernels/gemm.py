@@ -36,8 +36,10 @@ import torch
 
 from ddtree_bench.engine.gpu.kernels import experimental, pdl
 from ddtree_bench.engine.gpu.kernels.common import tl, triton
-from ddtree_bench.engine.gpu.kernels.gemm_parts import (KERNELS, REDUCE_BLOCK, GemmConfig, SplitSums,  # noqa: F401
-                                                        _gemm_split_reduce, _store_tile)
+from ddtree_bench.engine.gpu.kernels.gemm_parts import KERNELS, REDUCE_BLOCK, GemmConfig, SplitSums  # noqa: F401
+
+if triton is not None:   # the kernels exist only with Triton (common.py); without it this module still imports
+    from ddtree_bench.engine.gpu.kernels.gemm_parts import _gemm_split_reduce, _store_tile  # noqa: F401
 from ddtree_bench.engine.gpu.kernels.warm import launch as _launch
 
 GEMM_MAX_ROWS = 256   # above this the GEMMs are compute-bound and cuBLAS's large tiles win

@@ -38,9 +38,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ddtree_bench.engine.gpu.kernels.attention import (NEG_BIG, _last_of_block, _reduce_ranges, available, combine,
-                                                       counters, n_split)
+from ddtree_bench.engine.gpu.kernels.attention import NEG_BIG, available, combine, counters, n_split
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
+
+if triton is not None:   # the shared @triton.jit helpers exist only with Triton; without it this module still imports
+    from ddtree_bench.engine.gpu.kernels.attention import _last_of_block, _reduce_ranges
 from ddtree_bench.engine.gpu.kernels import experimental, pdl, warm
 
 LOG2E = 1.4426950408889634
