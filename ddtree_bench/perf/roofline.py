@@ -6,7 +6,9 @@ per token, so it cannot beat
 with W the weight bytes and P the parameters (tied embeddings once; the whole embedding table counted,
 as issue 20 does). The limits are the ones issue 20 measured on an H200 (copy bandwidth ~4.3 TB/s,
 dense bf16 ~790 TFLOP/s); on other GPUs the ratio column is against those H200 figures. Achieved
-GB/s = W / time, TFLOP/s = 2 P n / time. Knows nothing of how the time was measured.
+GB/s = W / time, TFLOP/s = 2 P n / time. Beside it, where a GEMM-only time was measured (every weight
+GEMM once on cuBLAS, nothing else: perf/bench.gemm_only), vs_gemm = ms / gemm_only_ms: 1 + the share
+of everything but the weight GEMMs (issue 35's target: <= 1.15). Knows nothing of how the time was measured.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class RooflineRow:
     ratio: float              # ms / roofline_ms
     achieved_gb_s: float
     achieved_tflop_s: float
+    gemm_only_ms: float | None = None
+    vs_gemm: float | None = None      # ms / gemm_only_ms
 
 
 def weight_bytes_and_params(model: torch.nn.Module) -> tuple[int, int]:
@@ -49,12 +53,15 @@ def roofline_ms(weight_bytes: int, params: int, tokens: int) -> float:
     return 1e3 * max(weight_bytes / HBM_BYTES_PER_S, 2.0 * params * tokens / DENSE_FLOP_PER_S)
 
 
-def roofline_rows(curve_ms: dict[int, float], weight_bytes: int, params: int) -> list[dict]:
-    """One RooflineRow (as a dict) per measured n of a verify curve, in n order."""
+def roofline_rows(curve_ms: dict[int, float], weight_bytes: int, params: int,
+                  gemm_only_ms: dict[int, float] | None = None) -> list[dict]:
+    """One RooflineRow (as a dict) per measured n of a verify curve, in n order (with the GEMM-only time where
+    gemm_only_ms has that n)."""
     rows = []
     for n in sorted(curve_ms):
         ms = curve_ms[n]
         roof = roofline_ms(weight_bytes, params, n)
+        g = (gemm_only_ms or {}).get(n)
         rows.append(asdict(RooflineRow(n, ms, roof, ms / roof, weight_bytes / (ms * 1e-3) / 1e9,
-                                       2.0 * params * n / (ms * 1e-3) / 1e12)))
+                                       2.0 * params * n / (ms * 1e-3) / 1e12, g, ms / g if g else None)))
     return rows

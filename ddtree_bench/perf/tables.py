@@ -61,7 +61,8 @@ def render(result: dict[str, Any]) -> str:
                  + "".join(f", {k}={v}" for k, v in sorted(knobs.items())))
 
     vc = result["verify_curve_ms"]
-    cols = [c for c in ("graph", "graph_cublas", "graph_live", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager")
+    cols = [c for c in ("graph", "graph_cublas", "graph_live", "graph_sdpa", "graph_sdpa_whole", "graph_unfused", "eager",
+                        "gemm_only")
             if c in vc and vc[c]]
     ns = sorted(set().union(*(vc[c] for c in cols)))
     note = ("; graph: the engine's attention and GEMM choices; graph_cublas: the same with every weight GEMM on cuBLAS; "
@@ -79,9 +80,12 @@ def render(result: dict[str, Any]) -> str:
         ar = roof.get("ar_round")
         ar_line = f"; AR round {_f(ar['ms'])} ms = {_f(ar['ratio'], 2)}x roofline(1)" if ar else ""
         parts.append(f"\nverify vs roofline(n) = max(W / 4.3 TB/s, 2 P n / 790 TFLOP/s), W = {roof['weight_bytes'] / 1e9:.2f} GB, "
-                     f"P = {roof['params'] / 1e9:.2f} B ({roof['timing']} timing; H200 limits){ar_line}:\n" + table(
-            [[r["tokens"], _f(r["ms"]), _f(r["roofline_ms"]), _f(r["ratio"], 2), _f(r["achieved_gb_s"], 0), _f(r["achieved_tflop_s"], 1)]
-             for r in roof["rows"]], ["tokens", "ms", "roofline ms", "ratio", "GB/s", "TFLOP/s"]))
+                     f"P = {roof['params'] / 1e9:.2f} B ({roof['timing']} timing; H200 limits), and vs the GEMM-only time "
+                     f"(every weight GEMM once on cuBLAS, nothing else, same call){ar_line}:\n" + table(
+            [[r["tokens"], _f(r["ms"]), _f(r.get("gemm_only_ms")), _f(r.get("vs_gemm"), 2), _f(r["roofline_ms"]),
+              _f(r["ratio"], 2), _f(r["achieved_gb_s"], 0), _f(r["achieved_tflop_s"], 1)]
+             for r in roof["rows"]], ["tokens", "ms", "gemm-only ms", "x gemm-only", "roofline ms", "x roofline", "GB/s",
+                                      "TFLOP/s"]))
 
     prof = result.get("verify_profile")
     if prof:
@@ -97,10 +101,11 @@ def render(result: dict[str, Any]) -> str:
                 continue
             rows.append([name, eng] + [_f(m.get(k)) for k in
                         ("draft", "tree_build", "tree_compile", "verify", "walk", "commit", "round")]
-                        + [_f(100 * m["overhead_share"], 1), m.get("tree_builder") or "-"])
+                        + [_f(100 * m["overhead_share"], 1), _f(m.get("cold_s"), 1), m.get("tree_builder") or "-"])
     parts.append("\nper-round stage medians (ms); overhead = round - draft - verify; builder = the tree builder the "
-                 "fast engine picked:\n" + table(
-        rows, ["method", "engine", "draft", "build", "compile", "verify", "walk", "commit", "round", "ovh %", "builder"]))
+                 "fast engine picked; cold s = the first round at this budget (compiles + graph captures):\n" + table(
+        rows, ["method", "engine", "draft", "build", "compile", "verify", "walk", "commit", "round", "ovh %", "cold s",
+               "builder"]))
 
     bt = result.get("build_tree_ms") or []
     if bt:

@@ -24,11 +24,16 @@ def test_batch_table_rows_and_sane_numbers(tmp_path, capsys):
     assert "batched fast loop" in text and "best DDTree budget per batch" in text
     got = {(r["batch"], r["method"], r["budget"]) for r in res["rows"]}
     assert got == {(b, m, k) for b in (1, 3) for m, k in (("ar", None), ("dflash", None), ("ddtree", 4), ("ddtree", 16))}
+    # batch 1 also in a loop of 3 slots (serve --max-batch 3 at concurrency 1): 4 points x (1 of 1, 1 of 3, 3 of 3)
+    assert sorted((r["batch"], r["max_batch"]) for r in res["rows"]) == [(1, 1)] * 4 + [(1, 3)] * 4 + [(3, 3)] * 4
     for r in res["rows"]:
         want = ["verify", "walk", "commit"] if r["method"] == "ar" else list(ROUND_STAGES)
         assert all(r[f"{s}_ms"] > 0 for s in want), r
         assert r["rounds"] == 3 and r["bucket"] == r["batch"]   # every measured round ran the whole batch
-        assert r["round_ms"] == pytest.approx(sum(r[f"{s}_ms"] for s in want), rel=0.5)
+        # round = the median of per-round sums, each stage its own median: on a loaded CPU a preemption lands in some
+        # stage of most rounds, so the two agree in size only
+        assert sum(r[f"{s}_ms"] for s in want) / 2 <= r["round_ms"] <= 4 * sum(r[f"{s}_ms"] for s in want)
+        assert r["single_round_ms"] > 0 and r["x_single"] == pytest.approx(r["round_ms"] / r["single_round_ms"])
         assert r["tok_s"] == pytest.approx(r["batch"] * r["tau"] / r["round_ms"] * 1e3)
         assert r["tok_s_per_request"] == pytest.approx(r["tok_s"] / r["batch"])
         assert r["first_round_ms"] > 0 and math.isfinite(r["tok_s"])

@@ -23,7 +23,9 @@ def test_bench_engine_cpu_json_and_table(tmp_path, capsys):
                                "--max-new-tokens", "8", out=out)
     assert last["spec"] == res["spec"]   # last stdout line: the same document
     assert "per-round stage medians" in text and "predicted best budget" in text
-    assert set(res["verify_curve_ms"]["eager"]) == {"1", "5", "17"}
+    assert set(res["verify_curve_ms"]["eager"]) == {"1", "5", "17"} == set(res["verify_curve_ms"]["gemm_only"])
+    assert all(r["vs_gemm"] > 0 and r["gemm_only_ms"] > 0 for r in res["verify_roofline"]["rows"])
+    assert all(r["fast"]["cold_s"] > 0 for r in res["rounds"])   # each point's first round (a new bucket) was timed
     assert res["layer_ops"] == "torch" and "graph_unfused" not in res["verify_curve_ms"]   # no Triton on a CPU
     got = {(r["method"], r["budget"]) for r in res["rounds"]}
     assert got == {("ar", None), ("dflash", None), ("ddtree", 4), ("ddtree", 16)}
@@ -214,8 +216,9 @@ def test_roofline_rows_reproduce_the_issue_figures_and_the_table_shows_them():
     assert roofline_ms(W, P, 1) == pytest.approx(3.81, abs=0.01) == roofline_ms(W, P, 128)
     for n, ms in [(257, 5.33), (513, 10.64), (1025, 21.25)]:
         assert roofline_ms(W, P, n) == pytest.approx(ms, abs=0.01)
-    rows = roofline_rows({1024: 29.26, 1: 5.66}, W, P)
+    rows = roofline_rows({1024: 29.26, 1: 5.66}, W, P, {1: 4.12, 1024: 18.96})   # the GEMM-only graph's 12-01 times
     assert [r["tokens"] for r in rows] == [1, 1024]
+    assert rows[0]["vs_gemm"] == pytest.approx(5.66 / 4.12) and rows[1]["gemm_only_ms"] == 18.96
     assert rows[0]["ratio"] == pytest.approx(5.66 / 3.81, abs=0.01) and rows[0]["achieved_gb_s"] == pytest.approx(W / 5.66e-3 / 1e9)
     assert rows[1]["achieved_tflop_s"] == pytest.approx(2 * P * 1024 / 29.26e-3 / 1e12)
     res = {"spec": {"shape": "qwen3-8b", "model": "toy", "dtype": "bfloat16", "device": "cuda", "prefix_len": 1024},
@@ -225,7 +228,8 @@ def test_roofline_rows_reproduce_the_issue_figures_and_the_table_shows_them():
     text = render(res)
     assert "AR round 6.0 ms = 1.57x roofline(1)" in text
     row1 = [ln.split() for ln in text.splitlines() if ln.split()[:2] == ["1", "5.66"]][-1]   # the roofline table's row
-    assert row1[2:4] == ["3.81", "1.49"]
+    assert row1[2:6] == ["4.12", "1.37", "3.81", "1.49"]   # GEMM-only ms and x, roofline ms and x
+    assert roofline_rows({1: 5.66}, W, P)[0]["vs_gemm"] is None   # no GEMM-only time: no ratio
 
 
 def test_the_profile_table_puts_the_gemms_beside_their_own_roofline():

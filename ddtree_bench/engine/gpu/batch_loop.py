@@ -11,15 +11,23 @@ Same API and same tokens as `batch.BatchLoop` (its slow obvious twin), organised
   (a retirement moves the highest slots down, `_pack`), and slots n..b-1 are padding: they
   compute in their own regions at frontier 0 and their commit is masked out (`live` = 0), so
   they emit nothing and never move;
-* a round is FastLoop's six stages over the bucket, each a fixed-shape function captured lazily
-  as one CUDA graph per (bucket, budget) on its first use (graphs.Stage): draft - ONE drafter
-  forward over every slot (batch_forward.draft_forward_batch); tree_build - every slot's tree
-  in one call (batch_tree.BatchTreeBuilder: tree_vector.StaticTreeBuilder batched over the slots,
-  the same trees), or DFlash's chain per slot;
-  tree_compile - each slot's ids, positions, ancestor matrix and bias over its own region;
-  verify - ONE target forward over the concatenated trees (batch_forward.target_forward_batch:
-  each slot's rows see only its own prefix and its own ancestors) and the greedy picks; walk -
-  tree_ops.walk_static per slot; commit - tree_ops.commit_static per slot (live slots only);
+* a bucket of ONE request runs FastLoop's own stages (loop.FastLoop, adopting views of slot 0's buffers:
+  `solo`): the Triton tree builder its budget rule names, with its certificate flag and exact redo, the
+  live-slot and tree attention kernels, the fused compile / walk / commit, and the next round's draft
+  queued before the host reads the walk result - so a batched server that sees one request at a time
+  runs batch 1's loop, kernel for kernel (the plain DFlash drafter and AR; other proposers take the
+  batched stages below at every bucket);
+* a round over a bucket of two or more is FastLoop's six stages over the bucket, each a fixed-shape
+  function captured lazily as one CUDA graph per (bucket, budget) on its first use (graphs.Stage):
+  draft - ONE drafter forward over every slot (batch_forward.draft_forward_batch); tree_build - every
+  slot's tree in one call (batch_tree.BatchTreeBuilder: tree_vector.StaticTreeBuilder batched over the
+  slots, the same trees), or DFlash's chain of every slot; tree_compile - every slot's ids, positions,
+  ancestor matrix and bias over its own region; verify - ONE target forward over the concatenated trees
+  (batch_forward.target_forward_batch: each slot's rows see only its own prefix and its own ancestors)
+  and the greedy picks; walk; commit (live slots only). With the Triton tree kernels (tree_kernels.available)
+  compile, walk and commit are one launch each for all slots (kernels/tree_verify.compile_trees /
+  walk_trees / commit_trees) and the picks are kernels/argmax.py's; their twins, tree_ops per slot, run
+  on CPUs;
 * sampled requests (T > 0) overwrite their slot's picks between verify and walk with `pick` on
   their own verify rows and their own generator, eagerly: each request owns a `torch.Generator`
   seeded with its `seed` (0 when None) and draws from it exactly what batch 1 draws (the prefill's
@@ -38,10 +46,10 @@ Per request everything follows BatchLoop/PlainLoop: the last-round rule (interfa
 the output cut, a_r counting the root, stop ids, max_new_tokens, temperature, top_p, trees, gaps.
 The cache grows (and every graph is dropped) when an admitted request needs more slots per region.
 
-Not done here (FastLoop does them at batch 1): the Triton tree builders (pruned, with a
-certificate flag and a redo; here the trees are built by the exact batched PyTorch builder), the fused
-Triton tree compile/walk, and queuing the next draft before the host has read the walk result.
-On a CPU the same code runs without capture, which is how CI checks it. `rounds` holds per
+Not done at buckets of two or more (FastLoop does them at one): the Triton tree builders (pruned, with a
+certificate flag and a redo; there the trees are built by the exact batched PyTorch builder), the
+live-slot / tree attention kernels (SDPA over each slot's whole region), and queuing the next draft
+before the host has read the walk result. On a CPU the same code runs without capture, which is how CI checks it. `rounds` holds per
 round the batch size, the bucket and the stage times (ms), for bench-engine --batch.
 Knows nothing of threads or HTTP (batch_scheduler.BatchScheduler drives it like a BatchLoop).
 """
@@ -58,11 +66,11 @@ import torch
 from ddtree_bench.engine.batch import BatchLoop, BatchRequest, BatchStats, Cancelled, ProposeRow, Retired, _Active, split_retired
 from ddtree_bench.engine.cache import KVCache
 from ddtree_bench.engine.gpu.batch_forward import draft_forward_batch, target_forward_batch
-from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
+from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder, BatchTrees
 from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visible, group_size, visible_bias
 from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
 from ddtree_bench.engine.gpu.graphs import Pool, Stage
-from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN, Laps
+from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN, FastLoop, HostState, Laps, cold_notice
 from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, commit_static, verify_visible, walk_static
 from ddtree_bench.engine.interface import METHODS, OutputStream, RoundTrace, WalkLayout, logit_gaps
 from ddtree_bench.engine.proposer import DFlashProposer
@@ -152,6 +160,11 @@ class BatchFastLoop:
         self.layout = WalkLayout(self.L) if self.spec else None
         self.result_size = self.layout.size if self.spec else 1
         self.tgroup = group_size(target)
+        # a bucket of one: FastLoop's stages on slot 0 (module docstring); None where a proposer drafts on the host
+        self.solo = FastLoop(target, proposer if self.spec else None, graphs=graphs, layer_ops=layer_ops) \
+            if method == "ar" or self.drafter is not None else None
+        self._ahead: Laps | None = None   # the solo request's next draft, queued: its laps (begin, draft)
+        self.cold_s: dict[int, float] = {}   # bucket -> s from its new stages to its first result (bucket 1: solo's)
         self.active: list[_Slot] = []
         self.stats = BatchStats(max_batch)
         self.rounds: list[dict[str, Any]] = []   # per round: batch, bucket, stage -> ms
@@ -178,6 +191,15 @@ class BatchFastLoop:
         for bk in self._stages.values():
             bk.release()
         self._stages = {}
+        if self.solo is not None:
+            self.solo.release()
+
+    @property
+    def fused_tree_ops(self) -> bool:
+        """Compile, walk, commit and the picks as one Triton launch each over the bucket (kernels/tree_verify.py)."""
+        from ddtree_bench.engine.gpu import tree_kernels
+
+        return tree_kernels.available(self.device)
 
     def _ensure(self, capacity: int) -> None:
         """Slotted caches and per-slot buffers with at least `capacity` slots per region; growing keeps
@@ -227,6 +249,11 @@ class BatchFastLoop:
             live = {st.slot for st in self.active}   # (a live request keeps its cache: it fit at admission)
             self.pcache = [self.pcache[i] if i in live else self.proposer.new_cache(cap) for i in range(B)]
         self.capacity = cap
+        self._ahead = None
+        if self.solo is not None:   # slot 0's views (a growth made new tensors; the solo graphs are dropped)
+            self.solo.adopt(cap, slot_cache(self.tk, self.tv, 0), self.start[0], self.ctx_start[0], self.bonus[0:1],
+                            slot_cache(self.dk, self.dv, 0) if self.drafter is not None else None,
+                            self.dlogits[0] if self.spec else None, self.ctx[0] if self.spec else None)
         if dev.type == "cuda" and old is not None:
             del old
             torch.cuda.empty_cache()
@@ -251,6 +278,7 @@ class BatchFastLoop:
         P = len(req.prompt_ids)
         self._ensure(P + req.max_new_tokens + max(self.width, self.block_size) + self.block_size + 1)
         i = len(self.active)   # live slots are 0..n-1
+        self._ahead = None     # the next round is another bucket: its draft recomputes slot 0's
         gen = request_generator(dev, req.temperature, req.seed)   # batch 1's seeding, so batch 1's draws
         tcache = slot_cache(self.tk, self.tv, i)
         t0 = self._now()
@@ -267,8 +295,6 @@ class BatchFastLoop:
         self.start[i].fill_(P)
         self.ctx_start[i].fill_(P)
         self.live[i].fill_(1)
-        if self.drafter is not None:
-            self._draft_context(i, hidden, P)
         st.t_first = self._now()
         st.stage_ns["prefill"] += st.t_first - t0
         st.start, st.draft_len, st.prefill_hidden = P, 0, hidden
@@ -281,7 +307,8 @@ class BatchFastLoop:
     def _draft_context(self, i: int, hidden: torch.Tensor, P: int) -> None:
         """Write the prompt's drafter context (positions 0..P-1) into slot i's drafter region: the
         context part of FastLoop's round-1 draft (forward.draft_forward with a one-token block at P,
-        whose K/V the first batched draft overwrites)."""
+        whose K/V the first batched draft overwrites). Done before a request's first round when that round
+        is batched; a first round alone drafts from the prompt as FastLoop's round 1 does (_solo_round)."""
         d, dev = self.drafter, self.device
         start = torch.tensor(P, device=dev)
         emb = self.target.embed(self.bonus[i : i + 1])
@@ -294,6 +321,8 @@ class BatchFastLoop:
 
     def _retire(self, only: Sequence[_Slot] | None = None) -> list[Retired]:
         retired, self.active = split_retired(self.active, self.spec, only)
+        if retired:
+            self._ahead = None
         for st, _ in retired:
             self.live[st.slot].fill_(0)
             self.start[st.slot].fill_(0)   # a padding slot computes at frontier 0, inside its region
@@ -328,6 +357,7 @@ class BatchFastLoop:
     def fail_all(self, error: BaseException) -> list[Retired]:
         """End every active request with `error` (a round that raised: its state is unknown)."""
         out = [Retired(st.req, None, error) for st in self.active]
+        self._ahead = None
         for st in self.active:
             self.live[st.slot].fill_(0)
             self.start[st.slot].fill_(0)
@@ -382,41 +412,67 @@ class BatchFastLoop:
                                 biases, self.ops)
         self.dlogits[:b].copy_(self.target.lm_head(h.view(b, bs, -1)[:, 1:]))
 
-    def _build(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Per slot (tokens, parents 1-based, depths) of its non-root nodes."""
-        if self.method == "dflash":
-            return [chain(self.dlogits[i]) for i in range(b)]
-        return self.builder(self.dlogits[:b]).slots()   # one batched build, read per slot
+    def _build(self, b: int) -> BatchTrees:
+        """Every slot's non-root nodes [b, N]: tokens, parents 1-based, depths."""
+        if self.method == "dflash":   # tree_ops.chain per slot: the argmax chain
+            toks = self.dlogits[:b].argmax(dim=-1)
+            ar = torch.arange(self.L, device=self.device).expand(b, self.L)
+            return BatchTrees(toks, ar.contiguous(), (ar + 1).contiguous())
+        return self.builder(self.dlogits[:b])   # one batched build
 
-    def _compile(self, b: int, trees) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
-        """Verify inputs of every slot: ids, positions [b*W], ancestor matrices [W, W] per slot, bias [b, g*W, S]."""
+    def _compile(self, b: int, trees: BatchTrees):
+        """Verify inputs of every slot: ids, positions [b*W], ancestor matrices [b, W, W], bias [b, g*W, S], and
+        (the Triton compile) the path tables [b, W, L+1]."""
         dev, S = self.device, self.capacity
+        if self.fused_tree_ops:
+            from ddtree_bench.engine.gpu.kernels.tree_verify import compile_trees
+
+            return compile_trees(self.bonus[:b], trees.token_ids, trees.parents, trees.depths, self.start[:b], S,
+                                 self.dtype, self.tgroup, self.L)
         ids, pos, anc, bias = [], [], [], []
         zero = torch.zeros(1, dtype=torch.long, device=dev)
-        for i, (tok, par, dep) in enumerate(trees):
+        for i, (tok, par, dep) in enumerate(trees.slots()):   # the twin: tree_ops per slot
             ids.append(torch.cat([self.bonus[i : i + 1], tok]))
             pos.append(self.start[i] + torch.cat([zero, dep]))
             a = ancestors(par, self.L)
             anc.append(a)
             bias.append(visible_bias(verify_visible(a, self.start[i], S), self.dtype, self.tgroup))
-        return torch.cat(ids), torch.cat(pos), anc, torch.stack(bias)
+        return torch.cat(ids), torch.cat(pos), torch.stack(anc), torch.stack(bias), None
 
     def _verify_tree(self, b: int, compiled) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, pos, _, bias = compiled
+        ids, pos, _, bias, _ = compiled
         logits, hidden = target_forward_batch(self.target, ids, pos, self.tk[:, :b], self.tv[:, :b], self.start[:b], bias,
                                               self.layers, self.ops)
-        self.post[:b].copy_(logits.view(b, self.width, -1).argmax(dim=-1))   # greedy picks; sampled slots overwrite
+        self.post[:b].copy_(self._argmax(logits).view(b, self.width))   # greedy picks; sampled slots overwrite
         return logits, hidden
 
-    def _walk(self, b: int, trees, compiled) -> torch.Tensor:
-        ids, _, anc, _ = compiled
+    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.fused_tree_ops:
+            from ddtree_bench.engine.gpu.kernels.argmax import argmax_rows
+
+            return argmax_rows(logits)
+        return logits.argmax(dim=-1)
+
+    def _walk(self, b: int, trees: BatchTrees, compiled) -> torch.Tensor:
+        ids, _, anc, _, path = compiled
+        if path is not None:
+            from ddtree_bench.engine.gpu.kernels.tree_verify import walk_trees
+
+            return walk_trees(ids, trees.parents, trees.depths, path, self.post[:b], self.layout)
         W = self.width
         return torch.stack([walk_static(ids[i * W : (i + 1) * W], par, dep, anc[i], self.post[i], self.L)
-                            for i, (_, par, dep) in enumerate(trees)])
+                            for i, (_, par, dep) in enumerate(trees.slots())])
 
     def _commit_tree(self, b: int, walked: torch.Tensor, verified) -> None:
-        """tree_ops.commit_static per slot; padding slots commit a = 0 (nothing moves, start stays)."""
+        """tree_ops.commit_static per slot (or its one-launch Triton twin); padding slots commit a = 0 (nothing
+        moves, start stays)."""
         _, hidden = verified
+        if self.fused_tree_ops:
+            from ddtree_bench.engine.gpu.kernels.tree_verify import commit_trees
+
+            commit_trees(walked, self.layout, self.start[:b], self.ctx_start[:b], self.bonus[:b], self.tk, self.tv, hidden,
+                         self.ctx, self.live[:b])
+            return
         W = self.width
         masked = torch.cat([walked[:, :1] * self.live[:b, None], walked[:, 1:]], dim=1)
         for i in range(b):
@@ -428,7 +484,7 @@ class BatchFastLoop:
         bias = torch.stack([visible_bias((cols <= self.start[i])[None, :], self.dtype, self.tgroup) for i in range(b)])
         logits, _ = target_forward_batch(self.target, self.bonus[:b], self.start[:b], self.tk[:, :b], self.tv[:, :b],
                                          self.start[:b], bias, ops=self.ops)
-        self.post[:b].copy_(logits.argmax(dim=-1)[:, None])
+        self.post[:b].copy_(self._argmax(logits)[:, None])
         return logits, None
 
     def _commit_ar(self, b: int) -> None:
@@ -468,11 +524,65 @@ class BatchFastLoop:
         self.stats.batch_sizes.append(n)
         for st in self.active:
             st.batch_sizes.append(n)
+        if b == 1 and self.solo is not None:
+            res, tree_of, logits, stage_ms = self._solo_round(self.active[0])
+        else:
+            res, tree_of, logits, stage_ms = self._batched_round(b)
+        self._finish_round(res, tree_of, logits, time.perf_counter_ns())
+        self.rounds.append({"batch": n, "bucket": b, **stage_ms})
+        for st in self.active:
+            for k, ms in stage_ms.items():
+                st.stage_ns[FOLD[k]] += int(ms * 1e6)
+        return self._retire()
+
+    def _solo_round(self, st: _Slot):
+        """One round of the only request (slot 0) through FastLoop's stages: its draft (unless the last round
+        queued it), build .. walk, the commit, the next draft queued ahead when another round may follow,
+        then the wait for the walk result (and, on a failed tree certificate, FastLoop's exact redo)."""
+        fl, dev = self.solo, self.device
+        T, greedy = st.req.temperature, st.req.temperature < GREEDY_EPS
+        t_cold, known = time.perf_counter(), len(fl.buckets)
+        fb = fl._bucket(self.method, self.budget, greedy)
+        drafted, laps = self._ahead is not None, self._ahead
+        self._ahead = None
+        if laps is None:
+            laps = Laps(dev)
+            laps.mark("begin")
+        first = st.prefill_hidden is not None   # round 1: FastLoop's eager draft from the whole prompt
+        if first and self.drafter is not None:
+            self.ctx_start[0].fill_(0)
+        host = HostState(st.prefill_hidden, st.bonus, st.start, st.draft_len, st.a)
+        fl._launch(fb, first, drafted, False, host, laps, T, st.req.top_p, st.gen)
+        if (self.drafter is not None and not st.stream.stopped and len(st.stream.out) + 1 < st.req.max_new_tokens
+                and not (first and fb.fallback is not None)):   # FastLoop's rule: its round-1 redo needs that draft
+            nxt = Laps(dev)   # the next round's draft, queued before the wait (its marks open that round)
+            nxt.mark("begin")
+            fl._queue_draft(fb, False, host, nxt)
+            self._ahead = nxt
+        res = fl._result(fb)
+        if len(fl.buckets) > known:
+            self.cold_s[1] = time.perf_counter() - t_cold
+            cold_notice(f"{self._what()} batch 1", self.cold_s[1], dev)
+        done = fb
+        if self.spec and fb.layout.read(res).flagged:
+            done, res = fl._redo(fb, T, st.req.top_p, st.gen)
+            self._ahead = None   # the redo moved the state on: the queued draft is stale
+        out = done.out
+        tree_of = (lambda i: (out.tree.tok, out.tree.par, out.tree.dep)) if self.spec else None
+        return res, tree_of, out.verified.logits, laps.rounds()[0]
+
+    def _batched_round(self, b: int):
+        """One round over bucket b through the batched stages (module docstring)."""
+        self._ahead = None
+        t_cold, cold = time.perf_counter(), b not in self._stages
         bk = self._bucket(b)
         laps = Laps(self.device)
         laps.mark("begin")
         if self.spec:
             if self.drafter is not None:
+                for st in self.active:   # a request's first round: its prompt's drafter context first
+                    if st.prefill_hidden is not None:
+                        self._draft_context(st.slot, st.prefill_hidden, st.start)
                 self._run(bk, "draft", laps)
             else:
                 self._propose(b)
@@ -501,17 +611,19 @@ class BatchFastLoop:
         if self.ready is not None:
             self.ready.synchronize()
         res = host.tolist()
-        now = time.perf_counter_ns()
-        self._finish_round(bk, res, logits, now)
-        stage_ms = laps.rounds()[0]
-        self.rounds.append({"batch": n, "bucket": b, **stage_ms})
-        for st in self.active:
-            for k, ms in stage_ms.items():
-                st.stage_ns[FOLD[k]] += int(ms * 1e6)
-        return self._retire()
+        if cold:
+            self.cold_s[b] = time.perf_counter() - t_cold
+            cold_notice(f"{self._what()} batch bucket {b}", self.cold_s[b], self.device)
+        trees = bk.out.get("tree_build")
+        tree_of = (lambda i: trees.slot(i)) if self.spec else None
+        return res, tree_of, logits, laps.rounds()[0]
 
-    def _finish_round(self, bk: _Bucket, res: list[int], logits: torch.Tensor, now: int) -> None:
-        """Per request: read its walk result, record the round, move its host state on, emit its tokens."""
+    def _what(self) -> str:
+        return self.method + (f" B={self.budget}" if self.method == "ddtree" else "")
+
+    def _finish_round(self, res: list[int], tree_of, logits: torch.Tensor, now: int) -> None:
+        """Per request: read its walk result (a solo round's may end with the certificate flag: not read), record
+        the round, move its host state on, emit its tokens."""
         size, W = self.result_size, self.width
         news = []
         for st in self.active:
@@ -521,7 +633,7 @@ class BatchFastLoop:
                 walk = self.layout.read(r)
                 a, toks, accepted = walk.a, walk.new_tokens, walk.accepted
                 if st.trees is not None:
-                    tok, par, dep = bk.out["tree_build"][i]
+                    tok, par, dep = tree_of(i)
                     st.trees.append(RoundTrace(tok.tolist(), par.tolist(), dep.tolist(), accepted))
             else:
                 a, toks, accepted = 1, [r[0]], [0]

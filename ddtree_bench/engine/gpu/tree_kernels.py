@@ -1,6 +1,6 @@
 """Whether the fast loop may run the Triton tree kernels (kernels/tree_verify.py: compile, walk, commit; and
-the walk's argmax, kernels/argmax.py) on a device: once per device, on a small random tree, each must equal
-its PyTorch twin (tree_ops.ancestors / verify_visible / walk_static / commit_static, forward.visible_bias,
+the walk's argmax, kernels/argmax.py) on a device: once per device, on a small random tree (and, through the
+batched launches, on two slots with a padding one), each must equal its PyTorch twin (tree_ops.ancestors / verify_visible / walk_static / commit_static, forward.visible_bias,
 torch.argmax) bit for bit; a failure warns and the loop keeps the twins. The gate sits here, beside the
 twins, so that the kernels below know nothing of them. Knows nothing of models or graphs.
 """
@@ -58,6 +58,26 @@ def self_test(dev: torch.device) -> str | None:
     commit_static(walked, WalkLayout(L), *twin)
     if not all(torch.equal(a, b) for a, b in zip(state, twin)):
         return "commit_tree differs from commit_static"
+    two = lambda t: torch.stack([t, t])  # noqa: E731 - the batched launches: slot 1 = slot 0's tree at another frontier
+    ids2, _, anc2, bias2, path2 = tree_verify.compile_trees(two(bonus[0]), two(tok), two(par), two(dep),
+                                                            torch.stack([start, start + 9]), cap, torch.float32, 2, L)
+    bias_9 = visible_bias(verify_visible(anc_ref, start + 9, cap), torch.float32, 2)
+    if not (torch.equal(anc2[1], anc_ref) and torch.equal(bias2[0], bias) and torch.equal(bias2[1], bias_9)):
+        return "compile_trees differs from compile_tree per slot"
+    if not torch.equal(tree_verify.walk_trees(ids2, two(par), two(dep), path2, two(post), WalkLayout(L)), two(walked)):
+        return "walk_trees differs from walk_tree per slot"
+    k2, v2 = (torch.randn(2, 3, 2, cap, 8, generator=g).to(dev) for _ in range(2))
+    hid2, ctx2 = torch.randn(2 * ids.numel(), 12, generator=g).to(dev), torch.randn(3, L + 1, 12, generator=g).to(dev)
+    s2, cs2, b2 = torch.tensor([5, 9], device=dev), torch.tensor([1, 1], device=dev), torch.tensor([2, 4], device=dev)
+    tw = [t.clone() for t in (s2, cs2, b2, k2, v2, ctx2)]
+    tree_verify.commit_trees(two(walked), WalkLayout(L), s2, cs2, b2, k2, v2, hid2, ctx2, torch.tensor([1, 0], device=dev))
+    for c, live in ((0, 1), (1, 0)):
+        w = walked.clone()
+        w[0] *= live
+        commit_static(w, WalkLayout(L), tw[0][c], tw[1][c], tw[2][c : c + 1], tw[3][:, c], tw[4][:, c],
+                      hid2[c * ids.numel() : (c + 1) * ids.numel()], tw[5][c])
+    if not all(torch.equal(a, b) for a, b in zip((s2, cs2, b2, k2, v2, ctx2), tw)):
+        return "commit_trees differs from commit_static per slot"
     logits = torch.randn(3, 5000, generator=g).round().to(dev, torch.bfloat16)  # with ties
     if not torch.equal(argmax.argmax_rows(logits), logits.argmax(dim=-1)):
         return "argmax_rows differs from torch.argmax"

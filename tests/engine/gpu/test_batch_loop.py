@@ -135,10 +135,21 @@ def test_cache_grows_mid_flight_and_keeps_the_live_regions(rnd):
 
 
 def test_one_target_and_one_drafter_forward_per_round(rnd, monkeypatch):
+    """A round over two or more slots: ONE batched target and drafter forward. A round of one request: batch 1's
+    forwards (loop.FastLoop's stages on slot 0), one target forward, and one draft - at most one more per
+    request, a draft queued ahead of a round that turned out to be its last."""
+    from ddtree_bench.engine.gpu import loop as single
+
     calls = count_forwards(monkeypatch, bl, "target_forward_batch", "draft_forward_batch")
+    solo = count_forwards(monkeypatch, single, "target_forward", "draft_forward")
     loop = BatchFastLoop(rnd.target, rnd.proposer, "ddtree", 16, 4)
-    loop.run(make_requests(64, 0.0, seed=6))
-    assert loop.stats.rounds > 0 and calls == {"target": loop.stats.rounds, "drafter": loop.stats.rounds}
+    reqs = make_requests(64, 0.0, seed=6)
+    loop.run(reqs)
+    batched = sum(r["bucket"] > 1 for r in loop.rounds)
+    ones = sum(r["bucket"] == 1 for r in loop.rounds)
+    assert batched > 0 and ones > 0 and batched + ones == loop.stats.rounds
+    assert calls == {"target": batched, "drafter": batched}
+    assert solo["target"] == ones and ones <= solo["drafter"] <= ones + len(reqs)
     assert loop.stats.mean_batch_size > 1.5
 
 

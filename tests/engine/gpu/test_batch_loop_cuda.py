@@ -88,3 +88,19 @@ def test_trained_toy_drafter_batches_equal_batch1_fp32():
         for r, g in zip(reqs, got):
             same_generation(g, alone(plain, method, budget, r))
         assert max(a for g in got for a in g.accept_lengths) >= 4   # a drafter that accepts: deep paths ran
+
+
+@pytest.mark.parametrize("method,budget", [("ar", 0), ("dflash", 0), ("ddtree", 16), ("ddtree", 128)])
+def test_one_request_at_a_time_runs_the_single_fast_loop_bit_for_bit_bf16(method, budget):
+    """A batched loop of 4 slots that sees one request at a time (serve --max-batch 4 at concurrency 1) runs the
+    single fast loop's stages on slot 0 - the same Triton builder, kernels and bf16 rounding - so its tokens and
+    per-round acceptance equal the single fast loop's exactly, not only up to near-ties, and every round ran there."""
+    target, drafter = random_pair(seed=0, vocab_size=VOCAB, dtype="bfloat16", device="cuda")
+    fast = Engine(target, drafter, cuda_graphs=True)
+    loop = BatchFastLoop(fast.target, fast.proposer, method, budget, 4)
+    for r in requests(VOCAB, 0.0):
+        got = loop.run([r])[0]
+        want = fast.generate(r.prompt_ids, method, budget, r.max_new_tokens, r.temperature, r.top_p, r.seed, r.stop_ids)
+        assert got.output_ids == want.output_ids and got.accept_lengths == want.accept_lengths, (method, budget, r.key)
+    assert loop.rounds and {r["bucket"] for r in loop.rounds} == {1} and not loop._stages
+    assert loop.solo is not None and loop.solo.buckets

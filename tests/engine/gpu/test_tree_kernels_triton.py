@@ -178,6 +178,57 @@ def test_commit_kernel_equals_its_twin(dtype, guard):
             assert changed == (flag != 1)
 
 
+@pytest.mark.parametrize("budget", [0, 20])
+def test_batched_compile_walk_commit_equal_the_twins_slot_by_slot(budget):
+    """compile_trees / walk_trees / commit_trees (one launch for C slots) against the PyTorch twins run slot by
+    slot, as the batched loop ran them before: ids, positions, ancestors, bias, path-based walk; the commit
+    into each slot's region of a slotted cache [layers, B, Hkv, S, D] with B > C (the slots past C untouched),
+    its ctx rows, frontier, ctx_start, bonus - and a padding slot (live 0) that commits a = 0. DFlash chains
+    (budget 0) and trees."""
+    from ddtree_bench.engine.gpu.tree_ops import commit_static
+    from ddtree_bench.engine.gpu.kernels.tree_verify import commit_trees, compile_trees, walk_trees
+
+    L, V, cap, group, C, B, layers, hkv, D, CW = 5, 24, 96, 2, 3, 4, 2, 2, 8, 12
+    dt = torch.float32
+    g = torch.Generator().manual_seed(budget)
+    trees = [StaticTreeBuilder(L, V, budget, "cpu")(tree_logits("random", L, V, s)) if budget else
+             chain(tree_logits("random", L, V, s)) for s in range(C)]
+    tok, par, dep = (torch.stack(t) for t in zip(*trees))
+    T = 1 + tok.shape[1]
+    bonus = torch.tensor([7, 3, 11])
+    start = torch.tensor([5, 40, 17])
+    ids, pos, anc, bias, path = compile_trees(*(t.to(DEV) for t in (bonus, tok, par, dep, start)), cap, dt, group, L)
+    posts, walks = [], []
+    for c in range(C):
+        ids_ref = torch.cat([bonus[c : c + 1], tok[c]])
+        anc_ref = ancestors(par[c], L)
+        assert torch.equal(ids.cpu()[c * T : (c + 1) * T], ids_ref)
+        assert torch.equal(pos.cpu()[c * T : (c + 1) * T], start[c] + torch.cat([torch.zeros(1, dtype=torch.long), dep[c]]))
+        assert torch.equal(anc.cpu()[c], anc_ref)
+        assert torch.equal(bias.cpu()[c], visible_bias(verify_visible(anc_ref, start[c], cap), dt, group))
+        post = _forced_post(ids_ref, par[c], V, [T - 1, 0, 1][c], g)
+        posts.append(post)
+        walks.append(walk_static(ids_ref, par[c], dep[c], anc_ref, post, L))
+    walked = walk_trees(ids, par.to(DEV), dep.to(DEV), path, torch.stack(posts).to(DEV), WalkLayout(L))
+    assert torch.equal(walked.cpu(), torch.stack(walks))
+    live = torch.tensor([1, 0, 1])
+    state = dict(start=start.clone(), ctx_start=torch.tensor([1, 2, 3]), bonus=bonus.clone(),
+                 k=torch.randn(layers, B, hkv, cap, D, generator=g), v=torch.randn(layers, B, hkv, cap, D, generator=g),
+                 hidden=torch.randn(C * T, CW, generator=g), ctx=torch.randn(B, L + 1, CW, generator=g))
+    ref = {n: t.clone() for n, t in state.items()}
+    masked = torch.cat([walked.cpu()[:, :1] * live[:, None], walked.cpu()[:, 1:]], dim=1)
+    for c in range(C):
+        commit_static(masked[c], WalkLayout(L), ref["start"][c], ref["ctx_start"][c], ref["bonus"][c : c + 1],
+                      ref["k"][:, c], ref["v"][:, c], ref["hidden"][c * T : (c + 1) * T], ref["ctx"][c])
+    dev = {n: t.to(DEV) for n, t in state.items()}
+    commit_trees(walked, WalkLayout(L), dev["start"], dev["ctx_start"], dev["bonus"], dev["k"], dev["v"], dev["hidden"],
+                 dev["ctx"], live.to(DEV))
+    for n in state:
+        assert torch.equal(dev[n].cpu(), ref[n]), n
+    assert torch.equal(dev["k"].cpu()[:, C:], state["k"][:, C:]) and int(ref["start"][1]) == 40   # slot 3; padding stays
+    assert int(walks[0][0]) > 1   # slot 0 accepted a path: rows moved
+
+
 def test_argmax_kernel_equals_torch_argmax():
     """Every rule of torch.argmax: first of equal maxima (also -0.0 vs +0.0), NaN beats all (first NaN),
     a row of -inf, +inf; rows shorter and longer than one block, and a vocabulary cut mid-block."""

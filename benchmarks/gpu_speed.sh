@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One device call for the speed work (issue 35): the whole GPU suite (benchmarks/gpu_suite.sh), then on the Qwen3-8B
+# shape (random bf16 weights, 1024-token prefix) the batched fast loop against the single fast loop at batch
+# BATCHES (default 1,2,4,16; batch 1 also in a loop of max(BATCHES) slots, as `serve --max-batch N` at concurrency 1)
+# for AR, DFlash and DDTree at BUDGETS (default 16,64), on a FRESH Triton cache (so the single loop's first rounds,
+# AR first as a sweep runs it, are the cold start per budget), then bench-engine's verify table (GEMM-only time,
+# both ratios, GB/s, TFLOP/s per n) and rounds in a second process on that now-warm cache (its `cold s` column:
+# what a second run pays). SUITE=0 / BATCH=0 / VERIFY=0 skip a step; EXTRA='cmd' runs one more command last
+# (its output in extra.txt). Each step has its own time limit (*_TIMEOUT, seconds).
+# Files under $OUT (<= 8): session.txt, suite.txt, batch.txt, batch.json, batch.csv, verify.txt, verify.json[, extra.txt]
+# Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_speed.sh
+source "$(dirname "$0")/gpu_lib.sh"
+if [ "${SUITE:-1}" = 1 ]; then
+  step "gpu suite"
+  SUITE_TIMEOUT=${SUITE_TIMEOUT:-270} bash "$(dirname "$0")/gpu_suite.sh" > "$OUT/suite.txt" 2>&1
+  echo "suite: $(tail -1 "$OUT/suite.txt")" | tee -a "$LOG"
+  grep -E "passed|failed" "$OUT/suite.txt" | tail -2 | tee -a "$LOG"
+fi
+export TRITON_CACHE_DIR=/tmp/triton-speed-fresh   # kernels/cache_dir.py: the user's TRITON_CACHE_DIR wins
+rm -rf "$TRITON_CACHE_DIR"
+if [ "${BATCH:-1}" = 1 ]; then
+  step "batched vs single loop (fresh Triton cache)"
+  timeout ${BATCH_TIMEOUT:-200} python3 -m ddtree_bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 \
+    --batch "${BATCHES:-1,2,4,16}" --budgets "${BUDGETS:-16,64}" --prefix-len 1024 --rounds 5 --tau "$PAPER_TAU" \
+    --out "$OUT/batch.json" 2>&1 | grep -v '^{' > "$OUT/batch.txt"
+  echo "batch exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+fi
+if [ "${VERIFY:-1}" = 1 ]; then
+  step "verify table and rounds (second process, warm cache)"
+  timeout ${VERIFY_TIMEOUT:-110} python3 -m ddtree_bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 \
+    --budgets "${VERIFY_BUDGETS:-16}" --prefix-len 1024 --rounds 5 --no-plain --no-build-table --tau "$PAPER_TAU" \
+    --verify-tokens 1,16,64,128,256,512,1024 --out "$OUT/verify.json" 2>&1 | grep -v '^{' > "$OUT/verify.txt"
+  echo "verify exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+fi
+if [ -n "${EXTRA:-}" ]; then
+  step "extra: $EXTRA"
+  timeout ${EXTRA_TIMEOUT:-150} bash -c "$EXTRA" > "$OUT/extra.txt" 2>&1
+  echo "extra exit $?" | tee -a "$LOG"
+fi
+step done
