@@ -69,7 +69,8 @@ def prepare(grid: GridSpec, api_key: str | None = None, external_device_fn: Call
             raise UsageError(f"backend {p.backend}: {exe!r} is not installed (not on PATH)",
                              hint=prof.requires or None)
         code = prof.method_probe.get(p.method)
-        if code:
+        if code:  # the probe sees the point's model directory and device (profiles.py: method_probe)
+            code = f"DDTREE_BENCH_MODEL = {cmd.params['model']!r}\nDDTREE_BENCH_DEVICE = {p.device!r}\n" + code
             ok, said = server_python.probe(prep.server_pythons.get(p.backend) or sys.executable, code)
             if not ok:
                 prep.unsupported[p.id] = "; ".join(x for x in (f"unsupported by this {p.backend}: {said}",

@@ -18,7 +18,9 @@ watch it:
                                     import it (sweep/server_python.py)
     method_probe: {ddtree: CODE}    Python code run with `{server_python}` before the sweep: exit 0 = this
                                     installation serves the method; otherwise its points are recorded as
-                                    `unsupported` with the method's note (not run, not failed)
+                                    `unsupported` with the method's note (not run, not failed). The code
+                                    sees DDTREE_BENCH_MODEL (the point's model directory) and
+                                    DDTREE_BENCH_DEVICE (e.g. SGLang's CPU path refusing hybrid models)
     health_path                     readiness endpoint (200 = ready)
     startup_timeout_s               how long loading may take
     version: {path, key}            where the server reports its version (JSON)

@@ -280,3 +280,25 @@ def test_sweep_launches_sglang_survives_a_killed_server_and_resumes(tmp_path):
     assert rows["ar"]["status"] == "ok" and rows["dflash"]["status"] == "ok" and rows["ddtree"]["status"] == "unsupported"
     assert (dflash_dir / "records.jsonl").read_bytes() == dflash_records   # a finished point is never rerun
     assert float(rows["dflash"]["speedup_vs_ar"]) > 0
+
+
+def test_sweep_records_a_hybrid_target_on_cpu_as_unsupported_naming_the_missing_op(tmp_path):
+    """A Gated DeltaNet target (qwen3_5_text) on SGLang-CPU: every point `unsupported` with the reason, no
+    server launched, no crash (SGLang's CPU GDN path needs compiled sgl-kernel ops; docs/sglang-cpu.md)."""
+    from hybrid_support import random_hybrid_dir
+    from sglang_support import require_sglang
+
+    py = require_sglang()
+    dirs = random_hybrid_dir(tmp_path / "hybrid", "qwen3_5_text")
+    out = tmp_path / "sweep"
+    p = subprocess.run(CLI + ["sweep", "--backends", "sglang", "--model", str(dirs.target), "--draft", str(dirs.draft),
+                              "--methods", "ar,dflash", "--suites", "gsm8k", "--limit", "2", "--max-new-tokens", "8",
+                              "--server-python", py, "--out", str(out), "--no-report", "-q"],
+                       capture_output=True, text=True, env=ENV, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "starting sglang server" not in p.stdout
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert {r["method"] for r in rows} == {"ar", "dflash"}
+    for r in rows:
+        assert r["status"] == "unsupported", r
+        assert "fused_sigmoid_mul_cpu" in r["error"] and "Gated DeltaNet" in r["error"], r["error"]

@@ -37,27 +37,6 @@ def test_req_to_token_pool_and_extend_cache_locs_are_inverse_packings():
     assert back.tolist() == locs.tolist()
 
 
-def test_draft_cache_locs_copy_topk_times_steps_slots_from_each_sequence_end():
-    ops = _ops()
-    req_to_token = torch.arange(40, dtype=torch.int64).view(4, 10)
-    out = torch.zeros(2 * 3, dtype=torch.int64)
-    ops.assign_draft_cache_locs_contiguous_cpu(torch.tensor([3, 1]), req_to_token, torch.tensor([5, 2]), out, 10, 1, 3)
-    assert out.tolist() == [35, 36, 37, 12, 13, 14]
-
-
-def test_bonus_token_is_the_last_accepted_slot_and_accepted_cache_locs_are_packed():
-    ops = _ops()
-    accept_tokens = torch.tensor([[7, 8, 9, 0], [4, 0, 0, 0]])
-    bonus = torch.zeros(2, dtype=torch.int64)
-    ops.fill_bonus_tokens_cpu(accept_tokens, torch.tensor([3, 1]), bonus, 4)
-    assert bonus.tolist() == [9, 4]
-    accept_index = torch.tensor([0, 1, -1, -1, 4, -1, -1, -1])
-    out_cache_loc = torch.tensor([100, 101, 102, 103, 104, 105, 106, 107])
-    acc = torch.full((3,), -5, dtype=torch.int64)
-    ops.fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, acc)
-    assert acc.tolist() == [100, 101, 104]
-
-
 def test_all_layer_kv_copy_moves_whole_rows_of_every_buffer_like_a_gather():
     ops = _ops()
     bufs = [torch.arange(24, dtype=torch.float32).view(6, 2, 2).clone(), torch.arange(12, dtype=torch.int64).view(6, 2).clone()]

@@ -1,4 +1,6 @@
-"""Plain-torch versions of the compiled CPU `sgl_kernel` ops that SGLang 0.5.23's DFlash path calls on a CPU.
+"""Plain-torch versions of the compiled CPU `sgl_kernel` ops that SGLang 0.5.23's DFlash path calls on a CPU
+(the shim's patch P4): the three a DFlash server's log shows called (request-to-token pool, extend cache
+locations, and the all-layer KV row copy MHATokenToKVPool runs once at start-up).
 
 PyPI has no CPU build of sgl-kernel. Each function below has the signature of the CPU op SGLang calls
 (see the call site named in its docstring) and the semantics of the Triton kernel of the same name that
@@ -40,31 +42,6 @@ def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, e
         out_cache_loc[offs[i]:offs[i] + (e - s)] = req_to_token[row, s:e].to(out_cache_loc.dtype)
 
 
-def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_lens, out_cache_loc, pool_len, topk,
-                                           num_cols):
-    """`cache_locs.py::assign_draft_cache_locs_contiguous_func` (Triton `assign_draft_cache_locs_contiguous`):
-    out_cache_loc[i*topk*num_cols : (i+1)*topk*num_cols] = req_to_token[rpi[i], seq_lens[i] : + topk*num_cols]."""
-    n = int(topk) * int(num_cols)
-    for i, (row, s) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
-        out_cache_loc[i * n:(i + 1) * n] = req_to_token[row, s:s + n].to(out_cache_loc.dtype)
-
-
-def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_stride):
-    """`kernels/ops/speculative/eagle.py::fill_bonus_tokens_func` (Triton `fill_bonus_tokens`): request i's bonus
-    token is its last accepted slot, accept_tokens.flat[accept_stride*i + accept_lens[i] - 1]."""
-    flat = accept_tokens.reshape(-1)
-    for i, a in enumerate(accept_lens.tolist()):
-        bonus_tokens[i] = flat[int(accept_stride) * i + int(a) - 1]
-
-
-def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_loc):
-    """`eagle.py::fill_accept_out_cache_loc_func` (Triton `fill_accept_out_cache_loc`): the cache slots of the
-    accepted positions (accept_index != -1), packed in order."""
-    idx = accept_index.reshape(-1)
-    kept = idx[idx != -1].long()
-    accept_out_cache_loc[:kept.numel()] = out_cache_loc[kept].to(accept_out_cache_loc.dtype)
-
-
 def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
     """`kernels/ops/kvcache/cache_move.py::copy_all_layer_kv_cache_func` (Triton `copy_all_layer_kv_cache_tiled`):
     for every KV buffer b (its base address data_ptrs[b], its row width strides[b] bytes), row tgt_loc[j] =
@@ -96,5 +73,4 @@ def _announced(fn):
 
 
 IMPLEMENTED = {f.__name__: _announced(f) for f in (assign_req_to_token_pool_cpu, assign_extend_cache_locs_cpu,
-                                                   assign_draft_cache_locs_contiguous_cpu, fill_bonus_tokens_cpu,
-                                                   fill_accept_out_cache_loc_cpu, copy_all_layer_kv_cache_cpu)}
+                                                   copy_all_layer_kv_cache_cpu)}
