@@ -14,6 +14,7 @@ import typer
 from ddtree_bench import defaults as D
 from ddtree_bench.cli import options as O
 from ddtree_bench.cli.app import app
+from ddtree_bench.explain.analyse import EXPLAIN_CPU_THREADS
 
 
 @app.command("explain", epilog="\b\nExamples:\n  ddtree-bench explain results/vllm-dflash --model toy")
@@ -22,13 +23,15 @@ def explain_cmd(
     model: Annotated[Optional[str], typer.Option("--model", help="Target the reference engine loads (default: the run's --model).")] = None,
     draft: O.Draft = None,
     server_draft: Annotated[Optional[str], typer.Option("--server-draft", help="The drafter directory the server was launched with, when it may differ from --draft: its config is diffed against the reference's.")] = None,
-    variants: Annotated[Optional[str], typer.Option("--variants", help="Comma-separated drafter variants to try (default: the catalog; docs/explain.md lists the names).")] = None,
+    variants: Annotated[Optional[str], typer.Option("--variants", help="Comma-separated variants to try: drafter variants, and target variants (gdn-crop) on hybrid targets (default: the catalog; docs/explain.md lists the names).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Replay only the run's first N requests.")] = None,
     dtype: O.Dtype = D.DTYPE,
     device: O.Device = D.DEVICE,
     out: Annotated[Optional[Path], typer.Option("--out", help="JSON file to write (default: RUN/explain.json).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the JSON document instead of the text report.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    full_replay: Annotated[bool, typer.Option("--full-replay", help="Replay every drafter variant in full on the reference engine instead of scoring it against the one reference decode (slower; the same figures).")] = False,
+    threads: Annotated[int, typer.Option("--threads", help="torch intra-op threads while the reference engine runs on a CPU.")] = EXPLAIN_CPU_THREADS,
 ) -> None:
     """Explain an acceptance gap: replay the run on the reference engine under known drafter variants and name the one that reproduces the server."""
     import json
@@ -41,7 +44,8 @@ def explain_cmd(
     if out is not None:
         check_out_parent(out)
     names = [v for v in (variants or "").split(",") if v.strip()] if variants is not None else None
-    res = explain(run, model, draft, server_draft, names, limit, dtype, device, progress=not quiet)
+    res = explain(run, model, draft, server_draft, names, limit, dtype, device, progress=not quiet,
+                  full_replay=full_replay, threads=threads)
     write_json_atomic(target, res)
     if json_out:
         typer.echo(json.dumps(json_safe(res), ensure_ascii=False, allow_nan=False))

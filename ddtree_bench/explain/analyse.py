@@ -20,6 +20,7 @@ variants; nothing of HTTP.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,10 @@ from ddtree_bench.explain.curves import Acceptance, curve_distance, first_partin
 from ddtree_bench.explain.replay import ReplayRequest, replay
 
 KIND = "ddtree-bench-explain"
+# One intra-op thread while explain's engine runs on a CPU: its forwards are small (a 16-row draft
+# block, a tree of <= budget + 1 rows), and with two threads on the shared 2-core VM (load ~12) the
+# same replay took 12x the CPU time and 10x the wall time of one thread (docs/explain.md, Speed).
+EXPLAIN_CPU_THREADS = 1
 VERSION = 1
 DISTANCE_DOC = "RMS over depths d = 1..D of (server rate_d - variant rate_d); rate_d = share of rounds accepting >= d drafts"
 
@@ -51,6 +56,10 @@ FIXES = {
                             "RMSNorm over [layers, ctx, heads, head_dim] that reads only the first weight row applies "
                             "layer 0's weight everywhere)",
     "context_hidden_norm": "pass the context features through hidden_norm after fc",
+    "target_variant": "the TARGET side deviates, not the drafter: for gdn-crop, roll each Gated DeltaNet layer's conv "
+                      "window and recurrent state back to the accepted path after a verify (keep per-node states or "
+                      "replay the accepted tokens); transformers' Cache.crop only crops attention K/V "
+                      "(z-lab/dflash#172, huggingface/transformers#49036)",
 }
 
 
@@ -151,45 +160,137 @@ def _server_requests(run_dir: Path, spec: dict[str, Any], records: list, summary
     return _ServerRequests(bool(with_rounds), ordered, server, summary_rates, requests, max_new)
 
 
-def _replay_variants(eng, todo: list, sr: _ServerRequests, method: str, budget: int, stops: list[int],
-                     s_rates: list[float], s_tau: float | None, progress: bool) -> tuple[list[dict[str, Any]], Any]:
-    """Every variant's row (tau, per-depth rates, distance to the server, outputs equal, round
-    agreement; or why it does not apply), in `todo` order, and the reference variant's replay."""
+def _row(v, res, sr: _ServerRequests, depth: int, s_rates: list[float], s_tau: float | None) -> dict[str, Any]:
+    """One variant's row: tau, per-depth rates, distance to the server, outputs equal, round agreement."""
+    keys = sr.keys
+    acc = res.acceptance
+    rates = acc.rates(depth, keys)
+    tau = acc.tau(keys)
+    return {**v.to_dict(), "tau": tau, "rates_by_depth": rates, "distance": curve_distance(s_rates, rates or []),
+            "delta_tau": (tau - s_tau) if s_tau is not None and tau is not None else None,
+            "outputs_equal_to_server": (sum(1 for k in keys if sr.acceptance.outputs.get(k) == acc.outputs.get(k))
+                                        if sr.with_rounds else None),
+            "round_agreement": round_agreement(sr.acceptance, acc, keys) if sr.ordered else None}
+
+
+@dataclass
+class _TargetRow:
+    """A target-side variant (engine.target_variants.TargetVariant) as explain's rows name it."""
+
+    variant: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        v = self.variant
+        return {"name": v.name, "changes": {"target_variant": v.name}, "description": v.doc}
+
+
+def _replay_target_variant(eng, tv, sr: _ServerRequests, method: str, budget: int, stops: list[int], tick) -> Any:
+    """The run's requests replayed in full with the target switched to `tv` (z-lab's drafter), then back."""
+    from ddtree_bench.engine.draft_variants import REFERENCE
+    from ddtree_bench.engine.target_variants import REFERENCE_TARGET, apply_target_variant
+
+    apply_target_variant(eng.target, tv)
+    try:
+        res = replay(eng, sr.requests, method, budget, stops, REFERENCE, on_request=tick)
+    finally:
+        apply_target_variant(eng.target, REFERENCE_TARGET)
+    res.acceptance.label = tv.name
+    return res
+
+
+def _split_variants(names: list[str] | None, is_hybrid: bool) -> tuple[list | None, list]:
+    """--variants names -> (drafter variants or None for the catalog, target variants). The target
+    catalog (every target variant that applies, but the reference) when `names` is None."""
+    from ddtree_bench.engine.draft_variants import parse_variant
+
+    try:
+        from ddtree_bench.engine.target_variants import TARGET_VARIANTS, target_catalog
+    except ImportError:  # an engine without target-side variants
+        TARGET_VARIANTS, target_catalog = {}, lambda hybrid: []
+    if names is None:
+        return None, [v for v in target_catalog(is_hybrid) if v.name != "reference"]
+    drafters, targets = [], []
+    for name in names:
+        tv = TARGET_VARIANTS.get(name.strip())
+        if tv is not None and tv.name != "reference":
+            if getattr(tv, "hybrid_only", False) and not is_hybrid:
+                raise UsageError(f"target variant {tv.name!r} applies to hybrid (Gated DeltaNet) targets only")
+            targets.append(tv)
+            continue
+        try:
+            drafters.append(parse_variant(name))
+        except ValueError as e:
+            known = f"; target variants: {', '.join(TARGET_VARIANTS)}" if TARGET_VARIANTS else ""
+            raise UsageError(str(e) + known) from None
+    return drafters, targets
+
+
+def _replay_variants(eng, todo: list, targets: list, sr: _ServerRequests, method: str, budget: int, stops: list[int],
+                     s_rates: list[float], s_tau: float | None, progress: bool, dtype: str,
+                     full_replay: bool = False) -> tuple[list[dict[str, Any]], Any]:
+    """Every variant's row (or why it does not apply), drafter variants in `todo` order then the
+    target variants `targets`, and the reference's replay.
+
+    The reference is decoded first, by the real loop (replay.replay). Drafter variants are then
+    scored by reuse of that decode (reuse.score_variant: only the drafter runs again; requests on a
+    near tie are replayed in full), or all replayed in full with `full_replay` (the slow twin).
+    Target variants change what the target commits, so each is replayed in full with the target
+    switched to it (and back)."""
     from tqdm.auto import tqdm
 
-    cfg, keys, depth = eng.drafter.cfg, sr.keys, eng.drafter.block_size - 1
+    from ddtree_bench.engine.draft_variants import REFERENCE
+    from ddtree_bench.explain import reuse
+
+    cfg, depth, n = eng.drafter.cfg, eng.drafter.block_size - 1, len(sr.requests)
     has_sliding = any(w is not None for w in cfg.layer_window)
-    bar = tqdm(total=len(todo) * len(sr.requests), desc="explain", unit="req", disable=not progress, leave=False)
-    rows, ref_res = [], None
+    bar = tqdm(total=(len(todo) + len(targets)) * n, desc="explain", unit="req", disable=not progress, leave=False)
+    tick = lambda: bar.update(1)  # noqa: E731
+    skipped = {v.name: v.not_applicable(cfg.num_hidden_layers, eng.target.cfg.num_hidden_layers, cfg.target_layer_ids,
+                                        eng.target.cfg.vocab_size, eng.drafter.block_size, has_sliding) for v in todo}
+    rows: dict[str, dict[str, Any]] = {}
     try:
+        ref = next((v for v in todo if v.is_reference), REFERENCE)
+        bar.set_description(f"explain {ref.name} (the reference decode)")
+        ref_res = replay(eng, sr.requests, method, budget, stops, ref, on_request=tick)
+        rows[ref.name] = {**_row(ref, ref_res, sr, depth, s_rates, s_tau), "scored_by": "replay"}
+        runnable = [v for v in todo if not v.is_reference and not skipped[v.name]]
+        refs = None
+        if runnable and not full_replay:
+            bar.set_description("explain: target features for reuse")
+            refs = reuse.decode_references(eng.target, sr.requests, ref_res, reuse.layers_needed(eng, runnable), depth)
+        margin, gap = reuse.margins(dtype)
         for v in todo:
-            why = v.not_applicable(cfg.num_hidden_layers, eng.target.cfg.num_hidden_layers, cfg.target_layer_ids,
-                                   eng.target.cfg.vocab_size, eng.drafter.block_size, has_sliding)
-            if why:
-                rows.append({**v.to_dict(), "skipped": why})
-                bar.update(len(sr.requests))
+            if v.is_reference and v.name in rows:
                 continue
-            res = replay(eng, sr.requests, method, budget, stops, v, on_request=lambda: bar.update(1))
-            if v.is_reference and ref_res is None:
-                ref_res = res
-            acc = res.acceptance
-            rates = acc.rates(depth, keys)
-            rows.append({**v.to_dict(), "tau": acc.tau(keys), "rates_by_depth": rates,
-                         "distance": curve_distance(s_rates, rates or []),
-                         "delta_tau": (acc.tau(keys) - s_tau) if s_tau is not None and acc.tau(keys) is not None else None,
-                         "outputs_equal_to_server": (sum(1 for k in keys if sr.acceptance.outputs.get(k) == acc.outputs.get(k))
-                                                     if sr.with_rounds else None),
-                         "round_agreement": round_agreement(sr.acceptance, acc, keys) if sr.ordered else None})
+            bar.set_description(f"explain {v.name}")
+            if skipped[v.name]:
+                rows[v.name] = {**v.to_dict(), "skipped": skipped[v.name]}
+                bar.update(n)
+                continue
+            if refs is None:
+                res, row_extra = replay(eng, sr.requests, method, budget, stops, v, on_request=tick), {"scored_by": "replay"}
+            else:
+                sc = reuse.score_variant(eng, sr.requests, refs, method, budget, stops, v, margin, gap, on_request=tick)
+                res, row_extra = sc.result, {"scored_by": "reuse", "replayed_in_full": len(sc.replayed_in_full)}
+            rows[v.name] = {**_row(v, res, sr, depth, s_rates, s_tau), **row_extra}
+        out = [rows[v.name] for v in todo if v.name in rows]
+        for tv in targets:
+            bar.set_description(f"explain {tv.name} (target variant, replayed in full)")
+            res = _replay_target_variant(eng, tv, sr, method, budget, stops, tick)
+            out.append({**_row(_TargetRow(tv), res, sr, depth, s_rates, s_tau), "scored_by": "replay", "side": "target"})
     finally:
         bar.close()
-    return rows, ref_res
+    return out, ref_res
 
 
 def explain(run_dir: str | Path, model: str | None = None, draft: str | None = None, server_draft: str | None = None,
             variants: list[str] | None = None, limit: int | None = None, dtype: str = D.DTYPE, device: str = D.DEVICE,
-            progress: bool = True) -> dict[str, Any]:
-    """Everything explain finds about one run, as a JSON-ready dict (see the module docstring)."""
-    from ddtree_bench.engine.draft_variants import REFERENCE, catalog, parse_variant
+            progress: bool = True, full_replay: bool = False, threads: int | None = EXPLAIN_CPU_THREADS) -> dict[str, Any]:
+    """Everything explain finds about one run, as a JSON-ready dict (see the module docstring).
+    `full_replay`: replay every drafter variant in full instead of scoring it by reuse of the
+    reference decode (the slow twin). `threads`: torch's intra-op threads while the engine runs on
+    a CPU (None: leave torch's setting)."""
+    from ddtree_bench.engine.draft_variants import REFERENCE, catalog
     from ddtree_bench.env import environment, now_iso
     from ddtree_bench.pair import load_pair, model_dirs
 
@@ -199,12 +300,9 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
     run, spec, records, summary = side["run"], side["spec"], side["records"], side["summary"]
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be >= 1, got {limit}")
-    chosen = None
-    if variants is not None:
-        try:
-            chosen = [parse_variant(v) for v in variants]
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+    _split_variants(variants, True)  # bad names are bad input before any model loads
     model, draft = _reference_dirs(model, draft, spec)
     target_dir, draft_dir = model_dirs(model, draft)
     findings = _config_findings(target_dir, draft_dir, server_draft)
@@ -232,6 +330,7 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
 
     pair = load_pair(model, draft, method, dtype, device)
     eng = pair.engine
+    chosen, targets = _split_variants(variants, _is_hybrid(eng.target))
     stops = _stop_ids(run, pair.stop_ids)
     block = eng.drafter.block_size
     depth = block - 1
@@ -247,7 +346,11 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
     result["server"] = {"tau": s_tau, "rates_by_depth": s_rates, "rounds": len(sr.acceptance.pooled()),
                         "source": ("rounds" if sr.ordered else "histogram") if sr.with_rounds else "summary"}
     result["block_size"] = block
-    rows, ref_res = _replay_variants(eng, todo, sr, method, budget, stops, s_rates, s_tau, progress)
+    with _torch_threads(threads if device == "cpu" else None):
+        rows, ref_res = _replay_variants(eng, todo, targets, sr, method, budget, stops, s_rates, s_tau, progress,
+                                         dtype, full_replay)
+    result["scoring"] = {"mode": "replay" if full_replay else "reuse", "threads": threads if device == "cpu" else None,
+                         "replayed_in_full": {r["name"]: r["replayed_in_full"] for r in rows if r.get("replayed_in_full")}}
 
     keys = sr.keys
     ran = [r for r in rows if "skipped" not in r]
@@ -264,6 +367,27 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
     result["versions"] = environment(device)["versions"]
     result["wall_s"] = round(time.monotonic() - t0, 2)
     return result
+
+
+def _is_hybrid(target) -> bool:
+    """A target with Gated DeltaNet layers (where the target-side variants apply)."""
+    return bool(getattr(target, "is_hybrid", False)) and bool(getattr(target.cfg, "gdn_layers", ()))
+
+
+@contextmanager
+def _torch_threads(n: int | None):
+    """torch's intra-op threads set to n for the block (None: unchanged), restored after."""
+    import torch
+
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _pad_like(target_dir: Path | None, mask_id: int) -> int | None:
