@@ -10,7 +10,7 @@ answer) or an unsupported feature (400).
 Every scalar field's JSON type and range is checked in one place, the table `FIELDS` (field ->
 `Field`): integers are JSON integers (not `true`, not `5.0`) inside int64 or a tighter range,
 numbers are finite and in range, booleans are `true`/`false`. A field we do not implement (`n`,
-`logprobs`, penalties, `top_k`, ...) has `off` values: those (or `null`) are accepted, anything
+`prompt_logprobs`, penalties, `top_k`, ...) has `off` values: those (or `null`) are accepted, anything
 else is 400 "not supported", so a request never silently decodes differently than it asked.
 Unknown fields are ignored, as vLLM and SGLang do. `stream_options` follow vLLM: only with
 `stream: true`, and `continuous_usage_stats` only together with `include_usage`.
@@ -19,7 +19,8 @@ The response builders produce the shapes vLLM uses, so one client reads every en
 completions `choices[].text`, chat `choices[].delta|message`, `token_ids` per choice (deltas when
 streaming), `prompt_token_ids` (in the choice for completions, top level for chat), `usage`, and
 `metrics.speculative_decoding` (vLLM's per-request spec metrics) extended with our exact
-per-round `acceptance_lengths`.
+per-round `acceptance_lengths`, and `logprobs` per choice when asked (`LogprobsText`: chat
+`logprobs: true` + `top_logprobs: k`, completions `logprobs: k`, k <= LOGPROBS_MAX).
 
 Knows JSON shapes; nothing of models, sockets or timing.
 """
@@ -123,7 +124,7 @@ def _f(*kinds: str, **kw: Any) -> Field:
     return Field(kinds, **kw)
 
 
-LOGPROBS = "logprobs are not supported"
+LOGPROBS_MAX = 20  # vLLM's default --max-logprobs; more is a 400
 FIELDS: dict[str, Field] = {
     "model": _f("str"),
     "max_tokens": _f("int", lo=1, hi=INT64_MAX),
@@ -140,9 +141,9 @@ FIELDS: dict[str, Field] = {
     # accepted only when off
     "n": _f("int", lo=1, hi=INT64_MAX, off=(1,), why="only n = 1 is supported"),
     "best_of": _f("int", lo=1, hi=INT64_MAX, off=(1,), why="best_of is not supported"),
-    "logprobs": _f("bool", "int", lo=0, hi=20, off=(False, 0), why=LOGPROBS),  # chat: bool, completions: int
-    "top_logprobs": _f("int", lo=0, hi=20, off=(0,), why=LOGPROBS),
-    "prompt_logprobs": _f("int", lo=0, hi=20, off=(0,), why=LOGPROBS),
+    "logprobs": _f("bool", "int", lo=0, hi=LOGPROBS_MAX),          # chat: bool, completions: int (parse_request)
+    "top_logprobs": _f("int", lo=0, hi=LOGPROBS_MAX),              # chat only; ignored by completions, as vLLM
+    "prompt_logprobs": _f("int", lo=0, hi=20, off=(0,), why="prompt_logprobs are not supported"),
     "echo": _f("bool", off=(False,), why="echo is not supported"),
     "suffix": _f("str", off=("",), why="suffix is not supported"),
     "frequency_penalty": _f("number", lo=-2, hi=2, off=(0,), why="frequency_penalty is not supported"),
@@ -222,6 +223,7 @@ class ServeRequest:
     continuous_usage: bool = False
     return_token_ids: bool = False
     stop_token_ids: list[int] | None = None   # None = the model's stop ids
+    logprobs: int | None = None               # None: no logprobs; k: each token's and the top k (0..LOGPROBS_MAX)
     ignore_eos: bool = False
     enable_thinking: bool = False
     prompt_text: str | None = None            # completions
@@ -271,6 +273,24 @@ UNSUPPORTED_SHAPES = {  # non-scalar fields we do not implement: (values that me
 }
 
 
+def _logprobs(obj: dict[str, Any], kind: str) -> int | None:
+    """How many top log-probabilities a request asks for per token (None: no logprobs). Chat:
+    `logprobs: true` and `top_logprobs: k` (k > 0 needs `logprobs: true`, as vLLM); completions:
+    `logprobs: k` (0 = the chosen token's only). Ranges were checked in FIELDS."""
+    lp, top = obj.get("logprobs"), obj.get("top_logprobs")
+    if kind == "chat":
+        if lp is not None and not isinstance(lp, bool):
+            raise ApiError(400, "'logprobs' must be a boolean on /v1/chat/completions (ask for alternatives with "
+                           "'top_logprobs': k)", param="logprobs")
+        if top and lp is not True:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        return int(top or 0) if lp else None
+    if isinstance(lp, bool):
+        raise ApiError(400, "'logprobs' must be an integer on /v1/completions (the number of alternatives, "
+                       f"0-{LOGPROBS_MAX})", param="logprobs")
+    return lp
+
+
 def parse_request(obj: Any, kind: str, served_model: str, vocab_size: int) -> ServeRequest:
     """Validate a decoded request body for `kind` ("chat" | "completions")."""
     if not isinstance(obj, dict):
@@ -312,7 +332,7 @@ def parse_request(obj: Any, kind: str, served_model: str, vocab_size: int) -> Se
     ctk = obj.get("chat_template_kwargs") or {}
     check_field(ctk, "enable_thinking", CHAT_TEMPLATE_KWARGS, "chat_template_kwargs.")
 
-    req = ServeRequest(kind=kind, model=served_model, max_tokens=max_tokens,
+    req = ServeRequest(kind=kind, model=served_model, max_tokens=max_tokens, logprobs=_logprobs(obj, kind),
                        temperature=1.0 if temperature is None else float(temperature),
                        top_p=1.0 if top_p is None else float(top_p), seed=obj.get("seed"), stream=stream,
                        include_usage=include_usage, continuous_usage=continuous,
@@ -395,18 +415,60 @@ def spec_decoding_metrics(method: str, accept_lengths: list[int], block_size: in
     } | ({"tree_budget": budget} if method == "ddtree" else {})
 
 
+def _finite(lp: float) -> float:
+    """A log-probability JSON can carry: -inf (a token of probability 0) as vLLM sends it, -9999.0."""
+    return max(float(lp), -9999.0)
+
+
+class LogprobsText:
+    """The `logprobs` object of a choice, in the endpoint's shape (vLLM's and OpenAI's), for one
+    request's tokens as they come (streaming keeps one across chunks: completions' text offsets run on).
+
+    chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"} x k]}]};
+    completions: {"text_offset", "token_logprobs", "tokens", "top_logprobs": [{token: logprob} (the top k
+    and the chosen token)]}. A token's text is `token_text(id)` (the tokenizer's text of that one id,
+    special tokens included); `bytes` its UTF-8 bytes; text offsets count characters of those texts."""
+
+    def __init__(self, kind: str, token_text):
+        self.kind, self.token_text, self.offset = kind, token_text, 0
+
+    def _entry(self, tid: int, lp: float) -> dict[str, Any]:
+        t = self.token_text(tid)
+        return {"token": t, "logprob": _finite(lp), "bytes": list(t.encode("utf-8", "replace"))}
+
+    def body(self, entries: list[Any] | None) -> dict[str, Any] | None:
+        """`entries`: serve_engine.TokenLogprobs (token_id, logprob, top [(id, logprob)]); None -> None."""
+        if entries is None:
+            return None
+        if self.kind == "chat":
+            return {"content": [{**self._entry(e.token_id, e.logprob), "top_logprobs": [self._entry(i, v) for i, v in e.top]}
+                                for e in entries]}
+        out: dict[str, Any] = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+        for e in entries:
+            t = self.token_text(e.token_id)
+            out["text_offset"].append(self.offset)
+            out["token_logprobs"].append(_finite(e.logprob))
+            out["tokens"].append(t)
+            tops = {self.token_text(i): _finite(v) for i, v in e.top}
+            tops.setdefault(t, _finite(e.logprob))
+            out["top_logprobs"].append(tops)
+            self.offset += len(t)
+        return out
+
+
 def stream_chunk(req: ServeRequest, text: str, token_ids: list[int] | None, *, finish_reason: str | None = None,
                  first: bool = False, prompt_ids: list[int] | None = None,
-                 usage_now: dict[str, int] | None = None) -> dict[str, Any]:
-    """One SSE chunk carrying `text` / `token_ids` (the delta since the previous chunk)."""
+                 usage_now: dict[str, int] | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One SSE chunk carrying `text` / `token_ids` (the delta since the previous chunk) and their
+    `logprobs` (a LogprobsText body, when asked)."""
     if req.kind == "chat":
         delta: dict[str, Any] = {"content": text}
         if first:
             delta["role"] = "assistant"
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         obj_type = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         obj_type = "text_completion"
     if req.return_token_ids:
         choice["token_ids"] = token_ids or []
@@ -431,13 +493,13 @@ def final_usage_chunk(req: ServeRequest, usage_: dict[str, int], spec: dict[str,
 
 
 def full_response(req: ServeRequest, text: str, token_ids: list[int], prompt_ids: list[int], finish_reason: str,
-                  usage_: dict[str, int], spec: dict[str, Any] | None) -> dict[str, Any]:
-    """The non-streaming body."""
+                  usage_: dict[str, int], spec: dict[str, Any] | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The non-streaming body (`logprobs`: a LogprobsText body, when asked)."""
     if req.kind == "chat":
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": finish_reason}
+                                  "logprobs": logprobs, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     out: dict[str, Any] = {"id": _id(req), "object": "chat.completion" if req.kind == "chat" else "text_completion",
                            "created": req.created, "model": req.model, "choices": [choice], "usage": usage_}
     if req.return_token_ids:

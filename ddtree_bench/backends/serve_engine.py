@@ -11,6 +11,8 @@ finish reason, stage times), "error" or "cancelled".
   once (`serial = N`). Setting `job.cancelled` stops the generation at its next round (the
   `on_chunk` callback raises; batched, the job also leaves the batch between rounds), so a
   vanished client or a shutdown frees the engine (or its place in the batch) within one round.
+* With `job.logprobs` = k, each "tokens" event carries every token's raw log-probability and the
+  k most likely tokens (`LogprobScorer`: the target teacher-forced over the emitted tokens).
 * `NullSource` needs no model: it answers instantly (or after `chunk_delay_s` per round) with
   `max_tokens` letters in chunks of `chunk_tokens` (one "round" each, a_r = chunk_tokens),
   concurrently (`serial = False`). It exists to measure the HTTP client and driver's own overhead.
@@ -49,6 +51,7 @@ class Job:
     top_p: float = 1.0
     seed: int | None = None
     stop_ids: list[int] = field(default_factory=list)
+    logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely (0..20)
     cancelled: bool = False  # set by the server; the source stops at its next round
     outcome: str | None = None  # the finish reason the server counted for it (once)
 
@@ -62,6 +65,55 @@ class Event:
     finish_reason: str | None = None           # done
     stage_ns: dict[str, int] | None = None     # done
     error: str | None = None                   # error
+    logprobs: list["TokenLogprobs"] | None = None  # tokens, when the job asked for them: one per token
+
+
+@dataclass
+class TokenLogprobs:
+    """One emitted token's raw log-probability (log_softmax of the target's logits, before any
+    temperature or top-p) and the `top` most likely tokens at that position, best first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+class LogprobScorer:
+    """The target's log-probabilities of the tokens a request emits, by teacher forcing: its own KV
+    cache holds the prompt and the tokens scored so far; each chunk of emitted tokens is one causal
+    forward over [the previous token, the chunk's tokens but its last], whose rows are the
+    distributions each token was picked from. The numbers equal the verify's own logits up to float
+    rounding (another forward shape), whichever loop produced the tokens (plain, batched, CUDA
+    graphs). Costs one small target forward per round. Runs on the engine's thread."""
+
+    def __init__(self, target, prompt_ids: list[int], k: int, capacity: int):
+        import torch
+
+        self.target, self.k = target, k
+        self.dev = target.lm_head.weight.device
+        self.cache = target.new_cache(capacity)
+        P = len(prompt_ids)
+        if P > 1:
+            with torch.inference_mode():
+                target(torch.tensor(prompt_ids[:-1], device=self.dev), torch.arange(P - 1, device=self.dev), self.cache, 0,
+                       last_logits_only=True)
+        self.pending, self.pos = int(prompt_ids[-1]), P - 1
+
+    def score(self, tokens: list[int]) -> list[TokenLogprobs]:
+        import torch
+
+        if not tokens:
+            return []
+        ids = [self.pending] + [int(t) for t in tokens[:-1]]
+        with torch.inference_mode():
+            logits, _ = self.target(torch.tensor(ids, device=self.dev),
+                                    torch.arange(self.pos, self.pos + len(ids), device=self.dev), self.cache, self.pos)
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            chosen = lp[torch.arange(len(tokens), device=self.dev), torch.tensor(tokens, device=self.dev)].tolist()
+            top_v, top_i = lp.topk(self.k, dim=-1) if self.k else (lp[:, :0], lp[:, :0].long())
+            top_v, top_i = top_v.tolist(), top_i.tolist()
+        self.pending, self.pos = int(tokens[-1]), self.pos + len(ids)
+        return [TokenLogprobs(int(t), float(c), list(zip(i, v))) for t, c, i, v in zip(tokens, chosen, top_i, top_v)]
 
 
 class QueueFull(Exception):
@@ -115,6 +167,7 @@ class EngineSource:
     or with max_batch > 1 up to max_batch jobs batched on the engine thread."""
 
     serial: bool | int = True
+    logprobs = True  # answers `logprobs` (LogprobScorer)
 
     def __init__(self, pair, method: str, budget: int, model_id: str, max_batch: int = 1):
         if max_batch < 1:
@@ -147,10 +200,19 @@ class EngineSource:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
+        scorer: list[LogprobScorer] = []  # made on the engine's thread, at the first chunk
+
         def on_chunk(tokens: list[int]) -> None:
             if job.cancelled:
                 raise _Cancelled
-            loop.call_soon_threadsafe(events.put_nowait, Event("tokens", list(tokens), time.perf_counter_ns()))
+            t_ns = time.perf_counter_ns()
+            lps = None
+            if job.logprobs is not None:
+                if not scorer:
+                    scorer.append(LogprobScorer(self.pair.engine.target, job.prompt_ids, job.logprobs,
+                                                len(job.prompt_ids) + job.max_tokens + 1))
+                lps = scorer[0].score(list(tokens))
+            loop.call_soon_threadsafe(events.put_nowait, Event("tokens", list(tokens), t_ns, logprobs=lps))
 
         def finished(g=None, exc: BaseException | None = None) -> None:
             from ddtree_bench.engine.batch import Cancelled
@@ -223,6 +285,7 @@ class NullSource:
     serial = False
     method = "null"
     budget = 0
+    logprobs = False  # no model, no log-probabilities
 
     def __init__(self, model_id: str = "null", chunk_tokens: int = D.NULL_CHUNK_TOKENS, chunk_delay_s: float = 0.0):
         from ddtree_bench.tokenizer import ChatTokenizer

@@ -52,7 +52,7 @@ from aiohttp import web
 from ddtree_bench import __version__
 from ddtree_bench import defaults as D
 from ddtree_bench.backends.openai_protocol import (
-    ApiError, ServeRequest, decode_body, error_body, final_usage_chunk, full_response, parse_request,
+    ApiError, LogprobsText, ServeRequest, decode_body, error_body, final_usage_chunk, full_response, parse_request,
     spec_decoding_metrics, stream_chunk, usage,
 )
 from ddtree_bench.backends.serve_engine import Job, QueueFull, Scheduler
@@ -266,6 +266,8 @@ def prepare(st: ServerState, raw: bytes, kind: str) -> Prepared:
     """Decode, validate and tokenize one body (CPU work: runs on `st.cpu`, never on the event loop)."""
     src = st.source
     req = parse_request(decode_body(raw), kind, src.model_id, src.vocab_size)
+    if req.logprobs is not None and not getattr(src, "logprobs", False):
+        raise ApiError(400, "logprobs need a model: the null engine has none", param="logprobs")
     limit = src.max_model_len
     if req.max_tokens >= limit:
         raise _context_error("at least 1", req, limit)
@@ -322,7 +324,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     if st.draining:
         return _error(503, "the server is shutting down", "server_error")
     req = prep.req
-    job = Job(prep.prompt_ids, req.max_tokens, req.temperature, req.top_p, req.seed, prep.stop_ids)
+    job = Job(prep.prompt_ids, req.max_tokens, req.temperature, req.top_p, req.seed, prep.stop_ids, logprobs=req.logprobs)
     try:
         async with st.scheduler.turn():
             if st.draining:
@@ -361,6 +363,8 @@ async def _run(request: web.Request, st: ServerState, req: ServeRequest, job: Jo
     src = st.source
     text = IncrementalText(src.tokenizer)
     out_ids: list[int] = []
+    lp_text = LogprobsText(req.kind, lambda i: src.tokenizer.decode([i], skip_special_tokens=False))
+    lp_all: list = []
     P = len(job.prompt_ids)
     resp: web.StreamResponse | None = None
     t_last: int | None = None
@@ -372,13 +376,15 @@ async def _run(request: web.Request, st: ServerState, req: ServeRequest, job: Jo
                     done = ev
                     continue
                 out_ids.extend(ev.tokens)
+                lp_all.extend(ev.logprobs or [])
                 delta = text.add(ev.tokens)
                 if req.stream:
                     first = resp is None
                     if first:
                         resp = await _open_stream(request)
                     chunk = stream_chunk(req, delta, ev.tokens, first=first, prompt_ids=job.prompt_ids,
-                                         usage_now=usage(P, len(out_ids)) if req.continuous_usage else None)
+                                         usage_now=usage(P, len(out_ids)) if req.continuous_usage else None,
+                                         logprobs=lp_text.body(ev.logprobs))
                     await _write(st, resp, _sse(chunk))
                 now = time.perf_counter_ns()  # the tokens are on their way (streaming) or buffered
                 if t_last is None:
@@ -416,7 +422,8 @@ async def _run(request: web.Request, st: ServerState, req: ServeRequest, job: Jo
     st.metrics.observe("e2e_request_latency_seconds", (time.perf_counter_ns() - t_arrival) / 1e9)
     st.metrics.spec_request(src.method, done.accept_lengths or [], len(done.accept_lengths or []) * src.draft_tokens_per_round())
     if not req.stream:
-        return web.json_response(full_response(req, text.sent, out_ids, job.prompt_ids, done.finish_reason, u, spec))
+        return web.json_response(full_response(req, text.sent, out_ids, job.prompt_ids, done.finish_reason, u, spec,
+                                               logprobs=lp_text.body(lp_all if req.logprobs is not None else None)))
     try:
         if resp is None:  # nothing was generated (cannot happen with max_tokens >= 1, but stay well-formed)
             resp = await _open_stream(request)

@@ -216,7 +216,7 @@ def test_unsupported_features_accept_their_off_values_and_refuse_the_rest(server
 
 
 def test_a_well_formed_request_still_passes_every_check(server):
-    body = {"prompt": "x", "max_tokens": 3, "temperature": 2, "top_p": 1, "seed": 7, "n": 1, "best_of": 1, "logprobs": 0,
+    body = {"prompt": "x", "max_tokens": 3, "temperature": 2, "top_p": 1, "seed": 7, "n": 1, "best_of": 1,
             "top_logprobs": 0, "echo": False, "suffix": "", "frequency_penalty": 0.0, "presence_penalty": 0, "top_k": -1,
             "min_p": 0, "repetition_penalty": 1.0, "stop": [], "tools": [], "user": "u", "response_format": {"type": "text"},
             "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "unknown_field": [1]}
