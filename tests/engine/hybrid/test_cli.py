@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from http_support import ServeProcess
 from hybrid_support import random_hybrid_dir
 from process_support import cli_in_process
 
@@ -36,6 +37,22 @@ def test_run_passes_gate_and_gdn_crop_fails_it(pair, tmp_path, capsys):
         assert run["backend"]["target_variant"] == "gdn-crop"
         res = cli_in_process(capsys, "gate", str(bad), "--baseline", str(base), check=False)
         assert res.returncode == 1, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("variant, verdict", [(None, 0), ("gdn-crop", 1)])
+def test_serve_batched_hybrid_ddtree_through_the_standalone_backend(pair, tmp_path, capsys, variant, verdict):
+    base = tmp_path / "base.jsonl"
+    cli_in_process(capsys, "baseline", "record", "--model", str(pair.target), "--out", str(base), *COMMON)
+    args = ["--model", str(pair.target), "--draft", str(pair.draft), "--method", "ddtree", "--budget", "8", "--max-batch", "2"]
+    srv = ServeProcess(*args, *(["--target-variant", variant] if variant else []), startup_timeout_s=300).wait_ready()
+    try:
+        out = tmp_path / "served"
+        cli_in_process(capsys, "run", "--backend", "standalone", "--url", srv.url, "--model", str(pair.target),
+                       "--method", "ddtree", "--budget", "8", "--concurrency", "2", "--out", str(out), *COMMON)
+    finally:
+        srv.terminate()
+    res = cli_in_process(capsys, "gate", str(out), "--baseline", str(base), check=False)
+    assert res.returncode == verdict, res.stdout + res.stderr
 
 
 def one_line_error(res) -> str:
