@@ -3,7 +3,7 @@
 
 u is uniform on [0, 1] exactly when the server samples from the target's tempered distribution, so
 the bars should be flat around the dashed line (n / bins); greedy or too-cold sampling piles them
-on the left, too-hot sampling on the right. Drawn as inline SVG (no script, no external resource).
+on the left, too-hot sampling on the right. Drawn as the report's other figures are (an SVG `data:` image).
 Knows the `distribution` section's keys and the report's markup helpers; nothing of engines.
 """
 
@@ -11,26 +11,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddtree_bench.report.markup import Html, el
+from ddtree_bench.report.markup import Html, el, esc
 from ddtree_bench.verdict.distribution import FALSE_ALARM_RATE
 
-WIDTH, HEIGHT, PAD = 400, 120, 4
+def u_histogram_uri(counts: list[int]) -> str:
+    """The u histogram as the report draws its figures (matplotlib -> SVG -> data: URI): bars over [0, 1]
+    and a dashed line at the uniform expectation n / bins."""
+    from ddtree_bench.report.plots import _new, _to_uri
 
-
-def u_histogram_svg(counts: list[int]) -> Html:
-    """Bars of `counts` over [0, 1] with a dashed line at the uniform expectation."""
-    n, bins = sum(counts), len(counts)
-    expect = n / bins if bins else 0.0
-    top = max([*counts, expect, 1.0]) * 1.1
-    w = (WIDTH - 2 * PAD) / max(bins, 1)
-    y = lambda c: HEIGHT - PAD - (HEIGHT - 2 * PAD) * c / top  # noqa: E731
-    bars = [el("rect", el("title", f"u in [{i / bins:.2f}, {(i + 1) / bins:.2f}): {c}"), x=f"{PAD + i * w + 1:.1f}",
-               y=f"{y(c):.1f}", width=f"{max(w - 2, 1):.1f}", height=f"{HEIGHT - PAD - y(c):.1f}", fill="#4a7bb7")
-            for i, c in enumerate(counts)]
-    line = el("line", x1=str(PAD), x2=str(WIDTH - PAD), y1=f"{y(expect):.1f}", y2=f"{y(expect):.1f}", stroke="#333",
-              stroke_dasharray="4 3")
-    return el("svg", *bars, line, viewBox=f"0 0 {WIDTH} {HEIGHT}", width=str(WIDTH), height=str(HEIGHT), role="img",
-              aria_label=f"histogram of u over {n} tokens in {bins} bins; uniform expectation {expect:.1f} per bin")
+    n, bins = sum(counts), max(len(counts), 1)
+    fig, axes = _new(w=5.0, h=2.2)
+    ax = axes[0][0]
+    ax.bar([(i + 0.5) / bins for i in range(len(counts))], counts, width=0.9 / bins, color="#4a7bb7")
+    ax.axhline(n / bins, color="#333333", linestyle="--", linewidth=1)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("u (0: the most likely tokens, 1: the least)")
+    ax.set_ylabel("tokens")
+    return _to_uri(fig)
 
 
 def _block(label: str, d: dict[str, Any]) -> Html:
@@ -43,7 +40,11 @@ def _block(label: str, d: dict[str, Any]) -> Html:
     if p is not None and p < FALSE_ALARM_RATE:
         text += " " + ("u piles up on the left: greedy or too-cold sampling?" if d.get("skew") == "low"
                        else "u piles up on the right: too-hot sampling, or top-p ignored?")
-    return el("div", el("h3", el("code", label), f" \u2014 {head}"), el("p", text), u_histogram_svg(list(d.get("histogram") or [])),
+    counts = list(d.get("histogram") or [])
+    alt = f"histogram of u over {sum(counts)} tokens in {len(counts)} bins against the uniform line"
+    fig = el("figure", Html(f'<img src="{esc(u_histogram_uri(counts))}" alt="{esc(alt)}">'),
+             el("figcaption", "u histogram: flat at the dashed line when the server samples right."))
+    return el("div", el("h3", el("code", label), f" \u2014 {head}"), el("p", text), fig,
               *(el("p", w, class_="muted") for w in d.get("warnings") or []))
 
 
