@@ -202,6 +202,22 @@ def test_gate_passes_where_sglang_is_right(sglang_servers, dflash_run, tmp_path,
             assert any("acceptance" in name for name in cases), cases   # the acceptance rule ran, and passed
 
 
+@pytest.mark.parametrize("method", ["ar", "dflash"])
+def test_t1_sampling_verdict_catches_the_dflash_greedy_fallback(sglang_servers, tmp_path, capsys, method):
+    """At T = 1 SGLang-CPU's AR samples from the target's distribution and passes `sampling_distribution`;
+    its DFlash logs "falling back to greedy argmax verification" (first token sampled, the rest greedy) and
+    the gate fails it, u skewed low (issue 32; docs/ci-gate.md section 7). 12 gsm8k prompts x 48 tokens."""
+    run = run_sglang(sglang_servers[method].url, method, tmp_path / method, "--temperature", "1", limit=12, tokens=48)
+    capsys.readouterr()
+    rc = run_cli(["gate", str(run), "--baseline", str(ROOT / "baselines" / "toy-gsm8k.jsonl")])
+    said = capsys.readouterr()
+    line = next(x for x in said.out.splitlines() if "sampling_distribution" in x)
+    if method == "ar":
+        assert rc == 0 and line.startswith("PASS"), said.out + said.err
+    else:
+        assert rc == 1 and line.startswith("FAIL") and "skewed low" in line, said.out + said.err
+
+
 def _pids_of_port(port: int) -> list[int]:
     """Processes whose command line has `--port PORT` (the server the sweep launched)."""
     out = []
