@@ -5,9 +5,12 @@
 # for AR, DFlash and DDTree at BUDGETS (default 16,64), on a FRESH Triton cache (so the single loop's first rounds,
 # AR first as a sweep runs it, are the cold start per budget), then bench-engine's verify table (GEMM-only time,
 # both ratios, GB/s, TFLOP/s per n) and rounds in a second process on that now-warm cache (its `cold s` column:
-# what a second run pays). SUITE=0 / BATCH=0 / VERIFY=0 skip a step; EXTRA='cmd' runs one more command last
-# (its output in extra.txt). Each step has its own time limit (*_TIMEOUT, seconds).
-# Files under $OUT (<= 8): session.txt, suite.txt, batch.txt, batch.json, batch.csv, verify.txt, verify.json[, extra.txt]
+# what a second run pays). SUITE=0 / BATCH=0 / VERIFY=0 skip a step. SOLO=1 adds benchmarks/gpu_serve_solo.py (one
+# request at a time through the batched engine's scheduler vs the single loop: solo.txt); COLD=1 adds the cold start
+# of COLD_BUDGETS (default 128,256,512,1024) after AR and DFlash on another fresh Triton cache (cold.txt: the rounds'
+# `cold s` column); EXTRA='cmd' runs one more command last (extra.txt). Each step has its own limit (*_TIMEOUT, s).
+# Files under $OUT (<= 8): session.txt, suite.txt, batch.txt, batch.json, batch.csv, verify.txt, verify.json,
+# solo.txt, cold.txt, extra.txt (skip steps to stay within 8).
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_speed.sh
 source "$(dirname "$0")/gpu_lib.sh"
 if [ "${SUITE:-1}" = 1 ]; then
@@ -31,6 +34,20 @@ if [ "${VERIFY:-1}" = 1 ]; then
     --budgets "${VERIFY_BUDGETS:-16}" --prefix-len 1024 --rounds 5 --no-plain --no-build-table --tau "$PAPER_TAU" \
     --verify-tokens 1,16,64,128,256,512,1024 --out "$OUT/verify.json" 2>&1 | grep -v '^{' > "$OUT/verify.txt"
   echo "verify exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+fi
+if [ "${SOLO:-0}" = 1 ]; then
+  step "one request at a time: batched scheduler vs single loop"
+  timeout ${SOLO_TIMEOUT:-120} python3 benchmarks/gpu_serve_solo.py --shape qwen3-8b --budgets "${BUDGETS:-16,64}" \
+    --slots 16 > "$OUT/solo.txt" 2>&1
+  echo "solo exit $?" | tee -a "$LOG"
+fi
+if [ "${COLD:-0}" = 1 ]; then
+  step "cold start per budget (fresh Triton cache)"
+  rm -rf /tmp/triton-speed-cold
+  TRITON_CACHE_DIR=/tmp/triton-speed-cold timeout ${COLD_TIMEOUT:-150} python3 -m ddtree_bench bench-engine --shape qwen3-8b \
+    --device cuda --dtype bfloat16 --budgets "${COLD_BUDGETS:-128,256,512,1024}" --prefix-len 1024 --rounds 3 --no-plain \
+    --no-build-table --verify-tokens 1 --tau "$PAPER_TAU" 2>&1 | grep -v '^{' > "$OUT/cold.txt"
+  echo "cold exit ${PIPESTATUS[0]}" | tee -a "$LOG"
 fi
 if [ -n "${EXTRA:-}" ]; then
   step "extra: $EXTRA"
