@@ -187,7 +187,10 @@ class BatchFastLoop:
         return self.max_batch - len(self.active)
 
     def release(self) -> None:
-        """Free every captured graph now."""
+        """Free every captured graph now (after a draft queued ahead has run: its graph must not go mid-flight)."""
+        if self._ahead is not None and self._ahead.cuda:
+            self._ahead.marks[-1][1].synchronize()
+        self._ahead = None
         for bk in self._stages.values():
             bk.release()
         self._stages = {}
