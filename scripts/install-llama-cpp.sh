@@ -6,7 +6,8 @@
 #   bash scripts/install-llama-cpp.sh            # -> ~/.cache/ddtree-bench/llama.cpp-0.3.36/
 #   DDTREE_BENCH_LLAMA_CPP_DIR=/opt/llama bash scripts/install-llama-cpp.sh
 #
-# Only the `llama-server` target is built (Release, no libcurl, -j2, niced). GGML_NATIVE=ON compiles for this
+# Only the `llama-server` target is built (Release, no libcurl, one job per core or DDTREE_BENCH_LLAMA_CPP_JOBS,
+# at nice 10: run the script itself un-niced, nested nice starves the compiler). GGML_NATIVE=ON compiles for this
 # machine's CPU (AVX2/AVX-512 where present): right for a developer machine and for CI, which runs on the machine
 # that built the cache. A cache copied to another CPU may stop with an illegal instruction: the reuse check runs
 # the binary, so such a cache is rebuilt; DDTREE_BENCH_LLAMA_CPP_NATIVE=OFF builds a portable binary instead.
@@ -59,12 +60,12 @@ else
   done
   echo "install-llama-cpp: building llama-server into $BUILD (first time: ~15 min on 2 cores)"
   start=$(date +%s)
-  rm -rf "$BUILD" "$STAMP"
+  rm -f "$STAMP"   # the build directory is kept: an interrupted or reconfigured build resumes where it stopped
   nice -n 10 cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE="$NATIVE" \
       -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
       >"$CACHE/build.log" 2>&1 \
     || fail "cmake configure failed (log: $CACHE/build.log)"
-  nice -n 10 cmake --build "$BUILD" --target llama-server -j "${DDTREE_BENCH_LLAMA_CPP_JOBS:-2}" \
+  nice -n 10 cmake --build "$BUILD" --target llama-server -j "${DDTREE_BENCH_LLAMA_CPP_JOBS:-$(nproc)}" \
       >>"$CACHE/build.log" 2>&1 \
     || fail "building llama-server failed (log: $CACHE/build.log)"
   echo "$PIN native=$NATIVE" >"$STAMP"
