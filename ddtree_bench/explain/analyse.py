@@ -6,12 +6,17 @@ Steps, for a greedy DFlash/DDTree run whose target the reference engine can load
   2. replay: the run's requests (the exact prompt ids it sent) on the reference engine;
   3. compare: per-depth acceptance curves (curves.rates_by_depth) and, where the server reported
      per-round lists, the first parting per request (round, depth, token);
-  4. variants: the reference re-run under every DraftVariant of the catalog (or `variants`),
-     ranked by curve distance to the server (RMS over depths 1..D of the rate difference);
-  5. verdict: `matches` (reference within EXPLAIN_MATCH_RMS of the server), `explained` (one
-     variant within it and at most half the reference's distance), `ambiguous` (several within
-     it, the runner-up at most EXPLAIN_AMBIGUOUS_RATIO x the best), else `unexplained` with the
-     nearest variant and the depths where the gap is largest.
+  4. variants: every DraftVariant of the catalog (or `variants`) scored against the one reference
+     decode (reuse.py: only the drafter re-runs; near ties and `full_replay` replay in full), and
+     on hybrid targets the target-side variants (engine/target_variants.py, e.g. gdn-crop), each
+     replayed in full with the target switched; ranked by curve distance to the server (RMS over
+     depths 1..D of the rate difference);
+  5. verdict: `explained` by a variant that reproduces every output when the reference does not
+     (the server is not lossless: a target-side cause); `matches` (reference within
+     EXPLAIN_MATCH_RMS of the server), `explained` (one variant within it and at most half the
+     reference's distance), `ambiguous` (several within it, the runner-up at most
+     EXPLAIN_AMBIGUOUS_RATIO x the best), else `unexplained` with the nearest variant and the
+     depths where the gap is largest.
 The result is one JSON-ready dict (kind "ddtree-bench-explain", version 1), written as
 explain.json in the run directory unless told otherwise. Knows runs on disk, the engine and the
 variants; nothing of HTTP.
@@ -441,6 +446,20 @@ def _verdict(result: dict[str, Any], ranked: list[dict[str, Any]], ref: dict[str
     if named:
         cfg_note = " The configs already say so: " + "; ".join(f.message for f in named) + "."
     others = [r for r in ranked if "skipped" not in r and r["changes"]]
+    n, ref_equal = result.get("num_requests"), ref.get("outputs_equal_to_server")
+    if ref_equal is not None and n and ref_equal < n:
+        # Not lossless: no drafter variant changes greedy outputs, so one that brings back every
+        # output (and the curve) is a target-side variant, and it is the cause.
+        same = [r for r in others if r.get("outputs_equal_to_server") == n and r["distance"] <= match]
+        if same:
+            best = same[0]
+            ra = best.get("round_agreement")
+            rounds = f", {ra['requests_identical']}/{ra['requests']} requests round-for-round identical" if ra else ""
+            return {"status": "explained", "variant": best["name"],
+                    "text": f"the server's greedy outputs differ from the reference's in {n - ref_equal}/{n} requests: it is "
+                            f"not lossless. The reference under '{best['name']}' ({best['description']}) reproduces every "
+                            f"output{rounds} (tau {_f(best['tau'])}, curve distance {best['distance']:.3f})." + cfg_note,
+                    "fix": "; ".join(FIXES[k] for k in best["changes"] if k in FIXES)}
     if ref["distance"] <= match:
         return {"status": "matches", "variant": "reference",
                 "text": f"the server accepts like z-lab's drafter: tau {_f(s_tau)} vs reference {_f(ref['tau'])}, "
@@ -519,7 +538,8 @@ def format_text(res: dict[str, Any]) -> str:
             ra = r.get("round_agreement")
             m = f"{ra['requests_identical']}/{ra['requests']} req, {ra['leading_round_share']:.0%} rounds" if ra and ra["rounds"] else "-"
             dt = f"{r['delta_tau']:+.2f}" if r.get("delta_tau") is not None else "?"
-            lines.append(f"  {r['name']:<22} {_f(r['tau']):>5} {dt:>6} {r['distance']:>8.3f}  {m}")
+            name = r["name"] + (" (target)" if r.get("side") == "target" else "")
+            lines.append(f"  {name:<22} {_f(r['tau']):>5} {dt:>6} {r['distance']:>8.3f}  {m}")
     v = res["verdict"]
     lines.append(f"verdict: {v['status']}: {v['text']}")
     if v.get("fix"):
