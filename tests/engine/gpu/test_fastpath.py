@@ -378,3 +378,25 @@ def test_tree_builders_outlive_cache_growth():
     eng.generate(list(range(20, 220)), "ddtree", 16, 8)
     assert loop.capacity > cap and loop._builders[(16, "auto")] is builder
     assert loop.tree_builder(16) == "torch"   # no Triton on a CPU
+
+
+def test_a_new_shapes_first_round_is_timed_and_told_on_a_gpu_only(capsys, monkeypatch):
+    """cold_s holds each (method, budget)'s first round (compiles + captures on a GPU); the stderr line that tells a
+    sweep's user why its first point of a budget is slow appears for a CUDA device at COLD_NOTICE_S or more, and never
+    on a CPU or below the threshold."""
+    from ddtree_bench.engine.gpu import loop as fast
+
+    target, drafter = random_pair(seed=0, vocab_size=64, dtype="float32", device="cpu")
+    eng = Engine(target, drafter, cuda_graphs=True)
+    eng.generate([1, 2, 3, 4, 5], "ddtree", 8, 6)
+    first = dict(eng.fast_loop().cold_s)
+    eng.generate([1, 2, 3, 4, 5], "ddtree", 8, 6)   # the same bucket: not a first round again
+    assert eng.fast_loop().cold_s == first
+    eng.generate([1, 2, 3], "ar", 0, 4)
+    assert set(eng.fast_loop().cold_s) == {("ddtree", 8), ("ar", 0)} and all(s > 0 for s in eng.fast_loop().cold_s.values())
+    assert "[ddtree-bench]" not in capsys.readouterr().err   # a CPU: nothing said
+    fast.cold_notice("ddtree B=64", 5.6, torch.device("cuda"))
+    fast.cold_notice("ddtree B=16", fast.COLD_NOTICE_S / 2, torch.device("cuda"))
+    err = capsys.readouterr().err
+    assert "[ddtree-bench] ddtree B=64: first round 5.6 s, compiling and capturing its GPU kernels" in err
+    assert "B=16" not in err
