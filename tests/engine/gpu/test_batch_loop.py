@@ -111,6 +111,7 @@ def test_padding_slots_emit_nothing_and_disturb_nothing(rnd):
     reqs = make_requests(64, 0.8, seed=4)
     got, loop = check(rnd, "padding", "ddtree", 16, reqs, slots=4, twin=False)
     assert any(r["bucket"] == 4 and r["batch"] == 3 for r in loop.rounds)
+    assert set(loop.cold_s) == {r["bucket"] for r in loop.rounds} and min(loop.cold_s.values()) > 0   # each bucket's first round
     assert int(loop.live.sum()) == 0 and int(loop.start.sum()) == 0   # every slot idle at the end
 
 
