@@ -21,8 +21,8 @@ from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 ROOT = Path(__file__).resolve().parents[3]
 NAMES = {"triton-block": "block", "triton-grid": "grid", "triton-grid-keys": "grid-keys"}
 # H200 runs that timed every builder at every budget (CUDA-graph replay; docs/gpu-performance.md)
-EVIDENCE = ["benchmarks/h200-2026-12-01b/roofline/bench_warm.json",   # Qwen3-8B shape, bf16
-            "benchmarks/h200-2026-11-29h/call4/bench_toy.json"]        # toy pair, fp32
+EVIDENCE = ["docs/measurements/2026-12-01/h200-b/roofline/bench_warm.json",   # Qwen3-8B shape, bf16
+            "docs/measurements/2026-11-29/h200-h/call4/bench_toy.json"]        # toy pair, fp32
 
 
 def _jit_kernels() -> bool:

@@ -176,7 +176,7 @@ Table = dict[tuple[int, int, bool], tuple[tuple[int, GemmConfig | None], ...]]
 # an H200: per row band (rows above the previous band's max, up to this max) the fastest Triton shape where it
 # beat cuBLAS, else None (benchmarks/gpu_gemm_tune.py; docs/gpu-performance.md). N of a swiglu entry is I
 # (the output width); rows above a shape's last band, and shapes not listed, run cuBLAS.
-H200_TABLE: Table = {   # benchmarks/h200-2026-12-01d/gemm1 (no PDL): wins of 2-10% per GEMM; cuBLAS keeps q/k/v and >= 65 rows
+H200_TABLE: Table = {   # docs/measurements/2026-12-01/h200-d/gemm1 (no PDL): wins of 2-10% per GEMM; cuBLAS keeps q/k/v and >= 65 rows
     (4096, 4096, False): ((1, GemmConfig(16, 64, 128, 2, 4, 5)), (16, GemmConfig(16, 32, 128, 2, 4, 5)),
                           (32, GemmConfig(32, 32, 128, 1, 4, 5))),                                  # o_proj
     (4096, 12288, False): ((1, GemmConfig(16, 32, 128, 3, 4, 4)), (16, None), (32, None),
