@@ -1,4 +1,4 @@
-# Sourced by the one-call GPU scripts (gpu_final.sh, gpu_tree_attention.sh, gpu_final_tree.sh): $OUT, the
+# Sourced by the one-call GPU scripts (gpu_speed.sh, gpu_suite.sh, gpu_tree_attention.sh, gpu_feature_ab.sh): $OUT, the
 # repo on PYTHONPATH, session.txt with timestamped `step` lines, the paper's tau per budget, and an env step
 # (GPU, driver, torch / CUDA / Triton versions). DDTREE_TESTS_INSTAFAIL=1: a failing GPU test is named on stderr
 # the moment it fails (tests/engine/gpu/conftest.py), so a call's time limit cannot swallow which one it was.

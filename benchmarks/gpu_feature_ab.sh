@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 20, one device call: the retuned defaults' GPU tests, then every experimental feature against the
+# One device call: the retuned defaults' GPU tests, then every experimental feature against the
 # defaults in ONE process (benchmarks/gpu_verify_ab.py: graphs captured per arm, timed round-robin, logits
 # checked against the defaults'), on wide and deep curve trees, then bench-engine's verify curve + profile of
 # the defaults (the n-by-n roofline table; PROFILE=0 skips it). ARMS overrides the arms (one per line: 'NAME
 # VAR=VALUE ...'); TESTS=0 skips the tests (EXTRA_TESTS: more pytest arguments).
 # Files under $OUT: session.txt, tests.txt, ab.txt, ab.json, ab_stderr.log, profile.txt, profile.json, stderr.log
-# Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_issue20_ab.sh
+# Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_feature_ab.sh
 source "$(dirname "$0")/gpu_lib.sh"
 X=DDTREE_GPU_EXPERIMENTAL
 ARMS=${ARMS:-"after
