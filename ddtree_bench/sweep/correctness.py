@@ -23,7 +23,8 @@ Verdict per point and reference (`Judgement.verdict`):
                  flip a near tie: tree-verify vs one-token kernels, batch shape);
   DIVERGES       a confident divergence (gap >= threshold) or a length-only difference that
                  truncation does not explain (e.g. a stop token ignored): the sweep fails (exit 1);
-  unjudged       differences whose gap is unknown (the model could not be re-scored);
+  unjudged       differences whose gap is unknown (the model could not be re-scored), failed
+                 requests or prompt mismatches: turns that could not be compared;
   not judged     T > 0: sampled outputs equal AR's only in distribution, so no token diff here;
                  the sampling-distribution test (`verdict/distribution.py`, the reference engine
                  scoring the point's tokens with its own target) is run and its line shown in the
@@ -70,10 +71,6 @@ class Judgement:
     note: str | None = None           # why unjudged / not judged, or compare's warnings
     examples: list[str] | None = None  # "prompt turn at token i (gap g)" of the divergences
 
-    @property
-    def fails(self) -> bool:
-        return self.verdict == FAILING
-
     def columns(self, suffix: str = "") -> dict[str, Any]:
         return {**{f"{k}{suffix}": getattr(self, k) for k in COUNTS}, f"correctness{suffix}": self.verdict}
 
@@ -102,9 +99,9 @@ def judge(c: Any, against: str) -> Judgement:
     near = sum(1 for p in c.prompts if p.kind == "near_tie")
     bad = [p for p in c.prompts if p.kind == "divergence"
            or (p.kind == "length_only" and p.reason not in BENIGN_LENGTH_REASONS)]
-    unknown = sum(1 for p in c.prompts if p.kind == "unknown")
-    other = n - match - near - len(bad)
-    verdict = FAILING if bad else ("unjudged" if unknown else ("near ties" if near else "lossless"))
+    unjudged = sum(1 for p in c.prompts if p.kind in ("unknown", "error", "prompt_mismatch"))  # not after_divergence:
+    other = n - match - near - len(bad)                                                   # its earlier turn counts
+    verdict = FAILING if bad else ("unjudged" if unjudged else ("near ties" if near else "lossless"))
     examples = [f"{p.prompt_id} turn {p.turn} at token {p.first_divergence}"
                 + (f" (gap {p.gap:.3g})" if p.gap is not None else f" ({p.reason})") for p in bad[:3]]
     note = "; ".join(c.warnings) or None
