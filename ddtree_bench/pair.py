@@ -1,9 +1,11 @@
 """Resolving `--model` / `--draft` into a ready engine, tokenizer and stop ids.
 
-Built-in names: `toy` (the bundled trained pair in ddtree_bench/models/toy) and `random` (a seeded
-random tiny pair built in memory, with the toy's byte tokenizer; useful only for losslessness
-checks, since its drafter accepts almost nothing). Anything else is a Hugging Face directory; the
-drafter is then `--draft DIR`, and `ar` needs none.
+Built-in names: `toy` (the bundled trained pair in ddtree_bench/models/toy), `toy-hybrid` (the
+bundled trained hybrid pair in ddtree_bench/models/toy-hybrid: a Qwen3.5-style Gated DeltaNet +
+attention target and its DFlash drafter) and `random` (a seeded random tiny pair built in memory,
+with the toy's byte tokenizer; useful only for losslessness checks, since its drafter accepts almost
+nothing). Anything else is a Hugging Face directory; the drafter is then `--draft DIR`, and `ar`
+needs none.
 
 Knows models and tokenizers; knows nothing of suites, HTTP or results.
 """
@@ -18,7 +20,9 @@ from ddtree_bench.errors import UsageError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TOY_DIR = PACKAGE_DIR / "models" / "toy"
-BUILTIN = ("toy", "random")
+TOY_HYBRID_DIR = PACKAGE_DIR / "models" / "toy-hybrid"
+BUNDLED = {"toy": TOY_DIR, "toy-hybrid": TOY_HYBRID_DIR}   # built-in name -> directory holding target/ and draft/
+BUILTIN = ("toy", "toy-hybrid", "random")
 
 
 @dataclass
@@ -33,11 +37,12 @@ def model_dirs(model: str, draft: str | None) -> tuple[Path | None, Path | None]
     """(target dir, draft dir) for a --model / --draft pair; None dirs for the in-memory `random`."""
     if model == "random":
         return None, None
-    if model == "toy":
-        target_dir = TOY_DIR / "target"
+    if model in BUNDLED:
+        pair_dir = BUNDLED[model]
+        target_dir = pair_dir / "target"
         if not (target_dir / "config.json").exists():
-            raise UsageError("the bundled toy pair is missing from this installation", hint="reinstall ddtree-bench or pass --model DIR")
-        return target_dir, Path(draft) if draft else TOY_DIR / "draft"
+            raise UsageError(f"the bundled {model} pair is missing from this installation", hint="reinstall ddtree-bench or pass --model DIR")
+        return target_dir, Path(draft) if draft else pair_dir / "draft"
     return Path(model).expanduser(), Path(draft).expanduser() if draft else None
 
 
