@@ -11,7 +11,9 @@ inside, a tiny vision tower whose weights the engine ignores), "qwen3_next" (pac
 (plain attention + MoE, no GDN). Tiny: hidden 64, 4 layers unless `layer_types` says otherwise.
 
 `oracle_model(dirs.target)` loads the saved target back through transformers in fp32 (pure-torch fallbacks)
-for the oracle tests. Knows nothing of the engine's internals.
+for the oracle tests; `build_world` / `world_from_dirs` pair it with the engine's target and drafter; and
+`two_rounds` is the per-node oracle (a): two verify rounds of deep, branching trees whose every node is
+checked against transformers on its root path. Uses only the engine's public loading, tree and cache calls.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+
+from ddtree_bench.engine.tree import build_tree, compile_tree, verify_mask
 
 TOY_TARGET = Path(__file__).resolve().parents[1] / "ddtree_bench" / "models" / "toy" / "target"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -213,3 +217,96 @@ def build_world(root: Path, name: str, seed: int = 0) -> HybridWorld:
     dirs = random_hybrid_dir(root / name, spec["kind"], seed=seed, layer_types=spec["layer_types"])
     target = load_target(dirs.target)
     return HybridWorld(name, dirs, oracle_model(dirs.target), target, load_drafter(dirs.draft, target.cfg))
+
+
+def world_from_dirs(name: str, target_dir: Path, draft_dir: Path) -> HybridWorld:
+    """A HybridWorld over existing directories (the bundled toy hybrid pair)."""
+    from transformers.utils import logging as hf_logging
+
+    from ddtree_bench.engine.loading import load_drafter, load_target
+
+    hf_logging.set_verbosity_error()
+    target = load_target(target_dir)
+    return HybridWorld(name, HybridDirs(Path(target_dir), Path(draft_dir)), oracle_model(target_dir), target,
+                       load_drafter(draft_dir, target.cfg))
+
+
+# ---------------------------------------------------------------------------- the per-node oracle (a)
+
+ATOL = 1e-4   # max |logit difference| a node may have from transformers on its root path (fp32)
+
+
+def deep_tree(V: int, seed: int, budget: int = 40, L: int = 9):
+    """A tree with siblings and root paths longer than the conv kernel (K = 4): one favoured token per depth."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(L, V, generator=g)
+    logits[torch.arange(L), torch.randint(V, (L,), generator=g)] += 8.0     # a strong spine ...
+    logits[torch.arange(L), torch.randint(V, (L,), generator=g)] += 6.5     # ... with a runner-up (siblings)
+    return build_tree(logits, budget)
+
+
+def root_paths(tree) -> list[list[int]]:
+    """Node indices (verify order, root = 0) of every verify row's root path."""
+    par = [0] + tree.parents.tolist()
+    out = [[0]]
+    for i in range(1, len(par)):
+        out.append(out[par[i]] + [i])
+    return out
+
+
+@torch.inference_mode()
+def run_round(world, cache, start: int, bonus: int, tree):
+    vids, vpos, anc = compile_tree(tree, bonus, start)
+    logits, _ = world.target(vids, vpos, cache, start, mask=verify_mask(anc, start))
+    return vids, logits
+
+
+def node_errors(world, prefix: list[int], vids, logits, tree) -> list[float]:
+    """Per node: max |logit difference| to transformers on prefix + root path (inf if the argmax differs)."""
+    errs = []
+    for i, path in enumerate(root_paths(tree)):
+        ref = world.oracle_logits(prefix + vids[path].tolist())[-1]
+        d = float((logits[i] - ref).abs().max())
+        errs.append(d if int(logits[i].argmax()) == int(ref.argmax()) else float("inf"))
+    return errs
+
+
+def sibling_path(tree) -> list[int]:
+    """The deepest root path that goes through a non-first child somewhere (a later sibling)."""
+    paths = root_paths(tree)
+    firsts = {}
+    for i, p in enumerate(tree.parents.tolist(), start=1):
+        firsts.setdefault(p, i)
+    later = [p for p in paths if any(firsts[p[j - 1]] != p[j] for j in range(1, len(p)))]
+    return max(later, key=len)
+
+
+def two_rounds(world, mode: str, commit_mode: str = "full", seed: int = 0):
+    """Prefill, verify tree 1, commit a sibling path, verify tree 2. Returns (per-node errors of both rounds,
+    logits of both rounds, committed states after round 1)."""
+    t = world.target
+    t.tree_mode, t.commit_mode = mode, commit_mode
+    try:
+        prompt = list(range(3, 3 + 20 + seed))
+        cache = t.new_cache(200)
+        with torch.inference_mode():
+            lg, _ = t(torch.tensor(prompt), torch.arange(len(prompt)), cache, 0)
+        bonus = int(lg[-1].argmax())
+        V = t.cfg.vocab_size
+        tree1 = deep_tree(V, seed)
+        vids1, logits1 = run_round(world, cache, len(prompt), bonus, tree1)
+        errs = node_errors(world, prompt, vids1, logits1, tree1)
+        path = sibling_path(tree1)
+        assert len(path) > t.cfg.conv_kernel, "the committed path should be longer than the conv kernel"
+        cache.commit(len(prompt), path)
+        states = {i: (s.conv.clone(), s.S.clone()) for i, s in cache.states.items()}
+        prefix = prompt + vids1[path].tolist()
+        bonus2 = int(logits1[path[-1]].argmax())
+        tree2 = deep_tree(V, seed + 100)
+        vids2, logits2 = run_round(world, cache, len(prefix), bonus2, tree2)
+        errs += node_errors(world, prefix, vids2, logits2, tree2)
+        return errs, (logits1, logits2), states
+    finally:
+        t.tree_mode, t.commit_mode = "depth", "full"
+
+
