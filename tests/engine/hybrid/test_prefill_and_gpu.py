@@ -1,5 +1,6 @@
 """(d) The chunked prefill (64-token WY blocks) agrees with the step form and with transformers, across
-chunk boundaries; the plain loop runs a hybrid target on CUDA and emits the CPU's tokens (marker gpu)."""
+chunk boundaries; the plain loop and the batched plain loop run a hybrid target on CUDA and emit the CPU's
+tokens (marker gpu)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,8 @@ def test_plain_loop_runs_hybrid_on_cuda(hybrid_worlds):
         cpu = Engine(w.target, w.drafter).generate(prompt, method, budget=16, max_new_tokens=32).output_ids
         gpu = Engine(t, d).generate(prompt, method, budget=16, max_new_tokens=32).output_ids
         assert gpu == cpu, method
+        from ddtree_bench.engine.batch import BatchLoop, BatchRequest
+
+        eng = Engine(t, d)
+        batched = BatchLoop(t, eng.proposer, method, 16, max_batch=2).run([BatchRequest(prompt, 32), BatchRequest(prompt[:7], 32)])
+        assert batched[0].output_ids == cpu, f"batched {method} on CUDA"
