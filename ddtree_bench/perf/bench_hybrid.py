@@ -74,6 +74,8 @@ def _time_verify(target, sizes: list[int], prefix_len: int, reps: int, dev, logi
         vids, vpos, anc = compile_tree(tree, 1, prefix_len)
         mask = verify_mask(anc, prefix_len)
         times = []
+        if hasattr(cache, "pending"):   # the previous size's parked tree states would count in the base
+            cache.pending = {}
         base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
