@@ -46,3 +46,27 @@ def test_conditional_layout_needs_no_vision_weights(tmp_path):
     sd = {k: v for k, v in load_file(str(dirs.target / "model.safetensors")).items() if not k.startswith("model.visual.")}
     save_file(sd, str(dirs.target / "model.safetensors"), metadata={"format": "pt"})
     assert torch.equal(logits(load_target(dirs.target), ids), before)
+
+
+def test_bfloat16_ssm_state_keeps_speculative_loops_equal_to_ar(tmp_path):
+    """`mamba_ssm_dtype: bfloat16` (vLLM's knob; transformers ignores it): the state is rounded after every
+    token step, in AR and per tree node alike, so DFlash and DDTree still emit AR's tokens exactly."""
+    import json
+
+    from ddtree_bench.engine.generate import Engine
+
+    dirs = random_hybrid_dir(tmp_path / "a", "qwen3_5_text")
+    cfg = json.loads((dirs.target / "config.json").read_text())
+    cfg["mamba_ssm_dtype"] = "bfloat16"
+    (dirs.target / "config.json").write_text(json.dumps(cfg))
+    t = load_target(dirs.target)
+    assert t.new_cache(8).states[0].S.dtype == torch.bfloat16
+    from engine_support import RiggedProposer
+
+    prompt = list(range(5, 40))
+    ar = Engine(t).generate(prompt, "ar", max_new_tokens=32).output_ids
+    rig = RiggedProposer(prompt + ar, t.cfg.vocab_size, (0, 2), block_size=16, seed=1)   # long accepted paths
+    for method in ("dflash", "ddtree"):
+        g = Engine(t, proposer=rig).generate(prompt, method, budget=12, max_new_tokens=32)
+        assert g.output_ids == ar, method
+        assert max(g.accept_lengths) > 4
