@@ -1,6 +1,7 @@
 """Loading details of hybrid / MoE checkpoints: fused expert tensors (`mlp.experts.gate_up_proj` [E, 2I, H],
 `mlp.experts.down_proj` [E, H, I]) load to the same model as per-expert tensors; the conditional-generation
-layout's vision tower is not needed (a checkpoint without it loads the same text model)."""
+layout's vision tower is not needed (a checkpoint without it loads the same text model); a bfloat16
+recurrent state (`mamba_ssm_dtype`) keeps speculative loops equal to AR."""
 
 from __future__ import annotations
 
