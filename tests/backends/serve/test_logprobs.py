@@ -198,3 +198,21 @@ def test_the_values_equal_vllms_for_the_recorded_request(server):
         assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-5)
         assert [(t["token"], t["bytes"]) for t in a["top_logprobs"]] == [(t["token"], t["bytes"]) for t in b["top_logprobs"]]
         assert [t["logprob"] for t in a["top_logprobs"]] == pytest.approx([t["logprob"] for t in b["top_logprobs"]], abs=1e-5)
+
+
+def test_the_batched_engine_answers_the_same_logprobs(server):
+    """`serve --max-batch 2`: two concurrent requests get the batch-1 server's tokens and logprobs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = {"messages": CHAT, "max_tokens": 16, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    want = post(server, "/v1/chat/completions", body).json()["choices"][0]["logprobs"]["content"]
+    srv = ServeProcess("--model", "toy", "--method", "ddtree", "--max-batch", "2", startup_timeout_s=300).wait_ready()
+    try:
+        with ThreadPoolExecutor(2) as ex:
+            got = list(ex.map(lambda _: post(srv, "/v1/chat/completions", body).json(), range(2)))
+    finally:
+        srv.terminate()
+    for g in got:
+        content = g["choices"][0]["logprobs"]["content"]
+        assert [e["token"] for e in content] == [e["token"] for e in want]
+        assert [e["logprob"] for e in content] == pytest.approx([e["logprob"] for e in want], abs=1e-4)
