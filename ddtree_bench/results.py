@@ -287,3 +287,17 @@ def load(path: str | Path) -> Loaded:
             row[k] = spec[k]
     records = pd.DataFrame([r.__dict__ for r in read_records(path)])
     return Loaded(pd.DataFrame([row]), records)
+
+
+def run_fact(run_info: dict[str, Any], key: str) -> Any:
+    """What the run's backend says about `key` (model_hash, stop_ids, dtype, ...): the server's own
+    report (`server_info`) first, then the backend description; the spec only for in-process runs
+    (a client's --dtype says nothing about a server's)."""
+    backend = run_info.get("backend") or {}
+    info = backend.get("server_info") or {}
+    if info.get(key) is not None:
+        return info[key]
+    if backend.get(key) is not None:
+        return backend[key]
+    spec = run_info.get("spec") or {}
+    return spec.get(key) if spec.get("backend", "inprocess") == "inprocess" else None

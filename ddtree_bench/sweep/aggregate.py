@@ -38,7 +38,7 @@ from ddtree_bench.errors import UsageError
 from ddtree_bench.noise.verdict import Candidate, Verdict, decide, sentence
 from ddtree_bench.records import RequestRecord
 from ddtree_bench.stats import BOOTSTRAP, BOOTSTRAP_2WAY, STUDENT_T, Interval
-from ddtree_bench.sweep.grid import Point
+from ddtree_bench.sweep.grid import Point, config_label  # noqa: F401 (config_label: also read from here)
 
 SUMMARY_KIND = "ddtree-bench-sweep-summary"
 SUMMARY_VERSION = 2  # 2: rows carry the correctness columns and the document a `correctness` block
@@ -208,16 +208,6 @@ def _correctness(reps: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- takeaways
-
-
-def config_label(row: dict[str, Any], with_k: bool = False) -> str:
-    """'ar', 'dflash', 'ddtree B=32' (+ ' k=7' when the drafted-token count varies)."""
-    s = str(row.get("method"))
-    if row.get("method") == "ddtree" and row.get("budget") not in (None, ""):
-        s += f" B={row['budget']}"
-    if with_k and row.get("spec_tokens") not in (None, "") and row.get("method") != "ar":
-        s += f" k={row['spec_tokens']}"
-    return s
 
 
 def _settings(row: dict[str, Any]) -> tuple:

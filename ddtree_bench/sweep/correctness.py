@@ -46,7 +46,7 @@ from typing import Any
 from ddtree_bench import defaults as D
 from ddtree_bench.baselines.file import Baseline, BaselineEntry
 from ddtree_bench.errors import UsageError
-from ddtree_bench.sweep.grid import Point
+from ddtree_bench.sweep.grid import Point, ar_index, config_label
 
 SOURCE = "sweep-ar"
 COUNTS = ("compared", "exact_match", "near_ties", "divergences", "other_diffs")
@@ -263,7 +263,6 @@ def judge_sweep(sdir, points: list[Point], baseline: Baseline | None = None, all
     {point id: {"vs_ar": Judgement dict | None, "vs_baseline": ... | None}}."""
     from ddtree_bench.records import json_safe
     from ddtree_bench.results import read_run_info, write_json_atomic
-    from ddtree_bench.sweep.layout import ar_index
     from ddtree_bench.verdict.compare import model_mismatch
 
     ars = ar_index(points)
@@ -327,7 +326,6 @@ def closing_lines(rows: list[dict[str, Any]], baseline: str | None = None,
                   judged: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """The sweep's correctness verdict for the console: one line per reference (totals over the
     greedy points), then what was not judged and why (T > 0: the sampling-distribution line)."""
-    from ddtree_bench.sweep.aggregate import config_label
 
     per = [r for r in rows if str(r.get("repeat")) != "all" and r.get("status") == "ok"]
     lines = []

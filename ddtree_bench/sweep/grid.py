@@ -540,3 +540,17 @@ def server_groups(points: list[Point]) -> list[tuple[tuple, list[Point]]]:
     for p in points:
         groups.setdefault(p.server_key(), []).append(p)
     return list(groups.items())
+
+
+def ar_index(points: list[Point]) -> dict[tuple, Point]:
+    return {p.ar_key(): p for p in points if p.method == "ar"}
+
+
+def config_label(row: dict[str, Any], with_k: bool = False) -> str:
+    """'ar', 'dflash', 'ddtree B=32' (+ ' k=7' when the drafted-token count varies)."""
+    s = str(row.get("method"))
+    if row.get("method") == "ddtree" and row.get("budget") not in (None, ""):
+        s += f" B={row['budget']}"
+    if with_k and row.get("spec_tokens") not in (None, "") and row.get("method") != "ar":
+        s += f" k={row['spec_tokens']}"
+    return s

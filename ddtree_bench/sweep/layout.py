@@ -38,7 +38,7 @@ from ddtree_bench.results import read_json, read_records, write_json_atomic
 from ddtree_bench.sweep.aggregate import CI_COLUMNS, NOISE_COLUMNS, noise_columns, speedup_columns
 from ddtree_bench.sweep.correctness import CORRECTNESS_COLUMNS, CORRECTNESS_JSON
 from ddtree_bench.sweep.correctness import columns as correctness_columns
-from ddtree_bench.sweep.grid import Point
+from ddtree_bench.sweep.grid import Point, ar_index  # noqa: F401 (ar_index: also read from here)
 
 SUMMARY_COLUMNS = (
     "backend", "model", "method", "budget", "spec_tokens", "concurrency", "request_rate", "temperature", "suite",
@@ -204,10 +204,6 @@ class SweepDir:
             if r is not None:
                 out.append(r)
         return out
-
-
-def ar_index(points: list[Point]) -> dict[tuple, Point]:
-    return {p.ar_key(): p for p in points if p.method == "ar"}
 
 
 def _cell(v: Any) -> str:

@@ -39,6 +39,7 @@ from ddtree_bench import metrics
 from ddtree_bench.baselines.file import Baseline, BaselineEntry
 from ddtree_bench.errors import UsageError
 from ddtree_bench.records import RequestRecord
+from ddtree_bench.results import run_fact  # noqa: F401 (gate and the sweep read it from here too)
 from ddtree_bench.verdict import comparable_acceptance
 
 BENIGN_LENGTH_REASONS = ("run_truncated", "baseline_truncated", "eos_stripped")
@@ -263,20 +264,6 @@ def acceptance_block(run_recs: list[RequestRecord], base_recs: list[RequestRecor
         keys = set(run_hist) | set(base_hist)
         out["histogram_tv_distance"] = 0.5 * sum(abs(run_hist.get(k, 0.0) - base_hist.get(k, 0.0)) for k in keys)
     return out
-
-
-def run_fact(run_info: dict[str, Any], key: str) -> Any:
-    """What the run's backend says about `key` (model_hash, stop_ids, dtype, ...): the server's own
-    report (`server_info`) first, then the backend description; the spec only for in-process runs
-    (a client's --dtype says nothing about a server's)."""
-    backend = run_info.get("backend") or {}
-    info = backend.get("server_info") or {}
-    if info.get(key) is not None:
-        return info[key]
-    if backend.get(key) is not None:
-        return backend[key]
-    spec = run_info.get("spec") or {}
-    return spec.get(key) if spec.get("backend", "inprocess") == "inprocess" else None
 
 
 def model_mismatch(run_info: dict[str, Any], header: dict[str, Any]) -> str | None:

@@ -363,7 +363,7 @@ def judge_sampling(records: list[Any], run_info: dict[str, Any], baseline: Any, 
     baseline's target in float32 with the reference engine, score every emitted token, test."""
     from ddtree_bench import defaults as D
     from ddtree_bench.errors import UsageError
-    from ddtree_bench.verdict.compare import run_fact
+    from ddtree_bench.results import run_fact
     from ddtree_bench.verdict.near_tie_recheck import loadable
 
     spec = run_info.get("spec") or {}

@@ -5,7 +5,7 @@ Tensor names are mapped onto `HybridTarget`'s (= Hugging Face's causal-LM names)
   the vision tower (`model.visual.*`) and multi-token-prediction heads (`mtp.*`) are not loaded;
 * fused expert tensors (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I], the
   layout transformers 5 uses in memory) -> per-expert `mlp.experts.{e}.{gate,up,down}_proj.weight`.
-Validation (missing / misshapen / quantized / non-finite tensors) is the engine's `_load_into`.
+Validation (missing / misshapen / quantized / non-finite tensors) is the engine's `checkpoint.load_into`.
 Knows nothing of tokenizers or generation.
 """
 
@@ -50,14 +50,14 @@ def remap(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def load_hybrid_target(model_dir: Path, cfg: dict, dtype: torch.dtype, device: torch.device, what: str,
                        target_variant=None) -> HybridTarget:
-    from ddtree_bench.engine.loading import _load_into, read_state_dict
+    from ddtree_bench.engine.checkpoint import load_into, read_state_dict
     from ddtree_bench.engine.target_variants import apply_target_variant, parse_target_variant
 
     hcfg = parse_hybrid_config(cfg, what)
     sd = remap(read_state_dict(model_dir, what))
     target = HybridTarget(hcfg)
     tied = ("lm_head.weight",) if hcfg.tie_word_embeddings else ()
-    _load_into(target, sd, what, ignore_missing=tied)
+    load_into(target, sd, what, ignore_missing=tied)
     if hcfg.tie_word_embeddings:
         target.lm_head.weight = target.model.embed_tokens.weight
     variant = target_variant if not isinstance(target_variant, (str, type(None))) else parse_target_variant(target_variant)
