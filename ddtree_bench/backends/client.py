@@ -19,7 +19,8 @@ ids, the exact-parity path; plain text for `openai`). Sampling is always explici
   `draft_n_accepted`, from which `parsers` rebuilds the rounds), `top_k: 0` and `min_p: 0` (its
   sampler defaults are 40 and 0.05: not neutral at T > 0), `cache_prompt: false` (each request
   from an empty cache, as the reference runs it), `chat_template_kwargs.enable_thinking = false`;
-  no `stop_token_ids` (it stops on the vocabulary's end-of-generation tokens);
+  no `stop_token_ids` (it stops on the vocabulary's end-of-generation tokens). Streamed chat chunks
+  carry no token ids: the text is re-tokenized locally, as for `openai` (`token_source` says so);
 * openai: standard fields only (servers such as `transformers serve` answer 422 to vendor fields).
   Token ids are the server's if it sends any, else the output text tokenized with the model's
   local tokenizer (`RequestRecord.token_source` = "retokenized"; per-chunk counts then come from
@@ -197,7 +198,7 @@ class HTTPBackend:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, force_close=self.kind == "llamacpp"), headers=self._headers(),
                 trace_configs=[trace])
-        if self.kind == "openai" and self.tokenizer is None:
+        if self.kind in ("openai", "llamacpp") and self.tokenizer is None:
             self.tokenizer = local_tokenizer(self.model)  # for re-tokenizing text; None: ids only if the server sends them
         if self.endpoint == "completions" and self.tokenizer is None:
             self.tokenizer = local_tokenizer(self.model)
@@ -450,10 +451,12 @@ class HTTPBackend:
         """Fill the record from the folded response; cross-check token counts."""
         rec.output_text = state.text
         rec.output_ids = list(state.output_ids) if state.saw_token_ids else None
+        if self.kind == "llamacpp" and not rec.output_ids and state.text:  # streamed chat: llama-server sends no ids
+            rec.output_ids = None
         retokenized = False
         if rec.output_ids is not None:
             rec.token_source = "server"
-        elif self.kind == "openai" and self.tokenizer is not None and rec.error is None:
+        elif self.kind in ("openai", "llamacpp") and self.tokenizer is not None and rec.error is None:
             rec.output_ids = self.tokenizer.encode(state.text)
             rec.token_source = "retokenized"
             if state.token_count_source == "text-chunks":  # exact per-chunk counts (usage) are kept

@@ -27,6 +27,13 @@ tokenizer.json is a byte-level BPE with an empty merge list). In that mode only:
    pieces spelled `[PADn]`, so the merge never applies and tokenization is unchanged.
    A vocabulary without two unused tokens is refused with that reason.
 
+Always (any MODE): a Qwen3.5 checkpoint whose `rope_parameters` has no `mrope_section` gets the converter's
+default sections [11, 11, 10] (made for 64 rotary dimensions: head_dim 256 x partial_rotary_factor 0.25), and
+llama.cpp aborts on a model with fewer (`GGML_ASSERT(sect_dims <= ne0)`; tiny test models have 4). The
+default is then scaled to the model's rotary half-width. Exact for text: every token's M-RoPE position
+components are equal, so which section a frequency belongs to does not change its angle; a real Qwen3.5
+(64 rotary dimensions) keeps [11, 11, 10].
+
 Knows the converter's module layout in the pinned llama.cpp (conversion/base.py: TextModel,
 get_vocab_base_pre, get_vocab_base; gguf-py: SpecialVocab); nothing of ddtree-bench.
 """
@@ -49,8 +56,35 @@ def main(argv: list[str]) -> None:
         _patch_for_merge_less_bpe()
     if mtp == "absent":
         _patch_no_mtp()
+    _patch_qwen35_mrope_default()
     sys.argv = [str(script), *args]
     runpy.run_path(str(script), run_name="__main__")
+
+
+def _patch_qwen35_mrope_default() -> None:
+    from conversion import qwen
+
+    mixin = getattr(qwen, "_Qwen35MRopeMixin", None)
+    if mixin is None:
+        return
+    set_params = mixin.set_gguf_parameters
+
+    def set_gguf_parameters(self):
+        if "mrope_section" not in self.rope_parameters:
+            hp = {**self.hparams, **(self.hparams.get("text_config") or {})}
+            head_dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+            factor = self.rope_parameters.get("partial_rotary_factor", hp.get("partial_rotary_factor", 1.0))
+            half = int(head_dim * factor) // 2
+            default = [x for x in mixin._QWEN35_DEFAULT_MROPE_SECTION]
+            if sum(default) != half and half > 0:
+                a = round(default[0] * half / sum(default))
+                b = min(round(default[1] * half / sum(default)), half - a)
+                self._QWEN35_DEFAULT_MROPE_SECTION = [a, b, half - a - b, 0]
+                print(f"ddtree-bench: M-RoPE sections {default[:3]} -> {self._QWEN35_DEFAULT_MROPE_SECTION[:3]} "
+                      f"({2 * half} rotary dimensions)", file=sys.stderr)
+        return set_params(self)
+
+    mixin.set_gguf_parameters = set_gguf_parameters
 
 
 def _patch_no_mtp() -> None:

@@ -39,7 +39,7 @@ SERVER_NAME = "llama-server"
 ENV_INSTALL = "DDTREE_BENCH_LLAMA_CPP_DIR"
 ENV_GGUF_CACHE = "DDTREE_BENCH_GGUF_CACHE"
 CONVERT_TIMEOUT_S = 1800.0
-RULES_VERSION = 2                   # bump when llamacpp_convert_main.py changes what a conversion writes
+RULES_VERSION = 3                   # bump when llamacpp_convert_main.py changes what a conversion writes
 OUTTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 INSTALL_HINT = "bash scripts/install-llama-cpp.sh (builds llama-server and the converter venv; docs/llama-cpp.md)"
 
