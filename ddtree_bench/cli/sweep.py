@@ -33,7 +33,7 @@ def sweep_cmd(
     sweep_dir: Annotated[Optional[Path], typer.Argument(help="With --resume: the sweep directory to continue (default: the latest under results/).", show_default=False)] = None,
     config: Annotated[Optional[Path], _opt("--config", help="Grid YAML (keys as in docs/serving-ddtree.md; unknown keys are errors). Flags override it.")] = None,
     backends: Annotated[Optional[str], _opt("--backends", "--backend", help=f"inprocess | standalone | sglang | vllm | llamacpp | openai. {_L} [default: {D.BACKEND}]")] = None,
-    models: Annotated[Optional[str], _opt("--models", "--model", help=f"'toy', 'random' or model directories / ids. {_L} [default: {D.MODEL}]")] = None,
+    models: Annotated[Optional[str], _opt("--models", "--model", help=f"'toy', 'toy-hybrid', 'random' or model directories / ids. {_L} [default: {D.MODEL}]")] = None,
     drafts: Annotated[Optional[str], _opt("--drafts", "--draft", help=f"DFlash drafters, one per model (or one for all). {_L}")] = None,
     methods: Annotated[Optional[str], _opt("--methods", "--method", help=f"ar, dflash, ddtree (AR is always added as the baseline). {_L} [default: {','.join(D.SWEEP_METHODS)}]")] = None,
     budgets: Annotated[Optional[str], _opt("--budgets", help=f"DDTree budgets: LO..HI = powers of two inclusive, or a comma list; at most {D.MAX_BUDGET}. [default: {D.SWEEP_BUDGETS}]")] = None,

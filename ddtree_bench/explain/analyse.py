@@ -35,6 +35,7 @@ from ddtree_bench.errors import UsageError
 from ddtree_bench.explain.config_check import check_pair, diff_configs
 from ddtree_bench.explain.curves import Acceptance, curve_distance, first_parting, round_agreement
 from ddtree_bench.explain.replay import ReplayRequest, replay
+from ddtree_bench.pair import BUILTIN
 
 KIND = "ddtree-bench-explain"
 # One intra-op thread while explain's engine runs on a CPU: its forwards are small (a 16-row draft
@@ -110,7 +111,7 @@ def _reference_dirs(model: str | None, draft: str | None, spec: dict[str, Any]) 
                 model = "toy"
         except OSError:
             pass
-    if draft is None and model not in ("toy", "random"):
+    if draft is None and model not in BUILTIN:
         raise UsageError(f"explain needs the drafter of {model}", hint="pass --draft DIR (the z-lab DFlash checkpoint the server should run)")
     return model, draft
 

@@ -27,6 +27,7 @@ from ddtree_bench.report.markup import Html, Ids, el, esc, fmt, join
 from ddtree_bench import defaults as D
 from ddtree_bench.noise.probe import HEAVY_RULE
 from ddtree_bench.noise.verdict import FORMULA, Candidate, Verdict, decide, sentence
+from ddtree_bench.pair import BUILTIN
 from ddtree_bench.report.data import CompareResult, Config, Point, ReportData, Source
 from ddtree_bench.report.plots import Figure
 
@@ -118,7 +119,7 @@ def _draft(p: Point) -> str | None:
     b = p.run.get("backend") if isinstance(p.run.get("backend"), dict) else {}
     d = p.spec.get("draft") or b.get("draft_path") or b.get("draft")
     h = b.get("draft_hash")
-    if d is None and p.spec.get("model") in ("toy", "random"):
+    if d is None and p.spec.get("model") in BUILTIN:
         d = f"bundled with --model {p.spec.get('model')}"
     return None if d is None else f"{d}" + (f" (hash {h})" if h else "")
 

@@ -30,10 +30,11 @@ from typing import Any, Callable
 from ddtree_bench import defaults as D
 from ddtree_bench.run_spec import BACKENDS, DTYPES, RunSpec, parse_budgets
 from ddtree_bench.errors import UsageError
+from ddtree_bench.pair import BUILTIN
 
 CLOSED = "closed"          # request_rates entry meaning "closed loop at each concurrency"
 SPEC_METHODS = ("dflash", "ddtree")
-BUILTIN_MODELS = ("toy", "random")
+BUILTIN_MODELS = BUILTIN   # pair.py: the built-in model names
 
 
 @dataclass
@@ -512,7 +513,7 @@ def expand(g: GridSpec, external_device_fn: Callable[[], str] | None = None) -> 
 
 def _validate_point(p: Point, g: GridSpec) -> None:
     to_spec(p, g, url="http://placeholder").validate()
-    builtin_draft = p.model == "toy" or (p.model in BUILTIN_MODELS and p.backend in ("inprocess", "standalone"))
+    builtin_draft = p.model in ("toy", "toy-hybrid") or (p.model in BUILTIN_MODELS and p.backend in ("inprocess", "standalone"))
     if p.method in SPEC_METHODS and p.draft is None and not builtin_draft:
         raise UsageError(f"method {p.method} on model {p.model!r} needs a drafter", hint="pass --drafts DIR (one per model)")
     if p.backend in ("sglang", "vllm", "openai", "llamacpp") and p.model == "random":

@@ -21,6 +21,7 @@ from ddtree_bench.suites.prompts import SuitePrompts, load_suite
 from ddtree_bench.sweep import server_python
 from ddtree_bench.sweep.grid import GridSpec, Point, expand
 from ddtree_bench.sweep.profiles import Profile, build_command, load_profile, point_params
+from ddtree_bench.pair import BUNDLED
 
 SERVER_BACKENDS = ("standalone", "sglang", "vllm", "openai", "llamacpp")  # openai: transformers serve; llamacpp: llama-server
 
@@ -44,7 +45,7 @@ def prepare(grid: GridSpec, api_key: str | None = None, external_device_fn: Call
             raise UsageError(f"suite {s!r} has no prompts")
     prep = Prepared(points, suites, {}, api_key)
     for p in points:
-        if p.backend == "inprocess" or p.model == "toy":
+        if p.backend == "inprocess" or p.model in BUNDLED:
             from ddtree_bench.pair import model_dirs
 
             model_dirs(p.model, p.draft)  # the bundled toy pair must be installed
@@ -86,10 +87,11 @@ def _model_for(profile: Profile, p: Point) -> tuple[str, str | None]:
     """Engines outside ddtree-bench get directories: the bundled toy pair resolves to its files;
     llama-server gets GGUF files converted from them (backends/llamacpp_gguf.py, cached by content)."""
     model, draft = p.model, p.draft
-    if p.backend in ("sglang", "vllm", "openai", "llamacpp") and p.model == "toy":
-        from ddtree_bench.pair import TOY_DIR
+    if p.backend in ("sglang", "vllm", "openai", "llamacpp") and p.model in BUNDLED:
+        from ddtree_bench.pair import model_dirs
 
-        model, draft = str(TOY_DIR / "target"), p.draft or (str(TOY_DIR / "draft") if p.method != "ar" else None)
+        target_dir, draft_dir = model_dirs(p.model, p.draft)
+        model, draft = str(target_dir), p.draft or (str(draft_dir) if p.method != "ar" else None)
     if p.backend == "llamacpp":
         from ddtree_bench.backends.llamacpp_gguf import gguf_pair
 

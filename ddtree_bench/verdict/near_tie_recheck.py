@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddtree_bench.pair import BUILTIN
+
 MAX_FLIPS = 8   # near-tie flips re-checked per prompt before the prompt is called inconclusive
 
 
@@ -65,7 +67,7 @@ def loadable(header: dict[str, Any]) -> tuple[bool, str]:
     model = header.get("model")
     if not isinstance(model, str) or not model:
         return False, "the baseline names no model"
-    if model not in ("toy", "random") and not Path(model).expanduser().is_dir():
+    if model not in BUILTIN and not Path(model).expanduser().is_dir():
         return False, f"the baseline's model {model!r} is not a directory on this machine"
     device = str(header.get("device") or "cpu")
     if device.startswith("cuda"):
