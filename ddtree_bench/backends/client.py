@@ -59,6 +59,7 @@ from urllib.parse import urlsplit
 from ddtree_bench import defaults as D
 from ddtree_bench.backends.parsers import ResponseError, StreamState, accept_lengths_from_stats, error_message
 from ddtree_bench.errors import UsageError
+from ddtree_bench.pair import BUNDLED
 from ddtree_bench.records import GenerationRequest, RequestRecord
 
 KINDS = ("standalone", "sglang", "vllm", "openai", "llamacpp")
@@ -93,10 +94,10 @@ def local_tokenizer(model: str):
         with tempfile.TemporaryDirectory(prefix="ddtree-bench-tok-") as tmp:
             write_tokenizer(Path(tmp))
             return ChatTokenizer(tmp)
-    if model == "toy":
-        from ddtree_bench.pair import TOY_DIR
+    if model in BUNDLED:
+        from ddtree_bench.pair import model_dirs
 
-        path = TOY_DIR / "target"
+        path = model_dirs(model, None)[0]
     else:
         path = Path(model).expanduser()
     return ChatTokenizer(path) if (path / "tokenizer.json").exists() else None
