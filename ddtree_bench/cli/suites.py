@@ -14,7 +14,8 @@ import typer
 from ddtree_bench.cli import options as O
 from ddtree_bench.cli.app import app
 
-suites_app = typer.Typer(help="List benchmark suites (no arguments), or show one's rendered prompts.")
+suites_app = typer.Typer(help="List benchmark suites (no arguments), or show one's rendered prompts.",
+                         epilog="\b\nExamples:\n  ddtree-bench suites\n  ddtree-bench suites --json\n  ddtree-bench suites show mt-bench --limit 1")
 app.add_typer(suites_app, name="suites")
 
 _TEMPLATE_WIDTH = 64
