@@ -277,6 +277,27 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def continue_rows(continue_fn: Callable, model, rows: list[np.ndarray], n_new: int, seq_len: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedily continue contexts of different lengths in one batch: left-pad them with ENDOFTEXT, run
+    `continue_fn(model, ctx, n_new, pad_left=...)` (this module's `greedy_continue`, or the hybrid recipe's),
+    then unpad: each row's context at slot 0 and its continuation right after it, in a [rows, seq_len] tensor
+    filled with ENDOFTEXT. Returns that tensor and each row's context length."""
+    C = max(len(x) for x in rows)
+    ctx = torch.full((len(rows), C), btok.ENDOFTEXT, dtype=torch.long)
+    pad = torch.tensor([C - len(x) for x in rows])
+    for i, x in enumerate(rows):
+        ctx[i, C - len(x):] = torch.from_numpy(x.astype(np.int64))
+    ctx, pad = ctx.to(device), pad.to(device)
+    with _autocast(device):
+        cont = continue_fn(model, ctx, n_new, pad_left=pad if int(pad.max()) > 0 else None)
+    out = torch.full((len(rows), seq_len), btok.ENDOFTEXT, dtype=torch.long, device=device)
+    for i, x in enumerate(rows):
+        out[i, : len(x)] = ctx[i, C - len(x):]
+        out[i, len(x) : len(x) + n_new] = cont[i]
+    return out, torch.tensor([len(x) for x in rows], device=device)
+
+
 def _autocast(device: torch.device):
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -343,20 +364,8 @@ def distill_set(r: Recipe, target: Target, sampler: Sampler, device: torch.devic
     seqs, starts, ends = [], [], []
     t0, done = time.time(), 0
     for rows in batches:
-        C = max(len(x) for x in rows)
-        ctx = torch.full((len(rows), C), btok.ENDOFTEXT, dtype=torch.long)
-        pad = torch.tensor([C - len(x) for x in rows])
-        for i, x in enumerate(rows):
-            ctx[i, C - len(x):] = torch.from_numpy(x.astype(np.int64))
-        ctx, pad = ctx.to(device), pad.to(device)
-        with _autocast(device):
-            cont = greedy_continue(target, ctx, n_new, pad_left=pad if int(pad.max()) > 0 else None)
-        out = torch.full((len(rows), T), btok.ENDOFTEXT, dtype=torch.long, device=device)
-        for i, x in enumerate(rows):  # unpad: context at slot 0, continuation right after it
-            out[i, : len(x)] = ctx[i, C - len(x):]
-            out[i, len(x) : len(x) + n_new] = cont[i]
+        out, lens = continue_rows(greedy_continue, target, rows, n_new, T, device)
         seqs.append(out)
-        lens = torch.tensor([len(x) for x in rows], device=device)
         starts.append(lens)
         ends.append(lens + n_new)
         done += len(rows)

@@ -50,7 +50,7 @@ from ddtree_bench.engine.layers import apply_rope
 from ddtree_bench.engine.loading import save_hf
 from ddtree_bench.errors import UsageError
 from ddtree_bench.toy import tokenizer as btok
-from ddtree_bench.toy.train import Recipe, Sampler, _autocast, _heads, _rope_tables, lr_at
+from ddtree_bench.toy.train import Recipe, Sampler, _autocast, _heads, _rope_tables, continue_rows, lr_at
 
 BUDGET_SHARES = {"target": 0.40, "distill": 0.15, "drafter": 0.45}  # of the time left after the corpus
 SAVE_RESERVE_S = 15.0            # kept back from the budget for saving and the record
@@ -410,19 +410,7 @@ def distill_set(r: HybridRecipe, model, corpus, device: torch.device, log: Calla
     done, i = 0, 0
     while i < n_batches:
         rows = _distill_batch(r, corpus, i)[: r.distill_contexts - done]
-        C = max(len(x) for x in rows)
-        ctx = torch.full((len(rows), C), btok.ENDOFTEXT, dtype=torch.long)
-        pad = torch.tensor([C - len(x) for x in rows])
-        for j, x in enumerate(rows):
-            ctx[j, C - len(x):] = torch.from_numpy(x.astype(np.int64))
-        ctx, pad = ctx.to(device), pad.to(device)
-        with _autocast(device):
-            cont = greedy_continue(model, ctx, n_new, pad_left=pad if int(pad.max()) > 0 else None)
-        out = torch.full((len(rows), T), btok.ENDOFTEXT, dtype=torch.long, device=device)
-        for j, x in enumerate(rows):  # unpad: context at slot 0, continuation right after it
-            out[j, : len(x)] = ctx[j, C - len(x):]
-            out[j, len(x): len(x) + n_new] = cont[j]
-        lens = torch.tensor([len(x) for x in rows], device=device)
+        out, lens = continue_rows(greedy_continue, model, rows, n_new, T, device)
         seqs.append(out)
         starts.append(lens)
         ends.append(lens + n_new)
