@@ -52,6 +52,9 @@ def serve_cmd(
         raise UsageError(f"unknown --method {method!r}; expected one of {', '.join(D.METHODS)} or null")
     if budget < 0:
         raise UsageError(f"--budget must be an integer >= 0, got {budget}")
+    if method == "ddtree" and budget < 1:   # the rule run_spec.RunSpec.validate applies to `run`
+        raise UsageError(f"--budget must be >= 1 for --method ddtree, got {budget}",
+                         hint="a tree of no nodes drafts nothing: use --method ar")
     if max_queue < 0:
         raise UsageError(f"--max-queue must be >= 0, got {max_queue}")
     if max_batch < 1:

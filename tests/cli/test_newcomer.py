@@ -47,6 +47,12 @@ def test_run_refuses_a_ddtree_budget_below_one(budget, tmp_path, capsys):
     assert err.startswith("error: --budget must be ") and "Traceback" not in err and not out.exists()
 
 
+
+def test_serve_refuses_a_ddtree_budget_of_zero_before_loading_anything(capsys):
+    assert run_cli(["serve", "--model", "random", "--method", "ddtree", "--budget", "0", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --budget must be >= 1 for --method ddtree") and "Traceback" not in err
+
 def test_run_ignores_the_budget_of_a_method_without_a_tree(tmp_path):
     assert run_cli(["run", "--model", "random", "--method", "dflash", "--budget", "0", *SMALL, "--out", str(tmp_path / "r")]) == 0
 
