@@ -18,22 +18,16 @@ def vllm_servers(tmp_path_factory):
 
     from vllm_support import require_vllm, start_vllm
 
+    from process_support import started_together
+
     given = {m: os.environ.get(f"DDTREE_BENCH_VLLM_{m.upper()}_URL") for m in ("ar", "dflash")}
     if all(given.values()):
         yield {m: SimpleNamespace(url=u.rstrip("/")) for m, u in given.items()}
         return
     py = require_vllm()
     logs = tmp_path_factory.mktemp("vllm-logs")
-    servers = {}
-    try:
-        for method in ("ar", "dflash"):
-            servers[method] = start_vllm(method, logs, py)
-        for srv in servers.values():
-            srv.wait_ready()
+    with started_together({m: (lambda m=m: start_vllm(m, logs, py)) for m in ("ar", "dflash")}) as servers:
         yield servers
-    finally:
-        for srv in servers.values():
-            srv.stop()
 
 
 @pytest.fixture(scope="session")

@@ -89,6 +89,23 @@ def background_sweep(*args: str, out: Path, cwd: Path):
             proc.wait()
 
 
+@contextmanager
+def started_together(starters: dict):
+    """Start every server of `starters` (name -> a no-argument function returning an object with
+    `wait_ready()` and `stop()`), wait until all are ready, yield {name: server}; stop them all on the way
+    out, also when a start or a wait fails (the ones already started are stopped)."""
+    servers = {}
+    try:
+        for name, start in starters.items():
+            servers[name] = start()
+        for srv in servers.values():
+            srv.wait_ready()
+        yield servers
+    finally:
+        for srv in servers.values():
+            srv.stop()
+
+
 def csv_rows(out: Path) -> list[dict]:
     with open(out / "summary.csv", newline="") as f:
         return list(csv.DictReader(f))

@@ -62,6 +62,7 @@ def hybrid_dirs():
 def llamacpp_servers(tmp_path_factory, hybrid_dirs):
     """toy AR / DFlash and hybrid AR / DFlash llama-servers, started together, stopped at the end."""
     from llamacpp_support import require_llama_server, start_llamacpp
+    from process_support import started_together
 
     from ddtree_bench.pair import TOY_DIR
 
@@ -69,16 +70,10 @@ def llamacpp_servers(tmp_path_factory, hybrid_dirs):
     logs = tmp_path_factory.mktemp("llamacpp-logs")
     wanted = {"ar": (TOY_DIR / "target", None), "dflash": (TOY_DIR / "target", TOY_DIR / "draft"),
               "hybrid-ar": (hybrid_dirs.target, None), "hybrid-dflash": (hybrid_dirs.target, hybrid_dirs.draft)}
-    servers = {}
-    try:
-        for name, (target, draft) in wanted.items():
-            servers[name] = start_llamacpp(name, "dflash" if draft else "ar", logs, binary, target, draft, max_batch=4)
-        for srv in servers.values():
-            srv.wait_ready()
+    starters = {name: (lambda name=name, target=target, draft=draft: start_llamacpp(
+        name, "dflash" if draft else "ar", logs, binary, target, draft, max_batch=4)) for name, (target, draft) in wanted.items()}
+    with started_together(starters) as servers:
         yield servers
-    finally:
-        for srv in servers.values():
-            srv.stop()
 
 
 @pytest.fixture(scope="session")

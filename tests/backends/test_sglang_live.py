@@ -49,22 +49,16 @@ def sglang_servers(tmp_path_factory):
     DDTREE_BENCH_SGLANG_AR_URL / _DFLASH_URL point them at servers already running (for iterating)."""
     from sglang_support import require_sglang, start_sglang
 
+    from process_support import started_together
+
     given = {m: os.environ.get(f"DDTREE_BENCH_SGLANG_{m.upper()}_URL") for m in ("ar", "dflash")}
     if all(given.values()):
         yield {m: SimpleNamespace(url=u.rstrip("/"), log_path=None) for m, u in given.items()}
         return
     py = require_sglang()
     logs = tmp_path_factory.mktemp("sglang-logs")
-    servers = {}
-    try:
-        for method in ("ar", "dflash"):
-            servers[method] = start_sglang(method, logs, py)
-        for srv in servers.values():
-            srv.wait_ready()
+    with started_together({m: (lambda m=m: start_sglang(m, logs, py)) for m in ("ar", "dflash")}) as servers:
         yield servers
-    finally:
-        for srv in servers.values():
-            srv.stop()
 
 
 def run_sglang(url: str, method: str, out: Path, *extra: str, suite: str = "gsm8k", limit: int = 2,
