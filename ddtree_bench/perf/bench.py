@@ -218,7 +218,9 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     "gemm_only" (`gemm_only`: every weight GEMM once on cuBLAS, nothing else; replayed on CUDA, eager elsewhere);
     "tree_depth": {n: the curve tree's depth}.
     profile: also "profile" = {column: {n: perf.profile.KernelProfile as a dict, top kernels}} for
-    graph and graph_cublas (CUDA; the ATen ops on a CPU)."""
+    graph, graph_cublas and gemm_only (CUDA; the ATen ops on a CPU): the floor's own kernels beside the
+    forward's, so a GEMM-only time above the forward's GEMM kernels (n = 256 on the H200, 2026-12-02) shows
+    whether cuBLAS picked other kernels there or the same ones ran slower."""
     from ddtree_bench.engine.gpu.fused import TORCH_OPS, TritonOps
     from ddtree_bench.engine.gpu.kernels.gemm import cublas_only
     from ddtree_bench.perf.profile import profile_kernels
@@ -230,7 +232,7 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     out: dict[str, Any] = {"graph": {}, "eager": {}, "gemm_only": {}}
     if fused:
         out.update({"graph_cublas": {}, "graph_live": {}, "graph_sdpa": {}, "graph_sdpa_whole": {}, "graph_unfused": {}})
-    profiles: dict[str, dict[int, Any]] = {"graph": {}, **({"graph_cublas": {}} if fused else {})}
+    profiles: dict[str, dict[int, Any]] = {"graph": {}, **({"graph_cublas": {}} if fused else {}), "gemm_only": {}}
     for n in tokens:
         pt = setup.point(n, with_path=fused)
         out.setdefault("tree_depth", {})[n] = pt.depth
@@ -245,11 +247,11 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
                 out[col][n] = graph_time_fn(fn, reps=reps)
         if eager or not on_graphs:
             out["eager"][n] = time_fn(fns["graph"], device, reps=max(3, reps // 4), warmup=1)
-        gemms = gemm_only(target, n, device)
+        gemms = fns["gemm_only"] = gemm_only(target, n, device)
         out["gemm_only"][n] = graph_time_fn(gemms, reps=reps) if on_graphs else time_fn(gemms, device, reps=max(3, reps // 4), warmup=1)
         if profile:
             for col in profiles:
-                wall = out[col].get(n) if on_graphs else out["eager"].get(n)
+                wall = out[col].get(n) if on_graphs or col == "gemm_only" else out["eager"].get(n)
                 p = profile_kernels(fns[col], device, reps=profile_reps, graph=on_graphs, wall_ms=wall)
                 profiles[col][n] = p.to_dict(top=profile_top)
     if profile:

@@ -80,6 +80,10 @@ def test_verify_curve_with_profile_on_a_cpu():
     for n, p in prof.items():
         assert p["source"] == "cpu" and len(p["kernels"]) == 4 and p["families_ms"]["gemm"] > 0
         assert p["wall_ms"] == out["eager"][n]
+    # the GEMM-only floor is profiled too, against its own time: nothing but GEMMs in it
+    for n, p in out["profile"]["gemm_only"].items():
+        assert p["wall_ms"] == out["gemm_only"][n]
+        assert p["families_ms"]["gemm"] > 0 and p["families_ms"]["attention"] == 0 and p["families_ms"]["layer_ops"] == 0
 
 
 def test_bench_engine_profiles_after_its_timed_rounds():
