@@ -27,8 +27,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ddtree_bench.engine.gpu.forward import _linear, _norm, _residual, _swiglu
+from ddtree_bench.engine.gpu.forward import ATTENTION, _linear, _norm, _residual, _swiglu
 from ddtree_bench.engine.gpu.fused import ensure_merged
+from ddtree_bench.engine.gpu.kernels import attention as live_kernel
+from ddtree_bench.engine.gpu.kernels import tree_attention as tree_kernel
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
 
 
@@ -40,6 +42,21 @@ def grouped_attend_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias
     g = Hq // Hkv
     out = F.scaled_dot_product_attention(q.reshape(B, Hkv, g * T, D), k, v, attn_mask=bias[:, None])
     return out.reshape(B, Hq, T, D).transpose(1, 2).reshape(B * T, Hq * D)
+
+
+def _attend_batch(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tree=None) -> torch.Tensor:
+    """grouped_attend_batch's result, by forward._attend's rule applied to one slot's shapes (every slot has the
+    same): a tree verify (`tree` = (path [B, T, L+1], positions [B*T]), with `prefix` [B]) of at least
+    TREE_MIN_ROWS folded rows under auto with the fused Triton ops, or attention="tree": the slotted tree kernel
+    (each slot's prefix densely, its own ancestors gathered, the bias unread); attention="live", or auto with the
+    fused ops up to AUTO_MAX_ROWS rows: the slotted live-slot kernel (slots < live[i] of region i); else SDPA over
+    every slot's whole region (the twin)."""
+    if tree is not None and prefix is not None and (
+            attention == "tree" or (attention == "auto" and ops.name == "triton" and tree_kernel.wanted(q[0], k[0]))):
+        return tree_kernel.tree_attend(q, k, v, tree[0], tree[1], prefix)
+    if attention == "live" or (attention == "auto" and ops.name == "triton" and live_kernel.wanted(q[0], k[0])):
+        return live_kernel.live_attend(q, k, v, bias, live, prefix)
+    return grouped_attend_batch(q, k, v, bias)
 
 
 def _qkv_per_slot(ops: TorchOps, qkv: torch.Tensor, n_q: int, n_kv: int, q_w, k_w, eps: float, cos, sin,
@@ -55,9 +72,11 @@ def _qkv_per_slot(ops: TorchOps, qkv: torch.Tensor, n_q: int, n_kv: int, q_w, k_
 
 
 def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, bias, T: int,
-                     ctx=None, ctx_cos=None, ctx_sin=None, ctx_start=None, C: int = 0):
+                     ctx=None, ctx_cos=None, ctx_sin=None, ctx_start=None, C: int = 0, live=None, prefix=None,
+                     attention: str = "sdpa", tree=None):
     """forward._attention over B slots: h [B*T, H] (normed) -> attention output [B*T, Hq*D] (o_proj's input); with ctx
-    [B*C, H] (the drafter's context features) their K/V go to each slot's ctx_start[i].. first."""
+    [B*C, H] (the drafter's context features) their K/V go to each slot's ctx_start[i].. first. live [B]: slots
+    read per region (start + T); prefix [B] or None; attention / tree: see _attend_batch."""
     qk_norm = getattr(attn, "qk_norm", True)
     q_w, eps = _norm(attn.q_norm) if qk_norm else (None, 0.0)
     k_w = attn.k_norm.weight if qk_norm else None
@@ -68,19 +87,27 @@ def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, 
                       k_layer, v_layer, ctx_start, C)
     q = _qkv_per_slot(ops, ops.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps,
                       cos, sin, k_layer, v_layer, start, T)
-    return grouped_attend_batch(q, k_layer, v_layer, bias)
+    return _attend_batch(ops, attention, q, k_layer, v_layer, bias, live, prefix, tree)
 
 
 def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          start: torch.Tensor, bias: torch.Tensor, hidden_layers: Sequence[int] = (),
-                         ops: TorchOps | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         ops: TorchOps | None = None, tree_path: torch.Tensor | None = None,
+                         attention: str = "auto") -> tuple[torch.Tensor, torch.Tensor | None]:
     """forward.target_forward over B slots of T tokens each. ids, positions: [B*T] (slot-major);
     k, v: [layers, B, Hkv, S, D]; start: [B]; bias: [B, g*T, S]. Returns logits [B*T, V] and the
-    hidden states of `hidden_layers` [B*T, n*H]."""
+    hidden states of `hidden_layers` [B*T, n*H]. The bias must hide every slot >= start[i] + T of region i and
+    show every slot < start[i] to every row of slot i (verify_visible and the AR bias do); tree_path: [B, T, L+1]
+    (kernels/tree_verify.compile_trees' path tables; positions - start = depth), for the tree kernel;
+    attention: auto | live | tree | sdpa, as in forward.target_forward (_attend_batch)."""
     ops = ops or TORCH_OPS
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     ensure_merged(target)
     B = start.shape[0]
     T = ids.shape[0] // B
+    live = start + T
+    tree = (tree_path, positions) if tree_path is not None else None
     blocks = target.model.layers
     x = target.model.embed_tokens(ids)
     cos, sin = target.rotary(positions, x.dtype)
@@ -88,7 +115,8 @@ def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: 
     wanted = {l: None for l in hidden_layers}
     last = len(blocks) - 1
     for i, block in enumerate(blocks):
-        a = _attention_batch(block.self_attn, ops, h, cos, sin, k[i], v[i], start, bias, T)
+        a = _attention_batch(block.self_attn, ops, h, cos, sin, k[i], v[i], start, bias, T, live=live, prefix=start,
+                             attention=attention, tree=tree)
         x, h = _residual(ops, x, a, block.self_attn.o_proj, block.post_attention_layernorm)
         nxt = blocks[i + 1].input_layernorm if i < last else target.model.norm
         x, h = _residual(ops, x, _swiglu(block.mlp, ops, h), block.mlp.down_proj, nxt)
@@ -100,12 +128,16 @@ def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: 
 
 def draft_forward_batch(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, ctx_start: torch.Tensor, start: torch.Tensor,
-                        biases: Sequence[torch.Tensor], ops: TorchOps | None = None) -> torch.Tensor:
+                        biases: Sequence[torch.Tensor], ops: TorchOps | None = None,
+                        attention: str = "auto") -> torch.Tensor:
     """forward.draft_forward over B slots. target_hidden: [B*C, n*H] (slot i's rows for positions
     ctx_start[i]..); block_emb: [B*Tb, H] (positions start[i]..); k, v: the drafter's slotted cache;
-    biases: one [B, g*Tb, S] per layer. Returns the normed block states [B*Tb, H]. Padding context
-    rows land in slots start[i].. and the block's K/V overwrite them, as in draft_forward."""
+    biases: one [B, g*Tb, S] per layer, each hiding the slots >= start[i] + Tb of region i (draft_visible does).
+    Returns the normed block states [B*Tb, H]. Padding context rows land in slots start[i].. and the block's K/V
+    overwrite them, as in draft_forward; attention: as in target_forward_batch (no tree, no prefix shortcut)."""
     ops = ops or TORCH_OPS
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     ensure_merged(drafter)
     B = start.shape[0]
     C, Tb = target_hidden.shape[0] // B, block_emb.shape[0] // B
@@ -117,11 +149,13 @@ def draft_forward_batch(drafter, target_hidden: torch.Tensor, block_emb: torch.T
     bcos, bsin = drafter.rotary(bpos, block_emb.dtype)
     layers = drafter.layers
     last = len(layers) - 1
+    live = start + Tb
     x = block_emb
     h = ops.rmsnorm(x, *_norm(layers[0].input_layernorm))
     for i, layer in enumerate(layers):
         a = _attention_batch(layer.self_attn, ops, h, bcos, bsin, k[i], v[i], start, biases[i], Tb,
-                             ctx=ctx, ctx_cos=ccos, ctx_sin=csin, ctx_start=ctx_start, C=C)
+                             ctx=ctx, ctx_cos=ccos, ctx_sin=csin, ctx_start=ctx_start, C=C, live=live,
+                             attention=attention)
         x, h = _residual(ops, x, a, layer.self_attn.o_proj, layer.post_attention_layernorm)
         nxt = layers[i + 1].input_layernorm if i < last else drafter.norm
         x, h = _residual(ops, x, _swiglu(layer.mlp, ops, h), layer.mlp.down_proj, nxt)

@@ -19,6 +19,7 @@ from ddtree_bench.engine.gpu.forward import (StaticKV, draft_forward, draft_visi
 from ddtree_bench.engine.gpu.tree_ops import verify_visible
 from ddtree_bench.engine.loading import random_pair
 
+from tree_attention_support import random_tree as _random_tree
 from triton_support import DEV, triton_only
 
 DTYPES = ["float32"] + (["bfloat16"] if DEV == "cuda" else [])   # the interpreter's bf16 cast is not RNE
@@ -240,29 +241,6 @@ def test_auto_takes_the_kernel_up_to_its_row_limit_and_sdpa_above():
     assert wanted(torch.empty(32, AUTO_MAX_ROWS // 4, 16, device=DEV), k)
     assert not wanted(torch.empty(32, AUTO_MAX_ROWS // 4 + 1, 16, device=DEV), k)
     assert wanted(torch.empty(8, AUTO_MAX_ROWS, 16, device=DEV), k)   # no grouping: rows = T
-
-
-def _random_tree(N: int, L: int, seed: int, chain: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """parents [N] (1-based, root 0) with every parent before its child and depth <= L; depths [N]; path [1+N, L+1]
-    (row t: the node at each depth 0..depth(t), the rest -1: never read). chain: the chance that a node's parent
-    is the node just before it (when that one is shallower than L), else a uniform pick: deep trees."""
-    g = torch.Generator().manual_seed(seed)
-    par, dep = [], [0]
-    for i in range(1, N + 1):
-        choices = [j for j in range(i) if dep[j] < L]
-        if chain > 0 and dep[i - 1] < L and float(torch.rand(1, generator=g)) < chain:
-            p = i - 1
-        else:
-            p = choices[int(torch.randint(len(choices), (1,), generator=g))]
-        par.append(p)
-        dep.append(dep[p] + 1)
-    path = torch.full((N + 1, L + 1), -1, dtype=torch.long)
-    for t in range(N + 1):
-        node = t
-        for d in range(dep[t], -1, -1):
-            path[t, d] = node
-            node = par[node - 1] if node else 0
-    return torch.tensor(par, dtype=torch.long), torch.tensor(dep[1:], dtype=torch.long), path
 
 
 @pytest.mark.gpu

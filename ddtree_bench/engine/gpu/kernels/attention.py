@@ -107,15 +107,31 @@ if triton is not None:
             m = m_new
         return acc / l[:, None]
 
+    @triton.jit
+    def _slot_of(n_kv):
+        """(slot c, KV head h, program hh) of a program over axis 0 = C * n_kv (slot-major)."""
+        hh = tl.program_id(0)
+        c = hh // n_kv
+        return c, hh - c * n_kv, hh
+
     @triton.jit(do_not_specialize=["M", "T", "n_split"])
     def _live_attn_kernel(Q, K, V, BIAS, LIVE, PREFIX, O, PACC, PM, PL, COUNT,
                           M, T, G, n_split, scale,
                           sqh, sqm, skh, skn, svh, svn, sbm, sbn, sot,
+                          n_kv, sqc, skc, svc, sbc, soc,
                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                           HAS_PREFIX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
                           FOLD: tl.constexpr = False, USE_GDC: tl.constexpr = False, CAP: tl.constexpr = False):
         pdl.enter(USE_GDC)
-        h = tl.program_id(0)
+        c, h, hh = _slot_of(n_kv)   # slot c's region: every pointer below moves by its slot stride first
+        c64 = c.to(tl.int64)
+        Q += c64 * sqc
+        K += c64 * skc
+        V += c64 * svc
+        BIAS += c64 * sbc
+        O += c64 * soc
+        LIVE += c
+        PREFIX += c
         pid_m = tl.program_id(1)
         s_id = tl.program_id(2)
         live = tl.load(LIVE).to(tl.int32)
@@ -161,16 +177,16 @@ if triton is not None:
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        if SPLIT:
-            base = (s_id * tl.num_programs(0) + h) * M + rows
+        if SPLIT:   # partials [n_split, C * n_kv, M, BLOCK_D]: program hh's rows
+            base = (s_id * tl.num_programs(0) + hh) * M + rows
             smask = rows < tl.where(s_id < n_used, M, 0)   # a range past the cap stores nothing
             tl.store(PM + base, m_i, mask=smask)
             tl.store(PL + base, l_i, mask=smask)
             tl.store(PACC + base[:, None] * BLOCK_D + dims[None, :], acc, mask=smask[:, None])
             if FOLD:   # the last range of this row block to finish combines them all (module docstring)
-                idx = h * tl.num_programs(1) + pid_m
+                idx = hh * tl.num_programs(1) + pid_m
                 if _last_of_block(COUNT, idx, n_split):
-                    out = _reduce_ranges(PACC, PM, PL, rows, rmask, M, tl.num_programs(0), h, n_used, BLOCK_M, BLOCK_D)
+                    out = _reduce_ranges(PACC, PM, PL, rows, rmask, M, tl.num_programs(0), hh, n_used, BLOCK_M, BLOCK_D)
                     g = rows // T
                     t = rows - g * T
                     ptr = O + t[:, None] * sot + (h * G + g)[:, None] * D + dims[None, :]
@@ -184,15 +200,18 @@ if triton is not None:
             tl.store(ptr, out.to(O.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
 
     @triton.jit(do_not_specialize=["M", "T", "n_split"])
-    def _combine_kernel(PACC, PM, PL, O, LIVE, M, T, G, n_split, n_heads, sot,
+    def _combine_kernel(PACC, PM, PL, O, LIVE, M, T, G, n_split, n_heads, sot, n_kv, soc,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, SP: tl.constexpr, T_MAJOR: tl.constexpr = False,
                         USE_GDC: tl.constexpr = False, CAP: tl.constexpr = False, ROWS: tl.constexpr = 1):
-        """One program per (KV head, ROWS query rows): every range's (m, l, acc) reduced (CAP: only the ranges the
-        capped launch used, from LIVE). ROWS = 1 loads every range at once; ROWS > 1 loads the ranges' maxima at
-        once, then weighs and sums each range's (l, acc) in range order. Rows fold (query head in the group, t)
-        g-major (row = g*T + t), or t-major (row = t*G + g: tree_attention.py)."""
+        """One program per (slot, KV head, ROWS query rows): every range's (m, l, acc) reduced (CAP: only the ranges
+        the capped launch used, from the slot's LIVE). ROWS = 1 loads every range at once; ROWS > 1 loads the ranges'
+        maxima at once, then weighs and sums each range's (l, acc) in range order. Rows fold (query head in the
+        group, t) g-major (row = g*T + t), or t-major (row = t*G + g: tree_attention.py). n_heads = C * n_kv
+        partial heads (slot-major); slot c's output starts soc elements in."""
         pdl.enter(USE_GDC)
-        h = tl.program_id(0)
+        c, h, hh = _slot_of(n_kv)
+        O += c.to(tl.int64) * soc
+        LIVE += c
         rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
         rmask = rows < M
         sp = tl.arange(0, SP)
@@ -204,20 +223,20 @@ if triton is not None:
         if ROWS == 1:
             row = tl.program_id(1)
             smask = sp < used
-            base = (sp * n_heads + h) * M + row
+            base = (sp * n_heads + hh) * M + row
             ms = tl.load(PM + base, mask=smask, other=-1.0e30)   # NEG_BIG: a range with nothing visible weighs 0
             ls = tl.load(PL + base, mask=smask, other=0.0)
             w = tl.exp(ms - tl.max(ms, axis=0))
             a = tl.load(PACC + base[:, None] * BLOCK_D + dims[None, :], mask=smask[:, None], other=0.0)
             out = (tl.sum(a * w[:, None], axis=0) / tl.sum(ls * w, axis=0))[None, :]
         else:
-            mall = tl.load(PM + (sp[:, None] * n_heads + h) * M + rows[None, :],
+            mall = tl.load(PM + (sp[:, None] * n_heads + hh) * M + rows[None, :],
                            mask=(sp < used)[:, None] & rmask[None, :], other=-1.0e30)
             m = tl.max(mall, axis=0)
             acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
             den = tl.zeros((ROWS,), dtype=tl.float32)
             for s in range(0, used):
-                base = (s * n_heads + h) * M + rows
+                base = (s * n_heads + hh) * M + rows
                 w = tl.exp(tl.load(PM + base, mask=rmask, other=-1.0e30) - m)
                 den += tl.load(PL + base, mask=rmask, other=0.0) * w
                 acc += tl.load(PACC + base[:, None] * BLOCK_D + dims[None, :], mask=rmask[:, None], other=0.0) * w[:, None]
@@ -241,13 +260,16 @@ def combine_rows(M: int) -> int:
     return COMBINE_ROWS if M >= experimental.knob("COMBINE_ROWS_FROM", COMBINE_ROWS_FROM) else 1
 
 
-def combine(pacc, pm, pl, out, live, M: int, T: int, G: int, n_split: int, t_major: bool = False, cap: bool = False):
-    """The second launch of a split launch: out from every range's partials (pacc [n_split, Hkv, M, BLOCK_D],
-    pm / pl [n_split, Hkv, M]); shared by live_attend and tree_attention."""
-    Hkv, BD = pacc.shape[1], pacc.shape[-1]
+def combine(pacc, pm, pl, out, live, M: int, T: int, G: int, n_split: int, n_kv: int, t_major: bool = False,
+            cap: bool = False):
+    """The second launch of a split launch: out [C*T, Hq*D] (slot-major) from every range's partials
+    (pacc [n_split, C*n_kv, M, BLOCK_D], pm / pl [n_split, C*n_kv, M]; live [C] or 0-d); shared by live_attend and
+    tree_attention."""
+    heads, BD = pacc.shape[1], pacc.shape[-1]
     rows = combine_rows(M)
-    launch(_combine_kernel, (Hkv, triton.cdiv(M, rows)), pacc, pm, pl, out, live, M, T, G, n_split, Hkv, out.shape[1],
-           D=out.shape[1] // (Hkv * G), BLOCK_D=BD, SP=_pow2(n_split),
+    launch(_combine_kernel, (heads, triton.cdiv(M, rows)), pacc, pm, pl, out, live, M, T, G, n_split, heads,
+           out.shape[1], n_kv, T * out.shape[1],
+           D=out.shape[1] // (n_kv * G), BLOCK_D=BD, SP=_pow2(n_split),
            T_MAJOR=t_major, CAP=cap, ROWS=rows, num_warps=4,
            **pdl.gdc_options(out.device))
 
@@ -313,38 +335,45 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     """q: [Hq, T, D]; k, v: [Hkv, S, D] (slot stride free, last dim contiguous); bias: [g*T, S] additive,
     rows repeated per group; live: 0-d long, slots < live are read; prefix: 0-d long or None (see the
     module docstring). Returns [T, Hq*D] in q's dtype: forward.grouped_attend's result.
-    splits: fixed slot ranges, used as given (tests, tuning), else n_split's count capped on the device;
-    fold: combine ranges in the same launch (default FOLD); rows: query rows per program, one of BLOCK_MS
-    (tuning; else block_m(M); 8 warps from 128 rows, the two warpgroups Hopper's wgmma tiles want)."""
-    Hq, T, D = q.shape
-    Hkv, S = k.shape[0], k.shape[1]
+    With a leading slot axis (C regions of a slotted cache, batch_forward.py): q [C, Hq, T, D], k, v [C, Hkv, S, D]
+    (any slot stride, e.g. a layer's `k[:, :C]`), bias [C, g*T, S], live / prefix [C]; slot c's rows attend over
+    its own region with its own state, and the result is [C*T, Hq*D] slot-major. C = 1 is the call above.
+    splits: fixed slot ranges, used as given (tests, tuning), else n_split's count over C * Hkv programs, capped
+    on the device; fold: combine ranges in the same launch (default FOLD); rows: query rows per program, one of
+    BLOCK_MS (tuning; else block_m(M); 8 warps from 128 rows, the two warpgroups Hopper's wgmma tiles want)."""
+    if q.dim() == 3:   # one slot
+        q, k, v, bias = q[None], k[None], v[None], bias[None]
+    C, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
     G = Hq // Hkv
     M = G * T
-    q = q.contiguous()
+    q, live = q.contiguous(), live.contiguous()
+    prefix = prefix.contiguous() if prefix is not None else None
     if k.stride(-1) != 1 or v.stride(-1) != 1 or bias.stride(-1) != 1:
         k, v, bias = k.contiguous(), v.contiguous(), bias.contiguous()
-    out = torch.empty((T, Hq * D), dtype=q.dtype, device=q.device)
+    out = torch.empty((C * T, Hq * D), dtype=q.dtype, device=q.device)
     if rows is not None and rows not in BLOCK_MS:
         raise ValueError(f"live_attend takes {BLOCK_MS} query rows per program, got {rows}")
     BM, BD = rows or block_m(M), max(16, _pow2(D))
-    ns = n_split(Hkv, M, S, BM) if splits is None else splits
+    ns = n_split(C * Hkv, M, S, BM) if splits is None else splits
     cap = capped() and splits is None and ns > 1
     warps = 8 if BM >= 128 else 4
-    grid = (Hkv, triton.cdiv(M, BM), ns)
+    grid = (C * Hkv, triton.cdiv(M, BM), ns)
     if ns > 1:
-        pacc = torch.empty((ns, Hkv, M, BD), dtype=torch.float32, device=q.device)
-        pm = torch.empty((ns, Hkv, M), dtype=torch.float32, device=q.device)
+        pacc = torch.empty((ns, C * Hkv, M, BD), dtype=torch.float32, device=q.device)
+        pm = torch.empty((ns, C * Hkv, M), dtype=torch.float32, device=q.device)
         pl = torch.empty_like(pm)
     else:
         pacc = pm = pl = out
     fold = (FOLD if fold is None else fold) and ns > 1
-    count = counters(q.device, Hkv * grid[1]) if fold else live
+    count = counters(q.device, C * Hkv * grid[1]) if fold else live
     launch(_live_attn_kernel, grid, q, k, v, bias, live, prefix if prefix is not None else live, out, pacc, pm, pl,
            count, M, T, G, ns, D ** -0.5,
-           T * D * G, D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), bias.stride(0), 1, Hq * D,
+           T * D * G, D, k.stride(1), k.stride(2), v.stride(1), v.stride(2), bias.stride(1), 1, Hq * D,
+           Hkv, q.stride(0), k.stride(0), v.stride(0), bias.stride(0), T * Hq * D,
            D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, BLOCK_D=BD, HAS_PREFIX=prefix is not None, SPLIT=ns > 1,
            IEEE=q.dtype == torch.float32, FOLD=fold, CAP=cap, num_warps=warps,
            num_stages=1 if q.dtype == torch.float32 else 2, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
-        combine(pacc, pm, pl, out, live, M, T, G, ns, cap=cap)
+        combine(pacc, pm, pl, out, live, M, T, G, ns, Hkv, cap=cap)
     return out

@@ -42,7 +42,7 @@ from ddtree_bench.engine.gpu.kernels.attention import NEG_BIG, available, combin
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 
 if triton is not None:   # the shared @triton.jit helpers exist only with Triton; without it this module still imports
-    from ddtree_bench.engine.gpu.kernels.attention import _last_of_block, _reduce_ranges
+    from ddtree_bench.engine.gpu.kernels.attention import _last_of_block, _reduce_ranges, _slot_of
 from ddtree_bench.engine.gpu.kernels import experimental, pdl, warm
 
 LOG2E = 1.4426950408889634
@@ -159,15 +159,24 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         return acc, m_new, l_i
 
-    @triton.jit(do_not_specialize=["M", "T", "n_split"])
+    @triton.jit(do_not_specialize=["M", "T", "n_split", "spc"])
     def _tree_attn_kernel(Q, K, V, PATH, POS, PREFIX, O, PACC, PM, PL, COUNT,
                           M, T, G, n_split, qk_scale,
                           sqh, skh, skn, svh, svn, spath, sot,
+                          n_kv, sqc, skc, svc, spc, soc,
                           D: tl.constexpr, L1P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           SPLIT: tl.constexpr, IEEE: tl.constexpr, K_ROWS: tl.constexpr,
                           TREE_DENSE: tl.constexpr = False, FOLD: tl.constexpr = False, USE_GDC: tl.constexpr = False):
         pdl.enter(USE_GDC)
-        h = tl.program_id(0)
+        c, h, hh = _slot_of(n_kv)   # slot c's tree and region: every pointer below moves by its slot stride first
+        c64 = c.to(tl.int64)
+        Q += c64 * sqc
+        K += c64 * skc
+        V += c64 * svc
+        PATH += c64 * spc
+        POS += c * T
+        PREFIX += c
+        O += c64 * soc
         pid_m = tl.program_id(1)
         s_id = tl.program_id(2)
         prefix = tl.load(PREFIX).to(tl.int32)
@@ -230,15 +239,15 @@ if triton is not None:
                     l_i = l_i * alpha + p
                     acc = acc * alpha[:, None] + p.to(v.dtype).to(tl.float32)[:, None] * v.to(tl.float32)
                     m_i = m_new
-        if SPLIT:
-            base = (s_id * tl.num_programs(0) + h) * M + rows
+        if SPLIT:   # partials [ranges, C * n_kv, M, D]: program hh's rows
+            base = (s_id * tl.num_programs(0) + hh) * M + rows
             tl.store(PM + base, m_i / 1.4426950408889634, mask=rmask)   # the combine works in natural-log units
             tl.store(PL + base, l_i, mask=rmask)
             tl.store(PACC + base[:, None] * D + dims[None, :], acc, mask=rmask[:, None])
             if FOLD:   # the last range of this row block to finish combines them all (attention.py's docstring)
-                idx = h * tl.num_programs(1) + pid_m
+                idx = hh * tl.num_programs(1) + pid_m
                 if _last_of_block(COUNT, idx, tl.num_programs(2)):
-                    out = _reduce_ranges(PACC, PM, PL, rows, rmask, M, tl.num_programs(0), h, tl.num_programs(2),
+                    out = _reduce_ranges(PACC, PM, PL, rows, rmask, M, tl.num_programs(0), hh, tl.num_programs(2),
                                          BLOCK_M, D)
                     tl.store(O + t[:, None] * sot + qh[:, None] * D + dims[None, :], out.to(O.dtype.element_ty),
                              mask=rmask[:, None])
@@ -250,12 +259,22 @@ if triton is not None:
 
 
 def wanted(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """auto's choice for a tree verify, q [Hq, T, D] against k [Hkv, S, D]: this kernel where it runs and the
-    folded query rows g*T reach TREE_MIN_ROWS (below, kernels/attention.py's live-slot kernel, whose masked
-    triangle is cheap there and does not pay the gather's serial depth steps on deep trees)."""
+    """auto's choice for a tree verify, q [Hq, T, D] against k [Hkv, S, D] (one slot's; the same for each slot of a
+    slotted call): this kernel where it runs and the folded query rows g*T reach TREE_MIN_ROWS (below,
+    kernels/attention.py's live-slot kernel, whose masked triangle is cheap there and does not pay the gather's
+    serial depth steps on deep trees)."""
     D = q.shape[-1]
     return (available(q.device) and D == _pow2(D) and D >= 16
             and (q.shape[0] // k.shape[0]) * q.shape[1] >= TREE_MIN_ROWS)
+
+
+def ranges_for(cfg: Config, C: int, Hkv: int, M: int, S: int) -> int:
+    """Prefix ranges of a launch over C slots: the shape's tuned count (tuned at one slot) spread over the slots,
+    ceil(ranges / C) (C slots bring C times the programs, so fewer ranges fill the GPU), at most one per block_n
+    slots; n_split's count over C * Hkv programs where the shape names none. C = 1: the tuned count as it is."""
+    if cfg.ranges is not None:
+        return max(1, min(triton.cdiv(cfg.ranges, C), triton.cdiv(S, cfg.block_n)))
+    return n_split(C * Hkv, M, S, cfg.block_m, cfg.block_n)
 
 
 def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.Tensor, pos: torch.Tensor,
@@ -263,44 +282,45 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     """q: [Hq, T, D] (D a power of two >= 16); k, v: [Hkv, S, D] (last dim contiguous); path: [T, L+1] long
     (row t: node at depth 0..depth(t), compile_tree's); pos: [T] long, prefix + depth; prefix: 0-d long,
     the committed slots. Returns [T, Hq*D] in q's dtype: forward.grouped_attend's result with the tree's bias.
-    splits / launch: fixed prefix ranges / launch shape (tests and tuning), else config(M) and its ranges
-    (n_split's count where the shape names none)."""
-    Hq, T, D = q.shape
+    With a leading slot axis (C trees over C regions of a slotted cache, batch_forward.py): q [C, Hq, T, D],
+    k, v [C, Hkv, S, D] (any slot stride), path [C, T, L+1] (compile_trees'), pos [C*T] (slot-major), prefix [C];
+    slot c's rows see its own prefix and its own tree only; the result is [C*T, Hq*D] slot-major. C = 1 is the
+    call above. splits / launch: fixed prefix ranges / launch shape (tests and tuning), else config(M) and
+    ranges_for's count."""
+    if q.dim() == 3:   # one tree
+        q, k, v, path = q[None], k[None], v[None], path[None]
+    C, Hq, T, D = q.shape
     if D != _pow2(D) or D < 16:
         raise ValueError(f"tree_attend needs a power-of-two head dim >= 16, got {D} (auto uses the live-slot kernel then)")
-    Hkv, S = k.shape[0], k.shape[1]
+    Hkv, S = k.shape[1], k.shape[2]
     G = Hq // Hkv
     M = G * T
     q = q.contiguous()
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
-    path = path.contiguous()
+    path, pos, prefix = path.contiguous(), pos.contiguous(), prefix.contiguous()
     cfg = launch or config(M, q.dtype)
-    if splits is not None:
-        ns = splits
-    elif cfg.ranges is not None:
-        ns = max(1, min(cfg.ranges, triton.cdiv(S, cfg.block_n)))
-    else:
-        ns = n_split(Hkv, M, S, cfg.block_m, cfg.block_n)
-    out = torch.empty((T, Hq * D), dtype=q.dtype, device=q.device)
+    ns = splits if splits is not None else ranges_for(cfg, C, Hkv, M, S)
+    out = torch.empty((C * T, Hq * D), dtype=q.dtype, device=q.device)
     if ns > 1:   # ns prefix ranges + the tree phase's partial
-        pacc = torch.empty((ns + 1, Hkv, M, D), dtype=torch.float32, device=q.device)
-        pm = torch.empty((ns + 1, Hkv, M), dtype=torch.float32, device=q.device)
+        pacc = torch.empty((ns + 1, C * Hkv, M, D), dtype=torch.float32, device=q.device)
+        pm = torch.empty((ns + 1, C * Hkv, M), dtype=torch.float32, device=q.device)
         pl = torch.empty_like(pm)
     else:
         pacc = pm = pl = out
-    grid = (Hkv, triton.cdiv(M, cfg.block_m), ns + 1 if ns > 1 else 1)
+    grid = (C * Hkv, triton.cdiv(M, cfg.block_m), ns + 1 if ns > 1 else 1)
     fold = cfg.fold and ns > 1
-    count = counters(q.device, Hkv * grid[1]) if fold else prefix
+    count = counters(q.device, C * Hkv * grid[1]) if fold else prefix
     warm.launch(_tree_attn_kernel, grid, q, k, v, path, pos, prefix, out, pacc, pm, pl, count,
                 M, T, G, ns, D ** -0.5 * LOG2E,
-                T * D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), path.stride(0), Hq * D,
-                D=D, L1P=_pow2(path.shape[1]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                T * D, k.stride(1), k.stride(2), v.stride(1), v.stride(2), path.stride(1), Hq * D,
+                Hkv, q.stride(0), k.stride(0), v.stride(0), path.stride(0), T * Hq * D,
+                D=D, L1P=_pow2(path.shape[2]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, TREE_DENSE=cfg.tree_dense,
                 FOLD=fold, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
-        combine(pacc, pm, pl, out, prefix, M, T, G, ns + 1, t_major=True)
+        combine(pacc, pm, pl, out, prefix, M, T, G, ns + 1, Hkv, t_major=True)
     return out
 
 
-__all__ = ["Config", "NEG_BIG", "TREE_MIN_ROWS", "WIDE_SHAPES", "config", "tree_attend", "wanted"]
+__all__ = ["Config", "NEG_BIG", "TREE_MIN_ROWS", "WIDE_SHAPES", "config", "ranges_for", "tree_attend", "wanted"]
