@@ -65,6 +65,7 @@ import torch
 
 from ddtree_bench.engine.batch import BatchLoop, BatchRequest, BatchStats, Cancelled, ProposeRow, Retired, _Active, split_retired
 from ddtree_bench.engine.cache import KVCache
+from ddtree_bench.engine.gpu import builders
 from ddtree_bench.engine.gpu.batch_forward import draft_forward_batch, target_forward_batch
 from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder, BatchTrees
 from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visible, group_size, visible_bias
@@ -109,18 +110,42 @@ class _Slot(_Active):
 
 
 class _Bucket:
-    """The stages of one batch bucket and the latest outputs each stage left for the next."""
+    """The stages of one batch bucket, the latest outputs each stage left for the next, its tree builder and walk
+    layout (guarded when the builder can raise a certificate flag), and then the exact twin of its tree build ..
+    commit stages (`fallback`, eager) that redoes a flagged round."""
 
-    def __init__(self, b: int, device: torch.device):
+    def __init__(self, b: int, device: torch.device, builder=None, layout: WalkLayout | None = None):
         self.b = b
         self.pool = Pool(device)
         self.stages: dict[str, Stage] = {}
         self.out: dict[str, Any] = {}
+        self.builder = builder
+        self.layout = layout
+        self.fallback: _Bucket | None = None
+
+    @property
+    def stride(self) -> int:
+        """Elements per slot of this bucket's walk result on the host (AR: the pick)."""
+        return self.layout.size_guarded if self.layout is not None else 1
 
     def release(self) -> None:
         for s in self.stages.values():
             s.release()
         self.out.clear()
+        if self.fallback is not None:
+            self.fallback.release()
+
+
+@dataclass
+class _Round:
+    """What a round leaves for _finish_round: the walk results on the host (`stride` elements per slot), every
+    slot's tree (spec), the verify logits and the stage times (ms)."""
+
+    res: list[int]
+    stride: int
+    tree_of: Any
+    logits: torch.Tensor
+    stage_ms: dict[str, float]
 
 
 class BatchFastLoop:
@@ -129,9 +154,11 @@ class BatchFastLoop:
     kind = "fast"   # which batched loop ran (run.json / summary.json say it)
 
     def __init__(self, target, proposer, method: str, budget: int, max_batch: int, graphs: bool = True,
-                 layer_ops: str = "auto", capacity: int = 0):
+                 layer_ops: str = "auto", capacity: int = 0, tree_kernel: str = "auto"):
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}")
+        if tree_kernel not in builders.KINDS:
+            raise ValueError(f"unknown tree kernel {tree_kernel!r}: {' | '.join(builders.KINDS)}")
         if method != "ar" and proposer is None:
             raise ValueError(f"method {method!r} needs a drafter")
         if max_batch < 1:
@@ -149,6 +176,7 @@ class BatchFastLoop:
         self.dtype = target.lm_head.weight.dtype
         self.graphs = graphs and self.device.type == "cuda"
         self.layer_ops = layer_ops
+        self.tree_kernel = tree_kernel   # auto | block | grid | grid-keys | torch: the solo loop's, and builders.batched_kernel's
         self.buckets = buckets_for(max_batch)
         self.layers = tuple(proposer.target_layer_ids) if self.spec else ()
         self.block_size = proposer.block_size if self.spec else 1
@@ -158,11 +186,14 @@ class BatchFastLoop:
             self.builder = BatchTreeBuilder(self.L, target.cfg.vocab_size, budget, self.device)
         self.width = 1 + (self.builder.N if method == "ddtree" else self.L) if self.spec else 1
         self.layout = WalkLayout(self.L) if self.spec else None
-        self.result_size = self.layout.size if self.spec else 1
+        self.result_size = self.layout.size + 1 if self.spec else 1   # per slot on the host, room for the flag
         self.tgroup = group_size(target)
+        self._slotted: Any = None     # the checked slotted Triton builder (builders.checked_slotted), once looked for
+        self._slotted_looked = False
+        self._redone = 0              # batched rounds redone with the exact builder after a failed certificate
         # a bucket of one: FastLoop's stages on slot 0 (module docstring); None where a proposer drafts on the host
-        self.solo = FastLoop(target, proposer if self.spec else None, graphs=graphs, layer_ops=layer_ops) \
-            if method == "ar" or self.drafter is not None else None
+        self.solo = FastLoop(target, proposer if self.spec else None, graphs=graphs, layer_ops=layer_ops,
+                             tree_kernel=tree_kernel) if method == "ar" or self.drafter is not None else None
         self._ahead: Laps | None = None   # the solo request's next draft, queued: its laps (begin, draft)
         self.cold_s: dict[int, float] = {}   # bucket -> s from its new stages to its first result (bucket 1: solo's)
         self.active: list[_Slot] = []
@@ -185,6 +216,19 @@ class BatchFastLoop:
     @property
     def free_slots(self) -> int:
         return self.max_batch - len(self.active)
+
+    @property
+    def redone_rounds(self) -> int:
+        """Rounds rebuilt with an exact builder after a failed tree certificate: batched rounds and solo ones."""
+        return self._redone + (self.solo.redone_rounds if self.solo is not None else 0)
+
+    @property
+    def tree_builder(self) -> str | None:
+        """Name of the builder of batched DDTree rounds (None before the first one): the slotted Triton kernel's or
+        the exact batched builder's."""
+        if self.builder is None or not self._slotted_looked:
+            return None
+        return (self._slotted or self.builder).name
 
     def release(self) -> None:
         """Free every captured graph now (after a draft queued ahead has run: its graph must not go mid-flight)."""
@@ -378,25 +422,45 @@ class BatchFastLoop:
             models = [self.target] + ([self.drafter] if self.drafter is not None else [])
             warm_linears(models, self.ops, sorted({b * self.width} | ({b * self.block_size} if self.spec else set())),
                          self.device)
-        bk = _Bucket(b, self.device)
-        dev, g, pool = self.device, self.graphs, bk.pool
+        builder = self._batch_builder() if self.method == "ddtree" else None
+        guard = hasattr(builder, "flag")
+        bk = self._stages_of(_Bucket(b, self.device, builder, WalkLayout(self.L, guard) if self.spec else None),
+                             self.graphs, self.drafter is not None)
+        if guard:   # a flagged round is redone by the exact builder's stages, eagerly (FastLoop's fallback)
+            bk.fallback = self._stages_of(_Bucket(b, self.device, self.builder, self.layout), False, False)
+        self._stages[b] = bk
+        return bk
+
+    def _stages_of(self, bk: _Bucket, graphs: bool, draft: bool) -> _Bucket:
+        """bk's stages over slots 0..bk.b-1 (draft: with the draft stage)."""
+        b, dev, pool = bk.b, self.device, bk.pool
 
         def stage(name: str, fn, idempotent: bool = True) -> None:
-            bk.stages[name] = Stage(fn, dev, pool, g, idempotent=idempotent, name=name)
+            bk.stages[name] = Stage(fn, dev, pool, graphs, idempotent=idempotent, name=name)
 
         if self.spec:
-            if self.drafter is not None:
+            if draft:
                 stage("draft", lambda: self._draft(b))
-            stage("tree_build", lambda: self._build(b))
+            stage("tree_build", lambda: self._build(b, bk.builder))
             stage("tree_compile", lambda: self._compile(b, bk.out["tree_build"]))
             stage("verify", lambda: self._verify_tree(b, bk.out["tree_compile"]))
-            stage("walk", lambda: self._walk(b, bk.out["tree_build"], bk.out["tree_compile"]))
-            stage("commit", lambda: self._commit_tree(b, bk.out["walk"], bk.out["verify"]), idempotent=False)
+            stage("walk", lambda: self._walk(bk, bk.out["tree_build"], bk.out["tree_compile"]))
+            stage("commit", lambda: self._commit_tree(bk, bk.out["walk"], bk.out["verify"]), idempotent=False)
         else:
             stage("verify", lambda: self._verify_ar(b))
             stage("commit", lambda: self._commit_ar(b), idempotent=False)
-        self._stages[b] = bk
         return bk
+
+    def _batch_builder(self):
+        """The tree builder of batched DDTree rounds, looked for once per loop: the slotted one-block Triton kernel
+        where builders.batched_kernel names it and it passes builders.checked_slotted here (at max_batch slots, in the
+        rounds' dtype; on CUDA), else the exact batched builder."""
+        if not self._slotted_looked:
+            self._slotted_looked = True
+            if builders.batched_kernel(self.budget, self.tree_kernel) == "block":
+                self._slotted = builders.checked_slotted(self.L, self.target.cfg.vocab_size, self.budget, self.max_batch,
+                                                         self.device, self.dtype, exact=self.builder)
+        return self._slotted if self._slotted is not None else self.builder
 
     def _draft(self, b: int) -> None:
         """ONE DFlash draft over slots 0..b-1: blocks [bonus_i, mask...] at start_i, context rows ctx_i at ctx_start_i."""
@@ -415,13 +479,13 @@ class BatchFastLoop:
                                 biases, self.ops)
         self.dlogits[:b].copy_(self.target.lm_head(h.view(b, bs, -1)[:, 1:]))
 
-    def _build(self, b: int) -> BatchTrees:
+    def _build(self, b: int, builder) -> BatchTrees:
         """Every slot's non-root nodes [b, N]: tokens, parents 1-based, depths."""
         if self.method == "dflash":   # tree_ops.chain per slot: the argmax chain
             toks = self.dlogits[:b].argmax(dim=-1)
             ar = torch.arange(self.L, device=self.device).expand(b, self.L)
             return BatchTrees(toks, ar.contiguous(), (ar + 1).contiguous())
-        return self.builder(self.dlogits[:b])   # one batched build
+        return builder(self.dlogits[:b])   # one batched build (the slotted kernel: one launch)
 
     def _compile(self, b: int, trees: BatchTrees):
         """Verify inputs of every slot: ids, positions [b*W], ancestor matrices [b, W, W], bias [b, g*W, S], and
@@ -456,30 +520,38 @@ class BatchFastLoop:
             return argmax_rows(logits)
         return logits.argmax(dim=-1)
 
-    def _walk(self, b: int, trees: BatchTrees, compiled) -> torch.Tensor:
+    def _walk(self, bk: _Bucket, trees: BatchTrees, compiled) -> torch.Tensor:
+        """Every slot's walk result [b, layout.size], with a guarded layout followed by the builder's certificate flag
+        (one for all slots) in every row: [b, size + 1]."""
+        b = bk.b
         ids, _, anc, _, path = compiled
         if path is not None:
             from ddtree_bench.engine.gpu.kernels.tree_verify import walk_trees
 
-            return walk_trees(ids, trees.parents, trees.depths, path, self.post[:b], self.layout)
-        W = self.width
-        return torch.stack([walk_static(ids[i * W : (i + 1) * W], par, dep, anc[i], self.post[i], self.L)
-                            for i, (_, par, dep) in enumerate(trees.slots())])
+            walked = walk_trees(ids, trees.parents, trees.depths, path, self.post[:b], self.layout)
+        else:
+            W = self.width
+            walked = torch.stack([walk_static(ids[i * W : (i + 1) * W], par, dep, anc[i], self.post[i], self.L)
+                                  for i, (_, par, dep) in enumerate(trees.slots())])
+        if bk.layout.guard:   # the flag rides along with the one transfer, and the commit reads it on the device
+            walked = torch.cat([walked, bk.builder.flag.to(torch.long).expand(b, 1)], dim=1)
+        return walked
 
-    def _commit_tree(self, b: int, walked: torch.Tensor, verified) -> None:
+    def _commit_tree(self, bk: _Bucket, walked: torch.Tensor, verified) -> None:
         """tree_ops.commit_static per slot (or its one-launch Triton twin); padding slots commit a = 0 (nothing
-        moves, start stays)."""
+        moves, start stays); with a guarded layout a raised certificate flag makes every slot's commit a no-op."""
+        b, layout = bk.b, bk.layout
         _, hidden = verified
         if self.fused_tree_ops:
             from ddtree_bench.engine.gpu.kernels.tree_verify import commit_trees
 
-            commit_trees(walked, self.layout, self.start[:b], self.ctx_start[:b], self.bonus[:b], self.tk, self.tv, hidden,
+            commit_trees(walked, layout, self.start[:b], self.ctx_start[:b], self.bonus[:b], self.tk, self.tv, hidden,
                          self.ctx, self.live[:b])
             return
         W = self.width
         masked = torch.cat([walked[:, :1] * self.live[:b, None], walked[:, 1:]], dim=1)
         for i in range(b):
-            commit_static(masked[i], self.layout, self.start[i], self.ctx_start[i], self.bonus[i : i + 1], self.tk[:, i],
+            commit_static(masked[i], layout, self.start[i], self.ctx_start[i], self.bonus[i : i + 1], self.tk[:, i],
                           self.tv[:, i], hidden[i * W : (i + 1) * W], self.ctx[i])
 
     def _verify_ar(self, b: int) -> tuple[torch.Tensor, None]:
@@ -497,9 +569,10 @@ class BatchFastLoop:
 
     # ------------------------------------------------------------------ one round
 
-    def _run(self, bk: _Bucket, name: str, laps: Laps) -> None:
+    def _run(self, bk: _Bucket, name: str, laps: Laps | None) -> None:
         bk.out[name] = bk.stages[name].run()
-        laps.mark(name)
+        if laps is not None:
+            laps.mark(name)
 
     def _propose(self, b: int) -> None:
         """A host-side proposer's draft per slot (batched when it has `propose_batch`), into dlogits."""
@@ -527,14 +600,11 @@ class BatchFastLoop:
         self.stats.batch_sizes.append(n)
         for st in self.active:
             st.batch_sizes.append(n)
-        if b == 1 and self.solo is not None:
-            res, tree_of, logits, stage_ms = self._solo_round(self.active[0])
-        else:
-            res, tree_of, logits, stage_ms = self._batched_round(b)
-        self._finish_round(res, tree_of, logits, time.perf_counter_ns())
-        self.rounds.append({"batch": n, "bucket": b, **stage_ms})
+        rnd = self._solo_round(self.active[0]) if b == 1 and self.solo is not None else self._batched_round(b)
+        self._finish_round(rnd, time.perf_counter_ns())
+        self.rounds.append({"batch": n, "bucket": b, **rnd.stage_ms})
         for st in self.active:
-            for k, ms in stage_ms.items():
+            for k, ms in rnd.stage_ms.items():
                 st.stage_ns[FOLD[k]] += int(ms * 1e6)
         return self._retire()
 
@@ -572,10 +642,11 @@ class BatchFastLoop:
             self._ahead = None   # the redo moved the state on: the queued draft is stale
         out = done.out
         tree_of = (lambda i: (out.tree.tok, out.tree.par, out.tree.dep)) if self.spec else None
-        return res, tree_of, out.verified.logits, laps.rounds()[0]
+        return _Round(res, len(res), tree_of, out.verified.logits, laps.rounds()[0])
 
-    def _batched_round(self, b: int):
-        """One round over bucket b through the batched stages (module docstring)."""
+    def _batched_round(self, b: int) -> _Round:
+        """One round over bucket b through the batched stages (module docstring); a raised certificate flag (the
+        slotted builder's) makes it redone by the bucket's exact stages (_redo) before anything is committed."""
         self._ahead = None
         t_cold, cold = time.perf_counter(), b not in self._stages
         bk = self._bucket(b)
@@ -590,44 +661,81 @@ class BatchFastLoop:
             else:
                 self._propose(b)
                 laps.mark("draft")
+        drawn = self._tree_to_host(bk, laps)
+        self._run(bk, "commit", laps)
+        res = self._result(bk)
+        if cold:
+            self.cold_s[b] = time.perf_counter() - t_cold
+            cold_notice(f"{self._what()} batch bucket {b}", self.cold_s[b], self.device)
+        done = bk
+        if bk.fallback is not None and bk.layout.read(res[: bk.stride]).flagged:   # one flag for all slots
+            done, res = self._redo(bk, drawn)
+        trees = done.out.get("tree_build")
+        tree_of = (lambda i: trees.slot(i)) if self.spec else None
+        return _Round(res, done.stride, tree_of, done.out["verify"][0], laps.rounds()[0])
+
+    def _tree_to_host(self, bk: _Bucket, laps: Laps | None) -> dict[int, torch.Tensor]:
+        """Queue bk's tree build .. walk (after its draft), the sampled slots' draws and the copy of the walk results
+        to the host (recording `ready`). Returns, with a builder that can flag, the generator state each sampled
+        request drew from (slot -> state), so that a redo draws the same."""
+        b = bk.b
+        if self.spec:
             self._run(bk, "tree_build", laps)
             self._run(bk, "tree_compile", laps)
         bk.out["verify"] = bk.stages["verify"].run()
         logits = bk.out["verify"][0]
         W = self.width
+        drawn: dict[int, torch.Tensor] = {}
         for st in self.active:
             if st.req.temperature >= GREEDY_EPS:   # its own generator, its own rows: batch 1's draws
                 i = st.slot
+                if bk.fallback is not None:
+                    drawn[i] = st.gen.get_state()
                 self.post[i].copy_(pick(logits[i * W : (i + 1) * W], st.req.temperature, st.req.top_p, st.gen))
-        laps.mark("verify")
+        if laps is not None:
+            laps.mark("verify")
         if self.spec:
             bk.out["walk"] = bk.stages["walk"].run()
             result = bk.out["walk"]
         else:
             result = self.post[:b, :1]
-        host = self.host[: b * self.result_size]
+        host = self.host[: b * bk.stride]
         host.copy_(result.reshape(-1), non_blocking=True)
         if self.ready is not None:
             self.ready.record()
-        laps.mark("walk")
-        self._run(bk, "commit", laps)
+        if laps is not None:
+            laps.mark("walk")
+        return drawn
+
+    def _result(self, bk: _Bucket) -> list[int]:
+        """Wait for the walk results of the round queued last (not for the stages queued after it): bk.stride a slot."""
         if self.ready is not None:
             self.ready.synchronize()
-        res = host.tolist()
-        if cold:
-            self.cold_s[b] = time.perf_counter() - t_cold
-            cold_notice(f"{self._what()} batch bucket {b}", self.cold_s[b], self.device)
-        trees = bk.out.get("tree_build")
-        tree_of = (lambda i: trees.slot(i)) if self.spec else None
-        return res, tree_of, logits, laps.rounds()[0]
+        return self.host[: bk.b * bk.stride].tolist()
+
+    def _redo(self, bk: _Bucket, drawn: dict[int, torch.Tensor]) -> tuple[_Bucket, list[int]]:
+        """A batched round whose slotted build raised its certificate flag (any slot), redone with the exact batched
+        builder's stages: the queued commit saw the flag and kept every buffer as it was, and dlogits still hold this
+        round's drafts (nothing is drafted ahead at buckets of 2+). Each sampled request's generator goes back to the
+        state its discarded draw started from, so the redo draws what an unflagged round draws. Returns the fallback
+        bucket and its walk results (its commit queued and done)."""
+        self._redone += 1
+        bk.builder.flag.zero_()
+        for st in self.active:
+            if st.slot in drawn:
+                st.gen.set_state(drawn[st.slot])
+        done = bk.fallback
+        self._tree_to_host(done, None)
+        self._run(done, "commit", None)
+        return done, self._result(done)
 
     def _what(self) -> str:
         return self.method + (f" B={self.budget}" if self.method == "ddtree" else "")
 
-    def _finish_round(self, res: list[int], tree_of, logits: torch.Tensor, now: int) -> None:
-        """Per request: read its walk result (a solo round's may end with the certificate flag: not read), record
-        the round, move its host state on, emit its tokens."""
-        size, W = self.result_size, self.width
+    def _finish_round(self, rnd: _Round, now: int) -> None:
+        """Per request: read its walk result (it may end with the certificate flag, already acted on: not read),
+        record the round, move its host state on, emit its tokens."""
+        res, size, W, tree_of, logits = rnd.res, rnd.stride, self.width, rnd.tree_of, rnd.logits
         news = []
         for st in self.active:
             i = st.slot

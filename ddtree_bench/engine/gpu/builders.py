@@ -15,7 +15,15 @@ timing every candidate at each new budget, which made a new budget's cold start 
 (docs/gpu-performance.md, "Cold start"). Another GPU may move the crossovers: bench-engine's build
 table still times every builder per budget. The check compiles the builder's kernels concurrently
 (kernels/warm.py) and builds in the rounds' dtype, so the rounds compile nothing more; a failed check
-falls back to "torch". Knows nothing of models, caches or rounds.
+falls back to "torch".
+Batched rounds (gpu/batch_loop.py, buckets of 2+ slots) build every slot's tree at once: with
+`batched_kernel(budget)` = "block" the one-block kernel over a grid of one program per slot
+(kernels/tree_block.SlottedTreeBuilder, `checked_slotted`, the same check at the loop's slot count),
+else ("torch") the exact batched PyTorch builder (batch_tree.BatchTreeBuilder). The rule, block up to
+BATCH_BLOCK_MAX_BUDGET = 256: the slots run as parallel thread blocks, so a round's build costs about one tree's
+one-block time, which the H200 measured at 0.15-0.29 ms up to B = 64 and ~1.3 ms at B = 256 (~6 ms at 1024),
+against 1.65-3.30 ms for the exact batched builder at batch 2-16 already at B = 16 (docs/gpu-performance.md);
+the edge is to be re-checked there with bench-engine --batch. Knows nothing of models, caches or rounds.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ KINDS = ("auto",) + KERNELS + ("torch",)      # what FastLoop(tree_kernel=...) a
 # auto's rule (why these budgets: docs/gpu-performance.md, "Cold start")
 AUTO_BLOCK_MAX_BUDGET = 32    # the one-block kernel up to here
 AUTO_GRID_MAX_BUDGET = 64     # then the grid without precomputed keys; grid-keys above
+BATCH_BLOCK_MAX_BUDGET = 256  # batched rounds: the slotted one-block kernel up to here (why: module docstring)
+CHECK_SLOTS_MAX = 16          # checked_slotted builds at most this many slots (the compiled kernels do not depend on it)
 
 
 @dataclass
@@ -81,21 +91,68 @@ def checked_builder(L: int, V: int, budget: int, device, kernel: str = "block", 
         return None
     try:
         tb = make(kernel, L, V, budget, device)
-        ref = StaticTreeBuilder(L, V, budget, device)
-        for d in dict.fromkeys([dtype, torch.float32]):
-            logits = (torch.randn(L, V, generator=torch.Generator().manual_seed(budget)) * 3).to(device, d)
-            warm(lambda: tb(logits), device)   # its kernels compiled at once, not one after another
-            got = tb(logits)
-            flagged = tb.flag.item() != 0
-            tb.flag.zero_()
-            if not flagged:
-                break
-        if not flagged and all(torch.equal(a, b) for a, b in zip(got, ref(logits))):
+        error = _mismatch(tb, StaticTreeBuilder(L, V, budget, device), (L, V), budget, device, dtype, warm)
+        if error is None:
             return tb
-        error = "its certificate failed" if flagged else "its tree differs from the PyTorch builder's"
     except Exception as e:  # pragma: no cover - needs a GPU
         error = f"{type(e).__name__}: {e}"
     warnings.warn(f"Triton {kernel} tree kernel unusable at budget {budget}, using another builder: {error}")
+    return None
+
+
+def _mismatch(tb, ref, shape: tuple, budget: int, device, dtype: torch.dtype, warm) -> str | None:
+    """None if builder `tb` compiled (concurrently, warm), ran and built `ref`'s trees on random logits of `shape`
+    in `dtype` (again on fp32 when its certificate failed on `dtype`), else why not."""
+    for d in dict.fromkeys([dtype, torch.float32]):
+        logits = (torch.randn(*shape, generator=torch.Generator().manual_seed(budget)) * 3).to(device, d)
+        warm(lambda: tb(logits), device)   # its kernels compiled at once, not one after another
+        got = tb(logits)
+        flagged = tb.flag.item() != 0
+        tb.flag.zero_()
+        if not flagged:
+            break
+    if not flagged and all(torch.equal(a, b) for a, b in zip(_parts(got), _parts(ref(logits)))):
+        return None
+    return "its certificate failed" if flagged else "its tree differs from the PyTorch builder's"
+
+
+def _parts(trees) -> tuple:
+    """(token_ids, parents, depths) of a builder's result: a tuple, or batch_tree.BatchTrees."""
+    return (trees.token_ids, trees.parents, trees.depths) if hasattr(trees, "token_ids") else tuple(trees)
+
+
+def batched_kernel(budget: int, kind: str = "auto") -> str:
+    """The builder of a batched round (buckets of 2+ slots) at a budget: "block" (the slotted one-block kernel) or
+    "torch" (the exact batched builder). kind is the loop's tree_kernel: auto follows BATCH_BLOCK_MAX_BUDGET, block
+    forces the slotted kernel, torch the exact builder; grid / grid-keys have no slotted form (torch)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown tree kernel {kind!r}: {' | '.join(KINDS)}")
+    if kind == "block" or (kind == "auto" and budget <= BATCH_BLOCK_MAX_BUDGET):
+        return "block"
+    return "torch"
+
+
+def checked_slotted(L: int, V: int, budget: int, slots: int, device, dtype: torch.dtype = torch.float32, exact=None):
+    """A kernels/tree_block.SlottedTreeBuilder for `slots` slots that compiled, ran and built the exact batched
+    builder's trees (batch_tree.BatchTreeBuilder; `exact`, shared with the caller, or a new one) on random logits of
+    `dtype`, a different [L, V] per slot (min(slots, CHECK_SLOTS_MAX) of them), here - else None with a warning, as
+    checked_builder does for one tree."""
+    from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
+    from ddtree_bench.engine.gpu.kernels.tree_block import SlottedTreeBuilder, available
+    from ddtree_bench.engine.gpu.kernels.warm import warm
+
+    if not available(device):
+        return None
+    try:
+        ref = exact if exact is not None else BatchTreeBuilder(L, V, budget, device)
+        tb = SlottedTreeBuilder(L, V, budget, device, slots, exact=ref)
+        error = _mismatch(tb, ref, (min(slots, CHECK_SLOTS_MAX), L, V), budget, device, dtype, warm)
+        if error is None:
+            return tb
+    except Exception as e:  # pragma: no cover - needs a GPU
+        error = f"{type(e).__name__}: {e}"
+    warnings.warn(f"Triton slotted block tree kernel unusable at budget {budget} over {slots} slots, using the exact "
+                  f"batched builder: {error}")
     return None
 
 

@@ -478,6 +478,8 @@ class FastLoop:
             self._run(b, "tree_compile", laps)
         self._run(b, "verify", None)
         if temperature >= GREEDY_EPS:
+            if b.fallback is not None:   # a redo (_redo) draws again from this state, as an unflagged round draws
+                self._drawn_from = gen.get_state()
             b.post.copy_(pick(b.out.verified.logits, temperature, top_p, gen))
         if laps is not None:
             laps.mark("verify")
@@ -497,10 +499,13 @@ class FastLoop:
     def _redo(self, b: _Bucket, temperature: float, top_p: float, gen) -> tuple[_Bucket, list[int]]:
         """A round whose pruned build raised its certificate flag, redone with the exact PyTorch builder: the
         queued commit saw the flag and kept every buffer as it was, and dlogits hold this round's draft (a
-        draft queued ahead recomputed it from the same state). Returns the fallback bucket and its walk result
-        (its commit queued)."""
+        draft queued ahead recomputed it from the same state). A sampled round's generator goes back to the
+        state the flagged round drew from, so the redo draws what an unflagged round draws. Returns the
+        fallback bucket and its walk result (its commit queued)."""
         self.redone_rounds += 1
         b.builder.flag.zero_()
+        if temperature >= GREEDY_EPS:   # the flagged round's draw is discarded: draw from where it started
+            gen.set_state(self._drawn_from)
         done = b.fallback
         self._tree_and_walk(done, None, temperature, top_p, gen)
         res = self._result(done)

@@ -50,6 +50,22 @@ if triton is not None:
                      L: tl.constexpr, K: tl.constexpr, BP: tl.constexpr, RP: tl.constexpr, NP: tl.constexpr,
                      TB: tl.constexpr, JB: tl.constexpr, GB: tl.constexpr, IB: tl.constexpr, N_OUT: tl.constexpr):
         BIG: tl.constexpr = 9223372036854775807
+        # program c builds slot c: its [L, K] inputs, [L, BP] scratch, node_of [NP] and [N_OUT] outputs at c times
+        # their sizes (the shared tables, cnt .. bndr, and the flag are one for all); the single build is grid (1,)
+        c = tl.program_id(0)
+        lp_ptr += c * (L * K)
+        tok_ptr += c * (L * K)
+        ks_ptr += c * (L * BP)
+        kl_ptr += c * (L * BP)
+        lpar_ptr += c * (L * BP)
+        lr_ptr += c * (L * BP)
+        ls_ptr += c * (L * BP)
+        size_ptr += c * (L * BP)
+        pre_ptr += c * (L * BP)
+        nodeof_ptr += c * NP
+        tok_out += c * N_OUT
+        par_out += c * N_OUT
+        dep_out += c * N_OUT
         lane_r = tl.arange(0, RP)
 
         _depth_one(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, K, BP)
@@ -98,6 +114,28 @@ if triton is not None:
         _emit_nodes(g, cg, chosen, nodeof_ptr, lpar_ptr, lr_ptr, tok_ptr, tok_out, par_out, dep_out, K, BP)
 
 
+def _block_shapes(b, device, slots: int = 0) -> None:
+    """The one-block kernel's own constants (NP, JB, IB key bits; warps) and node_of scratch ([NP], or
+    [slots, NP]), on a builder pruned_scratch has set up."""
+    RP, BP = b.RP, b.BP
+    b.NP = _pow2(b.L * BP)
+    b.JB = max(1, (RP - 1).bit_length())
+    b.IB = max(1, (b.NP - 1).bit_length())
+    if 32 + b.TB > 63 or 32 + b.GB + b.IB > 63 or b.TB + b.JB > 63:
+        raise ValueError(f"budget {b.budget} is too large for the one-block tree kernel")
+    b.node_of = torch.zeros((slots, b.NP) if slots else (b.NP,), dtype=torch.int32, device=device)
+    b.num_warps = 4 if max(RP, b.NP) <= 1024 else (8 if max(RP, b.NP) <= 4096 else 16)
+
+
+def _launch_block(b, C: int, lp, tok, tok_out, par_out, dep_out) -> None:
+    """The one-block kernel over C programs (program c = slot c; C = 1: the single build)."""
+    launch(_tree_kernel, (C,), lp, tok, b.cnt, b.regf, b.regr, b.bndf, b.bndr,
+           b.ks, b.kl, b.lpar, b.lr, b.ls, b.size, b.pre, b.node_of, b.flag,
+           tok_out, par_out, dep_out,
+           L=b.L, K=b.K, BP=b.BP, RP=b.RP, NP=b.NP, TB=b.TB, JB=b.JB, GB=b.GB,
+           IB=b.IB, N_OUT=b.N, num_warps=b.num_warps)
+
+
 class TritonTreeBuilder:
     """Drop-in for StaticTreeBuilder on CUDA: __call__(draft_logits [L, V]) -> (token_ids, parents, depths)
     [N] long. `flag` ([1] int32, device) counts failed pruning certificates since the last reset."""
@@ -106,20 +144,46 @@ class TritonTreeBuilder:
 
     def __init__(self, L: int, V: int, budget: int, device):
         pruned_scratch(self, L, V, budget, device, _pow2)
-        RP, BP = self.RP, self.BP
-        self.NP = _pow2(L * BP)
-        self.JB = max(1, (RP - 1).bit_length())
-        self.IB = max(1, (self.NP - 1).bit_length())
-        if 32 + self.TB > 63 or 32 + self.GB + self.IB > 63 or self.TB + self.JB > 63:
-            raise ValueError(f"budget {budget} is too large for the one-block tree kernel")
-        self.node_of = torch.zeros(self.NP, dtype=torch.int32, device=device)
-        self.num_warps = 4 if max(RP, self.NP) <= 1024 else (8 if max(RP, self.NP) <= 4096 else 16)
+        _block_shapes(self, device)
 
     def __call__(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lp, tok, (tok_out, par_out, dep_out) = pruned_inputs(self, draft_logits)
-        launch(_tree_kernel, (1,), lp, tok, self.cnt, self.regf, self.regr, self.bndf, self.bndr,
-               self.ks, self.kl, self.lpar, self.lr, self.ls, self.size, self.pre, self.node_of, self.flag,
-               tok_out, par_out, dep_out,
-               L=self.L, K=self.K, BP=self.BP, RP=self.RP, NP=self.NP, TB=self.TB, JB=self.JB, GB=self.GB,
-               IB=self.IB, N_OUT=self.N, num_warps=self.num_warps)
+        _launch_block(self, 1, lp, tok, tok_out, par_out, dep_out)
         return tok_out, par_out, dep_out
+
+
+class SlottedTreeBuilder:
+    """The one-block kernel over the slots of a batched round: __call__(draft_logits [C, L, V]), C <= slots ->
+    batch_tree.BatchTrees ([C, N] token_ids, parents, depths), row c = slot c's tree, in ONE launch of C
+    programs, program c building slot c from its own [L, K] log-probs / ids into its own scratch (preallocated
+    for `slots`; fixed shapes, so one CUDA graph per bucket replays it). The compiled kernel is the single
+    build's (TritonTreeBuilder: the same constants; C = 1 is that launch). The log-probs and ids are
+    `exact.logprobs` (batch_tree.BatchTreeBuilder: each slot's log-softmax normaliser taken on its own [L, V]
+    block), the very inputs of the exact batched builder, so a certified tree is that builder's row for row.
+    `flag` ([1] int32) counts failed certificates of every slot since the last reset: any slot failing makes
+    the caller redo the whole round with `exact`."""
+
+    name = "triton-block-slotted"
+
+    def __init__(self, L: int, V: int, budget: int, device, slots: int, exact=None):
+        from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
+
+        if slots < 1:
+            raise ValueError("SlottedTreeBuilder needs slots >= 1")
+        pruned_scratch(self, L, V, budget, device, _pow2, slots=slots)
+        _block_shapes(self, device, slots)
+        self.slots = slots
+        self.exact = exact if exact is not None else BatchTreeBuilder(L, V, budget, device)
+        if (self.exact.L, self.exact.V, self.exact.budget) != (L, V, budget):
+            raise ValueError("the exact builder must have the same (L, V, budget)")
+
+    def __call__(self, draft_logits: torch.Tensor):
+        from ddtree_bench.engine.gpu.batch_tree import BatchTrees
+
+        if draft_logits.dim() != 3 or draft_logits.shape[1:] != (self.L, self.V) or not 1 <= draft_logits.shape[0] <= self.slots:
+            raise ValueError(f"draft logits must be [C <= {self.slots}, {self.L}, {self.V}], got {list(draft_logits.shape)}")
+        C = draft_logits.shape[0]
+        lp, tok = self.exact.logprobs(draft_logits)
+        outs = [torch.empty(C, self.N, dtype=torch.long, device=draft_logits.device) for _ in range(3)]
+        _launch_block(self, C, lp.contiguous(), tok.contiguous(), *outs)
+        return BatchTrees(*outs)

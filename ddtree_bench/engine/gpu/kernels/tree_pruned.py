@@ -140,11 +140,12 @@ def pruned_regions(L: int, V: int, budget: int) -> tuple[int, list[int], list[tu
     return K, counts, regions, bounds
 
 
-def pruned_scratch(b, L: int, V: int, budget: int, device, round_regions) -> None:
+def pruned_scratch(b, L: int, V: int, budget: int, device, round_regions, slots: int = 0) -> None:
     """Set up a pruned tree builder `b` (one-block or grid): shape constants (K, counts, N, BP, R =
     candidates per depth, RP = round_regions(max R), TB and GB key bits), the regions and boundaries as padded device
     tables, and the scratch arrays [L, BP] both kernels fill (key order: ks, kl; lexicographic
-    order: lpar, lr, ls, size, pre) plus the certificate flag."""
+    order: lpar, lr, ls, size, pre) plus the certificate flag. `slots` > 0: one [L, BP] scratch per slot,
+    [slots, L, BP] (the slotted one-block build; the tables and the flag stay one for all)."""
     if budget <= 0 or L <= 0:
         raise ValueError(f"{type(b).__name__} needs budget > 0 and L > 0")
     dev = torch.device(device)
@@ -166,9 +167,10 @@ def pruned_scratch(b, L: int, V: int, budget: int, device, round_regions) -> Non
     b.TB = max(1, (budget * K).bit_length())
     b.GB = max(1, total.bit_length())
     f32 = dict(dtype=torch.float32, device=dev)
-    b.ks, b.ls = torch.zeros(L, BP, **f32), torch.zeros(L, BP, **f32)
-    b.kl, b.lpar, b.lr = (torch.zeros(L, BP, **i32) for _ in range(3))
-    b.size, b.pre = torch.zeros(L, BP, **i32), torch.zeros(L, BP, **i32)
+    shape = (slots, L, BP) if slots else (L, BP)
+    b.ks, b.ls = torch.zeros(shape, **f32), torch.zeros(shape, **f32)
+    b.kl, b.lpar, b.lr = (torch.zeros(shape, **i32) for _ in range(3))
+    b.size, b.pre = torch.zeros(shape, **i32), torch.zeros(shape, **i32)
     b.flag = torch.zeros(1, **i32)
 
 
