@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -144,3 +145,77 @@ def wait_for(pred, timeout_s: float = 240.0, step_s: float = 0.1):
             return v
         time.sleep(step_s)
     return pred()
+
+
+def pids_with_port(port: int) -> list[int]:
+    """Processes whose command line has `--port PORT` (a server a sweep launched)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--port" in argv and argv[argv.index(b"--port") + 1:argv.index(b"--port") + 2] == [str(port).encode()]:
+            out.append(int(d.name))
+    return out
+
+
+def generation_tokens(port: int, metric: str) -> float:
+    """The server's generated-token counter (Prometheus `metric` summed) on 127.0.0.1:PORT; 0 when unreadable."""
+    from ddtree_bench.sweep import counters as C
+    from ddtree_bench.sweep.server import http_get
+
+    status, body, _ = http_get(f"http://127.0.0.1:{port}/metrics", 2.0)
+    if status != 200:
+        return 0.0
+    return C.metric_sum(C.parse_prometheus(body.decode()), metric) or 0.0
+
+
+@dataclass
+class KilledSweep:
+    """A sweep whose first (AR) server was SIGKILLed mid-point: exit code, its output, the killed server's port."""
+    rc: int
+    log: str
+    port: int | None
+
+
+def sweep_killing_the_ar_server(cmd: list[str], engine: str, metric: str, env: dict, cwd: Path,
+                                warm_tokens: float = 16, timeout_s: float = 900) -> KilledSweep:
+    """Run the sweep `cmd` (a child process); when it starts `engine`'s AR server, wait until that server has
+    generated more than `warm_tokens` (past the warmup: a measured request is in flight or done), kill the
+    server's whole process group, and let the sweep go on to its end."""
+    sweep = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+    lines, killed = [], None
+    try:
+        for line in sweep.stdout:
+            lines.append(line)
+            if killed is None and f"starting {engine} server for {engine} ar on port" in line:
+                port = int(line.split(" on port ")[1].split()[0])
+                deadline = time.monotonic() + timeout_s
+                while generation_tokens(port, metric) <= warm_tokens and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                for pid in pids_with_port(port):
+                    os.killpg(os.getpgid(pid), signal.SIGKILL)   # the whole server, mid-point
+                killed = port
+        rc = sweep.wait(timeout=timeout_s)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    return KilledSweep(rc, "".join(lines), killed)
+
+
+def assert_resume_reruns_only_the_failed_point(resumed: subprocess.CompletedProcess, out: Path, engine: str,
+                                               dflash_records: bytes, dflash_dir: Path) -> dict[str, dict]:
+    """After `sweep --resume` (resumed) of a sweep whose AR point failed: exit 0, only the AR server started
+    again, AR and DFlash ok, DDTree still unsupported, the finished DFlash point's records untouched.
+    Returns summary.csv's rows by method."""
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"starting {engine} server for {engine} ar" in resumed.stdout
+    assert f"starting {engine} server for {engine} dflash" not in resumed.stdout
+    rows = {r["method"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    assert rows["ar"]["status"] == "ok" and rows["dflash"]["status"] == "ok" and rows["ddtree"]["status"] == "unsupported"
+    assert (dflash_dir / "records.jsonl").read_bytes() == dflash_records   # a finished point is never rerun
+    assert float(rows["dflash"]["speedup_vs_ar"]) > 0
+    return rows

@@ -21,10 +21,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -32,7 +30,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from process_support import run_cli
+from process_support import assert_resume_reruns_only_the_failed_point, pids_with_port, run_cli, \
+    sweep_killing_the_ar_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "ddtree_bench"]
@@ -203,32 +202,8 @@ def test_t1_sampling_verdict_catches_the_dflash_greedy_fallback(sglang_servers, 
         assert rc == 1 and line.startswith("FAIL") and "skewed low" in line, said.out + said.err
 
 
-def _pids_of_port(port: int) -> list[int]:
-    """Processes whose command line has `--port PORT` (the server the sweep launched)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"--port" in argv and argv[argv.index(b"--port") + 1:argv.index(b"--port") + 2] == [str(port).encode()]:
-            out.append(int(d.name))
-    return out
-
-
-def _generation_tokens(port: int) -> float:
-    from ddtree_bench.sweep import counters as C
-    from ddtree_bench.sweep.server import http_get
-
-    status, body, _ = http_get(f"http://127.0.0.1:{port}/metrics", 2.0)
-    if status != 200:
-        return 0.0
-    return C.metric_sum(C.parse_prometheus(body.decode()), C.SGL_GEN_TOKENS) or 0.0
-
-
 def test_sweep_launches_sglang_survives_a_killed_server_and_resumes(tmp_path):
+    from ddtree_bench.sweep import counters as C
     from sglang_support import require_sglang
 
     py = require_sglang()
@@ -236,28 +211,11 @@ def test_sweep_launches_sglang_survives_a_killed_server_and_resumes(tmp_path):
     args = ["sweep", "--backends", "sglang", "--methods", "ar,dflash,ddtree", "--budgets", "16", "--suites", "gsm8k",
             "--limit", "3", "--max-new-tokens", "32", "--server-python", py, "--out", str(out),
             "--no-report", "-q"]
-    sweep = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
-    lines, killed_port = [], None
-    try:
-        for line in sweep.stdout:
-            lines.append(line)
-            if killed_port is None and "starting sglang server for sglang ar on port" in line:
-                port = int(line.split(" on port ")[1].split()[0])
-                deadline = time.monotonic() + 900
-                # SGLang adds a request's tokens when it finishes: past the warmup, one measured request is done
-                while _generation_tokens(port) <= 16 and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                for pid in _pids_of_port(port):
-                    os.killpg(os.getpgid(pid), signal.SIGKILL)  # the whole server, mid-point
-                killed_port = port
-        rc = sweep.wait(timeout=900)
-    finally:
-        if sweep.poll() is None:
-            sweep.kill()
-    log = "".join(lines)
-    assert killed_port is not None, log
-    assert rc == 1, log                                # one point failed: exit 1, the sweep went on
-    assert not _pids_of_port(killed_port)
+    # SGLang adds a request's tokens when it finishes: past the warmup, one measured request is done
+    killed = sweep_killing_the_ar_server(CLI + args, "sglang", C.SGL_GEN_TOKENS, ENV, ROOT)
+    assert killed.port is not None, killed.log
+    assert killed.rc == 1, killed.log                  # one point failed: exit 1, the sweep went on
+    assert not pids_with_port(killed.port)
     rows = {r["method"]: r for r in csv.DictReader((out / "summary.csv").open())}
     assert rows["ar"]["status"] == "failed" and "server" in rows["ar"]["error"], rows["ar"]
     assert rows["dflash"]["status"] == "ok" and float(rows["dflash"]["acceptance_length_mean"]) > 1.5
@@ -275,12 +233,7 @@ def test_sweep_launches_sglang_survives_a_killed_server_and_resumes(tmp_path):
 
     p = subprocess.run(CLI + ["sweep", "--resume", str(out), "--no-report", "-q"], capture_output=True, text=True,
                        env=ENV, timeout=900, cwd=ROOT)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "starting sglang server for sglang ar" in p.stdout and "starting sglang server for sglang dflash" not in p.stdout
-    rows = {r["method"]: r for r in csv.DictReader((out / "summary.csv").open())}
-    assert rows["ar"]["status"] == "ok" and rows["dflash"]["status"] == "ok" and rows["ddtree"]["status"] == "unsupported"
-    assert (dflash_dir / "records.jsonl").read_bytes() == dflash_records   # a finished point is never rerun
-    assert float(rows["dflash"]["speedup_vs_ar"]) > 0
+    assert_resume_reruns_only_the_failed_point(p, out, "sglang", dflash_records, dflash_dir)
 
 
 def test_sweep_records_a_hybrid_target_on_cpu_as_unsupported_naming_the_missing_op(tmp_path):

@@ -19,17 +19,16 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from process_support import run_cli
+from process_support import assert_resume_reruns_only_the_failed_point, pids_with_port, run_cli, \
+    sweep_killing_the_ar_server
 
 ROOT = Path(__file__).resolve().parents[2]
 BASELINE = ROOT / "baselines" / "toy-gsm8k.jsonl"   # reference engine, AR greedy, fp32, 256 tokens
@@ -150,31 +149,6 @@ def test_acceptance_from_per_request_stats_equals_the_metrics_counters(dflash_ru
     assert cross["agree"] and cross["per_position_max_abs_diff"] == pytest.approx(0.0, abs=1e-12)
 
 
-def _pids_listening_on(port: int) -> list[int]:
-    """Processes whose command line has `--port PORT` (the server the sweep launched)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"--port" in argv and argv[argv.index(b"--port") + 1:argv.index(b"--port") + 2] == [str(port).encode()]:
-            out.append(int(d.name))
-    return out
-
-
-def _generation_tokens(port: int) -> float:
-    from ddtree_bench.sweep import counters as C
-    from ddtree_bench.sweep.server import http_get
-
-    status, body, _ = http_get(f"http://127.0.0.1:{port}/metrics", 2.0)
-    if status != 200:
-        return 0.0
-    return C.metric_sum(C.parse_prometheus(body.decode()), "vllm:generation_tokens_total") or 0.0
-
-
 def test_sweep_launches_vllm_survives_a_killed_server_and_resumes(tmp_path):
     from vllm_support import require_vllm
 
@@ -182,27 +156,10 @@ def test_sweep_launches_vllm_survives_a_killed_server_and_resumes(tmp_path):
     out = tmp_path / "sweep"
     args = ["sweep", "--backends", "vllm", "--methods", "dflash,ddtree", "--budgets", "16", "--suites", SUITE,
             "--limit", "6", "--max-new-tokens", str(TOKENS), "--server-python", py, "--out", str(out), "--no-report", "-q"]
-    sweep = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
-    lines, killed_port = [], None
-    try:
-        for line in sweep.stdout:
-            lines.append(line)
-            if killed_port is None and "starting vllm server for vllm ar on port" in line:
-                port = int(line.split(" on port ")[1].split()[0])
-                deadline = time.monotonic() + 900
-                while _generation_tokens(port) <= 16 and time.monotonic() < deadline:  # past the 16-token warmup
-                    time.sleep(0.2)
-                for pid in _pids_listening_on(port):
-                    os.killpg(os.getpgid(pid), signal.SIGKILL)  # the whole server, mid-point
-                killed_port = port
-        rc = sweep.wait(timeout=900)
-    finally:
-        if sweep.poll() is None:
-            sweep.kill()
-    log = "".join(lines)
-    assert killed_port is not None, log
-    assert rc == 1, log                                # one point failed: exit 1, the sweep went on
-    assert not _pids_listening_on(killed_port)
+    killed = sweep_killing_the_ar_server(CLI + args, "vllm", "vllm:generation_tokens_total", ENV, ROOT)  # past the 16-token warmup
+    assert killed.port is not None, killed.log
+    assert killed.rc == 1, killed.log                  # one point failed: exit 1, the sweep went on
+    assert not pids_with_port(killed.port)
     rows = {r["method"]: r for r in csv.DictReader((out / "summary.csv").open())}
     assert rows["ar"]["status"] == "failed" and "server" in rows["ar"]["error"], rows["ar"]
     assert rows["dflash"]["status"] == "ok" and float(rows["dflash"]["acceptance_length_mean"]) > 1.5
@@ -218,9 +175,4 @@ def test_sweep_launches_vllm_survives_a_killed_server_and_resumes(tmp_path):
     dflash_records = (dflash_dir / "records.jsonl").read_bytes()
 
     p = cli("sweep", "--resume", str(out), "--no-report", "-q", check=False)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "starting vllm server for vllm ar" in p.stdout and "starting vllm server for vllm dflash" not in p.stdout
-    rows = {r["method"]: r for r in csv.DictReader((out / "summary.csv").open())}
-    assert rows["ar"]["status"] == "ok" and rows["dflash"]["status"] == "ok" and rows["ddtree"]["status"] == "unsupported"
-    assert (dflash_dir / "records.jsonl").read_bytes() == dflash_records   # a finished point is never rerun
-    assert float(rows["dflash"]["speedup_vs_ar"]) > 0
+    assert_resume_reruns_only_the_failed_point(p, out, "vllm", dflash_records, dflash_dir)
