@@ -5,12 +5,14 @@
 # for AR, DFlash and DDTree at BUDGETS (default 16,64), on a FRESH Triton cache (so the single loop's first rounds,
 # AR first as a sweep runs it, are the cold start per budget), then bench-engine's verify table (GEMM-only time,
 # both ratios, GB/s, TFLOP/s per n) and rounds in a second process on that now-warm cache (its `cold s` column:
-# what a second run pays). SUITE=0 / BATCH=0 / VERIFY=0 skip a step. SOLO=1 adds benchmarks/gpu_serve_solo.py (one
+# what a second run pays). SUITE=0 / BATCH=0 / VERIFY=0 skip a step; PROFILE=1 adds --profile to the verify step
+# (per-kernel times of the forward, cuBLAS forward and GEMM-only graph), VERIFY_TOKENS picks its n, CLOCKS=1 samples
+# the SM clock / power / throttle reasons during it (clocks.csv). SOLO=1 adds benchmarks/gpu_serve_solo.py (one
 # request at a time through the batched engine's scheduler vs the single loop: solo.txt); COLD=1 adds the cold start
 # of COLD_BUDGETS (default 128,256,512,1024) after AR and DFlash on another fresh Triton cache (cold.txt: the rounds'
 # `cold s` column); EXTRA='cmd' runs one more command last (extra.txt). Each step has its own limit (*_TIMEOUT, s).
 # Files under $OUT (<= 8): session.txt, suite.txt, batch.txt, batch.json, batch.csv, verify.txt, verify.json,
-# solo.txt, cold.txt, extra.txt (skip steps to stay within 8).
+# solo.txt, cold.txt, extra.txt, clocks.csv (skip steps to stay within 8).
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_speed.sh
 source "$(dirname "$0")/gpu_lib.sh"
 if [ "${SUITE:-1}" = 1 ]; then
@@ -29,11 +31,18 @@ if [ "${BATCH:-1}" = 1 ]; then
   echo "batch exit ${PIPESTATUS[0]}" | tee -a "$LOG"
 fi
 if [ "${VERIFY:-1}" = 1 ]; then
-  step "verify table and rounds (second process, warm cache)"
+  step "verify table and rounds (second process, warm cache)${PROFILE:+, with the per-kernel profile}"
+  if [ "${CLOCKS:-0}" = 1 ]; then   # SM clock, power and throttle reasons every 100 ms while the verify bench runs
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+      --format=csv -lms 100 > "$OUT/clocks.csv" 2>&1 &
+    SMI=$!
+  fi
   timeout ${VERIFY_TIMEOUT:-110} python3 -m ddtree_bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 \
     --budgets "${VERIFY_BUDGETS:-16}" --prefix-len 1024 --rounds 5 --no-plain --no-build-table --tau "$PAPER_TAU" \
-    --verify-tokens 1,16,64,128,256,512,1024 --out "$OUT/verify.json" 2>&1 | grep -v '^{' > "$OUT/verify.txt"
+    --verify-tokens "${VERIFY_TOKENS:-1,16,64,128,256,512,1024}" ${PROFILE:+--profile} --out "$OUT/verify.json" 2>&1 \
+    | grep -v '^{' > "$OUT/verify.txt"
   echo "verify exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+  [ -n "${SMI:-}" ] && kill "$SMI" 2> /dev/null
 fi
 if [ "${SOLO:-0}" = 1 ]; then
   step "one request at a time: batched scheduler vs single loop"
