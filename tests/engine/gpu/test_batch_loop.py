@@ -26,12 +26,14 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from ddtree_bench.engine.batch import BatchLoop, BatchRequest
 from ddtree_bench.engine.batch_scheduler import BatchScheduler
 from ddtree_bench.engine.generate import Engine
-from ddtree_bench.engine.gpu import batch_loop as bl
+from ddtree_bench.engine.gpu import batch_loop as bl, builders
 from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop, buckets_for
+from ddtree_bench.engine.gpu.batch_tree import BatchTrees
 from batch_support import (KeyedRigged, alone, assert_lengths_and_stops, assert_same, count_forwards,  # noqa: F401
                            make_requests, one_fails_one_cancelled, plain_batch, requests_with_stops, rigged_alone,
                            rigged_plain, rnd, toy)
@@ -207,6 +209,82 @@ def test_a_drafter_variant_drafts_through_its_own_proposer(rnd):
     for r, g in zip(reqs, got):
         assert_same(g, alone(one, "ddtree", 16, r), ("variant", r.key))
     _count("variant", len(reqs))
+
+
+class _FlakySlotted:
+    """The slotted Triton builder's stand-in on a CPU (builders.checked_slotted returns it): the exact batched builder's
+    trees, except on the calls in `flagged`, where it returns wrong trees (every slot a reversed chain) and raises its
+    one certificate flag, as the kernel does when any slot cannot certify."""
+
+    name = "flaky-slotted"
+
+    def __init__(self, exact, flagged: set[int]):
+        self.exact, self.flagged, self.calls, self.N = exact, flagged, 0, exact.N
+        self.flag = torch.zeros(1, dtype=torch.int32)
+
+    def __call__(self, logits):
+        self.calls += 1
+        trees = self.exact(logits)
+        if self.calls not in self.flagged:
+            return trees
+        self.flag += 1
+        C, N = trees.token_ids.shape
+        ar = torch.arange(N).expand(C, N)
+        return BatchTrees(trees.token_ids.flip(1), ar.contiguous(), (ar + 1).clamp(max=self.exact.L).contiguous())
+
+
+def _flaky(monkeypatch, flagged: set[int]) -> list[_FlakySlotted]:
+    made: list[_FlakySlotted] = []
+
+    def checked(L, V, budget, slots, device, dtype, exact=None):
+        made.append(_FlakySlotted(exact, flagged))
+        return made[-1]
+
+    monkeypatch.setattr(builders, "checked_slotted", checked)
+    return made
+
+
+@pytest.mark.parametrize("T", [0.0, 0.8], ids=["T0", "T0.8"])
+@pytest.mark.parametrize("flagged", [{1, 2, 3}, {2, 4, 5, 7}], ids=["first-three", "mixed"])
+def test_a_flagged_batched_round_is_redone_exactly_and_draws_the_same(rnd, monkeypatch, T, flagged):
+    """Batched rounds built by a slotted builder that raises its certificate flag (consecutive flags, the first
+    round): the guarded commit must leave every slot's state as it was, the round is redone with the exact batched
+    builder, and every request - sampled ones too: their generators go back to the state of the discarded draw -
+    still equals batch 1 and BatchLoop token for token."""
+    made = _flaky(monkeypatch, flagged)
+    got, loop = check(rnd, "flagged", "ddtree", 16, requests_with_stops(rnd, T, seed=12))
+    assert loop.tree_builder == "flaky-slotted" and len(made) == 1
+    assert made[0].calls >= max(flagged) and loop._redone == len(flagged) == loop.redone_rounds
+    assert all(bk.fallback is not None and bk.layout.guard for bk in loop._stages.values())
+
+
+def test_flagged_rounds_with_a_host_side_proposer(rnd, monkeypatch):
+    """A host-side proposer (no solo loop: every bucket runs the batched stages, the slotted builder and its redo);
+    the rigged drafts accept deep paths, so a wrongly committed flagged round would change the tokens."""
+    made = _flaky(monkeypatch, {1, 3, 4})
+    reqs = make_requests(64, 0.0, seed=3)
+    loop = BatchFastLoop(rnd.target, KeyedRigged(rnd, reqs), "ddtree", 16, SLOTS)
+    got = loop.run(reqs)
+    for r, g in zip(reqs, got):
+        assert_same(g, rigged_alone(rnd, "ddtree", 16, r), ("rigged flagged", r.key))
+    assert made[0].calls > 4 and loop.redone_rounds == 3
+    assert max(a for g in got for a in g.accept_lengths) >= 8
+    _count("flagged", len(reqs))
+
+
+def test_the_batched_builder_rule(rnd, monkeypatch):
+    """Where the slotted builder's check fails (None: as on this CPU), or the rule names torch, batched rounds use the
+    exact batched builder, unguarded; tree_kernel is checked."""
+    loop = BatchFastLoop(rnd.target, rnd.proposer, "ddtree", 16, SLOTS)
+    loop.run(make_requests(64, 0.0, seed=13))
+    assert loop.tree_builder == "torch-batched" and loop.redone_rounds == 0
+    assert all(bk.fallback is None and not bk.layout.guard for bk in loop._stages.values())
+    made = _flaky(monkeypatch, set())
+    loop = BatchFastLoop(rnd.target, rnd.proposer, "ddtree", 16, SLOTS, tree_kernel="torch")
+    loop.run(make_requests(64, 0.0, seed=13))
+    assert loop.tree_builder == "torch-batched" and made == []
+    with pytest.raises(ValueError, match="tree kernel"):
+        BatchFastLoop(rnd.target, rnd.proposer, "ddtree", 16, SLOTS, tree_kernel="heap")
 
 
 def test_zz_case_count(capsys):
