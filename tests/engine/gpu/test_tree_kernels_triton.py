@@ -1,5 +1,6 @@
 """The Triton tree kernels against their PyTorch twins: the one-block and grid tree builds
-(engine/gpu/kernels/tree_block.py, tree_grid.py), the fused top-K (kernels/topk.py), tree compile,
+(engine/gpu/kernels/tree_block.py, tree_grid.py), the slotted one-block build of the batched loop (one program per
+slot, its certificate on exact ties), the fused top-K (kernels/topk.py), tree compile,
 walk and commit (kernels/tree_verify.py), the walk's argmax (kernels/argmax.py).
 
 They run on CUDA; without a GPU they run on a CPU through Triton's interpreter, at the smaller
@@ -60,6 +61,72 @@ def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
             if kind != "coarse" or DEV == "cpu":
                 heap = build_tree(logits, budget)
                 assert got == [heap.token_ids.tolist(), heap.parents.tolist(), heap.depths.tolist()]
+
+
+SLOT_SHAPES = ([(4, 3, 50), (6, 5, 7)] if INTERPRETED else
+               [(4, 3, 50), (6, 5, 7), (15, 272, 16), (15, 272, 64), (15, 151936, 16), (15, 151936, 256)])
+
+
+def tie_logits() -> torch.Tensor:
+    """[3, 3] logits whose one-block build at budgets 15-23 raises the certificate: depths 1-2 nearly uniform, depth 3
+    one token at 0 and two at -1e6, so every depth-3 extension by those two rounds to the same fp32 score (the ulp
+    at 1e6 is 0.0625) and exact ties are broken by lexicographic position, not by the parents' key order the
+    pruning assumes (kernels/tree_pruned.py). The tree can still come out right; the certificate cannot tell."""
+    return torch.tensor([[0.001, 0.0004, -0.0086], [-0.0001, 0.0073, -0.013], [0.0, -1e6, -1e6]])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("C", [1, 2, 3])
+def test_slotted_block_kernel_equals_the_exact_builder_per_slot(C, dtype):
+    """SlottedTreeBuilder (the one-block kernel over one program per slot, scratch for 4 slots) against the exact
+    batched builder and StaticTreeBuilder slot by slot: different logits families per slot, and (C = 3) two equal
+    slots; C = 1 is also the single build's launch (TritonTreeBuilder's tree)."""
+    from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
+    from ddtree_bench.engine.gpu.kernels.tree_block import SlottedTreeBuilder, TritonTreeBuilder
+
+    kinds = ("random", "onehot", "coarse")
+    dt = getattr(torch, dtype)
+    for L, V, budget in SLOT_SHAPES:
+        x = torch.stack([tree_logits(kinds[c % 3], L, V, 10 + c) for c in range(C)])
+        if C == 3:
+            x[2] = x[0]
+        x = x.to(DEV, dt)
+        sb = SlottedTreeBuilder(L, V, budget, DEV, slots=4)
+        got = sb(x)
+        assert sb.flag.item() == 0 and got.token_ids.shape == (C, sb.N)
+        exact = BatchTreeBuilder(L, V, budget, DEV)(x)
+        one = StaticTreeBuilder(L, V, budget, DEV)
+        for c in range(C):
+            want = [t.tolist() for t in one(x[c])]
+            assert [t.tolist() for t in got.slot(c)] == want == [t.tolist() for t in exact.slot(c)], (L, V, budget, c)
+        if C == 1:
+            assert [t.tolist() for t in TritonTreeBuilder(L, V, budget, DEV)(x[0])] == [t.tolist() for t in got.slot(0)]
+        with pytest.raises(ValueError, match="C <= 4"):
+            sb(x[:1].expand(5, -1, -1))
+
+
+def test_slotted_block_kernel_raises_its_flag_when_any_slot_cannot_certify():
+    """Exact-tie logits (tie_logits) in one slot raise the one flag of the launch; the other slots' trees are still
+    the exact builder's, and slots without ties leave the flag at 0. The single build flags on the same logits."""
+    from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
+    from ddtree_bench.engine.gpu.kernels.tree_block import SlottedTreeBuilder, TritonTreeBuilder
+
+    L, V, budget = 3, 3, 15
+    clean = [tree_logits("random", L, V, s) for s in range(3)]
+    sb = SlottedTreeBuilder(L, V, budget, DEV, slots=3)
+    exact = BatchTreeBuilder(L, V, budget, DEV)
+    for where in (0, 1, 2, None):
+        x = torch.stack([tie_logits() if c == where else clean[c] for c in range(3)]).to(DEV)
+        got = sb(x)
+        assert (sb.flag.item() > 0) == (where is not None), where
+        sb.flag.zero_()
+        want = exact(x)
+        for c in range(3):
+            if c != where:
+                assert [t.tolist() for t in got.slot(c)] == [t.tolist() for t in want.slot(c)], (where, c)
+    single = TritonTreeBuilder(L, V, budget, DEV)
+    single(tie_logits().to(DEV))
+    assert single.flag.item() > 0
 
 
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
