@@ -170,3 +170,64 @@ def test_warm_compiles_each_kernel_functions_launches_in_order_on_its_own_thread
     assert all(len(t) == 1 for t in threads.values())       # one thread per kernel function
     for kernel_id in threads:                                  # each kernel's launches in launch order
         assert [g for k, _, g in seen if k == kernel_id] == [la.grid for la in launches if id(la.kernel) == kernel_id]
+
+
+def test_batched_rounds_use_the_slotted_block_kernel_up_to_its_edge():
+    assert builders.BATCH_BLOCK_MAX_BUDGET == 256
+    for budget in (1, 16, 64, 256):
+        assert builders.batched_kernel(budget) == "block"
+    for budget in (257, 512, 1024):
+        assert builders.batched_kernel(budget) == "torch"
+    assert builders.batched_kernel(16, "torch") == "torch" and builders.batched_kernel(1024, "block") == "block"
+    assert builders.batched_kernel(16, "grid") == "torch" == builders.batched_kernel(16, "grid-keys")
+    with pytest.raises(ValueError, match="tree kernel"):
+        builders.batched_kernel(16, "heap")
+
+
+class _SlottedStandIn:
+    """A slotted builder on this CPU: the exact batched builder's trees (or, `wrong`, slot 0's tree in every slot),
+    raising its flag on the dtypes in `flag_on`; records the logits it was checked on."""
+
+    name = "triton-block-slotted"
+
+    def __init__(self, L, V, budget, device, slots, exact=None, flag_on=(), wrong=False):
+        self.exact, self.flag_on, self.wrong, self.slots, self.seen = exact, set(flag_on), wrong, slots, []
+        self.flag = torch.zeros(1, dtype=torch.int32)
+
+    def __call__(self, logits):
+        from ddtree_bench.engine.gpu.batch_tree import BatchTrees
+        from ddtree_bench.engine.gpu.kernels.warm import collecting
+
+        if not collecting():
+            self.seen.append(logits.clone())
+            self.flag.fill_(int(logits.dtype in self.flag_on))
+        t = self.exact(logits)
+        if self.wrong:
+            return BatchTrees(*(x[:1].expand_as(x).contiguous() for x in (t.token_ids, t.parents, t.depths)))
+        return t
+
+
+@pytest.mark.parametrize("case", ["passes", "bf16-flag", "always-flags", "wrong"])
+def test_checked_slotted_builds_the_exact_trees_of_different_slots_or_falls_back(monkeypatch, case):
+    from ddtree_bench.engine.gpu.kernels import tree_block, warm
+
+    made = []
+    flag_on = {"bf16-flag": {torch.bfloat16}, "always-flags": {torch.bfloat16, torch.float32}}.get(case, set())
+
+    def stand_in(*a, **kw):
+        made.append(_SlottedStandIn(*a, **kw, flag_on=flag_on, wrong=case == "wrong"))
+        return made[-1]
+
+    assert builders.checked_slotted(4, 50, 16, 3, "cpu", torch.bfloat16) is None   # a CPU: not available, no check
+    monkeypatch.setattr(tree_block, "available", lambda device: True)
+    monkeypatch.setattr(tree_block, "SlottedTreeBuilder", stand_in)
+    monkeypatch.setattr(warm, "warm", lambda fn, device: None)
+    if case in ("passes", "bf16-flag"):
+        got = builders.checked_slotted(4, 50, 16, 20, "cpu", torch.bfloat16)
+        assert got is made[0] and got.flag.item() == 0
+        assert [x.dtype for x in got.seen] == [torch.bfloat16] + ([torch.float32] if flag_on else [])
+        x = got.seen[0]
+        assert x.shape == (builders.CHECK_SLOTS_MAX, 4, 50) and not torch.equal(x[0], x[1])   # different slots
+    else:
+        with pytest.warns(UserWarning, match="certificate failed" if case == "always-flags" else "differs"):
+            assert builders.checked_slotted(4, 50, 16, 3, "cpu", torch.bfloat16) is None
