@@ -20,21 +20,29 @@ Same API and same tokens as `batch.BatchLoop` (its slow obvious twin), organised
 * a round over a bucket of two or more is FastLoop's six stages over the bucket, each a fixed-shape
   function captured lazily as one CUDA graph per (bucket, budget) on its first use (graphs.Stage):
   draft - ONE drafter forward over every slot (batch_forward.draft_forward_batch); tree_build - every
-  slot's tree in one call (batch_tree.BatchTreeBuilder: tree_vector.StaticTreeBuilder batched over the
-  slots, the same trees), or DFlash's chain of every slot; tree_compile - every slot's ids, positions,
+  slot's tree in one call: on CUDA where builders.batched_kernel names it (budgets up to
+  builders.BATCH_BLOCK_MAX_BUDGET) and it passed builders.checked_slotted once per loop, the one-block Triton
+  kernel over one program per slot (kernels/tree_block.SlottedTreeBuilder: the single loop's compiled kernel, on
+  the exact builder's log-probs), else the exact batched builder (batch_tree.BatchTreeBuilder:
+  tree_vector.StaticTreeBuilder batched over the slots, the same trees) - or DFlash's chain of every slot; tree_compile - every slot's ids, positions,
   ancestor matrix and bias over its own region; verify - ONE target forward over the concatenated trees
   (batch_forward.target_forward_batch: each slot's rows see only its own prefix and its own ancestors)
   and the greedy picks; walk; commit (live slots only). With the Triton tree kernels (tree_kernels.available)
   compile, walk and commit are one launch each for all slots (kernels/tree_verify.compile_trees /
   walk_trees / commit_trees) and the picks are kernels/argmax.py's; their twins, tree_ops per slot, run
   on CPUs;
+* the slotted kernel prunes candidates and checks a certificate, as the single loop's: its one flag for all
+  slots rides at the end of every slot's walk result (WalkLayout(L, guard=True)), the queued commit sees it on
+  the device and changes nothing, and after the host has read it the round is redone by the bucket's exact
+  stages (`fallback`, eager; `redone_rounds` counts these and the solo loop's);
 * sampled requests (T > 0) overwrite their slot's picks between verify and walk with `pick` on
   their own verify rows and their own generator, eagerly: each request owns a `torch.Generator`
   seeded with its `seed` (0 when None) and draws from it exactly what batch 1 draws (the prefill's
-  token, then one `pick` over its verify rows per round), so T > 0 outputs equal batch 1 token for
-  token whoever shares the batch (batch.py's rule);
-* one host sync a round: the walk results of all slots ([b, WalkLayout.size]) reach pinned host
-  memory; then the host emits every request's tokens, retires finished ones and admits waiting
+  token, then one `pick` over its verify rows per round; a redone round's generator goes back to the state
+  its discarded draw started from), so T > 0 outputs equal batch 1 token for token whoever shares the batch
+  (batch.py's rule);
+* one host sync a round (two for a redone one): the walk results of all slots ([b, WalkLayout.size_guarded])
+  reach pinned host memory; then the host emits every request's tokens, retires finished ones and admits waiting
   ones (between rounds, as BatchLoop does).
 Admission runs the request's prefill alone (the plain Target.forward into its slot's region, as
 FastLoop does) and, with the DFlash drafter, writes its prompt's drafter context into its drafter
@@ -46,10 +54,9 @@ Per request everything follows BatchLoop/PlainLoop: the last-round rule (interfa
 the output cut, a_r counting the root, stop ids, max_new_tokens, temperature, top_p, trees, gaps.
 The cache grows (and every graph is dropped) when an admitted request needs more slots per region.
 
-Not done at buckets of two or more (FastLoop does them at one): the Triton tree builders (pruned, with a
-certificate flag and a redo; there the trees are built by the exact batched PyTorch builder), the
-live-slot / tree attention kernels (SDPA over each slot's whole region), and queuing the next draft
-before the host has read the walk result. On a CPU the same code runs without capture, which is how CI checks it. `rounds` holds per
+Not done at buckets of two or more (FastLoop does them at one): the grid tree builders (budgets above
+BATCH_BLOCK_MAX_BUDGET use the exact batched builder), the live-slot / tree attention kernels (SDPA over each
+slot's whole region), and queuing the next draft before the host has read the walk result. On a CPU the same code runs without capture, which is how CI checks it. `rounds` holds per
 round the batch size, the bucket and the stage times (ms), for bench-engine --batch.
 Knows nothing of threads or HTTP (batch_scheduler.BatchScheduler drives it like a BatchLoop).
 """
