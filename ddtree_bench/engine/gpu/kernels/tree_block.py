@@ -9,6 +9,10 @@ index in the trie of kept prefixes). One block is enough because candidates are 
 (atomic adds, bottom-up) and pre-order indices (scans), then one sort of all kept nodes for the
 global best B. Scratch lives in preallocated device buffers; the launch has fixed shapes
 (graph-capturable). The per-depth top-K of the draft logits comes first (topk.py).
+The batched loop's rounds of 2+ slots launch the same kernel over a grid of C programs
+(`SlottedTreeBuilder`): program c offsets every per-slot pointer by c times its slot's size (constexpr
+products, so the single build, grid (1,), is the same compiled kernel) and builds slot c's tree from its
+own log-probs into its own scratch; the shared tables and the certificate flag are one for all slots.
 Needs Triton and a CUDA device (or Triton's CPU interpreter, which the tests use);
 `available()` says whether it may run (builders.checked_builder checks each size).
 """
