@@ -127,7 +127,10 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
            **med, "round_ms": round_ms, "first_round_ms": first_ms, "tau": tau, "tau_source": source,
            "tok_s": batch * tau / round_ms * 1e3 if round_ms else float("nan"),
            "tok_s_per_request": tau / round_ms * 1e3 if round_ms else float("nan"),
-           "bucket": measured[0]["bucket"] if measured else None}
+           "bucket": measured[0]["bucket"] if measured else None,
+           # DDTree's tree builder at this batch (batch 1: the single loop's) and rounds redone after a failed certificate
+           "builder": (loop.solo.tree_builder(budget) if batch == 1 and loop.solo is not None else loop.tree_builder)
+           if method == "ddtree" else None, "redone_rounds": loop.redone_rounds}
     loop.release()
     del loop
     gc.collect()
