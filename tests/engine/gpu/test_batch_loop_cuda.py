@@ -54,6 +54,47 @@ def test_graph_captured_batches_equal_batch1_fp32(T):
                 same_generation(g, alone(plain, method, budget, r))
         assert_captured(loop)
         assert {r["bucket"] for r in loop.rounds} >= {1, 3}
+        if method == "ddtree":   # batched rounds built by the slotted one-block kernel (builders.batched_kernel)
+            assert loop.tree_builder == "triton-block-slotted", loop.tree_builder
+            assert loop.redone_rounds == 0
+
+
+@pytest.mark.parametrize("T", [0.0, 0.8], ids=["T0", "T0.8"])
+def test_flagged_slotted_rounds_are_redone_exactly_on_cuda(monkeypatch, T):
+    """The real slotted kernel, guarded Triton walk/commit and exact redo on the GPU (eager, so a flag can be forced
+    on chosen calls: wrong trees and a raised device flag, as the kernel gives on exact ties): every request still
+    equals batch 1 in fp32, sampled ones too (their CUDA generators restored before the redo's draw)."""
+    from ddtree_bench.engine.gpu import builders
+    from ddtree_bench.engine.gpu.batch_tree import BatchTrees
+
+    real = builders.checked_slotted
+    made = []
+
+    class Flaky:
+        def __init__(self, inner):
+            self.inner, self.flag, self.name, self.N, self.calls = inner, inner.flag, inner.name, inner.N, 0
+
+        def __call__(self, logits):
+            self.calls += 1
+            t = self.inner(logits)
+            if self.calls in (1, 2, 4, 7):
+                self.flag.add_(1)
+                return BatchTrees(t.token_ids.flip(1), t.parents, t.depths)
+            return t
+
+    def flaky(*a, **kw):
+        made.append(Flaky(real(*a, **kw)))
+        return made[-1]
+
+    monkeypatch.setattr(builders, "checked_slotted", flaky)
+    target, drafter = random_pair(seed=0, vocab_size=VOCAB, dtype="float32", device="cuda")
+    plain = Engine(target, drafter)
+    reqs = requests(VOCAB, T)
+    loop = BatchFastLoop(plain.target, plain.proposer, "ddtree", 16, 3, graphs=False)
+    got = loop.run(reqs)
+    for r, g in zip(reqs, got):
+        same_generation(g, alone(plain, "ddtree", 16, r))
+    assert made[0].calls >= 7 and loop._redone == 4
 
 
 def test_graph_captured_batches_bf16_up_to_near_ties():
