@@ -129,6 +129,44 @@ def test_slotted_block_kernel_raises_its_flag_when_any_slot_cannot_certify():
     assert single.flag.item() > 0
 
 
+class _TieProposer:
+    """A host-side drafter (3 depths, vocabulary 3) whose drafts are tie_logits() at every third frontier position,
+    seeded random logits elsewhere: a function of the request's state only, so batch 1 and the batch see the same."""
+
+    block_size, target_layer_ids = 4, (1, 2)
+
+    def new_cache(self, capacity: int):
+        return None
+
+    def propose(self, ctx, bonus: int, cache, draft_len: int, start: int) -> torch.Tensor:
+        x = tie_logits() if start % 3 == 0 else torch.randn(3, 3, generator=torch.Generator().manual_seed(start)) * 3
+        return x.to(DEV)
+
+
+@pytest.mark.parametrize("T", [0.0, 0.8], ids=["T0", "T0.8"])
+def test_batched_loop_redoes_rounds_whose_slotted_build_flags_on_exact_ties(monkeypatch, T):
+    """The batched fast loop with the real slotted kernel (on this CPU under the interpreter: the builder check
+    made to run here) on a 3-token vocabulary, drafts with exact ties on some rounds: those rounds raise the
+    certificate, are redone with the exact builder, and every request equals its batch-1 run."""
+    from ddtree_bench.engine.batch import BatchRequest
+    from ddtree_bench.engine.generate import Engine
+    from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
+    from ddtree_bench.engine.gpu.kernels import tree_block
+    from ddtree_bench.engine.loading import random_pair
+
+    monkeypatch.setattr(tree_block, "available", lambda device: True)
+    target, _ = random_pair(seed=0, vocab_size=3, block_size=4, device=DEV)
+    plain = Engine(target, proposer=_TieProposer())
+    reqs = [BatchRequest([i % 3, 1, 2, 0, 1][: 2 + i], 10 + 3 * i, temperature=T if i != 1 else 0.0, seed=40 + i, key=i)
+            for i in range(4)]
+    loop = BatchFastLoop(target, plain.proposer, "ddtree", 15, 3)
+    got = loop.run(reqs)
+    for r, g in zip(reqs, got):
+        want = plain.generate(r.prompt_ids, "ddtree", 15, r.max_new_tokens, r.temperature, r.top_p, r.seed)
+        assert (g.output_ids, g.accept_lengths) == (want.output_ids, want.accept_lengths), r.key
+    assert loop.tree_builder == "triton-block-slotted" and loop.redone_rounds > 0
+
+
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
 @pytest.mark.parametrize("L,V,k,select", TOPK_CASES)
 def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k, select):
