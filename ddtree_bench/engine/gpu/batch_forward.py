@@ -9,14 +9,20 @@ of shape [layers, B, Hkv, S, D], slot i's region `k[:, i]` - and its own frontie
 * q/k norms, RoPE and the K/V write run per slot through the same layer op as batch 1
   (`ops.qkv_rope` on the slot's rows, its own cache region, its own 0-d frontier), so the row-wise
   numerics are batch 1's and a slot never writes another slot's region;
-* attention is one SDPA over [B, Hkv, g*T, D] queries against every slot's whole region, with a
-  per-slot additive bias [B, g*T, S] (forward.visible_bias rows): a slot's rows see only its own
-  committed prefix and its own ancestors (verify) or its own context and block (draft).
+* attention is one launch over every slot, chosen by forward._attend's rule on one slot's shapes: with the fused
+  Triton ops, a tree verify that brings its path tables (compile_trees' [B, T, L+1]) from TREE_MIN_ROWS folded
+  rows runs the tree kernel with a slot axis (kernels/tree_attention.py: each slot's prefix densely, its own
+  ancestors gathered), below that and for AR and the draft up to AUTO_MAX_ROWS rows the live-slot kernel with a
+  slot axis (kernels/attention.py: slots < start[i] + T of region i only, split-KV); else, and on CPUs, one SDPA
+  over [B, Hkv, g*T, D] queries against every slot's whole region with a per-slot additive bias [B, g*T, S]
+  (forward.visible_bias rows; `grouped_attend_batch`, the kernels' twin). Either way a slot's rows see only its
+  own committed prefix and its own ancestors (verify) or its own context and block (draft);
 Shapes depend only on (B, T, S), so one CUDA graph per (batch bucket, budget) replays a stage.
-Only the GEMMs see more rows than at batch 1, which may change the last bits of a row in fp32;
-outputs stay equal token for token (tests/engine/gpu/test_batch_loop.py).
+Only the GEMMs see more rows than at batch 1, and the attention kernels split fewer KV ranges per slot (more
+programs), which may change the last bits of a row; outputs stay equal token for token
+(tests/engine/gpu/test_batch_loop.py; the kernels slot by slot: test_batch_attention_triton.py).
 
-Knows nothing of trees, rounds, graphs or which slots are live (padding slots compute garbage in
+Knows nothing of how trees are built, of rounds, graphs or which slots are live (padding slots compute garbage in
 their own regions and the loop ignores it).
 """
 

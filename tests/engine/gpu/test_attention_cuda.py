@@ -128,3 +128,65 @@ def test_the_tuners_row_blocks_and_wide_tree_tiles_match_sdpa_in_bf16(n):
             for dense in (False, True):
                 got = tree_attend(q, k, v, path, pos, start, splits=splits, launch=replace(c, tree_dense=dense))
                 torch.testing.assert_close(got.float(), want, **tol)
+
+
+@pytest.mark.parametrize("C", [2, 4])
+@pytest.mark.parametrize("n", [16, 64, 257])
+def test_slotted_attention_in_a_graph_follows_each_slots_prefix_and_equals_one_slot_calls(C, n):
+    """The batched verify's attention at the 8B shape in bf16: C slots of a slotted 2048-slot cache (views with a
+    slot stride, one spare region NaN), each with its own built tree (compile_trees, one launch) at its own prefix,
+    one captured graph per kernel replayed as the prefixes move apart. Every replay gives, slot by slot, SDPA's
+    result with the slot's bias (the twin, grouped_attend_batch), and with the same ranges the one-slot call's bits;
+    the live-slot kernel at every n, the tree kernel with config's shape and its ranges spread over the slots."""
+    from ddtree_bench.engine.gpu.batch_forward import grouped_attend_batch
+    from ddtree_bench.engine.gpu.kernels.attention import live_attend
+    from ddtree_bench.engine.gpu.kernels.tree_attention import config, ranges_for, tree_attend
+    from ddtree_bench.engine.gpu.kernels.tree_verify import compile_trees
+    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
+
+    dt, dev = torch.bfloat16, torch.device("cuda")
+    Hq, Hkv, D, S, L = 32, 8, 128, 2048, 15
+    g = torch.Generator(device=dev).manual_seed(n + C)
+    q = torch.randn(C, Hq, n, D, generator=g, device=dev).to(dt)
+    k5, v5 = (torch.randn(2, C + 1, Hkv, S, D, generator=g, device=dev).to(dt) for _ in range(2))
+    k5[:, C] = float("nan")
+    v5[:, C] = float("nan")
+    k, v = k5[1, :C], v5[1, :C]
+    trees = [StaticTreeBuilder(L, 512, n - 1, dev)(torch.randn(L, 512, generator=torch.Generator().manual_seed(n + c))
+                                                   .to(dev) * (3 + 3 * c)) for c in range(C)]
+    tok, par, dep = (torch.stack([t[i] for t in trees]) for i in range(3))
+    start = torch.zeros(C, dtype=torch.long, device=dev)
+    bonus = torch.zeros(C, dtype=torch.long, device=dev)
+
+    def compiled():
+        _, pos_, _, bias_, path_ = compile_trees(bonus, tok, par, dep, start, S, dt, Hq // Hkv, L)
+        return pos_, bias_, path_
+
+    pos, bias, path = compiled()
+    cfg = config(Hq // Hkv * n, dt)
+    ns = ranges_for(cfg, C, Hkv, Hq // Hkv * n, S)
+    variants = {"live": lambda: live_attend(q, k, v, bias, start + n, start),
+                "live-3": lambda: live_attend(q, k, v, bias, start + n, start, splits=3),
+                "tree": lambda: tree_attend(q, k, v, path, pos, start)}
+    stages = {name: Stage(f, dev, name=f"slotted-{name}") for name, f in variants.items()}
+    tol = dict(rtol=2e-2, atol=2e-2)
+    try:
+        for prefixes in ([100] * C, [100 + 400 * c for c in range(C)], [S - n - 300 * c for c in range(C)]):
+            start.copy_(torch.tensor(prefixes, device=dev))
+            new_pos, new_bias, new_path = compiled()
+            pos.copy_(new_pos), bias.copy_(new_bias), path.copy_(new_path)
+            want = grouped_attend_batch(q, k, v, bias).float()
+            got = {name: stage.run() for name, stage in stages.items()}
+            for name, out in got.items():
+                assert torch.isfinite(out).all(), name
+                torch.testing.assert_close(out.float(), want, **tol)
+            for c in range(C):
+                rows = slice(c * n, (c + 1) * n)
+                one_live = live_attend(q[c], k[c], v[c], bias[c], start[c] + n, start[c], splits=3)
+                assert torch.equal(got["live-3"][rows], one_live)
+                one_tree = tree_attend(q[c], k[c], v[c], path[c], pos[rows], start[c], splits=ns, launch=cfg)
+                assert torch.equal(got["tree"][rows], one_tree)
+        assert all(s.captured for s in stages.values())
+    finally:
+        for s in stages.values():
+            s.release()

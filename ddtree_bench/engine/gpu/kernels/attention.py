@@ -38,6 +38,14 @@ output and sets the counter back to 0, so the next launch or CUDA-graph replay s
 folded launches must therefore not run at once on two streams of one device (they would share
 counters). The output is written straight in the [T, Hq*D] layout o_proj takes.
 
+Slot axis (the batched loop, batch_forward.py): q [C, Hq, T, D] against C regions k, v [C, Hkv, S, D] of a slotted
+cache (views with any slot stride, e.g. a layer's `k[:, :C]`), bias [C, g*T, S], live / prefix [C] (each slot's
+frontier): grid axis 0 runs over C * Hkv programs, slot c = program // Hkv, and every pointer first moves by its
+slot's stride (runtime arguments, so a launch over C slots and one over a single slot compile the same variant;
+the slot offset is 64-bit). Slot c reads only its own region below its own live[c]; the output is [C*T, Hq*D]
+slot-major, partials [n_split, C*Hkv, M, BLOCK_D], and n_split counts programs over C * Hkv (more slots, fewer
+ranges). A call without the slot axis is the C = 1 case: the grid, blocks and ranges it had before the axis.
+
 Rounding: q k^T in fp32 (IEEE for fp32 inputs, not TF32), softmax statistics in fp32, the
 probabilities cast to the value dtype before the P V product (as SDPA's fused kernels do). No
 block size depends on the budget beyond M's power-of-two bucket (16/32/64/128 rows), and no

@@ -28,6 +28,10 @@ bias, its PyTorch twin) and kernels/attention.live_attend, but:
 Online softmax in fp32 (running max m, sum l, unnormalised acc); q k^T in fp32 (IEEE for fp32
 inputs); probabilities cast to the value dtype before the P V product, as SDPA's fused kernels do.
 The prefix length comes from a device tensor, so a captured graph stays valid as the prefix grows.
+With a leading slot axis (C trees of equal width over C regions of a slotted cache: q [C, Hq, T, D], k, v
+[C, Hkv, S, D], path [C, T, L+1], pos [C*T], prefix [C]; batch_forward.py) each program reads its slot's tree
+and region only, as attention.py's slot axis does (same grid rule, runtime slot strides, the output [C*T, Hq*D]
+slot-major); config's tuned prefix ranges are spread over the slots, ceil(ranges / C) (`ranges_for`).
 Block sizes depend only on the folded row count's bucket (`config`), so a new budget compiles at most
 one new variant. Knows nothing of models or of how the tree was built.
 """
