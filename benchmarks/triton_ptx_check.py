@@ -73,6 +73,11 @@ def want(section: str) -> bool:
 
 
 i64, i32, f32, bf16, i8 = (t(d) for d in (torch.int64, torch.int32, torch.float32, torch.bfloat16, torch.int8))
+# the attention kernels' slot axis (runtime arguments): 8 KV heads, a slot's strides in a 2112-slot cache, T = 257
+# rows (combine: 17); BATCH_*: the same at a batched verify's slotted cache of 16 regions (kernels/attention.py)
+LIVE_SLOTS = dict(n_kv=8, sqc=32 * 257 * 128, skc=8 * 2112 * 128, svc=8 * 2112 * 128, sbc=4 * 257 * 2112, soc=257 * 4096)
+TREE_SLOTS = dict(n_kv=8, sqc=32 * 257 * 128, skc=8 * 2112 * 128, svc=8 * 2112 * 128, spc=257 * 16, soc=257 * 4096)
+COMBINE_SLOTS = dict(n_kv=8, soc=17 * 4096)
 ok = []
 # top-K (both selections; the chunk topk.chunk_for picks: wider from K = 512)
 if want("topk"):
@@ -171,14 +176,15 @@ if want("attention"):
                                      PM=f32 if split else ptr, PL=f32 if split else ptr, COUNT=i32 if fold else i64,
                                      M=4 * 257, T=257, G=4, n_split=3,
                                      scale=0.088, sqh=4 * 257 * 128, sqm=128, skh=2112 * 128, skn=128,
-                                     svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096),
+                                     svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096, **LIVE_SLOTS),
                                 dict(D=128, BLOCK_M=bm, BLOCK_N=attention_triton.BLOCK_N, BLOCK_D=128, HAS_PREFIX=prefix,
                                      SPLIT=split, IEEE=dt == torch.float32, FOLD=fold, CAP=cap),
                                 dict(num_warps=8 if bm >= 128 else 4, num_stages=stages), mma=True))
         for sp in (2, 32):
             for t_major, cap in ((False, False), (True, False), (False, True)):
                 ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=ptr, LIVE=i64, M=4 * 17,
-                                                                       T=17, G=4, n_split=3, n_heads=8, sot=4096),
+                                                                       T=17, G=4, n_split=3, n_heads=8, sot=4096,
+                                                                       **COMBINE_SLOTS),
                                 dict(D=128, BLOCK_D=128, SP=sp, T_MAJOR=t_major, CAP=cap)))
         # the verify's tree attention (prefix dense; ancestors gathered or the tree's tiles masked; combine after or
         # folded), at every launch shape `config` picks and the tuning benchmark's (benchmarks/gpu_attention_tune.py),
@@ -202,7 +208,7 @@ if want("attention"):
                                  PM=f32 if split else ptr, PL=f32 if split else ptr, COUNT=i32 if fold else i64,
                                  M=4 * 257, T=257, G=4, n_split=3,
                                  qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128, svh=2112 * 128, svn=128,
-                                 spath=16, sot=4096),
+                                 spath=16, sot=4096, **TREE_SLOTS),
                             dict(D=128, L1P=_pow2(L + 1), BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32,
                                  K_ROWS=k_rows, TREE_DENSE=dense, FOLD=fold),
                             dict(num_warps=warps, num_stages=c.stages if c and stages > 1 else stages), mma=True))
@@ -245,21 +251,47 @@ if want("attention"):
     ok.append(check(attention_triton._live_attn_kernel,
                     dict(Q=bf16, K=bf16, V=bf16, BIAS=bf16, LIVE=i64, PREFIX=i64, O=bf16, PACC=f32, PM=f32, PL=f32, COUNT=i64,
                          M=4 * 17, T=17, G=4, n_split=3, scale=0.088, sqh=17 * 4 * 128, sqm=128, skh=2112 * 128, skn=128,
-                         svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096),
+                         svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096, **LIVE_SLOTS),
                     dict(D=128, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_PREFIX=True, SPLIT=True, IEEE=False, FOLD=False,
                          USE_GDC=True)))
     ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * 17, T=17, G=4,
-                                                         n_split=3, n_heads=8, sot=4096),
+                                                         n_split=3, n_heads=8, sot=4096, **COMBINE_SLOTS),
                     dict(D=128, BLOCK_D=128, SP=4, T_MAJOR=True, USE_GDC=True)))
     ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * 129, T=129, G=4,
-                                                         n_split=5, n_heads=8, sot=4096),   # 16 rows a program (n = 128)
+                                                         n_split=5, n_heads=8, sot=4096, **COMBINE_SLOTS),   # 16 rows (n = 128)
                     dict(D=128, BLOCK_D=128, SP=8, T_MAJOR=True, USE_GDC=False, ROWS=attention_triton.COMBINE_ROWS)))
     ok.append(check(tree_attention_triton._tree_attn_kernel,
                     dict(Q=bf16, K=bf16, V=bf16, PATH=i64, POS=i64, PREFIX=i64, O=bf16, PACC=bf16, PM=bf16, PL=bf16, COUNT=i64,
                          M=4 * 257, T=257, G=4, n_split=1, qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128,
-                         svh=2112 * 128, svn=128, spath=16, sot=4096),
+                         svh=2112 * 128, svn=128, spath=16, sot=4096, **TREE_SLOTS),
                     dict(D=128, L1P=16, BLOCK_M=32, BLOCK_N=64, SPLIT=False, IEEE=False, K_ROWS=False, TREE_DENSE=True, FOLD=False,
                          USE_GDC=True)))
+    # a batched verify's slotted launches (batch_forward.target_forward_batch: 16 slots of a 2112-slot slotted cache,
+    # B = 16 on the live kernel, B = 64 on the tree kernel with config's shape and its ranges spread over the slots,
+    # the combine over 16 x 8 partial heads): slot strides as the batched loop's cache views give them
+    for T, kern in ((17, "live"), (65, "tree")):
+        q_s, kv_s = 32 * T * 128, 8 * 2112 * 128
+        if kern == "live":
+            ok.append(check(attention_triton._live_attn_kernel,
+                            dict(Q=bf16, K=bf16, V=bf16, BIAS=bf16, LIVE=i64, PREFIX=i64, O=bf16, PACC=f32, PM=f32, PL=f32,
+                                 COUNT=i64, M=4 * T, T=T, G=4, n_split=2, scale=0.088, sqh=4 * T * 128, sqm=128,
+                                 skh=2112 * 128, skn=128, svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096, n_kv=8,
+                                 sqc=q_s, skc=kv_s, svc=kv_s, sbc=4 * T * 2112, soc=T * 4096),
+                            dict(D=128, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_PREFIX=True, SPLIT=True, IEEE=False),
+                            dict(num_warps=4, num_stages=2), mma=True))
+        else:
+            c = tree_attention_triton.config(4 * T, torch.bfloat16)
+            ok.append(check(tree_attention_triton._tree_attn_kernel,
+                            dict(Q=bf16, K=bf16, V=bf16, PATH=i64, POS=i64, PREFIX=i64, O=bf16, PACC=f32, PM=f32, PL=f32,
+                                 COUNT=i64, M=4 * T, T=T, G=4, n_split=1, qk_scale=0.127, sqh=T * 128, skh=2112 * 128,
+                                 skn=128, svh=2112 * 128, svn=128, spath=16, sot=4096, n_kv=8, sqc=q_s, skc=kv_s,
+                                 svc=kv_s, spc=T * 16, soc=T * 4096),
+                            dict(D=128, L1P=16, BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=True, IEEE=False,
+                                 K_ROWS=c.k_rows, TREE_DENSE=c.tree_dense),
+                            dict(num_warps=c.warps, num_stages=c.stages), mma=True))
+        ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * T, T=T, G=4,
+                                                             n_split=2, n_heads=16 * 8, sot=4096, n_kv=8, soc=T * 4096),
+                        dict(D=128, BLOCK_D=128, SP=2, T_MAJOR=kern == "tree")))
 
 
 print(f"{sum(ok)} of {len(ok)} kernel compilations succeeded")
