@@ -146,16 +146,24 @@ if want("verify"):
                          path_ptr=i64, anc_ptr=i8, bias_ptr=bf16, T=T, S=2112),
                     dict(L=L, G=4, TP=_pow2(T), BC=tree_verify_triton.BC, NEG=float("-inf"))))
     ok.append(check(tree_verify_triton._walk_kernel, dict(ids_ptr=i64, par_ptr=i64, dep_ptr=i64, path_ptr=i64, post_ptr=i64,
-                                                          out_ptr=i64, T=T), dict(L=L, TP=_pow2(T), LP=_pow2(L + 1), NODES=1, TOKENS=L + 2, BONUS=2 * L + 3,
-                                                                               STAGE=2 * L + 4)))
+                                                          out_ptr=i64, stage_ptr=i64, T=T),
+                    dict(L=L, TP=_pow2(T), LP=_pow2(L + 1), NODES=1, TOKENS=L + 2, BONUS=2 * L + 3, SIZE=2 * L + 4)))
+    # the commit as the single loop launches it (one slot, slot strides 0) and as the batched loop does (16 slots of a
+    # slotted cache, live mask, walk rows of 2L + 4, or 2L + 5 with the slotted builder's flag), guarded or not
     for guard in (False, True):
-        ok.append(check(tree_verify_triton._commit_rows_kernel,
-                        dict(k_ptr=bf16, v_ptr=bf16, hidden_ptr=bf16, ctx_ptr=bf16, walked_ptr=i64, start_ptr=i64, S=2112,
-                             NLH=288, T=T, CW=20480, hstride=20480, FLAG=2 * L + 4),
-                        dict(L=L, LP=_pow2(L + 1), D=128, DP=128, BCW=1024, GUARD=guard, NODES=1)))
-        ok.append(check(tree_verify_triton._commit_state_kernel,
-                        dict(walked_ptr=i64, start_ptr=i64, ctx_start_ptr=i64, bonus_ptr=i64, FLAG=2 * L + 4),
-                        dict(BONUS=2 * L + 3, GUARD=guard)))
+        for live in (False, True):
+            walk_row = (2 * L + 5 if guard else 2 * L + 4) if live else 0
+            strides = dict(s_layer=16 * 8 * 2112 * 128, s_slot=8 * 2112 * 128 if live else 0,
+                           s_ctx=(L + 1) * 20480 if live else 0, s_walk=walk_row)
+            ok.append(check(tree_verify_triton._commit_rows_kernel,
+                            dict(k_ptr=bf16, v_ptr=bf16, hidden_ptr=bf16, ctx_ptr=bf16, walked_ptr=i64, start_ptr=i64,
+                                 live_ptr=i64, S=2112, HKV=8, NLH=288, T=T, CW=20480, hstride=20480, **strides,
+                                 FLAG=2 * L + 4),
+                            dict(L=L, LP=_pow2(L + 1), D=128, DP=128, BCW=1024, GUARD=guard, LIVE=live, NODES=1)))
+            ok.append(check(tree_verify_triton._commit_state_kernel,
+                            dict(walked_ptr=i64, start_ptr=i64, ctx_start_ptr=i64, bonus_ptr=i64, live_ptr=i64,
+                                 s_walk=walk_row, FLAG=2 * L + 4),
+                            dict(BONUS=2 * L + 3, GUARD=guard, LIVE=live)))
 
     # the walk's argmax over the verify logits (bf16, the Qwen3 vocabulary)
     ok.append(check(argmax_triton._span_kernel, dict(x_ptr=bf16, part_ptr=i64, stride=V),
