@@ -514,9 +514,9 @@ class BatchFastLoop:
         return torch.cat(ids), torch.cat(pos), torch.stack(anc), torch.stack(bias), None
 
     def _verify_tree(self, b: int, compiled) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, pos, _, bias, _ = compiled
+        ids, pos, _, bias, path = compiled   # path: the Triton compile's tables (None from the twin): the tree kernel
         logits, hidden = target_forward_batch(self.target, ids, pos, self.tk[:, :b], self.tv[:, :b], self.start[:b], bias,
-                                              self.layers, self.ops)
+                                              self.layers, self.ops, tree_path=path)
         self.post[:b].copy_(self._argmax(logits).view(b, self.width))   # greedy picks; sampled slots overwrite
         return logits, hidden
 
