@@ -246,12 +246,13 @@ if want("layer"):
                         dict(BLOCK=1024, USE_GDC=gdc)))
         ok.append(check(layer_ops_triton._qkv_rope_kernel, dict(QKV=bf16, sqkv=6144, QW=bf16, KW=bf16, COS=bf16, SIN=bf16,
                                                               scs=128, Q=bf16, KC=bf16, VC=bf16, sch=2048 * 128, scs_slot=128,
-                                                              START=i64, T=17, n_q=32, n_kv=8, eps=1e-6),
+                                                              START=i64, T=17, n_q=32, n_kv=8, eps=1e-6,
+                                                              scc=8 * 2048 * 128),
                         dict(HALF=64, HB=64, HAS_NORM=True, USE_GDC=gdc)))
         ok.append(check(layer_ops_triton._qkv_rope_tiles_kernel, dict(QKV=bf16, sqkv=6144, QW=bf16, KW=bf16, COS=bf16,
                                                                     SIN=bf16, scs=128, Q=bf16, KC=bf16, VC=bf16,
                                                                     sch=2048 * 128, scs_slot=128, START=i64, T=17, n_q=32,
-                                                                    n_kv=8, eps=1e-6),
+                                                                    n_kv=8, eps=1e-6, scc=8 * 2048 * 128),
                         dict(HALF=64, HB=64, HG=layer_ops_triton.ROPE_HEADS, HAS_NORM=True, USE_GDC=gdc)))
 
 # the attention kernels with programmatic dependent launch's wait / launch_dependents (kernels/pdl.py)

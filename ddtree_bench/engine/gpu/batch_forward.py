@@ -6,9 +6,10 @@ of shape [layers, B, Hkv, S, D], slot i's region `k[:, i]` - and its own frontie
 (a [B] device tensor). Per layer:
 * every projection (merged q/k/v, o_proj, merged gate/up, down) runs ONE GEMM over the B*T rows of
   all slots (the weights are read once per round, which is where batching pays);
-* q/k norms, RoPE and the K/V write run per slot through the same layer op as batch 1
-  (`ops.qkv_rope` on the slot's rows, its own cache region, its own 0-d frontier), so the row-wise
-  numerics are batch 1's and a slot never writes another slot's region;
+* q/k norms, RoPE and the K/V write run for every slot at once (`ops.qkv_rope_slots`: one launch of
+  batch 1's kernel over the slots' rows, each into its own cache region at its own frontier; the twin is
+  `ops.qkv_rope` slot by slot), so the row-wise numerics are batch 1's and a slot never writes another
+  slot's region;
 * attention is one launch over every slot, chosen by forward._attend's rule on one slot's shapes: with the fused
   Triton ops, a tree verify that brings its path tables (compile_trees' [B, T, L+1]) from TREE_MIN_ROWS folded
   rows runs the tree kernel with a slot axis (kernels/tree_attention.py: each slot's prefix densely, its own
@@ -65,18 +66,6 @@ def _attend_batch(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tr
     return grouped_attend_batch(q, k, v, bias)
 
 
-def _qkv_per_slot(ops: TorchOps, qkv: torch.Tensor, n_q: int, n_kv: int, q_w, k_w, eps: float, cos, sin,
-                  k_layer: torch.Tensor, v_layer: torch.Tensor, start: torch.Tensor, T: int):
-    """ops.qkv_rope for each slot's T rows into its own region (k_layer [B, Hkv, S, D]) at its own
-    frontier start[i]; returns the slots' queries stacked [B, n_q, T, D] (None if n_q == 0)."""
-    B = start.shape[0]
-    qs = []
-    for i in range(B):
-        s, e = i * T, (i + 1) * T
-        qs.append(ops.qkv_rope(qkv[s:e], n_q, n_kv, q_w, k_w, eps, cos[s:e], sin[s:e], k_layer[i], v_layer[i], start[i]))
-    return torch.stack(qs) if n_q else None
-
-
 def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, bias, T: int,
                      ctx=None, ctx_cos=None, ctx_sin=None, ctx_start=None, C: int = 0, live=None, prefix=None,
                      attention: str = "sdpa", tree=None):
@@ -89,10 +78,10 @@ def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, 
     if ctx is not None and C:
         rows = attn.n_heads * attn.head_dim
         b = attn.qkv_bias[rows:] if attn.qkv_bias is not None else None
-        _qkv_per_slot(ops, F.linear(ctx, attn.qkv_weight[rows:], b), 0, attn.n_kv, None, k_w, eps, ctx_cos, ctx_sin,
-                      k_layer, v_layer, ctx_start, C)
-    q = _qkv_per_slot(ops, ops.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps,
-                      cos, sin, k_layer, v_layer, start, T)
+        ops.qkv_rope_slots(F.linear(ctx, attn.qkv_weight[rows:], b), 0, attn.n_kv, None, k_w, eps, ctx_cos, ctx_sin,
+                           k_layer, v_layer, ctx_start, C)
+    q = ops.qkv_rope_slots(ops.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps,
+                           cos, sin, k_layer, v_layer, start, T)
     return _attend_batch(ops, attention, q, k_layer, v_layer, bias, live, prefix, tree)
 
 

@@ -49,6 +49,20 @@ class TorchOps:
             q = self.rmsnorm(q, q_w, eps)
         return apply_rope(q.transpose(0, 1), cos, sin).contiguous()
 
+    def qkv_rope_slots(self, qkv: torch.Tensor, n_q: int, n_kv: int, q_w: torch.Tensor | None,
+                       k_w: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor, k_layer: torch.Tensor,
+                       v_layer: torch.Tensor, start: torch.Tensor, T: int) -> torch.Tensor | None:
+        """qkv_rope over C slots of T rows each (batch_forward's slotted caches): rows c*T .. c*T+T-1 of qkv, cos,
+        sin are slot c's, written into its own region k_layer[c] / v_layer[c] ([C, Hkv, S, D]) at its own frontier
+        start[c] ([C] long). Returns q [C, n_q, T, D] (None if n_q == 0). The slow obvious twin: qkv_rope slot by
+        slot."""
+        qs = []
+        for c in range(start.shape[0]):
+            s, e = c * T, (c + 1) * T
+            qs.append(self.qkv_rope(qkv[s:e], n_q, n_kv, q_w, k_w, eps, cos[s:e], sin[s:e], k_layer[c], v_layer[c],
+                                    start[c]))
+        return torch.stack(qs) if n_q else None
+
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up: [T, 2 I] = [gate | up] -> silu(gate) * up [T, I]."""
         g, u = gate_up.chunk(2, dim=-1)

@@ -12,6 +12,7 @@ import torch
 
 from ddtree_bench.engine.gpu import fused
 from ddtree_bench.engine.gpu.fused import TORCH_OPS
+from ddtree_bench.engine.gpu.kernels import layer_ops
 from ddtree_bench.engine.gpu.forward import StaticKV, group_size, target_forward, visible_bias
 from ddtree_bench.engine.gpu.tree_ops import verify_visible
 from ddtree_bench.engine.loading import random_pair
@@ -90,6 +91,46 @@ def test_triton_qkv_rope_matches_the_twin_and_writes_only_its_slots(dtype, T, n_
     touched = torch.zeros(40, dtype=torch.bool)
     touched[5 : 5 + T] = True
     assert (kc[:, :, ~touched] == 7).all() and (kc[[0, 2]] == 7).all()
+
+
+@kernel_check
+@pytest.mark.parametrize("C,T,n_q,n_kv,D", [(3, 5, 8, 4, 32), (2, 4, 0, 2, 32), (1, 6, 4, 2, 64)])
+@pytest.mark.parametrize("tiles", [False, True], ids=["head", "tiles"])
+def test_slotted_qkv_rope_is_one_launch_with_each_slots_single_bits(dtype, C, T, n_q, n_kv, D, tiles, monkeypatch):
+    """qkv_rope_slots (the batched forwards' one launch for every slot) equals qkv_rope slot by slot bit for bit
+    (the same kernel: q [C, n_q, T, D], K/V at each slot's own frontier in its own region) and writes nothing
+    else: every other cache slot, other layers and the regions past C keep their fill; and it is one launch."""
+    monkeypatch.setenv("DDTREE_ROPE_TILES_FROM", "1" if tiles else "100000")
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(C * 100 + D + T)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(DEV, dt)  # noqa: E731
+    qkv, cos, sin = rnd(C * T, (n_q + 2 * n_kv) * D), rnd(C * T, D), rnd(C * T, D)
+    q_w, k_w = rnd(D), rnd(D)
+    start = torch.tensor([5, 11, 0][:C], device=DEV)
+    ops = fused.TritonOps()
+    slots = [torch.full((2, C + 1, n_kv, 40, D), 7.0, device=DEV, dtype=dt) for _ in range(2)]   # [layers, B, Hkv, S, D]
+    launches = []
+    real = layer_ops.launch
+    monkeypatch.setattr(layer_ops, "launch", lambda *a, **k: (launches.append(a[0]), real(*a, **k))[1])
+    q = ops.qkv_rope_slots(qkv, n_q, n_kv, q_w, k_w, 1e-6, cos, sin, slots[0][1, :C], slots[1][1, :C], start, T)
+    assert len(launches) == 1
+    monkeypatch.setattr(layer_ops, "launch", real)
+    one = [torch.full((2, C + 1, n_kv, 40, D), 7.0, device=DEV, dtype=dt) for _ in range(2)]
+    qs = [ops.qkv_rope(qkv[c * T:(c + 1) * T], n_q, n_kv, q_w, k_w, 1e-6, cos[c * T:(c + 1) * T], sin[c * T:(c + 1) * T],
+                       one[0][1, c], one[1][1, c], start[c]) for c in range(C)]
+    if n_q:
+        assert q.shape == (C, n_q, T, D) and torch.equal(q, torch.stack(qs))
+    else:
+        assert q is None
+    assert torch.equal(slots[0], one[0]) and torch.equal(slots[1], one[1])
+    touched = torch.zeros(C + 1, 40, dtype=torch.bool)
+    for c in range(C):
+        touched[c, int(start[c]) : int(start[c]) + T] = True
+    assert (slots[0][1][~touched.to(DEV)[:, None, :].expand(-1, n_kv, -1)] == 7).all() and (slots[0][0] == 7).all()
+    tw = TORCH_OPS.qkv_rope_slots(qkv, n_q, n_kv, q_w, k_w, 1e-6, cos, sin, one[0][0, :C], one[1][0, :C], start, T)
+    if n_q:
+        _close(q, tw, dt)   # and the PyTorch twin (slot by slot), as qkv_rope's own test allows
+    _close(slots[0][1], one[0][0], dt)
 
 
 @kernel_check

@@ -58,14 +58,16 @@ if triton is not None:
         return (w1 * (f1 * r).to(dt).to(tl.float32)).to(dt), (w2 * (f2 * r).to(dt).to(tl.float32)).to(dt)
 
     @triton.jit
-    def _qkv_rope_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, Q, KC, VC, sch, scs_slot, START, T, n_q, n_kv, eps,
+    def _qkv_rope_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, Q, KC, VC, sch, scs_slot, START, T, n_q, n_kv, eps, scc,
                          HALF: tl.constexpr, HB: tl.constexpr, HAS_NORM: tl.constexpr, USE_GDC: tl.constexpr):
         pdl.enter(USE_GDC)
-        t = tl.program_id(0)
+        tt = tl.program_id(0)              # row tt of C slots x T tokens: slot c = tt // T, its token t (C = 1: t = tt)
         h = tl.program_id(1)               # q heads 0..n_q-1, then k heads; k head h sits at column h*D too
+        c = tt // T
+        t = tt - c * T
         i = tl.arange(0, HB)
         m = i < HALF
-        row = QKV + t * sqkv + h * (2 * HALF)
+        row = QKV + tt * sqkv + h * (2 * HALF)
         x1 = tl.load(row + i, mask=m, other=0.0)
         x2 = tl.load(row + HALF + i, mask=m, other=0.0)
         dt = x1.dtype
@@ -74,42 +76,44 @@ if triton is not None:
                 x1, x2 = _head_norm(x1, x2, QW, i, m, eps, HALF)
             else:
                 x1, x2 = _head_norm(x1, x2, KW, i, m, eps, HALF)
-        c1 = tl.load(COS + t * scs + i, mask=m, other=0.0).to(tl.float32)
-        c2 = tl.load(COS + t * scs + HALF + i, mask=m, other=0.0).to(tl.float32)
-        s1 = tl.load(SIN + t * scs + i, mask=m, other=0.0).to(tl.float32)
-        s2 = tl.load(SIN + t * scs + HALF + i, mask=m, other=0.0).to(tl.float32)
+        c1 = tl.load(COS + tt * scs + i, mask=m, other=0.0).to(tl.float32)
+        c2 = tl.load(COS + tt * scs + HALF + i, mask=m, other=0.0).to(tl.float32)
+        s1 = tl.load(SIN + tt * scs + i, mask=m, other=0.0).to(tl.float32)
+        s2 = tl.load(SIN + tt * scs + HALF + i, mask=m, other=0.0).to(tl.float32)
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
         # x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]; each product and the sum round to dt
         o1 = ((f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)).to(dt)
         o2 = ((f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)).to(dt)
         if h < n_q:
-            out = Q + (h * T + t) * (2 * HALF)
+            out = Q + ((c * n_q + h) * T + t) * (2 * HALF)
             tl.store(out + i, o1, mask=m)
             tl.store(out + HALF + i, o2, mask=m)
         else:
-            slot = tl.load(START) + t
-            kb = KC + (h - n_q) * sch + slot * scs_slot
+            slot = tl.load(START + c) + t
+            kb = KC + c.to(tl.int64) * scc + (h - n_q) * sch + slot * scs_slot
             tl.store(kb + i, o1, mask=m)
             tl.store(kb + HALF + i, o2, mask=m)
             vrow = row + n_kv * (2 * HALF)
-            vb = VC + (h - n_q) * sch + slot * scs_slot
+            vb = VC + c.to(tl.int64) * scc + (h - n_q) * sch + slot * scs_slot
             tl.store(vb + i, tl.load(vrow + i, mask=m, other=0.0), mask=m)
             tl.store(vb + HALF + i, tl.load(vrow + HALF + i, mask=m, other=0.0), mask=m)
 
     @triton.jit
     def _qkv_rope_tiles_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, Q, KC, VC, sch, scs_slot, START, T, n_q, n_kv, eps,
-                               HALF: tl.constexpr, HB: tl.constexpr, HG: tl.constexpr, HAS_NORM: tl.constexpr,
+                               scc, HALF: tl.constexpr, HB: tl.constexpr, HG: tl.constexpr, HAS_NORM: tl.constexpr,
                                USE_GDC: tl.constexpr):
         """_qkv_rope_kernel's work for HG heads of one token per program (a [HG, HALF] tile per half): the
         same values, the token's cos/sin loaded once for its heads, and n_heads / HG times fewer programs."""
         pdl.enter(USE_GDC)
-        t = tl.program_id(0)
+        tt = tl.program_id(0)              # row tt of C slots x T tokens (as _qkv_rope_kernel)
+        c = tt // T
+        t = tt - c * T
         heads = tl.program_id(1) * HG + tl.arange(0, HG)   # q heads 0..n_q-1, then k heads
         i = tl.arange(0, HB)
         is_q = heads < n_q
         is_k = (heads >= n_q) & (heads < n_q + n_kv)
         m = (is_q | is_k)[:, None] & (i < HALF)[None, :]
-        row = QKV + t * sqkv + heads[:, None] * (2 * HALF) + i[None, :]
+        row = QKV + tt * sqkv + heads[:, None] * (2 * HALF) + i[None, :]
         x1 = tl.load(row, mask=m, other=0.0)
         x2 = tl.load(row + HALF, mask=m, other=0.0)
         dt = x1.dtype
@@ -124,19 +128,19 @@ if triton is not None:
             f1 = (w1 * (f1 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
             f2 = (w2 * (f2 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
         cm = i < HALF
-        c1 = tl.load(COS + t * scs + i, mask=cm, other=0.0).to(tl.float32)[None, :]
-        c2 = tl.load(COS + t * scs + HALF + i, mask=cm, other=0.0).to(tl.float32)[None, :]
-        s1 = tl.load(SIN + t * scs + i, mask=cm, other=0.0).to(tl.float32)[None, :]
-        s2 = tl.load(SIN + t * scs + HALF + i, mask=cm, other=0.0).to(tl.float32)[None, :]
+        c1 = tl.load(COS + tt * scs + i, mask=cm, other=0.0).to(tl.float32)[None, :]
+        c2 = tl.load(COS + tt * scs + HALF + i, mask=cm, other=0.0).to(tl.float32)[None, :]
+        s1 = tl.load(SIN + tt * scs + i, mask=cm, other=0.0).to(tl.float32)[None, :]
+        s2 = tl.load(SIN + tt * scs + HALF + i, mask=cm, other=0.0).to(tl.float32)[None, :]
         o1 = ((f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)).to(dt)
         o2 = ((f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)).to(dt)
         qm = is_q[:, None] & m
-        out = Q + (heads[:, None] * T + t) * (2 * HALF) + i[None, :]
+        out = Q + ((c * n_q + heads[:, None]) * T + t) * (2 * HALF) + i[None, :]
         tl.store(out, o1, mask=qm)
         tl.store(out + HALF, o2, mask=qm)
         km = is_k[:, None] & m
-        slot = tl.load(START) + t
-        kv_off = (heads - n_q)[:, None] * sch + slot * scs_slot + i[None, :]
+        slot = tl.load(START + c) + t
+        kv_off = c.to(tl.int64) * scc + (heads - n_q)[:, None] * sch + slot * scs_slot + i[None, :]
         tl.store(KC + kv_off, o1, mask=km)
         tl.store(KC + kv_off + HALF, o2, mask=km)
         vrow = row + n_kv * (2 * HALF)
@@ -214,20 +218,41 @@ class TritonOps(TorchOps):
         return xo, y
 
     def qkv_rope(self, qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start):
-        T, D = qkv.shape[0], k_cache.shape[-1]
-        if (D % 2 or qkv.stride(-1) != 1 or cos.stride(-1) != 1 or cos.stride() != sin.stride()
-                or k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1 or (q_w is None) != (k_w is None)):
+        if not self._rope_ok(qkv, q_w, k_w, cos, sin, k_cache, v_cache):
             return super().qkv_rope(qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start)
-        q = torch.empty((n_q, T, D), dtype=qkv.dtype, device=qkv.device) if n_q else None
+        q = self._qkv_rope(qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start, qkv.shape[0], 1, 0)
+        return q[0] if n_q else None
+
+    def qkv_rope_slots(self, qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_layer, v_layer, start, T):
+        """TorchOps.qkv_rope_slots in ONE launch for every slot (rows c*T.. of slot c; the same kernel as
+        qkv_rope, whose C = 1 case it is, so each slot's rows get qkv_rope's bits)."""
+        C = start.shape[0]
+        if (k_layer.dim() != 4 or k_layer.stride(0) != v_layer.stride(0) or start.stride(0) != 1
+                or not self._rope_ok(qkv, q_w, k_w, cos, sin, k_layer[0], v_layer[0])):
+            return super().qkv_rope_slots(qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_layer, v_layer, start, T)
+        q = self._qkv_rope(qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_layer[0], v_layer[0], start, T, C,
+                           k_layer.stride(0))
+        return q if n_q else None
+
+    @staticmethod
+    def _rope_ok(qkv, q_w, k_w, cos, sin, k_cache, v_cache) -> bool:
+        D = k_cache.shape[-1]
+        return not (D % 2 or qkv.stride(-1) != 1 or cos.stride(-1) != 1 or cos.stride() != sin.stride()
+                    or k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1 or (q_w is None) != (k_w is None))
+
+    def _qkv_rope(self, qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start, T, C, scc):
+        """The launch over C slots x T rows; k_cache / v_cache: slot 0's [Hkv, S, D], slot c's at + c * scc."""
+        D = k_cache.shape[-1]
+        q = torch.empty((C, n_q, T, D), dtype=qkv.dtype, device=qkv.device) if n_q else None
         norm = k_w is not None
         args = (qkv, qkv.stride(0), q_w if norm else qkv, k_w if norm else qkv, cos, sin, cos.stride(0),
-                q if n_q else qkv, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), start, T, n_q, n_kv, eps)
+                q if n_q else qkv, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), start, T, n_q, n_kv, eps, scc)
         consts = dict(HALF=D // 2, HB=triton.next_power_of_2(D // 2), HAS_NORM=norm)
-        if T >= experimental.knob("ROPE_TILES_FROM", ROPE_TILES_FROM):
-            launch(_qkv_rope_tiles_kernel, (T, triton.cdiv(n_q + n_kv, ROPE_HEADS)),
+        if C * T >= experimental.knob("ROPE_TILES_FROM", ROPE_TILES_FROM):
+            launch(_qkv_rope_tiles_kernel, (C * T, triton.cdiv(n_q + n_kv, ROPE_HEADS)),
                    *args, HG=ROPE_HEADS, **consts, **_launch_opts(qkv.device, ROPE_WARPS))
         else:
-            launch(_qkv_rope_kernel, (T, n_q + n_kv), *args, **consts, **_launch_opts(qkv.device, 1))
+            launch(_qkv_rope_kernel, (C * T, n_q + n_kv), *args, **consts, **_launch_opts(qkv.device, 1))
         return q
 
     def silu_mul(self, gate_up):
