@@ -305,6 +305,20 @@ def block_m(M: int) -> int:
     return 16 if M <= 128 else 32 if M <= 512 else 64
 
 
+def slot_rows(M: int, C: int) -> int:
+    """Query rows per program: block_m(M) for one slot; with C > 1 slots DDTREE_SLOT_ROWS (one of BLOCK_MS) where an
+    A/B sets it, else block_m(M) too (its edges were tuned on one slot: on the H200, 2026-12-02, the slotted kernel
+    at 16 slots of 68 folded rows ran the batched verify 1.6 ms slower than SDPA over the regions did)."""
+    if C == 1:
+        return block_m(M)
+    rows = experimental.knob("SLOT_ROWS", block_m(M))
+    if rows not in BLOCK_MS:
+        from ddtree_bench.errors import UsageError
+
+        raise UsageError(f"DDTREE_SLOT_ROWS must be one of {BLOCK_MS}, got {rows}")
+    return rows
+
+
 def ranges_used(n_split: int, M: int, live: int) -> int:
     """The slot ranges a launch of n_split ranges (chosen by n_split) uses at `live` slots: the kernel's own
     cap (_ranges_used), clamp(live // M, 1, n_split), so the partials never outweigh the K/V they summarise
@@ -362,7 +376,7 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     out = torch.empty((C * T, Hq * D), dtype=q.dtype, device=q.device)
     if rows is not None and rows not in BLOCK_MS:
         raise ValueError(f"live_attend takes {BLOCK_MS} query rows per program, got {rows}")
-    BM, BD = rows or block_m(M), max(16, _pow2(D))
+    BM, BD = rows or slot_rows(M, C), max(16, _pow2(D))
     ns = n_split(C * Hkv, M, S, BM) if splits is None else splits
     cap = capped() and splits is None and ns > 1
     warps = 8 if BM >= 128 else 4
