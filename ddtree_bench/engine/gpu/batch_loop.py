@@ -54,9 +54,11 @@ Per request everything follows BatchLoop/PlainLoop: the last-round rule (interfa
 the output cut, a_r counting the root, stop ids, max_new_tokens, temperature, top_p, trees, gaps.
 The cache grows (and every graph is dropped) when an admitted request needs more slots per region.
 
+The verify and the draft attend with the single loop's live-slot / tree kernels given a slot axis
+(batch_forward.py: each slot reads only its own live cache slots; SDPA over every region is the twin).
 Not done at buckets of two or more (FastLoop does them at one): the grid tree builders (budgets above
-BATCH_BLOCK_MAX_BUDGET use the exact batched builder), the live-slot / tree attention kernels (SDPA over each
-slot's whole region), and queuing the next draft before the host has read the walk result. On a CPU the same code runs without capture, which is how CI checks it. `rounds` holds per
+BATCH_BLOCK_MAX_BUDGET use the exact batched builder), and queuing the next draft before the host has read
+the walk result. On a CPU the same code runs without capture, which is how CI checks it. `rounds` holds per
 round the batch size, the bucket and the stage times (ms), for bench-engine --batch.
 Knows nothing of threads or HTTP (batch_scheduler.BatchScheduler drives it like a BatchLoop).
 """
