@@ -23,14 +23,13 @@ import csv
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from process_support import run_cli
+from process_support import cli_process, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "ddtree_bench"]
@@ -40,11 +39,7 @@ SUITE, LIMIT, TOKENS = "humaneval", 4, 64
 pytestmark = pytest.mark.slow
 
 
-def cli(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
-    p = subprocess.run(CLI + list(args), capture_output=True, text=True, env=ENV, timeout=timeout, cwd=ROOT)
-    if check and p.returncode != 0:
-        raise AssertionError(f"ddtree-bench {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
-    return p
+cli = cli_process   # `python -m ddtree_bench ARGS` in a child process (process_support)
 
 
 @pytest.fixture(scope="session")

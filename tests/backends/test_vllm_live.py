@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -27,7 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from process_support import assert_resume_reruns_only_the_failed_point, pids_with_port, run_cli, \
+from process_support import assert_resume_reruns_only_the_failed_point, cli_process, pids_with_port, run_cli, \
     sweep_killing_the_ar_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,11 +38,7 @@ SUITE, LIMIT, TOKENS = "gsm8k", 8, 64
 pytestmark = pytest.mark.slow
 
 
-def cli(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
-    p = subprocess.run(CLI + list(args), capture_output=True, text=True, env=ENV, timeout=timeout, cwd=ROOT)
-    if check and p.returncode != 0:
-        raise AssertionError(f"ddtree-bench {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
-    return p
+cli = cli_process   # `python -m ddtree_bench ARGS` in a child process (process_support)
 
 
 def run_vllm(url: str, method: str, out: Path, *extra: str, limit: int = LIMIT, tokens: int = TOKENS) -> Path:
