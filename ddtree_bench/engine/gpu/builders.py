@@ -22,8 +22,11 @@ Batched rounds (gpu/batch_loop.py, buckets of 2+ slots) build every slot's tree 
 else ("torch") the exact batched PyTorch builder (batch_tree.BatchTreeBuilder). The rule, block up to
 BATCH_BLOCK_MAX_BUDGET = 256: the slots run as parallel thread blocks, so a round's build costs about one tree's
 one-block time, which the H200 measured at 0.15-0.29 ms up to B = 64 and ~1.3 ms at B = 256 (~6 ms at 1024),
-against 1.65-3.30 ms for the exact batched builder at batch 2-16 already at B = 16 (docs/gpu-performance.md);
-the edge is to be re-checked there with bench-engine --batch. Knows nothing of models, caches or rounds.
+against 1.65-3.30 ms for the exact batched builder at batch 2-16 already at B = 16. Measured in the batched loop
+(H200, 2026-12-02 evening): 0.34 / 1.89 ms at batch 2 / 16, B = 16; 0.48 / 2.42 ms at B = 64. The price is cold
+start: above AUTO_BLOCK_MAX_BUDGET the single loop never compiled the one-block kernel, so the first batched round
+at B = 64 compiles it (14-20 s on a fresh Triton cache, 0.19 s in the next process; docs/gpu-performance.md,
+"Where it stands"). Knows nothing of models, caches or rounds.
 """
 
 from __future__ import annotations
