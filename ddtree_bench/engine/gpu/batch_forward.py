@@ -16,7 +16,7 @@ of shape [layers, B, Hkv, S, D], slot i's region `k[:, i]` - and its own frontie
   ancestors gathered), below that and for AR and the draft up to AUTO_MAX_ROWS rows the live-slot kernel with a
   slot axis (kernels/attention.py: slots < start[i] + T of region i only, split-KV); else, and on CPUs, one SDPA
   over [B, Hkv, g*T, D] queries against every slot's whole region with a per-slot additive bias [B, g*T, S]
-  (forward.visible_bias rows; `grouped_attend_batch`, the kernels' twin). Either way a slot's rows see only its
+  (forward.visible_bias rows; forward.grouped_attend with its slot axis, the kernels' twin). Either way a slot's rows see only its
   own committed prefix and its own ancestors (verify) or its own context and block (draft);
 Shapes depend only on (B, T, S), so one CUDA graph per (batch bucket, budget) replays a stage.
 Only the GEMMs see more rows than at batch 1, and the attention kernels split fewer KV ranges per slot (more
@@ -34,36 +34,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ddtree_bench.engine.gpu.forward import ATTENTION, _linear, _norm, _residual, _swiglu
+from ddtree_bench.engine.gpu.forward import ATTENTION, _attend, _linear, _norm, _residual, _swiglu
 from ddtree_bench.engine.gpu.fused import ensure_merged
-from ddtree_bench.engine.gpu.kernels import attention as live_kernel
-from ddtree_bench.engine.gpu.kernels import tree_attention as tree_kernel
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
-
-
-def grouped_attend_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """q: [B, Hq, T, D]; k, v: [B, Hkv, S, D]; bias: [B, g*T, S] (g = Hq // Hkv). Returns [B*T, Hq*D].
-    forward.grouped_attend with a leading batch axis: the query-head group folds into the query axis."""
-    B, Hq, T, D = q.shape
-    Hkv = k.shape[1]
-    g = Hq // Hkv
-    out = F.scaled_dot_product_attention(q.reshape(B, Hkv, g * T, D), k, v, attn_mask=bias[:, None])
-    return out.reshape(B, Hq, T, D).transpose(1, 2).reshape(B * T, Hq * D)
-
-
-def _attend_batch(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tree=None) -> torch.Tensor:
-    """grouped_attend_batch's result, by forward._attend's rule applied to one slot's shapes (every slot has the
-    same): a tree verify (`tree` = (path [B, T, L+1], positions [B*T]), with `prefix` [B]) of at least
-    TREE_MIN_ROWS folded rows under auto with the fused Triton ops, or attention="tree": the slotted tree kernel
-    (each slot's prefix densely, its own ancestors gathered, the bias unread); attention="live", or auto with the
-    fused ops up to AUTO_MAX_ROWS rows: the slotted live-slot kernel (slots < live[i] of region i); else SDPA over
-    every slot's whole region (the twin)."""
-    if tree is not None and prefix is not None and (
-            attention == "tree" or (attention == "auto" and ops.name == "triton" and tree_kernel.wanted(q[0], k[0]))):
-        return tree_kernel.tree_attend(q, k, v, tree[0], tree[1], prefix)
-    if attention == "live" or (attention == "auto" and ops.name == "triton" and live_kernel.wanted(q[0], k[0])):
-        return live_kernel.live_attend(q, k, v, bias, live, prefix)
-    return grouped_attend_batch(q, k, v, bias)
 
 
 def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, bias, T: int,
@@ -71,7 +44,7 @@ def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, 
                      attention: str = "sdpa", tree=None):
     """forward._attention over B slots: h [B*T, H] (normed) -> attention output [B*T, Hq*D] (o_proj's input); with ctx
     [B*C, H] (the drafter's context features) their K/V go to each slot's ctx_start[i].. first. live [B]: slots
-    read per region (start + T); prefix [B] or None; attention / tree: see _attend_batch."""
+    read per region (start + T); prefix [B] or None; attention / tree: see forward._attend."""
     qk_norm = getattr(attn, "qk_norm", True)
     q_w, eps = _norm(attn.q_norm) if qk_norm else (None, 0.0)
     k_w = attn.k_norm.weight if qk_norm else None
@@ -82,7 +55,7 @@ def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, 
                            k_layer, v_layer, ctx_start, C)
     q = ops.qkv_rope_slots(ops.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps,
                            cos, sin, k_layer, v_layer, start, T)
-    return _attend_batch(ops, attention, q, k_layer, v_layer, bias, live, prefix, tree)
+    return _attend(ops, attention, q, k_layer, v_layer, bias, live, prefix, tree)
 
 
 def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -94,7 +67,7 @@ def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: 
     hidden states of `hidden_layers` [B*T, n*H]. The bias must hide every slot >= start[i] + T of region i and
     show every slot < start[i] to every row of slot i (verify_visible and the AR bias do); tree_path: [B, T, L+1]
     (kernels/tree_verify.compile_trees' path tables; positions - start = depth), for the tree kernel;
-    attention: auto | live | tree | sdpa, as in forward.target_forward (_attend_batch)."""
+    attention: auto | live | tree | sdpa, as in forward.target_forward (forward._attend)."""
     ops = ops or TORCH_OPS
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")

@@ -67,14 +67,18 @@ def visible_bias(visible: torch.Tensor, dtype: torch.dtype, group: int) -> torch
 
 def grouped_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """q: [Hq, T, D]; k, v: [Hkv, S, D]; bias: [g*T, S] with g = Hq // Hkv. Returns [T, Hq*D].
+    With a leading slot axis (batch_forward.py's slotted caches): q [C, Hq, T, D], k, v [C, Hkv, S, D], bias
+    [C, g*T, S] -> [C*T, Hq*D] slot-major, each slot against its own region (the slotted kernels' twin).
 
     Query head h uses KV head h // g (HF's repeat_kv), so q.view(Hkv, g, T, D) lines the group up
     with its KV head; folding (g, T) into one query axis makes it plain multi-head attention."""
-    Hq, T, D = q.shape
-    Hkv = k.shape[0]
+    if q.dim() == 3:   # one slot
+        q, k, v, bias = q[None], k[None], v[None], bias[None]
+    C, Hq, T, D = q.shape
+    Hkv = k.shape[1]
     g = Hq // Hkv
-    out = F.scaled_dot_product_attention(q.reshape(Hkv, g * T, D)[None], k[None], v[None], attn_mask=bias[None, None])[0]
-    return out.reshape(Hq, T, D).transpose(0, 1).reshape(T, Hq * D)
+    out = F.scaled_dot_product_attention(q.reshape(C, Hkv, g * T, D), k, v, attn_mask=bias[:, None])
+    return out.reshape(C, Hq, T, D).transpose(1, 2).reshape(C * T, Hq * D)
 
 
 ATTENTION = ("auto", "sdpa", "live", "tree")
@@ -85,11 +89,13 @@ def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tree=Non
     TREE_MIN_ROWS folded query rows under auto with the fused Triton ops, or attention="tree": the prefix
     densely and each row's ancestors gathered (kernels/tree_attention.py), the bias unread; attention="live",
     or auto with the fused ops up to AUTO_MAX_ROWS query rows: over the live slots only
-    (kernels/attention.py); else SDPA over every slot."""
+    (kernels/attention.py); else SDPA over every slot. With a leading slot axis (batch_forward.py: every argument
+    per slot) the same rule on one slot's shapes, and every kernel over all slots in one launch."""
+    one_q, one_k = (q[0], k[0]) if q.dim() == 4 else (q, k)
     if tree is not None and prefix is not None and (
-            attention == "tree" or (attention == "auto" and ops.name == "triton" and tree_kernel.wanted(q, k))):
+            attention == "tree" or (attention == "auto" and ops.name == "triton" and tree_kernel.wanted(one_q, one_k))):
         return tree_kernel.tree_attend(q, k, v, tree[0], tree[1], prefix)
-    if attention == "live" or (attention == "auto" and ops.name == "triton" and live_kernel.wanted(q, k)):
+    if attention == "live" or (attention == "auto" and ops.name == "triton" and live_kernel.wanted(one_q, one_k)):
         return live_kernel.live_attend(q, k, v, bias, live, prefix)
     return grouped_attend(q, k, v, bias)
 

@@ -138,7 +138,7 @@ def test_slotted_attention_in_a_graph_follows_each_slots_prefix_and_equals_one_s
     one captured graph per kernel replayed as the prefixes move apart. Every replay gives, slot by slot, SDPA's
     result with the slot's bias (the twin, grouped_attend_batch), and with the same ranges the one-slot call's bits;
     the live-slot kernel at every n, the tree kernel with config's shape and its ranges spread over the slots."""
-    from ddtree_bench.engine.gpu.batch_forward import grouped_attend_batch
+    from ddtree_bench.engine.gpu.forward import grouped_attend as grouped_attend_batch   # its slot-axis form
     from ddtree_bench.engine.gpu.kernels.attention import live_attend
     from ddtree_bench.engine.gpu.kernels.tree_attention import config, ranges_for, tree_attend
     from ddtree_bench.engine.gpu.kernels.tree_verify import compile_trees

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree_bench.engine.gpu.batch_forward import draft_forward_batch, grouped_attend_batch, target_forward_batch
+from ddtree_bench.engine.gpu.batch_forward import draft_forward_batch, target_forward_batch
+from ddtree_bench.engine.gpu.forward import grouped_attend as grouped_attend_batch   # its slot-axis form
 from ddtree_bench.engine.gpu.forward import StaticKV, draft_visible, group_size, target_forward, visible_bias
 from ddtree_bench.engine.gpu.tree_ops import ancestors, verify_visible
 from ddtree_bench.engine.loading import random_pair
@@ -168,7 +169,6 @@ def test_a_batched_tree_verify_with_the_path_equals_the_single_verify_slot_by_sl
     kernel, counted, once the trees reach TREE_MIN_ROWS; the live kernel one row short) give, slot by slot, what
     forward.target_forward gives on that slot's own cache with its own tree (fp32), logits, hidden states and the
     K/V written; "live" and "sdpa" (the twin) agree too."""
-    from ddtree_bench.engine.gpu import batch_forward
     from ddtree_bench.engine.gpu.fused import TritonOps
     from ddtree_bench.engine.gpu.kernels import tree_attention
     from ddtree_bench.engine.gpu.kernels.tree_verify import compile_trees
@@ -200,7 +200,7 @@ def test_a_batched_tree_verify_with_the_path_equals_the_single_verify_slot_by_sl
         singles.append((logits, hidden, kv.cache.k.clone()))
 
     calls, real = [], tree_attention.tree_attend
-    monkeypatch.setattr(batch_forward.tree_kernel, "tree_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(tree_attention, "tree_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     rows_folded = group_size(target) * T
     triton_ops = TritonOps()
     n_layers = len(target.model.layers)
