@@ -139,6 +139,12 @@ def self_test(ops: TorchOps, device, dtype: torch.dtype) -> str | None:
         outs = [o.qkv_rope(qkv, n_q, n_kv, qw if norm else None, kw if norm else None, 1e-6, cos, sin, *c, start)
                 for o, c in zip((ops, TORCH_OPS), caches)]
         checks[f"qkv_rope(norm={norm})"] = ((outs[0], *caches[0]), (outs[1], *caches[1]))
+    # the drafter's context rows: K/V only (n_q = 0), k norm without a q norm
+    kv = qkv[:, n_q * D:].contiguous()
+    caches = [[torch.zeros(n_kv, S, D, device=device, dtype=dtype) for _ in range(2)] for _ in range(2)]
+    for o, c in zip((ops, TORCH_OPS), caches):
+        o.qkv_rope(kv, 0, n_kv, None, kw, 1e-6, cos, sin, *c, start)
+    checks["qkv_rope(k only)"] = (tuple(caches[0]), tuple(caches[1]))
     for name, (got, want) in checks.items():
         try:
             torch.testing.assert_close(got, want, **tol)

@@ -94,6 +94,35 @@ def test_triton_qkv_rope_matches_the_twin_and_writes_only_its_slots(dtype, T, n_
 
 
 @kernel_check
+@pytest.mark.parametrize("slotted", [False, True], ids=["one", "slots"])
+@pytest.mark.parametrize("tiles", [False, True], ids=["head", "tiles"])
+def test_the_drafters_context_rows_take_the_kernel_with_a_k_norm_alone(dtype, slotted, tiles, monkeypatch):
+    """The drafter's context K/V (forward / batch_forward's ctx path: n_q = 0, a k norm and no q norm) run the
+    kernel in one launch - they ran the PyTorch twin, ~10 small launches per layer per slot - and equal the twin."""
+    monkeypatch.setenv("DDTREE_ROPE_TILES_FROM", "1" if tiles else "100000")
+    dt = getattr(torch, dtype)
+    C, T, n_kv, D = (3 if slotted else 1), 4, 2, 32
+    g = torch.Generator().manual_seed(11)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(DEV, dt)  # noqa: E731
+    kv, cos, sin, k_w = rnd(C * T, 2 * n_kv * D), rnd(C * T, D), rnd(C * T, D), rnd(D)
+    start = torch.tensor([5, 11, 0][:C], device=DEV)
+    launches = []
+    real = layer_ops.launch
+    monkeypatch.setattr(layer_ops, "launch", lambda *a, **k: (launches.append(a[0]), real(*a, **k))[1])
+    caches = []
+    for ops in (fused.TritonOps(), TORCH_OPS):
+        layer = [torch.full((C, n_kv, 24, D), 7.0, device=DEV, dtype=dt) for _ in range(2)]
+        if slotted:
+            assert ops.qkv_rope_slots(kv, 0, n_kv, None, k_w, 1e-6, cos, sin, *layer, start, T) is None
+        else:
+            assert ops.qkv_rope(kv, 0, n_kv, None, k_w, 1e-6, cos, sin, layer[0][0], layer[1][0], start[0]) is None
+        caches.append(layer)
+    assert len(launches) == 1
+    _close(caches[0][0], caches[1][0], dt)
+    assert torch.equal(caches[0][1], caches[1][1])
+
+
+@kernel_check
 @pytest.mark.parametrize("C,T,n_q,n_kv,D", [(3, 5, 8, 4, 32), (2, 4, 0, 2, 32), (1, 6, 4, 2, 64)])
 @pytest.mark.parametrize("tiles", [False, True], ids=["head", "tiles"])
 def test_slotted_qkv_rope_is_one_launch_with_each_slots_single_bits(dtype, C, T, n_q, n_kv, D, tiles, monkeypatch):

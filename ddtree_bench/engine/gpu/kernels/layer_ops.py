@@ -170,6 +170,12 @@ ROPE_WARPS = 2
 ROPE_TILES_FROM = 192
 
 
+def _q_weight(n_q: int, q_w, k_w):
+    """The q-norm weight the kernels take: with no q rows (n_q = 0, the drafter's context K/V) and a k norm, the k
+    weight stands in (no program reads it), so a k-only norm runs the kernel instead of the PyTorch twin."""
+    return k_w if n_q == 0 and q_w is None else q_w
+
+
 def _warps(block: int) -> int:
     return max(1, min(16, block // 256))
 
@@ -218,6 +224,7 @@ class TritonOps(TorchOps):
         return xo, y
 
     def qkv_rope(self, qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start):
+        q_w = _q_weight(n_q, q_w, k_w)
         if not self._rope_ok(qkv, q_w, k_w, cos, sin, k_cache, v_cache):
             return super().qkv_rope(qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start)
         q = self._qkv_rope(qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start, qkv.shape[0], 1, 0)
@@ -227,6 +234,7 @@ class TritonOps(TorchOps):
         """TorchOps.qkv_rope_slots in ONE launch for every slot (rows c*T.. of slot c; the same kernel as
         qkv_rope, whose C = 1 case it is, so each slot's rows get qkv_rope's bits)."""
         C = start.shape[0]
+        q_w = _q_weight(n_q, q_w, k_w)
         if (k_layer.dim() != 4 or k_layer.stride(0) != v_layer.stride(0) or start.stride(0) != 1
                 or not self._rope_ok(qkv, q_w, k_w, cos, sin, k_layer[0], v_layer[0])):
             return super().qkv_rope_slots(qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_layer, v_layer, start, T)
