@@ -480,8 +480,7 @@ class BatchFastLoop:
         biases = []
         for l, kind in enumerate(self.draft_kind):
             if kind not in made:
-                made[kind] = torch.stack([visible_bias(draft_visible(d, l, self.start[i], bs, S), self.dtype, self.dgroup)
-                                          for i in range(b)])
+                made[kind] = visible_bias(draft_visible(d, l, self.start[:b], bs, S), self.dtype, self.dgroup)
             biases.append(made[kind])
         ctx = self.ctx[:b].reshape(b * bs, -1)
         h = draft_forward_batch(d, ctx, emb, self.dk[:, :b], self.dv[:, :b], self.ctx_start[:b], self.start[:b],
@@ -565,7 +564,7 @@ class BatchFastLoop:
 
     def _verify_ar(self, b: int) -> tuple[torch.Tensor, None]:
         cols = torch.arange(self.capacity, device=self.device)
-        bias = torch.stack([visible_bias((cols <= self.start[i])[None, :], self.dtype, self.tgroup) for i in range(b)])
+        bias = visible_bias(cols <= self.start[:b, None, None], self.dtype, self.tgroup)   # [b, g, S]
         logits, _ = target_forward_batch(self.target, self.bonus[:b], self.start[:b], self.tk[:, :b], self.tv[:, :b],
                                          self.start[:b], bias, ops=self.ops)
         self.post[:b].copy_(self._argmax(logits)[:, None])

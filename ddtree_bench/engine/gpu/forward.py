@@ -60,9 +60,10 @@ class StaticKV:
 
 
 def visible_bias(visible: torch.Tensor, dtype: torch.dtype, group: int) -> torch.Tensor:
-    """[T, S] bool -> additive [group*T, S] bias in `dtype` (0 visible, -inf hidden), rows repeated per group."""
+    """[..., T, S] bool -> additive [..., group*T, S] bias in `dtype` (0 visible, -inf hidden), rows repeated per
+    group (a leading slot axis: each slot's rows repeated within its own bias)."""
     bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, NEG_INF)
-    return bias.repeat(group, 1) if group > 1 else bias
+    return bias.repeat(*([1] * (bias.dim() - 2)), group, 1) if group > 1 else bias
 
 
 def grouped_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -181,11 +182,13 @@ def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: Stati
 
 def draft_visible(drafter, layer: int, start: torch.Tensor, Tb: int, capacity: int) -> torch.Tensor:
     """[Tb, capacity] bool visibility of the block rows at start.. in drafter layer `layer`:
-    slots < start + Tb (the context plus the whole block), narrowed for causal / sliding layers."""
+    slots < start + Tb (the context plus the whole block), narrowed for causal / sliding layers.
+    start [C] (the batched loop's frontiers): [C, Tb, capacity], slot c's rows at start[c].., in one set of ops."""
     dev = start.device
-    q = start + torch.arange(Tb, device=dev)[:, None]
+    s = start[..., None, None]   # 0-d: [1, 1]; [C]: [C, 1, 1]
+    q = s + torch.arange(Tb, device=dev)[:, None]
     k = torch.arange(capacity, device=dev)[None, :]
-    ok = k < start + Tb
+    ok = k < s + Tb
     if drafter.cfg.layer_causal[layer]:
         ok = ok & (k <= q)
     window = drafter.cfg.layer_window[layer]
@@ -193,7 +196,7 @@ def draft_visible(drafter, layer: int, start: torch.Tensor, Tb: int, capacity: i
         ok = ok & ((q - k) < window)
         if not drafter.cfg.layer_causal[layer]:
             ok = ok & ((k - q) < window)
-    return ok.expand(Tb, capacity)
+    return ok.expand(*start.shape, Tb, capacity)
 
 
 def draft_forward(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor, kv: StaticKV,

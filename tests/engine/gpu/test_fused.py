@@ -68,3 +68,23 @@ def test_qkv_rope_without_queries_writes_only_the_cache():
     assert torch.equal(kc[:, 4:7], kv[:, : n_kv * D].view(T, n_kv, D).transpose(0, 1))
     assert torch.equal(vc[:, 4:7], kv[:, n_kv * D :].view(T, n_kv, D).transpose(0, 1))
     assert not kc[:, :4].any() and not kc[:, 7:].any()
+
+
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 5), (False, 6)])
+def test_slotted_draft_masks_equal_each_slots_own(causal, window):
+    """The batched draft builds every slot's drafter bias in one set of ops (draft_visible over a [C] start, then
+    visible_bias with a slot axis): the same bits as each slot's 0-d build stacked, for full, causal and sliding
+    layers; and the AR verify's slotted bias likewise."""
+    from types import SimpleNamespace
+
+    from ddtree_bench.engine.gpu.forward import draft_visible, visible_bias
+
+    d = SimpleNamespace(cfg=SimpleNamespace(layer_causal=(causal,), layer_window=(window,)))
+    start, Tb, S, g = torch.tensor([0, 3, 17, 9]), 4, 32, 3
+    got = visible_bias(draft_visible(d, 0, start, Tb, S), torch.bfloat16, g)
+    want = torch.stack([visible_bias(draft_visible(d, 0, s, Tb, S), torch.bfloat16, g) for s in start])
+    assert got.shape == (4, g * Tb, S) and torch.equal(got, want)
+    assert not torch.equal(want[0], want[2])   # the slots' masks differ: a broadcast of one slot's would fail
+    cols = torch.arange(S)
+    ar = visible_bias(cols <= start[:, None, None], torch.float32, g)
+    assert torch.equal(ar, torch.stack([visible_bias((cols <= s)[None, :], torch.float32, g) for s in start]))
