@@ -12,8 +12,8 @@ bit; the one float reduction, the log-softmax normaliser, is taken per slot on t
 contiguous [L, V] block (the same op on the same shape as the per-slot builder, so the same bits on
 any device, where one reduction over [C * L, V] may split its sums differently).
 The per-depth top-K token ids come from one exact selection over the C * L rows: the Triton
-selection of kernels/topk.py on CUDA (`select="auto"`, bit for bit the same ids; the log-probs it also
-returns are dropped, one extra pass over the logits), or one torch.topk
+selection of kernels/topk.py on CUDA (`select="auto"`, bit for bit the same ids; `topk_ids_fused`, which
+skips the log-probs), or one torch.topk
 over the (logit desc, id asc) keys (`select="torch"`, and on CPU). Shapes depend only on
 (C, L, V, budget), so one CUDA graph per (bucket, budget) replays a whole batched build.
 `per_slot` is the slow obvious twin (StaticTreeBuilder slot by slot). Knows nothing of models,
@@ -102,9 +102,9 @@ class BatchTreeBuilder:
         C, L, V = draft_logits.shape
         rows = draft_logits.reshape(C * L, V)
         if self.triton:
-            from ddtree_bench.engine.gpu.kernels.topk import topk_logprobs_fused
+            from ddtree_bench.engine.gpu.kernels.topk import topk_ids_fused
 
-            ids = topk_logprobs_fused(rows, self.K)[1]   # its log-probs are over [C * L, V]: not used (see above)
+            ids = topk_ids_fused(rows, self.K)   # ids only: log-probs over [C * L, V] would not be each slot's bits
         else:
             logits = fp32_logits(rows)
             bits = max(1, (V - 1).bit_length())

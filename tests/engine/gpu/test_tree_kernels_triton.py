@@ -186,6 +186,8 @@ def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k, select):
             lp, ids = _probe.topk(xd, k, select=select)
             lp_ref, ids_ref = topk_logprobs(xd, k)
             assert torch.equal(ids, ids_ref) and torch.equal(lp, lp_ref)
+            none, alone = _probe._topk_module._topk(xd, k, select=select, with_logprobs=False)   # the batched builder's
+            assert none is None and torch.equal(alone, ids_ref)
 
 
 def test_fused_topk_widens_its_chunks_until_the_survivors_fit_the_triton_merge(monkeypatch):

@@ -142,6 +142,12 @@ def topk_logprobs_fused(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tenso
     return _topk(draft_logits, k)
 
 
+def topk_ids_fused(draft_logits: torch.Tensor, k: int) -> torch.Tensor:
+    """topk_logprobs_fused's ids [L, k] alone: the same selection, without the log-probs' pass over the logits
+    (the batched builder takes each slot's normaliser on that slot's own rows: batch_tree.py)."""
+    return _topk(draft_logits, k, with_logprobs=False)[1]
+
+
 def chunk_for(k: int, V: int) -> int:
     """Tokens per chunk: CHUNK, doubled (up to MAX_CHUNK) while a depth's C*k survivors would not fit the
     Triton merge (MERGE_MAX), whose one launch beat torch.topk's over them (B = 512 on an H200: 0.16 ms
@@ -153,15 +159,16 @@ def chunk_for(k: int, V: int) -> int:
 
 
 def _topk(draft_logits: torch.Tensor, k: int, select: str | None = None, chunk: int | None = None,
-          merge: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
+          merge: str = "triton", with_logprobs: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
     """topk_logprobs_fused with its knobs (gpu/_probe.py is their one entry): select "min" | "threshold"
     | None (by k); chunk: tokens per program (a power of two; None: chunk_for); merge: how "threshold" merges the
     chunks' survivors, "triton" (`_merge_select_kernel`, up to MERGE_MAX survivors per depth, else as
-    "torch") or "torch" (one int64 `torch.topk`)."""
+    "torch") or "torch" (one int64 `torch.topk`); with_logprobs=False: (None, ids)."""
     L, V = draft_logits.shape
     chunk = chunk or chunk_for(k, V)
     if triton is None or k > min(MAX_K, chunk) or k > V:
-        return topk_logprobs(draft_logits, k)
+        lp, ids = topk_logprobs(draft_logits, k)
+        return (lp if with_logprobs else None), ids
     select = select or ("min" if k <= SELECT_MIN_UP_TO else "threshold")
     x = draft_logits.contiguous()
     ch = min(chunk, _pow2(V))
@@ -190,4 +197,6 @@ def _topk(draft_logits: torch.Tensor, k: int, select: str | None = None, chunk: 
         raise ValueError(f"unknown top-K selection {select!r}: min | threshold")
     if collecting():   # the launches were recorded, not run: ids holds no token ids (kernels/warm.py)
         return torch.zeros(L, k, device=x.device), torch.zeros(L, k, dtype=torch.long, device=x.device)
+    if not with_logprobs:
+        return None, ids
     return logprobs_at(fp32_logits(draft_logits), ids), ids
