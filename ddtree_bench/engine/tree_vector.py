@@ -98,9 +98,23 @@ def fp32_logits(draft_logits: torch.Tensor) -> torch.Tensor:
 
 
 def logprobs_at(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits) at ids [L, k] (fp32_logits in; NaN results -> -inf), by the ops every builder shares."""
-    lp = logits.gather(-1, ids) - torch.logsumexp(logits, dim=-1, keepdim=True)
+    """log_softmax(logits) at ids [L, k] (fp32_logits in; NaN results -> -inf), by the ops every builder shares;
+    with a leading slot axis ([C, L, V] at [C, L, k]) each slot gets the bits its own [L, V] gets."""
+    lp = logits.gather(-1, ids) - log_normalisers(logits)
     return torch.where(torch.isnan(lp), float("-inf"), lp)
+
+
+def log_normalisers(logits: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the last dim, kept: [L, V] -> [L, 1], or per slot [C, L, V] -> [C, L, 1]. torch.logsumexp's own
+    steps (amax; a max of +-inf counts as 0; the sum of exp(x - max); log; + max), equal to it bit for bit (tested),
+    with every step but the sum over all slots at once: the max and the elementwise steps give the same bits in any
+    batch, the sum's order depends on the shape PyTorch reduces, so it runs on each slot's own [L, V] block, as a
+    one-slot call would (the batched tree builder's normalisers: batch 1's bits in C + 5 launches, not 9 C)."""
+    m = logits.amax(dim=-1, keepdim=True)
+    m = m.masked_fill(m.abs() == float("inf"), 0.0)
+    e = (logits - m).exp_()
+    s = e.sum(dim=-1, keepdim=True) if e.dim() < 3 else torch.stack([x.sum(dim=-1, keepdim=True) for x in e])
+    return s.log_().add_(m)
 
 
 def depth_counts(L: int, V: int, budget: int) -> tuple[int, list[int]]:

@@ -8,9 +8,10 @@ leading batch dimension on every tensor: the per-depth top-K, per depth the top 
 depth's kept prefixes extended by K tokens (one topk over [C, F_{d-1} * K] int64 keys), the pre-order
 tie ranks (scatter_add / gather / cumsum / cummax along dim 1), the global top N per slot. Every
 comparison is on exact int64 keys and the fp32 scores are elementwise sums, so the batch changes no
-bit; the one float reduction, the log-softmax normaliser, is taken per slot on that slot's own
-contiguous [L, V] block (the same op on the same shape as the per-slot builder, so the same bits on
-any device, where one reduction over [C * L, V] may split its sums differently).
+bit; the one float sum, the log-softmax normaliser's, is taken per slot on that slot's own
+contiguous [L, V] block (tree_vector.log_normalisers: the same op on the same shape as the per-slot
+builder, so the same bits on any device, where one reduction over [C * L, V] may split its sums
+differently; its max and elementwise steps run once over every slot).
 The per-depth top-K token ids come from one exact selection over the C * L rows: the Triton
 selection of kernels/topk.py on CUDA (`select="auto"`, bit for bit the same ids; `topk_ids_fused`, which
 skips the log-probs), or one torch.topk
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddtree_bench.engine.tree_vector import StaticTreeBuilder, _desc_key, fp32_logits
+from ddtree_bench.engine.tree_vector import StaticTreeBuilder, _desc_key, fp32_logits, logprobs_at
 
 SELECTS = ("auto", "torch", "triton")
 
@@ -111,10 +112,7 @@ class BatchTreeBuilder:
             key = (_desc_key(logits) << bits) | torch.arange(V, device=logits.device)
             ids = torch.topk(key, self.K, dim=-1, largest=False, sorted=True).indices
         ids = ids.view(C, L, self.K)
-        logits = fp32_logits(draft_logits)
-        lse = torch.stack([torch.logsumexp(logits[c], dim=-1, keepdim=True) for c in range(C)])  # per slot: its bits
-        lp = logits.gather(-1, ids) - lse
-        return torch.where(torch.isnan(lp), float("-inf"), lp), ids
+        return logprobs_at(fp32_logits(draft_logits), ids), ids   # each slot's normaliser on its own [L, V]: its bits
 
     def __call__(self, draft_logits: torch.Tensor) -> BatchTrees:
         if draft_logits.dim() != 3 or draft_logits.shape[1:] != (self.L, self.V):

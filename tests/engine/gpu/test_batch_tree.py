@@ -93,3 +93,26 @@ def test_per_slot_twin_and_shape_checks():
         BatchTreeBuilder(15, 272, 24, "cpu", select="heap")
     with pytest.raises(ValueError, match="too large"):
         BatchTreeBuilder(2, 2**20, 2**16, "cpu")
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                    reason="needs a CUDA device")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("V", [97, 151_936])
+def test_log_normalisers_are_torch_logsumexp_bit_for_bit_one_slot_and_per_slot(device, V):
+    """tree_vector.log_normalisers (every builder's normaliser; the batched one sums slot by slot) equals
+    torch.logsumexp on each slot's own [L, V], bit for bit: finite rows, rows with -inf logits, a row of only -inf,
+    and a whole batch at once - so a slot's log-probs are batch 1's on this device whatever the batch."""
+    from ddtree_bench.engine.tree_vector import log_normalisers
+
+    g = torch.Generator().manual_seed(V)
+    x = (torch.randn(4, 15, V, generator=g) * 3).to(device)
+    x[1, 3, : V // 2] = float("-inf")
+    x[2, 7] = float("-inf")
+    want = torch.stack([torch.logsumexp(x[c], dim=-1, keepdim=True) for c in range(4)])
+    got = log_normalisers(x)
+    assert got.shape == (4, 15, 1) and torch.equal(got, want)
+    assert torch.equal(log_normalisers(x[3]), want[3])
+    assert torch.isinf(got[2, 7]).all() and not torch.isnan(got).any()
