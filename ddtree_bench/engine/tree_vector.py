@@ -92,9 +92,9 @@ def topk_logprobs(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
 
 
 def fp32_logits(draft_logits: torch.Tensor) -> torch.Tensor:
-    """The draft logits in fp32 with NaN as -inf, as tree.py reads them."""
-    logits = draft_logits.float()
-    return torch.where(torch.isnan(logits), float("-inf"), logits)
+    """The draft logits in fp32 with NaN as -inf, as tree.py reads them (a new tensor: one copy, one in-place pass)."""
+    inf = float("inf")
+    return draft_logits.to(torch.float32, copy=True).nan_to_num_(nan=-inf, posinf=inf, neginf=-inf)
 
 
 def logprobs_at(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -327,3 +327,18 @@ def test_cpu_build_equals_the_heap_on_large_vocabularies(kind):
         assert tree_tuple(fast) == tree_tuple(slow), (kind, L, V, budget)
         ref = SortedTreeBuilder(L, V, budget, "cpu")(x)
         assert [t.tolist() for t in ref] == list(tree_tuple(fast))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp32_logits_turns_nan_to_minus_inf_keeps_infinities_and_never_writes_its_input(dtype):
+    from ddtree_bench.engine.tree_vector import fp32_logits
+
+    x = torch.randn(3, 50).to(dtype)
+    x[0, :4] = float("nan")
+    x[1, :2] = float("inf")
+    x[2, :2] = float("-inf")
+    before = x.clone()
+    got = fp32_logits(x)
+    want = torch.where(torch.isnan(x.float()), float("-inf"), x.float())
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert torch.equal(x.isnan(), before.isnan()) and got.data_ptr() != x.data_ptr()   # the input keeps its NaNs
