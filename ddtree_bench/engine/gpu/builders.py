@@ -23,14 +23,19 @@ else ("torch") the exact batched PyTorch builder (batch_tree.BatchTreeBuilder). 
 BATCH_BLOCK_MAX_BUDGET = 256: the slots run as parallel thread blocks, so a round's build costs about one tree's
 one-block time, which the H200 measured at 0.15-0.29 ms up to B = 64 and ~1.3 ms at B = 256 (~6 ms at 1024),
 against 1.65-3.30 ms for the exact batched builder at batch 2-16 already at B = 16. Measured in the batched loop
-(H200, 2026-12-02 evening): 0.34 / 1.89 ms at batch 2 / 16, B = 16; 0.48 / 2.42 ms at B = 64. The price is cold
-start: above AUTO_BLOCK_MAX_BUDGET the single loop never compiled the one-block kernel, so the first batched round
-at B = 64 compiles it (14-20 s on a fresh Triton cache, 0.19 s in the next process; docs/gpu-performance.md,
-"Where it stands"). Knows nothing of models, caches or rounds.
+(H200, 2026-12-02 evening): 0.34 / 1.89 ms at batch 2 / 16, B = 16; 0.48 / 2.42 ms at B = 64. The price was cold
+start: above AUTO_BLOCK_MAX_BUDGET the single loop never compiles the one-block kernel, so the first batched round
+at B = 64 compiled it (14-20 s on a fresh Triton cache, 0.19 s in the next process; docs/gpu-performance.md,
+"Where it stands"). There (`slotted_in_background`) the kernel now compiles on a daemon thread
+(`start_slotted_compile` -> SlottedCompile: launches recorded on the caller's thread, only Triton's compile on the
+other, the check back on the caller's) while the loop's first batched rounds use the exact batched builder; the loop
+switches once it is compiled and checked (gpu/batch_loop.py). Not yet measured on the H200. Knows nothing of models,
+caches or rounds.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -154,9 +159,130 @@ def checked_slotted(L: int, V: int, budget: int, slots: int, device, dtype: torc
             return tb
     except Exception as e:  # pragma: no cover - needs a GPU
         error = f"{type(e).__name__}: {e}"
+    _slotted_unusable(budget, slots, error)
+    return None
+
+
+def _slotted_unusable(budget: int, slots: int, error: str) -> None:
     warnings.warn(f"Triton slotted block tree kernel unusable at budget {budget} over {slots} slots, using the exact "
                   f"batched builder: {error}")
-    return None
+
+
+def slotted_in_background(budget: int, kind: str = "auto") -> bool:
+    """Whether a batched loop compiles the slotted one-block kernel on a background thread (start_slotted_compile),
+    its first batched rounds building with the exact batched builder meanwhile, rather than checking it before its
+    first batched round (checked_slotted). True where batched rounds use the slotted kernel (batched_kernel = block)
+    but the single loop's rule names another builder at this budget (auto above AUTO_BLOCK_MAX_BUDGET: grid or
+    grid-keys), so no round of the process has compiled the one-block kernel at this budget, and its compile (11.4
+    CPU-s for sm_90 at B = 64, 18 / 34 s at B = 128 / 256) would be the first batched round's wait: over the cold
+    start's 10 s per new (bucket, budget) shape. Where the single loop uses the one-block kernel itself (auto up to
+    AUTO_BLOCK_MAX_BUDGET, or tree_kernel block) the slotted launch is that same compiled kernel (tree_block.py), which
+    its check compiles, so the synchronous check stays (nothing changes at B = 16)."""
+    if batched_kernel(budget, kind) != "block":
+        return False
+    return (auto_kernel(budget) if kind == "auto" else kind) != "block"
+
+
+class SlottedCompile:
+    """The slotted one-block kernel compiled on a daemon thread while the caller's rounds build with the exact batched
+    builder (slotted_in_background says where), then checked on the caller's thread.
+
+    Made on the caller's (main) thread: it records the launches of one slotted build (kernels/warm.record: collecting,
+    so no Triton kernel runs; the exact builder's log-probs do run, torch ops outside any capture), less the exact
+    builder's own (its Triton top-K, which the exact rounds compile on the main thread anyway), and starts the thread,
+    which only compiles them: `compile(launches, device)`, default warm.compile_launches (JITFunction.warmup: Triton's
+    passes release the GIL and ptxas is a subprocess; no module load, no launch, no torch CUDA op, so the main thread
+    may capture a CUDA graph meanwhile). ready() says whether the thread has finished (it never blocks); result(), on
+    the main thread once ready, runs `check(L, V, budget, slots, device, dtype, exact=...)`, default checked_slotted
+    (the same check as before the first round; fast now: the kernel is in Triton's in-memory cache), and returns its
+    builder or None - a compile that raised gives None with checked_slotted's warning. Nothing joins the thread but
+    wait(), for a caller outside any round (a benchmark that wants its measured rounds on the kernel): a daemon
+    thread, so a process that ends first just leaves the compile out of Triton's cache."""
+
+    def __init__(self, L: int, V: int, budget: int, slots: int, device, dtype: torch.dtype = torch.float32, exact=None,
+                 compile=None, check=None):
+        from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
+        from ddtree_bench.engine.gpu.kernels import warm
+
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:   # the thread compiles for this device, not its own current one
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.L, self.V, self.budget, self.slots, self.device, self.dtype = L, V, budget, slots, dev, dtype
+        self.exact = exact if exact is not None else BatchTreeBuilder(L, V, budget, dev)
+        self.check = check if check is not None else checked_slotted
+        self.error: str | None = None
+        self.compiled = 0                  # launches handed to the thread
+        self._done = threading.Event()
+        self._taken = False
+        self._builder = None
+        self.thread: threading.Thread | None = None
+        try:
+            launches = self._record()
+            warm.ready_driver(dev)
+        except Exception as e:  # noqa: BLE001 - told by result(), as checked_slotted tells it
+            self.error = f"{type(e).__name__}: {e}"
+            self._done.set()
+            return
+        self.compiled = len(launches)
+        run = compile if compile is not None else warm.compile_launches
+        self.thread = threading.Thread(target=self._compile, args=(run, launches), daemon=True,
+                                       name=f"ddtree-slotted-compile-B{budget}")
+        self.thread.start()
+
+    def _record(self) -> list:
+        """The slotted build's launches on one slot's zero logits (its kernel's variant does not depend on the slot
+        count or the values), less the exact builder's own."""
+        from ddtree_bench.engine.gpu.kernels.tree_block import SlottedTreeBuilder
+        from ddtree_bench.engine.gpu.kernels.warm import record
+
+        tb = SlottedTreeBuilder(self.L, self.V, self.budget, self.device, self.slots, exact=self.exact)
+        logits = torch.zeros(1, self.L, self.V, dtype=self.dtype, device=self.device)
+        theirs = {id(la.kernel) for la in record(lambda: self.exact.logprobs(logits))}
+        return [la for la in record(lambda: tb(logits)) if id(la.kernel) not in theirs]
+
+    def _compile(self, run, launches: list) -> None:
+        try:
+            run(launches, self.device)
+        except Exception as e:  # noqa: BLE001 - told by result() on the main thread, never raised into a round
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self._done.set()
+
+    def ready(self) -> bool:
+        """The compile has finished (or failed); never blocks."""
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until ready() or timeout_s passes (never in a round); returns ready()."""
+        return self._done.wait(timeout_s)
+
+    def result(self):
+        """On the main thread once ready(): the checked slotted builder, or None (with a warning) where the compile
+        or the check failed. The check runs once; later calls return its answer."""
+        if not self.ready():
+            raise RuntimeError("the slotted kernel is still compiling: call result() once ready()")
+        if not self._taken:
+            self._taken = True
+            if self.error is None:
+                try:
+                    self._builder = self.check(self.L, self.V, self.budget, self.slots, self.device, self.dtype,
+                                               exact=self.exact)
+                except Exception as e:  # noqa: BLE001 - checked_slotted catches its own; a stand-in may not
+                    self.error = f"{type(e).__name__}: {e}"
+            if self.error is not None:
+                _slotted_unusable(self.budget, self.slots, self.error)
+        return self._builder
+
+
+def start_slotted_compile(L: int, V: int, budget: int, slots: int, device, dtype: torch.dtype = torch.float32,
+                          exact=None) -> SlottedCompile | None:
+    """The slotted kernel's compile started on a background thread (SlottedCompile), or None where it cannot run here
+    (tree_block.available: no Triton, not CUDA), as checked_slotted gives None there."""
+    from ddtree_bench.engine.gpu.kernels.tree_block import available
+
+    if not available(device):
+        return None
+    return SlottedCompile(L, V, budget, slots, device, dtype, exact)
 
 
 def choose(L: int, V: int, budget: int, device, dtype: torch.dtype, kind: str = "auto") -> Choice:

@@ -5,7 +5,7 @@ start waits for its slowest kernel function instead of the sum of all its compil
 weight GEMMs, layer ops, attention, argmax, tree compile / walk / commit): it runs `kernel[grid](...)`, or,
 inside `collecting()` (this thread only), records the launch instead (perf/round_variants.py records a
 whole round that way).
-`warm(fn, device)` calls fn collecting, then compiles every recorded launch with
+`warm(fn, device)` calls fn collecting, then compiles every recorded launch (`compile_launches`) with
 `JITFunction.warmup` (compile, no launch) on one thread per kernel function, its launches in order (so
 a variant several launches share is compiled once and then found in Triton's cache), at most
 os.cpu_count() threads; `per="variant"` gives each distinct variant of a function its own thread
@@ -13,6 +13,9 @@ os.cpu_count() threads; `per="variant"` gives each distinct variant of a functio
 compile in parallel (docs/gpu-performance.md, "Cold start"). The compiled kernels land in Triton's
 in-memory and on-disk caches, where fn's real launches then find them. Host code in fn that reads a
 kernel's output must not do so while collecting (`collecting()` is true; the top-K returns zeros).
+`compile_launches` on its own is what builders.SlottedCompile runs on a background thread: warmup loads no
+module and launches nothing (the first real launch loads it), so it may run while another thread captures a
+CUDA graph; `ready_driver` sets Triton's driver up on the calling thread first.
 Knows nothing of trees.
 """
 
@@ -79,11 +82,20 @@ def variant_key(la: Launch) -> tuple:
     return id(la.kernel), tuple(sorted((k, repr(v)) for k, v in la.kwargs.items())), tuple(spec(a) for a in la.args)
 
 
-def warm(fn: Callable[[], Any], device, per: str = "kernel") -> int:
-    """Compile (not run) every kernel fn() launches, one thread per kernel function (per="variant": per
-    variant_key); returns how many launches were warmed. A compile error is raised here, as the real
-    launch would raise it."""
-    launches = record(fn)
+def ready_driver(device) -> None:
+    """Triton's driver set up on this thread (CUDA only), before threads compile, so they do not race to set it up."""
+    if torch.device(device).type == "cuda":
+        from triton.runtime import driver
+
+        driver.active.get_current_target()
+
+
+def compile_launches(launches: list[Launch], device, per: str = "kernel") -> None:
+    """Compile (JITFunction.warmup: no launch) recorded launches, one thread per kernel function (per="variant": per
+    variant_key), each one's launches in order, at most os.cpu_count() threads; one chain compiles on the calling
+    thread. Only Triton's compiler runs here (and, on CUDA, the thread's current device is set, which Triton compiles
+    for): no module load, no launch, no torch CUDA op. A compile error is raised here. Call ready_driver(device) on
+    the first thread first."""
     by_kernel: dict[Any, list[Launch]] = {}
     for la in launches:
         by_kernel.setdefault(id(la.kernel) if per == "kernel" else variant_key(la), []).append(la)
@@ -96,10 +108,6 @@ def warm(fn: Callable[[], Any], device, per: str = "kernel") -> int:
                 la.kernel.warmup(*la.args, grid=la.grid, **la.kwargs)
 
     chains = list(by_kernel.values())
-    if dev.type == "cuda" and chains:   # Triton's driver set up here, not raced for by the threads
-        from triton.runtime import driver
-
-        driver.active.get_current_target()
     if len(chains) <= 1:
         for chain in chains:
             compile_chain(chain)
@@ -107,5 +115,14 @@ def warm(fn: Callable[[], Any], device, per: str = "kernel") -> int:
         with ThreadPoolExecutor(min(len(chains), os.cpu_count() or 1)) as pool:
             for f in [pool.submit(compile_chain, c) for c in chains]:
                 f.result()
-    return len(launches)
 
+
+def warm(fn: Callable[[], Any], device, per: str = "kernel") -> int:
+    """Compile (not run) every kernel fn() launches, one thread per kernel function (per="variant": per
+    variant_key); returns how many launches were warmed. A compile error is raised here, as the real
+    launch would raise it."""
+    launches = record(fn)
+    if launches:   # Triton's driver set up here, not raced for by the threads
+        ready_driver(device)
+    compile_launches(launches, device, per)
+    return len(launches)
