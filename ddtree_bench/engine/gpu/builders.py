@@ -50,6 +50,7 @@ AUTO_BLOCK_MAX_BUDGET = 32    # the one-block kernel up to here
 AUTO_GRID_MAX_BUDGET = 64     # then the grid without precomputed keys; grid-keys above
 BATCH_BLOCK_MAX_BUDGET = 256  # batched rounds: the slotted one-block kernel up to here (why: module docstring)
 CHECK_SLOTS_MAX = 16          # checked_slotted builds at most this many slots (the compiled kernels do not depend on it)
+_COMPILING: dict[tuple, threading.Event] = {}   # SlottedCompile: (L, V, budget, device, dtype) -> the latest one's done
 
 
 @dataclass
@@ -197,7 +198,10 @@ class SlottedCompile:
     (the same check as before the first round; fast now: the kernel is in Triton's in-memory cache), and returns its
     builder or None - a compile that raised gives None with checked_slotted's warning. Nothing joins the thread but
     wait(), for a caller outside any round (a benchmark that wants its measured rounds on the kernel): a daemon
-    thread, so a process that ends first just leaves the compile out of Triton's cache."""
+    thread, so a process that ends first just leaves the compile out of Triton's cache. A compile of the same
+    (L, V, budget, device, dtype) still running in the process (another loop's: a sweep's next batch size; the
+    compiled kernel does not depend on the slot count) is waited for by the new thread before it compiles, which
+    then finds the kernel in Triton's cache, instead of compiling it twice at once."""
 
     def __init__(self, L: int, V: int, budget: int, slots: int, device, dtype: torch.dtype = torch.float32, exact=None,
                  compile=None, check=None):
@@ -225,7 +229,10 @@ class SlottedCompile:
             return
         self.compiled = len(launches)
         run = compile if compile is not None else warm.compile_launches
-        self.thread = threading.Thread(target=self._compile, args=(run, launches), daemon=True,
+        key = (L, V, budget, str(dev), dtype)
+        before = _COMPILING.get(key)
+        _COMPILING[key] = self._done
+        self.thread = threading.Thread(target=self._compile, args=(run, launches, before), daemon=True,
                                        name=f"ddtree-slotted-compile-B{budget}")
         self.thread.start()
 
@@ -240,8 +247,10 @@ class SlottedCompile:
         theirs = {id(la.kernel) for la in record(lambda: self.exact.logprobs(logits))}
         return [la for la in record(lambda: tb(logits)) if id(la.kernel) not in theirs]
 
-    def _compile(self, run, launches: list) -> None:
+    def _compile(self, run, launches: list, before: threading.Event | None) -> None:
         try:
+            if before is not None:   # the same kernel compiling for another loop: its result lands in the cache
+                before.wait()
             run(launches, self.device)
         except Exception as e:  # noqa: BLE001 - told by result() on the main thread, never raised into a round
             self.error = f"{type(e).__name__}: {e}"

@@ -155,6 +155,22 @@ def test_ready_and_result_never_wait_and_a_failure_is_a_warning():
         assert job.result() is None
 
 
+def test_a_second_compile_of_the_same_kernel_waits_for_the_first():
+    """Two loops at one budget (a sweep's next batch size, another slot count): the second thread compiles only once
+    the first has finished (then a cache hit in Triton), not the same kernel twice at once; another budget does not
+    wait."""
+    first, second, other = _Stand(), _Stand(), _Stand()
+    second.go.set()
+    other.go.set()
+    a = first.start(15, 64, BUDGET, SLOTS, "cpu", torch.float32)
+    b = second.start(15, 64, BUDGET, 8, "cpu", torch.float32)
+    c = other.start(15, 64, BUDGET * 2, SLOTS, "cpu", torch.float32)
+    assert c.wait(30) and other.compiled
+    assert not b.wait(0.2) and second.compiled == [] and not a.ready()
+    first.go.set()
+    assert a.wait(30) and b.wait(30) and len(second.compiled) == 1 and second.compiled[0][0] is b.thread
+
+
 def test_start_slotted_compile_needs_the_kernel_here():
     """Where the kernel cannot run (this CPU: tree_block.available is False) nothing starts, as checked_slotted gives
     None there; the batched loop then builds with the exact builder."""
