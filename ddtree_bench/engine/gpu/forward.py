@@ -94,7 +94,8 @@ def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tree=Non
     per slot) the same rule on one slot's shapes, and every kernel over all slots in one launch."""
     one_q, one_k = (q[0], k[0]) if q.dim() == 4 else (q, k)
     if tree is not None and prefix is not None and (
-            attention == "tree" or (attention == "auto" and ops.name == "triton" and tree_kernel.wanted(one_q, one_k))):
+            attention == "tree" or (attention == "auto" and ops.name == "triton"
+                                    and tree_kernel.wanted(one_q, one_k, q.shape[0] if q.dim() == 4 else 1))):
         return tree_kernel.tree_attend(q, k, v, tree[0], tree[1], prefix)
     if attention == "live" or (attention == "auto" and ops.name == "triton" and live_kernel.wanted(one_q, one_k)):
         return live_kernel.live_attend(q, k, v, bias, live, prefix)

@@ -305,18 +305,20 @@ def block_m(M: int) -> int:
     return 16 if M <= 128 else 32 if M <= 512 else 64
 
 
-SLOT_WIDE_ROWS = 64   # slot_rows: rows per program over 2+ slots of more than this many folded rows (and at most 128)
+SLOT_WIDE_ROWS = 64   # slot_rows: rows per program over SLOT_WIDE_FROM+ slots of more than this many folded rows (<= 128)
+SLOT_WIDE_FROM = 4    # slots from which slot_rows takes SLOT_WIDE_ROWS
 
 
 def slot_rows(M: int, C: int) -> int:
-    """Query rows per program: block_m(M) for one slot; over C > 1 slots, SLOT_WIDE_ROWS for 64 < M <= 128 (a DDTree
-    B = 16 verify: 68 rows), where one slot's 16-row blocks left ~5 programs per slot and head each walking the whole
-    prefix - on the H200 (2026-12-02, 8B shape, batch 16) 64 rows took the batched verify from 11.18 to 10.42 ms, even
-    at batch 4 (6.09 / 6.04), while AR (4 rows) and DFlash (64) lost 0.8-0.9 ms at batch 16 with them (so they keep
-    block_m); DDTREE_SLOT_ROWS (one of BLOCK_MS) overrides it for an A/B."""
+    """Query rows per program: block_m(M) for one slot and for two; over C >= SLOT_WIDE_FROM slots, SLOT_WIDE_ROWS for
+    64 < M <= 128 (a DDTree B = 16 verify: 68 rows), where one slot's 16-row blocks leave ~5 programs per slot and
+    head each walking the whole prefix. From H200 A/Bs (docs/gpu-performance.md, "Where it stands"): wide rows won at
+    batch 16, tied at 4, lost at 2; AR (4 rows) and DFlash (64) lost with them at 16. DDTREE_SLOT_ROWS (one of
+    BLOCK_MS) overrides the rule over 2+ slots for an A/B."""
     if C == 1:
         return block_m(M)
-    rows = experimental.knob("SLOT_ROWS", SLOT_WIDE_ROWS if SLOT_WIDE_ROWS < M <= 128 else block_m(M))
+    wide = C >= SLOT_WIDE_FROM and SLOT_WIDE_ROWS < M <= 128
+    rows = experimental.knob("SLOT_ROWS", SLOT_WIDE_ROWS if wide else block_m(M))
     if rows not in BLOCK_MS:
         from ddtree_bench.errors import UsageError
 

@@ -29,6 +29,7 @@ KNOBS = {
     "TREE_RANGES_TO": "folded rows up to which the tree kernel splits the prefix in 4 ranges (kernels/tree_attention.py)",
     "ROPE_TILES_FROM": "tokens from which q/k norm + RoPE runs a tile of heads per program (kernels/layer_ops.py)",
     "SLOT_ROWS": "query rows per program of the live-slot kernel over 2+ slots, the batched loop's (kernels/attention.py)",
+    "SLOT_TREE_MIN_ROWS": "folded rows from which a tree verify over 2+ slots takes the tree kernel (kernels/tree_attention.py)",
 }
 
 

@@ -262,14 +262,16 @@ if triton is not None:
                      mask=rmask[:, None])
 
 
-def wanted(q: torch.Tensor, k: torch.Tensor) -> bool:
+def wanted(q: torch.Tensor, k: torch.Tensor, slots: int = 1) -> bool:
     """auto's choice for a tree verify, q [Hq, T, D] against k [Hkv, S, D] (one slot's; the same for each slot of a
-    slotted call): this kernel where it runs and the folded query rows g*T reach TREE_MIN_ROWS (below,
-    kernels/attention.py's live-slot kernel, whose masked triangle is cheap there and does not pay the gather's
-    serial depth steps on deep trees)."""
+    slotted call over `slots` slots): this kernel where it runs and the folded query rows g*T reach TREE_MIN_ROWS
+    (below, kernels/attention.py's live-slot kernel, whose masked triangle is cheap there and does not pay the
+    gather's serial depth steps on deep trees); over 2+ slots from DDTREE_SLOT_TREE_MIN_ROWS rows where set (an A/B
+    knob, default TREE_MIN_ROWS)."""
     D = q.shape[-1]
-    return (available(q.device) and D == _pow2(D) and D >= 16
-            and (q.shape[0] // k.shape[0]) * q.shape[1] >= TREE_MIN_ROWS)
+    rows = (q.shape[0] // k.shape[0]) * q.shape[1]
+    least = TREE_MIN_ROWS if slots == 1 else experimental.knob("SLOT_TREE_MIN_ROWS", TREE_MIN_ROWS)
+    return available(q.device) and D == _pow2(D) and D >= 16 and rows >= least
 
 
 def ranges_for(cfg: Config, C: int, Hkv: int, M: int, S: int) -> int:
