@@ -237,3 +237,27 @@ def one_fails_one_cancelled(engine: Engine, loop, reqs: list[BatchRequest]) -> B
     finally:
         sched.close()
     return sched
+
+
+class FlakySlotted:
+    """The slotted Triton tree builder's stand-in on a CPU: the exact batched builder's trees, except on the calls in
+    `flagged`, where it returns wrong trees (every slot a reversed chain) and raises its one certificate flag, as the
+    kernel does when any slot cannot certify - so the guarded layout and the exact redo run."""
+
+    name = "flaky-slotted"
+
+    def __init__(self, exact, flagged=()):
+        self.exact, self.flagged, self.calls, self.N = exact, set(flagged), 0, exact.N
+        self.flag = torch.zeros(1, dtype=torch.int32)
+
+    def __call__(self, logits):
+        from ddtree_bench.engine.gpu.batch_tree import BatchTrees
+
+        self.calls += 1
+        trees = self.exact(logits)
+        if self.calls not in self.flagged:
+            return trees
+        self.flag += 1
+        C, N = trees.token_ids.shape
+        ar = torch.arange(N).expand(C, N)
+        return BatchTrees(trees.token_ids.flip(1), ar.contiguous(), (ar + 1).clamp(max=self.exact.L).contiguous())

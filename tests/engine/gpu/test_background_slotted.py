@@ -21,13 +21,13 @@ import time
 
 import pytest
 import torch
-from batch_support import alone, assert_same, make_requests, rnd  # noqa: F401 (fixture)
+from batch_support import FlakySlotted, alone, assert_same, make_requests, rnd  # noqa: F401 (fixture)
 from engine_support import one_torch_thread  # noqa: F401 (fixture)
 from triton_support import DEV, triton_only
 
 from ddtree_bench.engine.gpu import builders
 from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
-from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder, BatchTrees
+from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
 from ddtree_bench.engine.gpu.kernels import common, tree_block
 
 pytestmark = pytest.mark.skipif(common.triton is None, reason="recording the slotted kernel's launch needs Triton")
@@ -36,37 +36,15 @@ SLOTS = 3
 RELEASE_AT, SWITCH_AFTER = 2, 4   # steps after which the loop is released / the compile is let go
 
 
-class _Slotted:
-    """The slotted kernel's stand-in: the exact batched builder's trees, except on the calls in `flagged`, where it
-    returns wrong trees (reversed chains) and raises its one certificate flag, as the kernel does when a slot cannot
-    certify."""
-
-    name = "fake-slotted"
-
-    def __init__(self, exact, flagged=()):
-        self.exact, self.flagged, self.calls, self.N = exact, set(flagged), 0, exact.N
-        self.flag = torch.zeros(1, dtype=torch.int32)
-
-    def __call__(self, logits):
-        self.calls += 1
-        trees = self.exact(logits)
-        if self.calls not in self.flagged:
-            return trees
-        self.flag += 1
-        C, N = trees.token_ids.shape
-        ar = torch.arange(N).expand(C, N)
-        return BatchTrees(trees.token_ids.flip(1), ar.contiguous(), (ar + 1).clamp(max=self.exact.L).contiguous())
-
-
 class _Stand:
     """The compile and the check handed to SlottedCompile, and what they saw: the compile waits for `go` (then raises
-    when `fail`), the check returns a _Slotted; each records the thread it ran on."""
+    when `fail`), the check returns a FlakySlotted; each records the thread it ran on."""
 
     def __init__(self, fail: bool = False, flagged=()):
         self.go, self.fail, self.flagged = threading.Event(), fail, flagged
         self.compiled: list[tuple[threading.Thread, list]] = []
         self.checked: list[threading.Thread] = []
-        self.made: list[_Slotted] = []
+        self.made: list[FlakySlotted] = []
         self.jobs: list[builders.SlottedCompile] = []
 
     def compile(self, launches, device) -> None:
@@ -77,7 +55,7 @@ class _Stand:
 
     def check(self, L, V, budget, slots, device, dtype, exact=None):
         self.checked.append(threading.current_thread())
-        self.made.append(_Slotted(exact, self.flagged))
+        self.made.append(FlakySlotted(exact, self.flagged))
         return self.made[-1]
 
     def start(self, L, V, budget, slots, device, dtype, exact=None):   # builders.start_slotted_compile's stand-in
@@ -227,7 +205,7 @@ def test_rounds_switch_to_the_compiled_kernel_and_keep_every_token(rnd, monkeypa
     assert stand.compiled[0][0] is stand.jobs[0].thread and stand.checked == [threading.main_thread()]
     assert all(la.kernel is tree_block._tree_kernel for la in stand.compiled[0][1])   # only the slotted kernel
     k = loop.slotted_from_round
-    assert loop.tree_builder == "fake-slotted" and loop.slotted_compile is None and k is not None and k >= SWITCH_AFTER
+    assert loop.tree_builder == FlakySlotted.name and loop.slotted_compile is None and k is not None and k >= SWITCH_AFTER
     assert seen["switched"] is stand.made[0]   # the switching round's bucket was made again with the kernel
     assert stand.made[0].calls == sum(r["bucket"] >= 2 for r in loop.rounds[k:]) > 3   # every batched round after
     assert loop.redone_rounds == 2
@@ -265,11 +243,11 @@ def test_where_the_check_stays_synchronous(rnd, monkeypatch):
     before its first batched round, as before (no thread); at B = 64 on this CPU nothing can compile: the exact
     builder, no thread."""
     checked = []
-    monkeypatch.setattr(builders, "checked_slotted", lambda *a, exact=None: checked.append(a[2]) or _Slotted(exact))
+    monkeypatch.setattr(builders, "checked_slotted", lambda *a, exact=None: checked.append(a[2]) or FlakySlotted(exact))
     monkeypatch.setattr(builders, "start_slotted_compile", lambda *a, **kw: pytest.fail("no background compile here"))
     for budget, kind in ((16, "auto"), (64, "block")):
         loop = BatchFastLoop(rnd.target, rnd.proposer, "ddtree", budget, SLOTS, tree_kernel=kind)
-        assert loop._batch_builder().name == "fake-slotted" and loop.slotted_compile is None
+        assert loop._batch_builder().name == FlakySlotted.name and loop.slotted_compile is None
     assert checked == [16, 64]
     monkeypatch.undo()
     loop = BatchFastLoop(rnd.target, rnd.proposer, "ddtree", BUDGET, SLOTS)

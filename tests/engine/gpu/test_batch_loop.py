@@ -26,18 +26,30 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
+from batch_support import (  # noqa: F401
+    FlakySlotted,
+    KeyedRigged,
+    alone,
+    assert_lengths_and_stops,
+    assert_same,
+    count_forwards,
+    make_requests,
+    one_fails_one_cancelled,
+    plain_batch,
+    requests_with_stops,
+    rigged_alone,
+    rigged_plain,
+    rnd,
+    toy,
+)
+from engine_support import one_torch_thread  # noqa: F401 (fixture)
 
 from ddtree_bench.engine.batch import BatchLoop, BatchRequest
 from ddtree_bench.engine.batch_scheduler import BatchScheduler
 from ddtree_bench.engine.generate import Engine
-from ddtree_bench.engine.gpu import batch_loop as bl, builders
+from ddtree_bench.engine.gpu import batch_loop as bl
+from ddtree_bench.engine.gpu import builders
 from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop, buckets_for
-from ddtree_bench.engine.gpu.batch_tree import BatchTrees
-from batch_support import (KeyedRigged, alone, assert_lengths_and_stops, assert_same, count_forwards,  # noqa: F401
-                           make_requests, one_fails_one_cancelled, plain_batch, requests_with_stops, rigged_alone,
-                           rigged_plain, rnd, toy)
-from engine_support import one_torch_thread  # noqa: F401 (fixture)
 
 RANDOM_CASES = [(m, b, T) for m, b in (("ar", 0), ("dflash", 0), ("ddtree", 1), ("ddtree", 16)) for T in (0.0, 0.8)
                 if (m, b, T) != ("ddtree", 1, 0.8)]
@@ -211,33 +223,11 @@ def test_a_drafter_variant_drafts_through_its_own_proposer(rnd):
     _count("variant", len(reqs))
 
 
-class _FlakySlotted:
-    """The slotted Triton builder's stand-in on a CPU (builders.checked_slotted returns it): the exact batched builder's
-    trees, except on the calls in `flagged`, where it returns wrong trees (every slot a reversed chain) and raises its
-    one certificate flag, as the kernel does when any slot cannot certify."""
-
-    name = "flaky-slotted"
-
-    def __init__(self, exact, flagged: set[int]):
-        self.exact, self.flagged, self.calls, self.N = exact, flagged, 0, exact.N
-        self.flag = torch.zeros(1, dtype=torch.int32)
-
-    def __call__(self, logits):
-        self.calls += 1
-        trees = self.exact(logits)
-        if self.calls not in self.flagged:
-            return trees
-        self.flag += 1
-        C, N = trees.token_ids.shape
-        ar = torch.arange(N).expand(C, N)
-        return BatchTrees(trees.token_ids.flip(1), ar.contiguous(), (ar + 1).clamp(max=self.exact.L).contiguous())
-
-
-def _flaky(monkeypatch, flagged: set[int]) -> list[_FlakySlotted]:
-    made: list[_FlakySlotted] = []
+def _flaky(monkeypatch, flagged: set[int]) -> list[FlakySlotted]:
+    made: list[FlakySlotted] = []
 
     def checked(L, V, budget, slots, device, dtype, exact=None):
-        made.append(_FlakySlotted(exact, flagged))
+        made.append(FlakySlotted(exact, flagged))
         return made[-1]
 
     monkeypatch.setattr(builders, "checked_slotted", checked)
