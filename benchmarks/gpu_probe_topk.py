@@ -47,3 +47,18 @@ for k in (128, 256):
             ms = replay_ms(lambda: _probe.topk(x, k, select=sel, chunk=ch))
             line += f" {sel}@{ch}={ms:.4f}{'' if same else '(DIFFERS)'}"
     print(line, flush=True)
+
+# the batched tree build selects over C * L rows (C slots): ids only, as batch_tree.BatchTreeBuilder calls it
+print("V=151936 bf16, ids only, by rows (C * 15): ms per call (graph replay)")
+from ddtree_bench.engine.gpu.kernels import topk as _topk_mod  # noqa: E402
+
+for k in (16, 32, 64):
+    line = f"  K={k:5d}"
+    for rows in (15, 30, 60, 120, 240):
+        x = (torch.randn(rows, 151936, generator=torch.Generator().manual_seed(rows)) * 3).to(dev, torch.bfloat16)
+        ref = topk_logprobs(x, k)[1]
+        for sel in ("min", "threshold"):
+            got = _topk_mod._topk(x, k, select=sel, with_logprobs=False)[1]
+            ms = replay_ms(lambda: _topk_mod._topk(x, k, select=sel, with_logprobs=False))
+            line += f" {rows}:{sel}={ms:.4f}{'' if torch.equal(got, ref) else '(DIFFERS)'}"
+    print(line, flush=True)
