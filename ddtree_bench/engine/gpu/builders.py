@@ -29,8 +29,8 @@ at B = 64 compiled it (14-20 s on a fresh Triton cache, 0.19 s in the next proce
 "Where it stands"). There (`slotted_in_background`) the kernel now compiles on a daemon thread
 (`start_slotted_compile` -> SlottedCompile: launches recorded on the caller's thread, only Triton's compile on the
 other, the check back on the caller's) while the loop's first batched rounds use the exact batched builder; the loop
-switches once it is compiled and checked (gpu/batch_loop.py). Not yet measured on the H200. Knows nothing of models,
-caches or rounds.
+switches once it is compiled and checked (gpu/batch_loop.py; the H200's first batched round at B = 64 and 256 since:
+docs/gpu-performance.md, "Where it stands"). Knows nothing of models, caches or rounds.
 """
 
 from __future__ import annotations
