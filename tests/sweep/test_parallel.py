@@ -118,8 +118,13 @@ def test_parallel_sweep_writes_the_serial_results_each_worker_pinned(serial, tmp
 
 
 def _sweep_proc(out: Path, *extra: str) -> subprocess.Popen:
+    """The sweep in its own session (so the test can signal its whole group, as a terminal would), with SIGINT at its
+    default: a shell that runs the tests in the background (`pytest ... &`) leaves SIGINT ignored, children inherit
+    that, and Python then never raises KeyboardInterrupt - Ctrl-C would never reach the sweep, and the ctrl-c test
+    fail for the shell's reason, not the sweep's."""
     return subprocess.Popen([sys.executable, "-m", "ddtree_bench", "sweep", *GRID, "--workers", "2", "--out", str(out), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _finished(out: Path) -> list[Path]:
