@@ -72,7 +72,7 @@ NEG_BIG = -1.0e30        # running-max start: finite, so a range with nothing vi
 # is what benchmarks/gpu_attention_tune.py measures (docs/gpu-performance.md)
 FOLD = False
 COMBINE_ROWS = 16        # query rows per combine program from COMBINE_ROWS_FROM folded rows (combine_rows)
-COMBINE_ROWS_FROM = 512
+COMBINE_ROWS_FROM = 256
 COUNTERS_MIN = 4096      # int32 counters allocated at least (one per KV head x row block of a folded launch)
 _COUNTERS: dict[str, list[torch.Tensor]] = {}
 
@@ -261,10 +261,10 @@ if triton is not None:
 
 def combine_rows(M: int) -> int:
     """Query rows per program of the split-KV combine: COMBINE_ROWS from COMBINE_ROWS_FROM folded rows
-    (DDTREE_COMBINE_ROWS_FROM in an A/B), else one. In one-process A/B on the H200 (docs/gpu-performance.md,
-    "H200, 2026-12-02, 04:00 UTC") 16 rows were even at n = 64 (M = 260) and 1-6% slower at n <= 16, and with the
-    tree kernel's 4 prefix ranges at n = 128 (M = 516: 4128 one-row programs) they took 2.2-2.5% off the forward,
-    where the same 4 ranges with one-row combines were 5.0-5.6% slower than with 16-row ones."""
+    (DDTREE_COMBINE_ROWS_FROM in an A/B), else one. In one-process A/Bs on the H200 (docs/gpu-performance.md):
+    16 rows were 1-6% slower at n <= 16 (2026-12-02, 04:00 UTC); with the tree kernel's 4 prefix ranges they took
+    2.2-2.5% off the forward at n = 128 (M = 516: 4128 one-row programs) that morning, and 2.4% at n = 64 (M = 256:
+    the combine 0.27 -> ~0.13 ms a forward) on 2026-12-03."""
     return COMBINE_ROWS if M >= experimental.knob("COMBINE_ROWS_FROM", COMBINE_ROWS_FROM) else 1
 
 

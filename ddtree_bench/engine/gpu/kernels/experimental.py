@@ -20,6 +20,7 @@ ENV = "DDTREE_GPU_EXPERIMENTAL"
 GEMM_TABLE_ENV = "DDTREE_GEMM_TABLE"   # a JSON GEMM table (kernels/gemm.py) used on any CUDA device; named here, Triton-free
 FEATURES = {
     "pdl": "programmatic dependent launch, with the weight GEMM's L2 prefetch (kernels/pdl.py)",
+    "tree-fold": "the tree kernel's split-KV combine folded into its launch (kernels/tree_attention.py)",
     "split-cap": "live attention's split-KV ranges capped on the device so their partials never outweigh the K/V (kernels/attention.py)",
 }
 
@@ -27,6 +28,7 @@ FEATURES = {
 KNOBS = {
     "COMBINE_ROWS_FROM": "folded rows from which the split-KV combine takes 16 rows per program (kernels/attention.py)",
     "TREE_RANGES_TO": "folded rows up to which the tree kernel splits the prefix in 4 ranges (kernels/tree_attention.py)",
+    "TREE_RANGES": "prefix ranges of the tree kernel up to TREE_RANGES_TO folded rows, both bands (kernels/tree_attention.py)",
     "ROPE_TILES_FROM": "tokens from which q/k norm + RoPE runs a tile of heads per program (kernels/layer_ops.py)",
     "SLOT_ROWS": "query rows per program of the live-slot kernel over 2+ slots, the batched loop's (kernels/attention.py)",
     "SLOT_TREE_MIN_ROWS": "folded rows from which a tree verify over 2+ slots takes the tree kernel (kernels/tree_attention.py)",

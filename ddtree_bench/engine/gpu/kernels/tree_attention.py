@@ -50,7 +50,9 @@ if triton is not None:   # the shared @triton.jit helpers exist only with Triton
 from ddtree_bench.engine.gpu.kernels import experimental, pdl, warm
 
 LOG2E = 1.4426950408889634
-RANGES_TO = 768   # config(): folded rows up to which the prefix is split in 4 ranges (DDTREE_TREE_RANGES_TO in an A/B)
+RANGES_TO = 768   # config(): folded rows up to which the prefix is split in ranges (DDTREE_TREE_RANGES_TO in an A/B)
+RANGES_FEW_FROM = 384   # config(): from here to RANGES_TO, RANGES_FEW ranges; below, RANGES
+RANGES, RANGES_FEW = 4, 2   # prefix ranges below / from RANGES_FEW_FROM rows (DDTREE_TREE_RANGES sets both in an A/B)
 # forward.py's auto choice takes this kernel from this many folded query rows (n >= 32 tree nodes at 4 query heads
 # per KV head) and the live-slot kernel below: on an H200 (8B shape, 1024-token prefix) its dense tree phase on
 # 64-row tiles won by 0.15 ms at n = 64 on wide and on deep (depth 15) trees alike and lost by 0.04 ms at n = 16;
@@ -82,15 +84,20 @@ def config(M: int, dtype: torch.dtype) -> Config:
     """The launch shape for M folded rows, from the H200 tuning table (docs/gpu-performance.md, "H200,
     2026-12-02": 8B shape, bf16, 1024-token prefix, 36 layers; the shape fastest on wide and deep trees together at
     n = 64 / 128 and 256 / 512 and 1024, each band's edge between two tuned sizes so that a budget's B + 1 nodes
-    land with its n): 64-row tiles (wgmma) with the dense tree phase to 1536 rows, over four prefix ranges up to
-    RANGES_TO rows (n = 128 too since the one-process A/B of 2026-12-02, 04:00 UTC: 2.2-2.5% off the forward there, with the
-    16-row combine; 0.5-3.6% slower at n = 256); fp32 (the tests' twin check) single-stage."""
+    land with its n): 64-row tiles (wgmma) with the dense tree phase to 1536 rows, the prefix split in four ranges
+    below RANGES_FEW_FROM rows and two from there to RANGES_TO (in one-process A/Bs on the H200, 2026-12-03: at n = 64
+    two ranges were 2.4% slower on the forward, at n = 128 4.1% faster than four; eight lost at both; folding the
+    combine into the launch lost 2-5%; four ranges above RANGES_TO were 0.5-3.6% slower at n = 256, 2026-12-02);
+    fp32 (the tests' twin check) single-stage."""
     if M <= experimental.knob("TREE_RANGES_TO", RANGES_TO):
-        c = Config(64, 64, 4, 2, tree_dense=True, ranges=4)
+        ranges = RANGES if M < RANGES_FEW_FROM else RANGES_FEW
+        c = Config(64, 64, 4, 2, tree_dense=True, ranges=experimental.knob("TREE_RANGES", ranges))
     elif M <= 1536:
         c = Config(64, 128, 4, 2, tree_dense=True, ranges=1)
     else:
         c = Config(64, 64, 4, 3)
+    if experimental.enabled("tree-fold"):
+        c = replace(c, fold=True)
     return replace(c, stages=1) if dtype == torch.float32 else c
 
 
