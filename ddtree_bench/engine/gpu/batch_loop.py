@@ -195,7 +195,7 @@ class BatchFastLoop:
         self.L = self.block_size - 1
         self.builder = None
         if method == "ddtree":
-            self.builder = BatchTreeBuilder(self.L, target.cfg.vocab_size, budget, self.device)
+            self.builder = BatchTreeBuilder(self.L, target.cfg.vocab_size, budget, self.device, logits_dtype=self.dtype)
         self.width = 1 + (self.builder.N if method == "ddtree" else self.L) if self.spec else 1
         self.layout = WalkLayout(self.L) if self.spec else None
         self.result_size = self.layout.size + 1 if self.spec else 1   # per slot on the host, room for the flag

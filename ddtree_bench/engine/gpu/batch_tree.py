@@ -11,7 +11,8 @@ comparison is on exact int64 keys and the fp32 scores are elementwise sums, so t
 bit; the one float sum, the log-softmax normaliser's, is taken per slot on that slot's own
 contiguous [L, V] block (tree_vector.log_normalisers: the same op on the same shape as the per-slot
 builder, so the same bits on any device, where one reduction over [C * L, V] may split its sums
-differently; its max and elementwise steps run once over every slot).
+differently; its max and elementwise steps run once over every slot, in one Triton pass on CUDA where
+kernels/normalisers.py gives their bits for `logits_dtype`).
 The per-depth top-K token ids come from one exact selection over the C * L rows: the Triton
 selection of kernels/topk.py on CUDA (`select="auto"`, bit for bit the same ids; `topk_ids_fused`, which
 skips the log-probs), or one torch.topk
@@ -84,7 +85,8 @@ class BatchTreeBuilder:
 
     name = "torch-batched"
 
-    def __init__(self, L: int, V: int, budget: int, device, select: str = "auto"):
+    def __init__(self, L: int, V: int, budget: int, device, select: str = "auto",
+                 logits_dtype: torch.dtype | None = None):
         if select not in SELECTS:
             raise ValueError(f"unknown top-K selection {select!r}: {' | '.join(SELECTS)}")
         self.one = StaticTreeBuilder(L, V, budget, device)   # the shape constants, its checks, and the twin
@@ -92,6 +94,13 @@ class BatchTreeBuilder:
         self.K, self.counts, self.N = self.one.K, self.one.counts, self.one.N
         dev = torch.device(device)
         self.triton = select == "triton" or (select == "auto" and dev.type == "cuda" and _triton_ok(self.K, V))
+        # the log-probs' normaliser steps in one Triton pass (kernels/normalisers.py) for draft logits of
+        # logits_dtype, where that pass gives the twin's bits on this device (checked once per process)
+        self.fused_dtype = None
+        if self.triton and dev.type == "cuda" and logits_dtype is not None:
+            from ddtree_bench.engine.gpu.kernels import normalisers
+
+            self.fused_dtype = logits_dtype if normalisers.exact_here(str(dev), logits_dtype) else None
 
     def per_slot(self, draft_logits: torch.Tensor) -> BatchTrees:
         """The slow obvious twin: StaticTreeBuilder on each slot's [L, V], stacked."""
@@ -112,6 +121,10 @@ class BatchTreeBuilder:
             key = (_desc_key(logits) << bits) | torch.arange(V, device=logits.device)
             ids = torch.topk(key, self.K, dim=-1, largest=False, sorted=True).indices
         ids = ids.view(C, L, self.K)
+        if draft_logits.dtype == self.fused_dtype:   # the same bits, the elementwise passes in one launch
+            from ddtree_bench.engine.gpu.kernels import normalisers
+
+            return normalisers.logprobs_at(draft_logits, ids), ids
         return logprobs_at(fp32_logits(draft_logits), ids), ids   # each slot's normaliser on its own [L, V]: its bits
 
     def __call__(self, draft_logits: torch.Tensor) -> BatchTrees:

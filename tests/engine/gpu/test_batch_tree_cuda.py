@@ -28,10 +28,14 @@ def per_slot(x: torch.Tensor, budget: int) -> list[list[list[int]]]:
 
 
 @pytest.mark.parametrize("budget", [16, 128, 512])
-@pytest.mark.parametrize("select", ["auto", "torch"])
+@pytest.mark.parametrize("select", ["auto", "fused", "torch"])
 def test_every_slot_equals_the_per_slot_builder_on_cuda(budget, select):
-    b = BatchTreeBuilder(L, V, budget, "cuda", select=select)
-    assert b.triton == (select == "auto")
+    """fused: the batched loop's builder (logits_dtype given), whose log-probs take kernels/normalisers.py's one pass,
+    which must hold on this GPU (else the loop silently keeps the slower twin)."""
+    b = BatchTreeBuilder(L, V, budget, "cuda", select="auto" if select == "fused" else select,
+                         logits_dtype=torch.bfloat16 if select == "fused" else None)
+    assert b.triton == (select != "torch")
+    assert b.fused_dtype == (torch.bfloat16 if select == "fused" else None)
     for C in (1, 5, 16):
         x = logits(C, budget + C)
         want = per_slot(x, budget)
@@ -54,7 +58,9 @@ def test_slotted_block_kernel_equals_the_per_slot_builder_on_cuda(budget):
     not everywhere."""
     from ddtree_bench.engine.gpu.kernels.tree_block import SlottedTreeBuilder
 
-    sb = SlottedTreeBuilder(L, V, budget, "cuda", slots=16)
+    sb = SlottedTreeBuilder(L, V, budget, "cuda", slots=16,
+                            exact=BatchTreeBuilder(L, V, budget, "cuda", logits_dtype=torch.bfloat16))   # the loop's
+    assert sb.exact.fused_dtype == torch.bfloat16
     certified = []
 
     def same_if_certified(trees, x) -> None:

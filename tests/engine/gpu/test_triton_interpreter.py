@@ -1,7 +1,7 @@
 """Every Triton kernel of the GPU path, run on this CPU through Triton's interpreter.
 
 The kernel tests (tests/engine/gpu/test_tree_kernels_triton.py, test_fused_triton.py, test_attention_triton.py,
-test_batch_attention_triton.py, test_gemm_triton.py: each kernel against its PyTorch
+test_batch_attention_triton.py, test_gemm_triton.py, test_normalisers_triton.py: each kernel against its PyTorch
 twin, bit for bit or within a few fp32 ulps; head dim 128 for the layer ops) are marked `gpu` and
 need CUDA, or TRITON_INTERPRET=1 set before Triton defines the kernels - so they run here in a
 child process with that variable set, at the smaller shapes they choose under the interpreter.
@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[3]
 FILES = ["tests/engine/gpu/test_tree_kernels_triton.py", "tests/engine/gpu/test_fused_triton.py",
          "tests/engine/gpu/test_attention_triton.py", "tests/engine/gpu/test_batch_attention_triton.py",
-         "tests/engine/gpu/test_gemm_triton.py"]
+         "tests/engine/gpu/test_gemm_triton.py", "tests/engine/gpu/test_normalisers_triton.py"]
 
 
 def _have_triton() -> bool:
