@@ -1,7 +1,7 @@
 """GPU probe: the per-depth top-K of the draft logits several ways, as replayed CUDA graphs, at the
 Qwen3 vocabulary (L = 15 depths, V = 151,936, bf16) and the toy's (V = 272, fp32). Prints one line
 per K: PyTorch (`tree_vector.topk_logprobs`: composite keys + int64 topk), Triton "min" (K
-min-reductions per chunk), Triton "threshold" (radix search for the chunk's K-th score, survivors
+min-reductions per chunk), "pruned" (the same on the chunks that can hold the K best only), Triton "threshold" (radix search for the chunk's K-th score, survivors
 merged by `_merge_select_kernel`) and "threshold/torch-merge" (the same, survivors merged by one
 int64 torch.topk), each checked equal to PyTorch first.
 At the Qwen3 vocabulary it also times the threshold selection at chunks of 4,096 and 8,192 tokens.
@@ -23,8 +23,8 @@ for V, dtype in ((151936, torch.bfloat16), (272, torch.float32)):
             continue
         ref = topk_logprobs(x, k)
         line = f"  K={k:5d} torch={replay_ms(lambda: topk_logprobs(x, k)):.4f}"
-        for sel, merge in (("min", "triton"), ("threshold", "triton"), ("threshold", "torch")):
-            if sel == "min" and k > 256:
+        for sel, merge in (("min", "triton"), ("pruned", "triton"), ("threshold", "triton"), ("threshold", "torch")):
+            if sel in ("min", "pruned") and k > 256:
                 continue
             got = _probe.topk(x, k, select=sel, merge=merge)
             same = all(torch.equal(a, b) for a, b in zip(got, ref))
@@ -57,7 +57,7 @@ for k in (16, 32, 64):
     for rows in (15, 30, 60, 120, 240):
         x = (torch.randn(rows, 151936, generator=torch.Generator().manual_seed(rows)) * 3).to(dev, torch.bfloat16)
         ref = topk_logprobs(x, k)[1]
-        for sel in ("min", "threshold"):
+        for sel in ("min", "pruned", "threshold"):
             got = _topk_mod._topk(x, k, select=sel, with_logprobs=False)[1]
             ms = replay_ms(lambda: _topk_mod._topk(x, k, select=sel, with_logprobs=False))
             line += f" {rows}:{sel}={ms:.4f}{'' if torch.equal(got, ref) else '(DIFFERS)'}"

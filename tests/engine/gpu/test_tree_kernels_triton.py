@@ -31,10 +31,12 @@ TOPK_CASES = [(3, 272, 16, "min"), (2, 9000, 64, "min"), (2, 4097, 64, "min"), (
               (2, 5000, 1, "min"), (3, 272, 16, "threshold"), (2, 4097, 200, "threshold"),
               (2, 300, 272, "threshold"), (1, 9000, 1024, "threshold"),
               (2, 5000, 4096, "threshold"), (1, 13000, 4096, "threshold"),
-              (4, 3, 3, "threshold")]
+              (4, 3, 3, "threshold"), (3, 272, 16, "pruned"), (2, 9000, 64, "pruned"), (2, 4097, 64, "pruned"),
+              (4, 3, 3, "pruned"), (2, 5000, 1, "pruned"), (15, 151936, 16, "pruned"), (30, 151936, 16, "pruned")]
 if INTERPRETED:  # K up to 272, chunks cut mid-vocabulary, both selections
     TOPK_CASES = [(2, 300, 16, "min"), (4, 3, 3, "min"), (2, 4097, 16, "min"), (2, 300, 16, "threshold"),
-                  (2, 4097, 40, "threshold"), (4, 3, 3, "threshold")]
+                  (2, 4097, 40, "threshold"), (4, 3, 3, "threshold"), (2, 300, 16, "pruned"), (4, 3, 3, "pruned"),
+                  (2, 4097, 16, "pruned"), (3, 20000, 6, "pruned"), (2, 20000, 3, "pruned")]
 VERIFY_CASES = ([(4, 3, 50, 128, 2), (6, 5, 7, 64, 1), (6, 24, 0, 64, 2), (5, 24, 20, 96, 4)] if INTERPRETED else
                 [(15, 272, 16, 128, 1), (15, 272, 64, 192, 4), (4, 3, 50, 128, 2), (6, 5, 7, 64, 1), (15, 272, 0, 128, 2)])
 
@@ -173,8 +175,9 @@ def test_batched_loop_redoes_rounds_whose_slotted_build_flags_on_exact_ties(monk
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
 @pytest.mark.parametrize("L,V,k,select", TOPK_CASES)
 def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k, select):
-    """Both selections, at K from 1 to a whole chunk, chunks cut mid-vocabulary, coarse logits (ties
-    at the threshold: the lowest token ids must win) and NaN."""
+    """Every selection, at K from 1 to a whole chunk, chunks cut mid-vocabulary, coarse logits (ties
+    at the threshold: the lowest token ids must win; one-hot: every chunk's best ties with the others', so "pruned"
+    keeps them all) and NaN; "pruned" also at the Qwen3 vocabulary over one and two slots' depths."""
     from ddtree_bench.engine.gpu import _probe
 
     for seed in range(2):
@@ -188,6 +191,23 @@ def test_fused_topk_equals_pytorch_bit_for_bit(kind, L, V, k, select):
             assert torch.equal(ids, ids_ref) and torch.equal(lp, lp_ref)
             none, alone = _probe._topk_module._topk(xd, k, select=select, with_logprobs=False)   # the batched builder's
             assert none is None and torch.equal(alone, ids_ref)
+
+
+def test_the_default_selection_prunes_where_the_vocabulary_spans_k_chunks_and_is_exact_there(monkeypatch):
+    """selection(): "pruned" from K = 2 to PRUNED_UP_TO over at least K chunks (the Qwen3 vocabulary: 38 chunks of
+    4,096), "min" at K = 1 and where fewer chunks than K leave nothing to prune (the toy's 272 tokens: one chunk),
+    "threshold" above. topk_logprobs_fused with the default gives PyTorch's bits on such a vocabulary (CHUNK shrunk so
+    the interpreter's 3,000 tokens make 47 chunks)."""
+    from ddtree_bench.engine.gpu.kernels import topk
+
+    assert [topk.selection(k, 38) for k in (1, 2, 16, 32, 33, 64)] == ["min", "pruned", "pruned", "pruned", "threshold",
+                                                                        "threshold"]
+    assert [topk.selection(k, 1) for k in (1, 16, 17, 32)] == ["min", "min", "threshold", "threshold"]
+    monkeypatch.setattr(topk, "CHUNK", 64)
+    for kind in ("random", "onehot", "coarse"):
+        x = tree_logits(kind, 3, 3000, 1).to(DEV)
+        for k in (5, 32):
+            assert all(torch.equal(a, b) for a, b in zip(topk.topk_logprobs_fused(x, k), topk_logprobs(x, k)))
 
 
 def test_fused_topk_widens_its_chunks_until_the_survivors_fit_the_triton_merge(monkeypatch):
