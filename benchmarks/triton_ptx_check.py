@@ -19,7 +19,7 @@ from triton.compiler import ASTSource
 
 from ddtree_bench.engine.gpu.kernels import argmax as argmax_triton, topk as topk_triton, tree_block as tree_triton, tree_grid
 from ddtree_bench.engine.gpu.kernels import attention as attention_triton, tree_verify as tree_verify_triton
-from ddtree_bench.engine.gpu.kernels import tree_attention as tree_attention_triton
+from ddtree_bench.engine.gpu.kernels import normalisers, tree_attention as tree_attention_triton
 from ddtree_bench.engine.gpu.kernels.common import _pow2
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -76,7 +76,8 @@ i64, i32, f32, bf16, i8 = (t(d) for d in (torch.int64, torch.int32, torch.float3
 # the attention kernels' slot axis (runtime arguments): 8 KV heads, a slot's strides in a 2112-slot cache, T = 257
 # rows (combine: 17); BATCH_*: the same at a batched verify's slotted cache of 16 regions (kernels/attention.py)
 LIVE_SLOTS = dict(n_kv=8, sqc=32 * 257 * 128, skc=8 * 2112 * 128, svc=8 * 2112 * 128, sbc=4 * 257 * 2112, soc=257 * 4096)
-TREE_SLOTS = dict(n_kv=8, sqc=32 * 257 * 128, skc=8 * 2112 * 128, svc=8 * 2112 * 128, spc=257 * 16, soc=257 * 4096)
+TREE_SLOTS = dict(n_kv=8, sqc=32 * 257 * 128, skc=8 * 2112 * 128, svc=8 * 2112 * 128, spc=257 * 16, soc=257 * 4096,
+                  WORDS=i64, sw=5, swc=257 * 5)   # visibility words (tree_attention.vis_words): ceil(257 / 64) per row
 COMBINE_SLOTS = dict(n_kv=8, soc=17 * 4096)
 ok = []
 # top-K (both selections; the chunk topk.chunk_for picks: wider from K = 512)
@@ -88,6 +89,11 @@ if want("topk"):
         base = dict(x_ptr=bf16, out_ptr=i64, V=V, stride=V, C=C)
         if k <= topk_triton.SELECT_MIN_UP_TO:
             ok.append(check(topk_triton._chunk_kernel, base, dict(K=k, CH=CH, VB=VB)))
+            ok.append(check(topk_triton._chunk_min_kernel, dict(x_ptr=bf16, cmin_ptr=i64, V=V, stride=V, C=C),
+                            dict(CH=CH, VB=VB)))
+            ok.append(check(topk_triton._bound_kernel, dict(cmin_ptr=i64, tau_ptr=i64, C=C), dict(K=k, CP=_pow2(C))))
+            ok.append(check(topk_triton._chunk_pruned_kernel, dict(x_ptr=bf16, cmin_ptr=i64, tau_ptr=i64, out_ptr=i64,
+                                                                    V=V, stride=V, C=C), dict(K=k, KP=_pow2(k), CH=CH, VB=VB)))
             ok.append(check(topk_triton._merge_kernel, dict(cand_ptr=i64, ids_ptr=i64, C=C), dict(K=k, NP=_pow2(C * k), VB=VB)))
         else:
             for half in (True, False):
@@ -95,6 +101,11 @@ if want("topk"):
                 n = C * k
                 ok.append(check(topk_triton._merge_select_kernel, dict(cand_ptr=i64, ids_ptr=i64, sel_ptr=i64),
                                 dict(n=n, K=k, KP=_pow2(k), NP=_pow2(n), VB=VB, HALF=half)))
+
+    # the batched builder's log-probs: the normaliser's max and shifted exp, one program per row (libdevice's exp)
+    for x in (bf16, f32):
+        ok.append(check(normalisers._shifted_exp_kernel, dict(X=x, E=f32, M=f32, V=V, sx=V),
+                        dict(BLOCK=normalisers.BLOCK, LIBDEVICE=True), dict(num_warps=8)))
 
 # one-block tree kernel (B = 64)
 if want("tree"):
@@ -218,7 +229,7 @@ if want("attention"):
                                  qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128, svh=2112 * 128, svn=128,
                                  spath=16, sot=4096, **TREE_SLOTS),
                             dict(D=128, L1P=_pow2(L + 1), BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32,
-                                 K_ROWS=k_rows, TREE_DENSE=dense, FOLD=fold),
+                                 K_ROWS=k_rows, TREE_DENSE=dense, FOLD=fold, VIS_WORDS=dense and bn <= 128),
                             dict(num_warps=warps, num_stages=c.stages if c and stages > 1 else stages), mma=True))
 
 # the few-row weight GEMM (split and not, SiLU-mul epilogue, the split reduce) and the layer ops, with and without
@@ -294,9 +305,9 @@ if want("attention"):
                             dict(Q=bf16, K=bf16, V=bf16, PATH=i64, POS=i64, PREFIX=i64, O=bf16, PACC=f32, PM=f32, PL=f32,
                                  COUNT=i64, M=4 * T, T=T, G=4, n_split=1, qk_scale=0.127, sqh=T * 128, skh=2112 * 128,
                                  skn=128, svh=2112 * 128, svn=128, spath=16, sot=4096, n_kv=8, sqc=q_s, skc=kv_s,
-                                 svc=kv_s, spc=T * 16, soc=T * 4096),
+                                 svc=kv_s, spc=T * 16, soc=T * 4096, WORDS=i64, sw=-(-T // 64), swc=T * -(-T // 64)),
                             dict(D=128, L1P=16, BLOCK_M=c.block_m, BLOCK_N=c.block_n, SPLIT=True, IEEE=False,
-                                 K_ROWS=c.k_rows, TREE_DENSE=c.tree_dense),
+                                 K_ROWS=c.k_rows, TREE_DENSE=c.tree_dense, VIS_WORDS=c.tree_dense),
                             dict(num_warps=c.warps, num_stages=c.stages), mma=True))
         ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * T, T=T, G=4,
                                                              n_split=2, n_heads=16 * 8, sot=4096, n_kv=8, soc=T * 4096),

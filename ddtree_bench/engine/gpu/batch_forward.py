@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ddtree_bench.engine.gpu.forward import ATTENTION, _attend, _linear, _norm, _residual, _swiglu
+from ddtree_bench.engine.gpu.kernels.tree_attention import TreeRows
 from ddtree_bench.engine.gpu.fused import ensure_merged
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
 
@@ -75,7 +76,7 @@ def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: 
     B = start.shape[0]
     T = ids.shape[0] // B
     live = start + T
-    tree = (tree_path, positions) if tree_path is not None else None
+    tree = TreeRows(tree_path, positions) if tree_path is not None else None
     blocks = target.model.layers
     x = target.model.embed_tokens(ids)
     cos, sin = target.rotary(positions, x.dtype)

@@ -86,7 +86,7 @@ ATTENTION = ("auto", "sdpa", "live", "tree")
 
 
 def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tree=None) -> torch.Tensor:
-    """grouped_attend's result. A tree verify (`tree` = (path, positions), with `prefix`) of at least
+    """grouped_attend's result. A tree verify (`tree`: tree_attention.TreeRows, with `prefix`) of at least
     TREE_MIN_ROWS folded query rows under auto with the fused Triton ops, or attention="tree": the prefix
     densely and each row's ancestors gathered (kernels/tree_attention.py), the bias unread; attention="live",
     or auto with the fused ops up to AUTO_MAX_ROWS query rows: over the live slots only
@@ -96,7 +96,7 @@ def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tree=Non
     if tree is not None and prefix is not None and (
             attention == "tree" or (attention == "auto" and ops.name == "triton"
                                     and tree_kernel.wanted(one_q, one_k, q.shape[0] if q.dim() == 4 else 1))):
-        return tree_kernel.tree_attend(q, k, v, tree[0], tree[1], prefix)
+        return tree_kernel.tree_attend(q, k, v, tree.path, tree.pos, prefix, words=tree.words(prefix))
     if attention == "live" or (attention == "auto" and ops.name == "triton" and live_kernel.wanted(one_q, one_k)):
         return live_kernel.live_attend(q, k, v, bias, live, prefix)
     return grouped_attend(q, k, v, bias)
@@ -161,7 +161,7 @@ def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: Stati
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     live = start + ids.shape[0]
-    tree = (tree_path, positions) if tree_path is not None else None
+    tree = tree_kernel.TreeRows(tree_path, positions) if tree_path is not None else None
     ensure_merged(target)
     blocks = target.model.layers
     x = target.model.embed_tokens(ids)

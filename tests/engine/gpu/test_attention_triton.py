@@ -483,6 +483,44 @@ def test_the_wide_tree_tiles_equal_sdpa_split_or_not_gathered_or_dense(N, start,
 
 @pytest.mark.gpu
 @triton_only
+@pytest.mark.parametrize("N,L", [(0, 3), (40, 3), (63, 3), (64, 3), (130, 3), (70, 15)])
+def test_visibility_words_are_the_ancestor_matrix_and_give_the_path_tests_bits(N, L):
+    """vis_words sets bit j of row t exactly where node j is t's ancestor or t itself (tree_ops.ancestors), across
+    word edges (T = 64, 65, 131); the dense tree phase reading them gives the path-table test's bits, at tiles of 16
+    (a word's quarter), 64 and 128 nodes (two words), one range or three, combine after or folded, and through
+    forward's TreeRows (made once, reused)."""
+    from dataclasses import replace
+
+    from ddtree_bench.engine.gpu.kernels.tree_attention import Config, TreeRows, tree_attend, vis_words
+    from ddtree_bench.engine.gpu.tree_ops import ancestors
+
+    Hq, Hkv, S, D, start = 4, 2, 320, 16, 100
+    par, dep, path = _random_tree(N, L, seed=N + 3, chain=0.8 if L > 5 else 0.0)
+    T = N + 1
+    st = torch.tensor(start, device=DEV)
+    pos = st + torch.cat([torch.zeros(1, dtype=torch.long), dep]).to(DEV)
+    words = vis_words(path.to(DEV), pos, st)
+    assert words.shape == (1, T, -(-T // 64)) and words.dtype == torch.long
+    bits = torch.arange(64, device=DEV)
+    unpacked = ((words[0, :, :, None] >> bits) & 1).bool().reshape(T, -1)[:, :T]
+    assert torch.equal(unpacked, ancestors(par.to(DEV), L))
+    g = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((Hq, T, D), (Hkv, S, D), (Hkv, S, D)))
+    launches = [Config(16, 16, 4, 1, tree_dense=True), Config(16, 64, 4, 1, tree_dense=True),
+                Config(16, 128, 4, 1, tree_dense=True, fold=True)]
+    rows = TreeRows(path.to(DEV), pos)
+    assert rows.words(st) is rows.words(st) and torch.equal(rows.words(st), words)
+    for launch in launches if not INTERPRETED or N in (0, 64, 130) else launches[1:2]:
+        for splits in (1, 3):
+            plain = tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits, launch=launch)
+            assert torch.equal(tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits, launch=launch, words=words),
+                               plain), (launch, splits)
+    with pytest.raises(ValueError, match="vis_words"):
+        tree_attend(q, k, v, path.to(DEV), pos, st, launch=replace(launches[1], stages=1), words=words[..., :0])
+
+
+@pytest.mark.gpu
+@triton_only
 def test_the_wide_tree_tiles_on_a_built_tree_match_compile_trees_bias():
     """WIDE_SHAPES on the builder's tree (compile_tree's path table and bias), split over the prefix as n_split
     chooses and in two ranges, gathered and dense."""

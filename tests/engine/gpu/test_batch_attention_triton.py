@@ -108,7 +108,7 @@ def test_slotted_tree_attend_is_the_one_tree_kernel_slot_by_slot_and_reads_only_
     fixed ranges and launch shapes (gathered and dense tree phase, combine after or folded) each slot gets the
     one-tree call's bits; the default launch (config's ranges spread over the slots) SDPA's values with each
     slot's bias; every other region NaN leaves a slot's rows as they were."""
-    from ddtree_bench.engine.gpu.kernels.tree_attention import Config, tree_attend
+    from ddtree_bench.engine.gpu.kernels.tree_attention import Config, tree_attend, vis_words
 
     N = 9
     T = N + 1
@@ -126,6 +126,9 @@ def test_slotted_tree_attend_is_the_one_tree_kernel_slot_by_slot_and_reads_only_
         for c in range(C):
             one = tree_attend(q[c], k[c], v[c], path[c], pos[c * T:(c + 1) * T], st[c], splits=splits, launch=launch)
             assert torch.equal(got[c * T:(c + 1) * T], one), (c, splits, launch)
+        if launch.tree_dense:   # each slot's visibility words (one vis_words call for every slot): the same bits
+            assert torch.equal(tree_attend(q, k, v, path, pos, st, splits=splits, launch=launch,
+                                           words=vis_words(path, pos, st)), got)
         torch.testing.assert_close(got, want, **TOL)
     torch.testing.assert_close(tree_attend(q, k, v, path, pos, st), want, **TOL)
     full = tree_attend(q, k, v, path, pos, st, splits=2, launch=launches[1][1])

@@ -170,14 +170,49 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         return acc, m_new, l_i
 
-    @triton.jit(do_not_specialize=["M", "T", "n_split", "spc"])
-    def _tree_attn_kernel(Q, K, V, PATH, POS, PREFIX, O, PACC, PM, PL, COUNT,
+    @triton.jit
+    def _tree_tile_words(q, acc, m_i, l_i, K, V, kbase, vbase, w0, w1, js, j0, t_last, prefix, skn, svn, dims,
+                         qk_scale, IEEE: tl.constexpr, K_ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+        """_tree_tile with each row's visibility read off its words (vis_words): bit j % 64 of word j // 64 says
+        node j is an ancestor of the row or the row itself; w0 holds the tile's first 64 nodes, w1 (BLOCK_N = 128)
+        the next 64. The same visible set as _tree_tile's path test, so the same bits."""
+        jmask = js <= t_last
+        sh = (js % 64).to(tl.int64)
+        if BLOCK_N > 64:
+            w = tl.where(((js - j0) < 64)[None, :], w0[:, None], w1[:, None])
+        else:
+            w = w0[:, None]
+        vis = (((w >> sh[None, :]) & 1) != 0) & jmask[None, :]
+        slots = prefix + js
+        if K_ROWS:
+            k = tl.trans(tl.load(K + kbase + slots[:, None] * skn + dims[None, :], mask=jmask[:, None], other=0.0))
+        else:
+            k = tl.load(K + kbase + slots[None, :] * skn + dims[:, None], mask=jmask[None, :], other=0.0)
+        if IEEE:
+            s = tl.dot(q, k, input_precision="ieee") * qk_scale
+        else:
+            s = tl.dot(q, k) * qk_scale
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(V + vbase + slots[:, None] * svn + dims[None, :], mask=jmask[:, None], other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return acc, m_new, l_i
+
+    @triton.jit(do_not_specialize=["M", "T", "n_split", "spc", "sw", "swc"])
+    def _tree_attn_kernel(Q, K, V, PATH, POS, PREFIX, O, PACC, PM, PL, COUNT, WORDS,
                           M, T, G, n_split, qk_scale,
                           sqh, skh, skn, svh, svn, spath, sot,
-                          n_kv, sqc, skc, svc, spc, soc,
+                          n_kv, sqc, skc, svc, spc, soc, sw, swc,
                           D: tl.constexpr, L1P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           SPLIT: tl.constexpr, IEEE: tl.constexpr, K_ROWS: tl.constexpr,
-                          TREE_DENSE: tl.constexpr = False, FOLD: tl.constexpr = False, USE_GDC: tl.constexpr = False):
+                          TREE_DENSE: tl.constexpr = False, FOLD: tl.constexpr = False, USE_GDC: tl.constexpr = False,
+                          VIS_WORDS: tl.constexpr = False):
         pdl.enter(USE_GDC)
         c, h, hh = _slot_of(n_kv)   # slot c's tree and region: every pointer below moves by its slot stride first
         c64 = c.to(tl.int64)
@@ -185,6 +220,7 @@ if triton is not None:
         K += c64 * skc
         V += c64 * svc
         PATH += c64 * spc
+        WORDS += c64 * swc
         POS += c * T
         PREFIX += c
         O += c64 * soc
@@ -217,39 +253,58 @@ if triton is not None:
         # tree phase: the row's ancestors and itself, path[t, 0..depth(t)], to the block's deepest row only
         # (dense: every node tile up to the block's last node, masked by visibility)
         if s_id == (n_split if SPLIT else 0):
-            depth = tl.load(POS + t, mask=rmask, other=0).to(tl.int32) - prefix
-            if TREE_DENSE:
+            if TREE_DENSE and VIS_WORDS:
+                # each row's words (vis_words): a tile none of the block's rows sees is skipped, as below
                 t_last = tl.max(tl.where(rmask, t, 0), axis=0)
-                # the block's ancestors (path table, -1 where unused): a tile holding none of them is skipped
-                ds = tl.arange(0, L1P)
-                anc = tl.load(PATH + t[:, None] * spath + ds[None, :],
-                              mask=rmask[:, None] & (ds[None, :] <= depth[:, None]), other=-1).to(tl.int32)
+                wrow = WORDS + t * sw
                 for j0 in range(0, t_last + 1, BLOCK_N):
-                    hits = tl.sum(tl.sum(((anc >= j0) & (anc < j0 + BLOCK_N)).to(tl.int32), axis=1), axis=0)
-                    if hits > 0:
-                        acc, m_i, l_i = _tree_tile(q, acc, m_i, l_i, K, V, kbase, vbase, PATH, POS,
-                                                   j0 + tl.arange(0, BLOCK_N), t, depth, rmask, t_last, prefix, skn,
-                                                   svn, spath, dims, qk_scale, IEEE, K_ROWS)
+                    w0 = tl.load(wrow + j0 // 64, mask=rmask, other=0)
+                    if BLOCK_N > 64:
+                        w1 = tl.load(wrow + j0 // 64 + 1, mask=rmask & (t * 0 + j0 + 64 <= t_last), other=0)
+                        seen = (w0 | w1) != 0
+                    else:
+                        w1 = w0
+                        if BLOCK_N < 64:   # the tile's bits of its word only
+                            w1 = (w0 >> (tl.zeros_like(w0) + j0 % 64)) & ((1 << BLOCK_N) - 1)
+                        seen = w1 != 0
+                    if tl.sum(seen.to(tl.int32), axis=0) > 0:
+                        acc, m_i, l_i = _tree_tile_words(q, acc, m_i, l_i, K, V, kbase, vbase, w0, w1,
+                                                         j0 + tl.arange(0, BLOCK_N), j0, t_last, prefix, skn, svn,
+                                                         dims, qk_scale, IEEE, K_ROWS, BLOCK_N)
             else:
-                deepest = tl.max(tl.where(rmask, depth, 0), axis=0)
-                # the block's whole path table at once, so each depth step waits on one round of loads (K and V
-                # together), not three (path, then K, then V)
-                js = tl.arange(0, L1P)
-                paths = tl.load(PATH + t[:, None] * spath + js[None, :],
-                                mask=rmask[:, None] & (js[None, :] <= depth[:, None]), other=0).to(tl.int32)
-                qf = q.to(tl.float32)
-                for j in range(0, deepest + 1):
-                    ok = rmask & (j <= depth)
-                    slot = prefix + tl.sum(tl.where(js[None, :] == j, paths, 0), axis=1)
-                    k = tl.load(K + kbase + slot[:, None] * skn + dims[None, :], mask=ok[:, None], other=0.0)
-                    v = tl.load(V + vbase + slot[:, None] * svn + dims[None, :], mask=ok[:, None], other=0.0)
-                    s = tl.where(ok, tl.sum(qf * k.to(tl.float32), axis=1) * qk_scale, float("-inf"))
-                    m_new = tl.maximum(m_i, s)
-                    alpha = tl.exp2(m_i - m_new)
-                    p = tl.exp2(s - m_new)
-                    l_i = l_i * alpha + p
-                    acc = acc * alpha[:, None] + p.to(v.dtype).to(tl.float32)[:, None] * v.to(tl.float32)
-                    m_i = m_new
+                depth = tl.load(POS + t, mask=rmask, other=0).to(tl.int32) - prefix
+                if TREE_DENSE:
+                    t_last = tl.max(tl.where(rmask, t, 0), axis=0)
+                    # the block's ancestors (path table, -1 where unused): a tile holding none of them is skipped
+                    ds = tl.arange(0, L1P)
+                    anc = tl.load(PATH + t[:, None] * spath + ds[None, :],
+                                  mask=rmask[:, None] & (ds[None, :] <= depth[:, None]), other=-1).to(tl.int32)
+                    for j0 in range(0, t_last + 1, BLOCK_N):
+                        hits = tl.sum(tl.sum(((anc >= j0) & (anc < j0 + BLOCK_N)).to(tl.int32), axis=1), axis=0)
+                        if hits > 0:
+                            acc, m_i, l_i = _tree_tile(q, acc, m_i, l_i, K, V, kbase, vbase, PATH, POS,
+                                                       j0 + tl.arange(0, BLOCK_N), t, depth, rmask, t_last, prefix, skn,
+                                                       svn, spath, dims, qk_scale, IEEE, K_ROWS)
+                else:
+                    deepest = tl.max(tl.where(rmask, depth, 0), axis=0)
+                    # the block's whole path table at once, so each depth step waits on one round of loads (K and V
+                    # together), not three (path, then K, then V)
+                    js = tl.arange(0, L1P)
+                    paths = tl.load(PATH + t[:, None] * spath + js[None, :],
+                                    mask=rmask[:, None] & (js[None, :] <= depth[:, None]), other=0).to(tl.int32)
+                    qf = q.to(tl.float32)
+                    for j in range(0, deepest + 1):
+                        ok = rmask & (j <= depth)
+                        slot = prefix + tl.sum(tl.where(js[None, :] == j, paths, 0), axis=1)
+                        k = tl.load(K + kbase + slot[:, None] * skn + dims[None, :], mask=ok[:, None], other=0.0)
+                        v = tl.load(V + vbase + slot[:, None] * svn + dims[None, :], mask=ok[:, None], other=0.0)
+                        s = tl.where(ok, tl.sum(qf * k.to(tl.float32), axis=1) * qk_scale, float("-inf"))
+                        m_new = tl.maximum(m_i, s)
+                        alpha = tl.exp2(m_i - m_new)
+                        p = tl.exp2(s - m_new)
+                        l_i = l_i * alpha + p
+                        acc = acc * alpha[:, None] + p.to(v.dtype).to(tl.float32)[:, None] * v.to(tl.float32)
+                        m_i = m_new
         if SPLIT:   # partials [ranges, C * n_kv, M, D]: program hh's rows
             base = (s_id * tl.num_programs(0) + hh) * M + rows
             tl.store(PM + base, m_i / 1.4426950408889634, mask=rmask)   # the combine works in natural-log units
@@ -290,8 +345,38 @@ def ranges_for(cfg: Config, C: int, Hkv: int, M: int, S: int) -> int:
     return n_split(C * Hkv, M, S, cfg.block_m, cfg.block_n)
 
 
+def vis_words(path: torch.Tensor, pos: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+    """Each row's visibility as bits: path [T, L+1] or [C, T, L+1], pos [T] or [C*T] (prefix + depth), prefix 0-d or
+    [C] -> words [C, T, ceil(T / 64)] int64, bit j % 64 of word j // 64 set iff node j is on row t's path
+    (path[t, 0..depth(t)]: its ancestors and itself). Made once per forward (TreeRows), read by every layer's dense
+    tree phase instead of gathering path entries per key tile."""
+    path3 = path if path.dim() == 3 else path[None]
+    C, T, L1 = path3.shape
+    depth = pos.view(C, T) - prefix.reshape(-1, 1)
+    valid = torch.arange(L1, device=path.device) <= depth[..., None]
+    node = torch.where(valid, path3, 0)
+    bits = torch.where(valid, torch.bitwise_left_shift(torch.ones_like(node), node % 64), 0)
+    words = torch.zeros(C, T, -(-T // 64), dtype=torch.long, device=path.device)
+    return words.scatter_add_(2, node // 64, bits)   # distinct bits per word: the sum is their OR
+
+
+class TreeRows:
+    """A tree verify's rows for the tree kernel: the path table and positions (kernels/tree_verify.compile_tree(s)),
+    and their vis_words, made on the first layer's call and reused by the others (one forward, one tree)."""
+
+    def __init__(self, path: torch.Tensor, pos: torch.Tensor):
+        self.path, self.pos = path, pos
+        self._words: torch.Tensor | None = None
+
+    def words(self, prefix: torch.Tensor) -> torch.Tensor:
+        if self._words is None:
+            self._words = vis_words(self.path, self.pos, prefix)
+        return self._words
+
+
 def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.Tensor, pos: torch.Tensor,
-                prefix: torch.Tensor, splits: int | None = None, launch: Config | None = None) -> torch.Tensor:
+                prefix: torch.Tensor, splits: int | None = None, launch: Config | None = None,
+                words: torch.Tensor | None = None) -> torch.Tensor:
     """q: [Hq, T, D] (D a power of two >= 16); k, v: [Hkv, S, D] (last dim contiguous); path: [T, L+1] long
     (row t: node at depth 0..depth(t), compile_tree's); pos: [T] long, prefix + depth; prefix: 0-d long,
     the committed slots. Returns [T, Hq*D] in q's dtype: forward.grouped_attend's result with the tree's bias.
@@ -299,7 +384,8 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     k, v [C, Hkv, S, D] (any slot stride), path [C, T, L+1] (compile_trees'), pos [C*T] (slot-major), prefix [C];
     slot c's rows see its own prefix and its own tree only; the result is [C*T, Hq*D] slot-major. C = 1 is the
     call above. splits / launch: fixed prefix ranges / launch shape (tests and tuning), else config(M) and
-    ranges_for's count."""
+    ranges_for's count. words: vis_words(path, pos, prefix), for a dense tree phase of block_n <= 128: it then reads
+    each row's visibility off them (the same bits as without)."""
     if q.dim() == 3:   # one tree
         q, k, v, path = q[None], k[None], v[None], path[None]
     C, Hq, T, D = q.shape
@@ -321,19 +407,28 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
         pl = torch.empty_like(pm)
     else:
         pacc = pm = pl = out
+    use_words = words is not None and cfg.tree_dense and cfg.block_n <= 128
+    if use_words:
+        words = words.view(C, T, -1)
+        if words.shape[2] != -(-T // 64) or words.dtype != torch.long or not words.is_contiguous():
+            raise ValueError(f"words must be vis_words' [C, T, ceil(T/64)] int64, got {list(words.shape)} {words.dtype}")
+    else:
+        words = prefix
     grid = (C * Hkv, triton.cdiv(M, cfg.block_m), ns + 1 if ns > 1 else 1)
     fold = cfg.fold and ns > 1
     count = counters(q.device, C * Hkv * grid[1]) if fold else prefix
-    warm.launch(_tree_attn_kernel, grid, q, k, v, path, pos, prefix, out, pacc, pm, pl, count,
+    W = words.shape[2] if use_words else 0
+    warm.launch(_tree_attn_kernel, grid, q, k, v, path, pos, prefix, out, pacc, pm, pl, count, words,
                 M, T, G, ns, D ** -0.5 * LOG2E,
                 T * D, k.stride(1), k.stride(2), v.stride(1), v.stride(2), path.stride(1), Hq * D,
-                Hkv, q.stride(0), k.stride(0), v.stride(0), path.stride(0), T * Hq * D,
+                Hkv, q.stride(0), k.stride(0), v.stride(0), path.stride(0), T * Hq * D, W, T * W,
                 D=D, L1P=_pow2(path.shape[2]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, TREE_DENSE=cfg.tree_dense,
-                FOLD=fold, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(q.device))
+                FOLD=fold, VIS_WORDS=use_words, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
         combine(pacc, pm, pl, out, prefix, M, T, G, ns + 1, Hkv, t_major=True)
     return out
 
 
-__all__ = ["Config", "NEG_BIG", "TREE_MIN_ROWS", "WIDE_SHAPES", "config", "ranges_for", "tree_attend", "wanted"]
+__all__ = ["Config", "NEG_BIG", "TREE_MIN_ROWS", "TreeRows", "WIDE_SHAPES", "config", "ranges_for", "tree_attend",
+           "vis_words", "wanted"]
