@@ -5,7 +5,8 @@ DDTree-shaped trees (gpu_attention_tune.tree_for: wide x3 and deep x12 draft log
 (36 launches, CUDA-graph replays) of kernels/tree_attention.tree_attend:
 * auto: config(M) as the forward runs it (prefix ranges + the tree phase's range, combine as a second launch),
   each row's visibility from the path table per key tile; words: the same with the visibility words made once per
-  forward (vis_words, what forward.py passes since 2026-12-03);
+  forward (vis_words, what forward.py passes since 2026-12-03); gather: config's shape with the tree phase gathered
+  per depth step instead of dense tiles (config's choice above 1536 folded rows before 2026-12-03);
 * no-prefix: the same rows with an empty prefix (prefix 0, the tree at slots 0..T-1): the tree phase alone, plus
   the partial stores and the combine;
 * root-only: the prefix as auto, each row seeing only the root (depth 0 everywhere): the prefix phase plus one
@@ -35,7 +36,7 @@ from gpu_attention_tune import D, HKV, HQ, L, LAYERS, tree_for
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prefix", type=int, default=1024)
-    ap.add_argument("--tokens", default="64,128,256,512")
+    ap.add_argument("--tokens", default="64,128,256,512,1024")
     ap.add_argument("--scales", default="3,12")
     a = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -45,7 +46,7 @@ def main() -> None:
     ks = [torch.randn(HKV, cap, D, device=dev, dtype=dt, generator=gen) for _ in range(LAYERS)]
     vs = [torch.randn(HKV, cap, D, device=dev, dtype=dt, generator=gen) for _ in range(LAYERS)]
     start, zero = torch.tensor(a.prefix, device=dev), torch.tensor(0, device=dev)
-    cols = ["auto", "words", "no-prefix", "root-only", "combine", "ranges1", "ranges2", "ranges8", "fold", "sdpa-flash"]
+    cols = ["auto", "words", "gather", "no-prefix", "root-only", "combine", "ranges1", "ranges2", "ranges8", "fold", "sdpa-flash"]
     print(f"ms per forward ({LAYERS} layers), prefix {a.prefix}; auto = {{config}}")
     print(f"{'scale':>5} {'n':>5} {'M':>5} " + " ".join(f"{c:>10}" for c in cols) + "  config", flush=True)
     for scale in (float(x) for x in a.scales.split(",")):
@@ -68,6 +69,7 @@ def main() -> None:
             runs = {
                 "auto": lambda k, v: tree.tree_attend(q, k, v, path, pos, start),
                 "words": lambda k, v: tree.tree_attend(q, k, v, path, pos, start, words=words),
+                "gather": lambda k, v: tree.tree_attend(q, k, v, path, pos, start, launch=replace(cfg, tree_dense=False)),
                 "no-prefix": lambda k, v: tree.tree_attend(q, k, v, path, pos - a.prefix, zero),
                 "root-only": lambda k, v: tree.tree_attend(q, k, v, root_path, root_pos, start),
                 "combine": lambda k, v: live.combine(pacc, pm, pl, out, start, M, n, HQ // HKV, ns_auto + 1, HKV,

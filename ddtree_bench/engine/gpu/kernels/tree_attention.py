@@ -88,6 +88,8 @@ def config(M: int, dtype: torch.dtype) -> Config:
     below RANGES_FEW_FROM rows and two from there to RANGES_TO (in one-process A/Bs on the H200, 2026-12-03: at n = 64
     two ranges were 2.4% slower on the forward, at n = 128 4.1% faster than four; eight lost at both; folding the
     combine into the launch lost 2-5%; four ranges above RANGES_TO were 0.5-3.6% slower at n = 256, 2026-12-02);
+    above 1536 rows dense too since the visibility words (the attention alone at n = 512 / 1024: 10-12% faster than the
+    gathered tree phase on wide trees, 29-41% on deep ones, H200 2026-12-03; without words it lost on wide trees);
     fp32 (the tests' twin check) single-stage."""
     if M <= experimental.knob("TREE_RANGES_TO", RANGES_TO):
         ranges = RANGES if M < RANGES_FEW_FROM else RANGES_FEW
@@ -95,7 +97,7 @@ def config(M: int, dtype: torch.dtype) -> Config:
     elif M <= 1536:
         c = Config(64, 128, 4, 2, tree_dense=True, ranges=1)
     else:
-        c = Config(64, 64, 4, 3)
+        c = Config(64, 64, 4, 3, tree_dense=True)
     if experimental.enabled("tree-fold"):
         c = replace(c, fold=True)
     return replace(c, stages=1) if dtype == torch.float32 else c
