@@ -84,7 +84,7 @@ from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visib
 from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
 from ddtree_bench.engine.gpu.graphs import Pool, Stage
 from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN, FastLoop, HostState, Laps, cold_notice
-from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, commit_static, verify_visible, walk_static
+from ddtree_bench.engine.gpu.tree_ops import ancestors, commit_static, verify_visible, walk_static
 from ddtree_bench.engine.interface import METHODS, OutputStream, RoundTrace, WalkLayout, logit_gaps
 from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.verify import GREEDY_EPS, pick, request_generator

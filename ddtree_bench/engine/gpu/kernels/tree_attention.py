@@ -142,50 +142,11 @@ if triton is not None:
         return acc, m_new, l_i
 
     @triton.jit
-    def _tree_tile(q, acc, m_i, l_i, K, V, kbase, vbase, PATH, POS, js, t, depth, rmask, t_last, prefix,
-                   skn, svn, spath, dims, qk_scale, IEEE: tl.constexpr, K_ROWS: tl.constexpr):
-        """One tile of tree nodes js (slots prefix + js, nodes <= t_last read) for rows at nodes t of depth
-        `depth`: row t sees node j iff depth(j) <= depth(t) and path[t, depth(j)] == j (scores in log2 units)."""
-        jmask = js <= t_last
-        dj = tl.load(POS + js, mask=jmask, other=0).to(tl.int32) - prefix
-        on = rmask[:, None] & jmask[None, :] & (dj[None, :] <= depth[:, None])
-        pj = tl.load(PATH + t[:, None] * spath + dj[None, :], mask=on, other=-1).to(tl.int32)
-        vis = on & (pj == js[None, :])
-        slots = prefix + js
-        if K_ROWS:
-            k = tl.trans(tl.load(K + kbase + slots[:, None] * skn + dims[None, :], mask=jmask[:, None], other=0.0))
-        else:
-            k = tl.load(K + kbase + slots[None, :] * skn + dims[:, None], mask=jmask[None, :], other=0.0)
-        if IEEE:
-            s = tl.dot(q, k, input_precision="ieee") * qk_scale
-        else:
-            s = tl.dot(q, k) * qk_scale
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))   # every row sees the root (tile 0) first: m_new stays finite
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(V + vbase + slots[:, None] * svn + dims[None, :], mask=jmask[:, None], other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        return acc, m_new, l_i
-
-    @triton.jit
-    def _tree_tile_words(q, acc, m_i, l_i, K, V, kbase, vbase, w0, w1, js, j0, t_last, prefix, skn, svn, dims,
-                         qk_scale, IEEE: tl.constexpr, K_ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-        """_tree_tile with each row's visibility read off its words (vis_words): bit j % 64 of word j // 64 says
-        node j is an ancestor of the row or the row itself; w0 holds the tile's first 64 nodes, w1 (BLOCK_N = 128)
-        the next 64. The same visible set as _tree_tile's path test, so the same bits."""
-        jmask = js <= t_last
-        sh = (js % 64).to(tl.int64)
-        if BLOCK_N > 64:
-            w = tl.where(((js - j0) < 64)[None, :], w0[:, None], w1[:, None])
-        else:
-            w = w0[:, None]
-        vis = (((w >> sh[None, :]) & 1) != 0) & jmask[None, :]
-        slots = prefix + js
+    def _visible_tile(q, acc, m_i, l_i, K, V, kbase, vbase, slots, jmask, vis, skn, svn, dims, qk_scale,
+                      IEEE: tl.constexpr, K_ROWS: tl.constexpr):
+        """The online-softmax step over one tile of tree slots (jmask: the slots read) where `vis` [rows, tile] says
+        which each row sees; both tree tiles' shared body. Every row sees the root (tile 0) first, so m_new stays
+        finite (scores in log2 units)."""
         if K_ROWS:
             k = tl.trans(tl.load(K + kbase + slots[:, None] * skn + dims[None, :], mask=jmask[:, None], other=0.0))
         else:
@@ -205,6 +166,35 @@ if triton is not None:
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         return acc, m_new, l_i
+
+    @triton.jit
+    def _tree_tile(q, acc, m_i, l_i, K, V, kbase, vbase, PATH, POS, js, t, depth, rmask, t_last, prefix,
+                   skn, svn, spath, dims, qk_scale, IEEE: tl.constexpr, K_ROWS: tl.constexpr):
+        """One tile of tree nodes js (slots prefix + js, nodes <= t_last read) for rows at nodes t of depth
+        `depth`: row t sees node j iff depth(j) <= depth(t) and path[t, depth(j)] == j (scores in log2 units)."""
+        jmask = js <= t_last
+        dj = tl.load(POS + js, mask=jmask, other=0).to(tl.int32) - prefix
+        on = rmask[:, None] & jmask[None, :] & (dj[None, :] <= depth[:, None])
+        pj = tl.load(PATH + t[:, None] * spath + dj[None, :], mask=on, other=-1).to(tl.int32)
+        vis = on & (pj == js[None, :])
+        return _visible_tile(q, acc, m_i, l_i, K, V, kbase, vbase, prefix + js, jmask, vis, skn, svn, dims, qk_scale,
+                             IEEE, K_ROWS)
+
+    @triton.jit
+    def _tree_tile_words(q, acc, m_i, l_i, K, V, kbase, vbase, w0, w1, js, j0, t_last, prefix, skn, svn, dims,
+                         qk_scale, IEEE: tl.constexpr, K_ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+        """_tree_tile with each row's visibility read off its words (vis_words): bit j % 64 of word j // 64 says
+        node j is an ancestor of the row or the row itself; w0 holds the tile's first 64 nodes, w1 (BLOCK_N = 128)
+        the next 64. The same visible set as _tree_tile's path test, so the same bits."""
+        jmask = js <= t_last
+        sh = (js % 64).to(tl.int64)
+        if BLOCK_N > 64:
+            w = tl.where(((js - j0) < 64)[None, :], w0[:, None], w1[:, None])
+        else:
+            w = w0[:, None]
+        vis = (((w >> sh[None, :]) & 1) != 0) & jmask[None, :]
+        return _visible_tile(q, acc, m_i, l_i, K, V, kbase, vbase, prefix + js, jmask, vis, skn, svn, dims, qk_scale,
+                             IEEE, K_ROWS)
 
     @triton.jit(do_not_specialize=["M", "T", "n_split", "spc", "sw", "swc"])
     def _tree_attn_kernel(Q, K, V, PATH, POS, PREFIX, O, PACC, PM, PL, COUNT, WORDS,
