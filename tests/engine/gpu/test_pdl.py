@@ -31,5 +31,5 @@ def test_pdl_needs_cuda_and_a_compiler(monkeypatch):
 
 def test_an_unknown_feature_is_a_usage_error_naming_the_known_ones(monkeypatch):
     monkeypatch.setenv(experimental.ENV, "pdl,turbo")
-    with pytest.raises(UsageError, match="unknown feature.*turbo.*known: pdl, split-cap"):
+    with pytest.raises(UsageError, match="unknown feature.*turbo.*known: pdl, split-cap, tree-fold"):
         experimental.enabled("pdl")

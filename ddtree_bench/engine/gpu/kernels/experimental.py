@@ -4,8 +4,9 @@ DDTREE_GPU_EXPERIMENTAL is a comma-separated list of FEATURES, e.g. `DDTREE_GPU_
 `enabled(name)` says whether one is on. A feature leaves this list, and becomes the default, when an H200
 run has shown it correct (its GPU tests) and faster (benchmarks/gpu_verify_ab.py: both arms in one process;
 the figures go to docs/gpu-performance.md); one that was slower goes (l2-prefetch did), unless it is kept for a
-re-measure on other GPUs, as the two left are (slower on the H200, 2026-12-02: pdl at every n, split-cap at n = 64). A name not in
-FEATURES is bad input (UsageError: exit 2 from the CLI).
+re-measure on other GPUs, as the ones left are (slower on the H200: pdl at every n and split-cap at n = 64 on
+2026-12-02, tree-fold by 2-5% at n = 64-128 on 2026-12-03). A name not in FEATURES is bad input (UsageError: exit 2
+from the CLI).
 KNOBS are integer settings whose constants came from such an A/B: `knob(name, default)` reads DDTREE_<NAME>
 (a positive integer) or returns the constant the kernel passes, so the next A/B can move an edge without an
 edit. Knows nothing of what the features do.
@@ -20,14 +21,14 @@ ENV = "DDTREE_GPU_EXPERIMENTAL"
 GEMM_TABLE_ENV = "DDTREE_GEMM_TABLE"   # a JSON GEMM table (kernels/gemm.py) used on any CUDA device; named here, Triton-free
 FEATURES = {
     "pdl": "programmatic dependent launch, with the weight GEMM's L2 prefetch (kernels/pdl.py)",
-    "tree-fold": "the tree kernel's split-KV combine folded into its launch (kernels/tree_attention.py)",
     "split-cap": "live attention's split-KV ranges capped on the device so their partials never outweigh the K/V (kernels/attention.py)",
+    "tree-fold": "the tree kernel's split-KV combine folded into its launch (kernels/tree_attention.py)",
 }
 
 
 KNOBS = {
     "COMBINE_ROWS_FROM": "folded rows from which the split-KV combine takes 16 rows per program (kernels/attention.py)",
-    "TREE_RANGES_TO": "folded rows up to which the tree kernel splits the prefix in 4 ranges (kernels/tree_attention.py)",
+    "TREE_RANGES_TO": "folded rows up to which the tree kernel splits the prefix in ranges (kernels/tree_attention.py)",
     "TREE_RANGES": "prefix ranges of the tree kernel up to TREE_RANGES_TO folded rows, both bands (kernels/tree_attention.py)",
     "ROPE_TILES_FROM": "tokens from which q/k norm + RoPE runs a tile of heads per program (kernels/layer_ops.py)",
     "SLOT_ROWS": "query rows per program of the live-slot kernel over 2+ slots, the batched loop's (kernels/attention.py)",

@@ -344,6 +344,8 @@ def vis_words(path: torch.Tensor, pos: torch.Tensor, prefix: torch.Tensor) -> to
     tree phase instead of gathering path entries per key tile."""
     path3 = path if path.dim() == 3 else path[None]
     C, T, L1 = path3.shape
+    if warm.collecting():   # launches recorded, not run (kernels/warm.py): the path table holds no nodes yet
+        return torch.zeros(C, T, -(-T // 64), dtype=torch.long, device=path.device)
     depth = pos.view(C, T) - prefix.reshape(-1, 1)
     valid = torch.arange(L1, device=path.device) <= depth[..., None]
     node = torch.where(valid, path3, 0)
