@@ -14,7 +14,9 @@ bias, its PyTorch twin) and kernels/attention.live_attend, but:
   T * capacity of SDPA over the whole cache; or, with `Config.tree_dense`, it loops over the tree's
   key tiles (slots prefix + 0..T-1) with tensor-core dots like the prefix phase and masks each tile by
   visibility from the path table (node j is visible to row t iff depth(j) <= depth(t) and
-  path[t, depth(j)] == j): the gather's depth steps run one after another, each a per-row dot product,
+  path[t, depth(j)] == j) or, given `words` (vis_words: each row's ancestors-or-self as bits, made once per
+  forward by TreeRows, which forward.py passes), from one or two words per row and tile instead of a
+  BLOCK_M x BLOCK_N gather of path entries: the gather's depth steps run one after another, each a per-row dot product,
   while a dense tile serves up to BLOCK_N depths at once. A node's ancestors come before it in the
   tree's order (parent index < child index: tests/engine/gpu/test_attention_triton.py checks it on
   built trees), so a row block stops at its last row's node: ~T / 2 tree slots per block on average,
