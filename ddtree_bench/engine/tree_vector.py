@@ -100,7 +100,12 @@ def fp32_logits(draft_logits: torch.Tensor) -> torch.Tensor:
 def logprobs_at(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """log_softmax(logits) at ids [L, k] (fp32_logits in; NaN results -> -inf), by the ops every builder shares;
     with a leading slot axis ([C, L, V] at [C, L, k]) each slot gets the bits its own [L, V] gets."""
-    lp = logits.gather(-1, ids) - log_normalisers(logits)
+    return logprobs_from(logits.gather(-1, ids), log_normalisers(logits))
+
+
+def logprobs_from(at: torch.Tensor, normalisers: torch.Tensor) -> torch.Tensor:
+    """The log-probs from the (fp32, NaN as -inf) logits at the chosen ids and their rows' normalisers; NaN -> -inf."""
+    lp = at - normalisers
     return torch.where(torch.isnan(lp), float("-inf"), lp)
 
 
@@ -112,7 +117,12 @@ def log_normalisers(logits: torch.Tensor) -> torch.Tensor:
     one-slot call would (the batched tree builder's normalisers: batch 1's bits in C + 5 launches, not 9 C)."""
     m = logits.amax(dim=-1, keepdim=True)
     m = m.masked_fill(m.abs() == float("inf"), 0.0)
-    e = (logits - m).exp_()
+    return normalisers_from((logits - m).exp_(), m)
+
+
+def normalisers_from(e: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """log_normalisers' last steps from exp(x - m) and m: the sum (each slot's own [L, V] block with a slot axis),
+    log, + m; shared with kernels/normalisers.py, which makes e and m in one Triton pass."""
     s = e.sum(dim=-1, keepdim=True) if e.dim() < 3 else torch.stack([x.sum(dim=-1, keepdim=True) for x in e])
     return s.log_().add_(m)
 

@@ -24,7 +24,7 @@ import torch
 
 from ddtree_bench.engine.gpu.kernels.common import triton, tl
 from ddtree_bench.engine.gpu.kernels.warm import collecting, launch
-from ddtree_bench.engine.tree_vector import fp32_logits, logprobs_at as logprobs_at_twin
+from ddtree_bench.engine.tree_vector import fp32_logits, logprobs_at as logprobs_at_twin, logprobs_from, normalisers_from
 
 BLOCK = 4096   # tokens per step of a row's two passes
 
@@ -79,13 +79,8 @@ def logprobs_at(draft_logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     e, m = shifted_exp(draft_logits.reshape(-1, shape[-1]))
     if collecting():   # launches recorded, not run (kernels/warm.py): e holds nothing yet
         return torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-    e, m = e.view(shape), m.view(*shape[:-1], 1)
-    s = e.sum(dim=-1, keepdim=True) if e.dim() < 3 else torch.stack([x.sum(dim=-1, keepdim=True) for x in e])
-    norm = s.log_().add_(m)
-    at = draft_logits.gather(-1, ids).to(torch.float32)
-    at = at.nan_to_num_(nan=-float("inf"), posinf=float("inf"), neginf=-float("inf"))
-    lp = at - norm
-    return torch.where(torch.isnan(lp), float("-inf"), lp)
+    norm = normalisers_from(e.view(shape), m.view(*shape[:-1], 1))
+    return logprobs_from(fp32_logits(draft_logits.gather(-1, ids)), norm)
 
 
 def probe_logits(dtype: torch.dtype, device, V: int = 4096) -> torch.Tensor:
