@@ -10,6 +10,7 @@ it computes (the interpreter tests do that). Needs Triton importable, no GPU:
     PYTHONPATH=/tmp/tsite:. python benchmarks/triton_ptx_check.py [--only topk,tree,verify,attention,layer]
 """
 
+import os
 import sys
 
 import torch
@@ -49,12 +50,27 @@ def check(kernel, args: dict, consts: dict, options: dict | None = None, mma: bo
     try:
         compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=TARGET, options=options)
         ptx = compiled.asm["ptx"] if mma else ""
+        if os.environ.get("PTX_DUMP"):   # a folder: each compilation's instructions (no debug lines), to diff a refactor
+            _dump(name, consts, options, compiled.asm["ptx"])
         tc = f" [wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}]" if mma else ""
         print(f"ok    {name} {consts}{f' {options}' if options else ''}{tc}")
         return True
     except Exception as e:  # noqa: BLE001 - report every kernel, then fail
         print(f"FAIL  {name} {consts}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
         return False
+
+
+_DUMPED: dict[str, int] = {}
+
+
+def _dump(name: str, consts: dict, options: dict | None, ptx: str) -> None:
+    """PTX_DUMP/<kernel>.<n>.ptx: the PTX without its debug sections, comments, .loc / .file lines and labels, numbered by
+    the order of compilation, so two checkouts' dumps diff by instructions only."""
+    n = _DUMPED[name] = _DUMPED.get(name, -1) + 1
+    ptx = ptx.split(".section\t.debug")[0].split(".section .debug")[0]
+    keep = [ln for ln in ptx.splitlines() if not ln.lstrip().startswith(("//", ".loc", ".file", "$L__", ".section"))]
+    with open(os.path.join(os.environ["PTX_DUMP"], f"{name}.{n}.ptx"), "w") as f:
+        f.write(f"// {consts} {options}\n" + "\n".join(keep) + "\n")
 
 
 SECTIONS = ("topk", "tree", "verify", "attention", "layer")

@@ -52,6 +52,12 @@ if triton is not None:
         return i, m, _desc(tl.where(x != x, float("-inf"), x))
 
     @triton.jit
+    def _chunk_keys(x_ptr, V, stride, CH: tl.constexpr, VB: tl.constexpr):
+        """Program (depth d, chunk c): the chunk's composite keys (score key << VB) | token id, int64 max past V."""
+        i, m, s = _chunk_scores(x_ptr, V, stride, CH)
+        return tl.where(m, (s << VB) | i.to(tl.int64), 9223372036854775807)
+
+    @triton.jit
     def _bisect(v, k, top, STEPS: tl.constexpr):
         """The smallest t in [0, top] with #(v <= t) >= k: STEPS block-wide counting steps (top < 2^STEPS)."""
         lo = tl.zeros((), tl.int64)
@@ -90,8 +96,7 @@ if triton is not None:
     def _chunk_kernel(x_ptr, out_ptr, V, stride, C, K: tl.constexpr, CH: tl.constexpr, VB: tl.constexpr):
         d = tl.program_id(0)
         c = tl.program_id(1)
-        i, m, s = _chunk_scores(x_ptr, V, stride, CH)
-        key = tl.where(m, (s << VB) | i.to(tl.int64), 9223372036854775807)
+        key = _chunk_keys(x_ptr, V, stride, CH, VB)
         for k in range(K):
             best = tl.min(key, axis=0)
             tl.store(out_ptr + (d * C + c) * K + k, best)
@@ -102,8 +107,7 @@ if triton is not None:
         """"pruned", step 1: each (depth, chunk)'s best key at cmin[depth, chunk]."""
         d = tl.program_id(0)
         c = tl.program_id(1)
-        i, m, s = _chunk_scores(x_ptr, V, stride, CH)
-        tl.store(cmin_ptr + d * C + c, tl.min(tl.where(m, (s << VB) | i.to(tl.int64), 9223372036854775807), axis=0))
+        tl.store(cmin_ptr + d * C + c, tl.min(_chunk_keys(x_ptr, V, stride, CH, VB), axis=0))
 
     @triton.jit
     def _bound_kernel(cmin_ptr, tau_ptr, C, K: tl.constexpr, CP: tl.constexpr):
@@ -129,8 +133,7 @@ if triton is not None:
         best = tl.load(cmin_ptr + d * C + c)
         k = 0
         if best <= tau:
-            i, m, s = _chunk_scores(x_ptr, V, stride, CH)
-            key = tl.where(m, (s << VB) | i.to(tl.int64), 9223372036854775807)
+            key = _chunk_keys(x_ptr, V, stride, CH, VB)
             while (k < K) & (best <= tau):
                 tl.store(out_ptr + (d * C + c) * K + k, best)
                 key = tl.where(key == best, 9223372036854775807, key)
