@@ -9,7 +9,14 @@ hand-off included), after one warmup request each. Per path: the median decode m
 (submit to result), and b / a for both. Random weights accept ~nothing, so every round emits ~1 token: the
 figures compare round costs, not speedups.
 
+With --concurrency C > 1 the requests come in groups of C at once, as C clients would send them: (a) is what
+`serve --max-batch 1` does with them (the single loop serves them one after another, so request i waits for the
+i before it) and (b) the scheduler over C or more slots (all C run together). Per path: the median over groups of
+the mean latency per request (the group's send to each request's result), of the group's makespan (send to the
+last result) and the output tok/s (C * --new / makespan).
+
     python benchmarks/gpu_serve_solo.py --shape qwen3-8b --budgets 16,64 --slots 16
+    python benchmarks/gpu_serve_solo.py --shape qwen3-8b --budgets 16,64 --slots 16 --concurrency 2
     python benchmarks/gpu_serve_solo.py --shape random --device cpu --requests 2 --new 8   # a CPU smoke run
 """
 
@@ -34,25 +41,17 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=5)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--prefix-len", type=int, default=1024)
+    ap.add_argument("--concurrency", type=int, default=1, help="requests sent together (groups of this many)")
     a = ap.parse_args(argv)
+    if a.concurrency > 1:
+        return concurrent(a)
 
     from ddtree_bench.engine.batch import BatchRequest
     from ddtree_bench.engine.batch_scheduler import BatchScheduler
-    from ddtree_bench.engine.generate import Engine
     from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
 
-    if a.shape == "random":
-        from ddtree_bench.engine.loading import random_pair
-
-        target, drafter = random_pair(seed=0, vocab_size=272, dtype=a.dtype, device=a.device)
-    else:
-        from ddtree_bench.perf.shapes import random_shaped_pair
-
-        target, drafter = random_shaped_pair(a.shape, a.dtype, a.device)
-    V = target.cfg.vocab_size
-    prompts = [[random.Random(i).randrange(V) for _ in range(a.prefix_len)] for i in range(a.requests + 1)]
+    eng, prompts = _pair(a)
     points = [("ar", 0), ("dflash", 0)] + [("ddtree", int(b)) for b in a.budgets.split(",")]
-    eng = Engine(target, drafter, cuda_graphs=True)
 
     def decode_ms(g) -> float:
         return (g.t_done_ns - g.t_first_token_ns) / 1e6 / max(1, len(g.output_ids) - 1)
@@ -87,6 +86,82 @@ def main(argv=None) -> int:
     dev = torch.device(a.device)
     print(f"# {a.shape} {a.dtype} on {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}; {a.requests} "
           f"requests of {a.new} new tokens after {a.prefix_len} prompt tokens, one at a time; medians", file=sys.stderr)
+    return 0
+
+
+def _pair(a):
+    """(Engine over the shape's random pair, prompts): a.requests * a.concurrency + a.concurrency prompts (the
+    first group warms up)."""
+    from ddtree_bench.engine.generate import Engine
+
+    if a.shape == "random":
+        from ddtree_bench.engine.loading import random_pair
+
+        target, drafter = random_pair(seed=0, vocab_size=272, dtype=a.dtype, device=a.device)
+    else:
+        from ddtree_bench.perf.shapes import random_shaped_pair
+
+        target, drafter = random_shaped_pair(a.shape, a.dtype, a.device)
+    V = target.cfg.vocab_size
+    n = (a.requests + 1) * a.concurrency
+    prompts = [[random.Random(i).randrange(V) for _ in range(a.prefix_len)] for i in range(n)]
+    return Engine(target, drafter, cuda_graphs=True), prompts
+
+
+def concurrent(a) -> int:
+    """--concurrency C: groups of C requests, the single loop one after another vs the scheduler all at once."""
+    from ddtree_bench.engine.batch import BatchRequest
+    from ddtree_bench.engine.batch_scheduler import BatchScheduler
+    from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
+
+    eng, prompts = _pair(a)
+    C = a.concurrency
+    groups = [prompts[i:i + C] for i in range(0, len(prompts), C)]
+    points = [("ar", 0), ("dflash", 0)] + [("ddtree", int(b)) for b in a.budgets.split(",")]
+
+    def serial(group) -> tuple[list[float], int]:   # what serve --max-batch 1 does with C requests sent together
+        t0, done, tokens = time.perf_counter(), [], 0
+        for p in group:
+            tokens += len(eng.generate(p, method, budget, a.new).output_ids)
+            done.append((time.perf_counter() - t0) * 1e3)
+        return done, tokens
+
+    def together(sched, group) -> tuple[list[float], int]:
+        t0, done = time.perf_counter(), []
+        futures = [sched.submit(BatchRequest(p, a.new)) for p in group]
+        for f in futures:
+            f.add_done_callback(lambda _f: done.append((time.perf_counter() - t0) * 1e3))
+        tokens = sum(len(f.result(timeout=600).output_ids) for f in futures)
+        return done, tokens
+
+    for method, budget in points:
+        stats = {}
+        sched = BatchScheduler(BatchFastLoop(eng.target, eng.proposer if method != "ar" else None, method, budget,
+                                             max(a.slots, C)))
+        try:
+            for path, run in (("single", serial), ("batched", lambda g: together(sched, g))):
+                mean_ms, makespan_ms, tok_s = [], [], []
+                for i, group in enumerate(groups):
+                    done, tokens = run(group)
+                    if i:   # group 0 warms up (compiles, captures)
+                        mean_ms.append(statistics.mean(done))
+                        makespan_ms.append(max(done))
+                        tok_s.append(tokens / max(done) * 1e3)
+                stats[path] = {k: statistics.median(v) for k, v in (("mean", mean_ms), ("makespan", makespan_ms),
+                                                                       ("tok_s", tok_s))}
+        finally:
+            sched.close()
+        s_, b_ = stats["single"], stats["batched"]
+        name = method + (f" B={budget}" if method == "ddtree" else "")
+        print(f"{name:12s} {C} at once: mean latency ms/request single {s_['mean']:.1f}, batched {b_['mean']:.1f} = "
+              f"{b_['mean'] / s_['mean']:.3f}x; makespan {s_['makespan']:.1f} vs {b_['makespan']:.1f} = "
+              f"{b_['makespan'] / s_['makespan']:.3f}x; output tok/s {s_['tok_s']:.0f} vs {b_['tok_s']:.0f} = "
+              f"{b_['tok_s'] / s_['tok_s']:.2f}x", flush=True)
+    dev = torch.device(a.device)
+    print(f"# {a.shape} {a.dtype} on {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}; {a.requests} "
+          f"groups of {C} requests of {a.new} new tokens after {a.prefix_len} prompt tokens; single = one after "
+          f"another (serve --max-batch 1), batched = together ({max(a.slots, C)} slots); medians over groups",
+          file=sys.stderr)
     return 0
 
 
