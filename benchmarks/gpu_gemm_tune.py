@@ -16,6 +16,7 @@ The candidates are launch shapes of kernels/gemm.py's pointer-tile kernel. (Unti
 persistent TMA kernel were timed too; it never won a band and was removed: docs/gpu-performance.md.)
 
     python benchmarks/gpu_gemm_tune.py --shape qwen3-8b --write table.json [--json all.json]
+    python benchmarks/gpu_gemm_tune.py --bands 1,16,17,32,34,64,66 --rows 17,34,66 --over-h200 --write new-bands.json
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--rows", default=",".join(map(str, BANDS)), help="row counts to time (a band's top enters the table)")
+    ap.add_argument("--bands", default=",".join(map(str, BANDS)),
+                    help="band tops, ascending (a band: rows above the previous top up to this one); a row count that is a "
+                         "band's top enters the table")
+    ap.add_argument("--over-h200", action="store_true",
+                    help="--write gemm.H200_TABLE with the bands tuned here added or replaced (an A/B of new bands alone)")
     ap.add_argument("--only", default="", help="comma-separated projections (default: all)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--max-candidates", type=int, default=0, help="cap the shapes timed per band (0: all)")
@@ -103,8 +109,9 @@ def main(argv=None) -> int:
     if a.only:
         projs = {k: v for k, v in projs.items() if k in a.only.split(",")}
     rows = [int(r) for r in a.rows.split(",")]
-    if any(r < 1 or r > BANDS[-1] for r in rows):
-        print(f"gpu_gemm_tune: --rows must lie in 1..{BANDS[-1]}", file=sys.stderr)
+    bands = sorted(int(b) for b in a.bands.split(","))
+    if any(r < 1 or r > bands[-1] for r in rows) or bands[-1] > gemm.GEMM_MAX_ROWS:
+        print(f"gpu_gemm_tune: --rows must lie in 1..{bands[-1]}, --bands at most {gemm.GEMM_MAX_ROWS}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     from ddtree_bench.engine.gpu.kernels import pdl
@@ -119,7 +126,7 @@ def main(argv=None) -> int:
         weights[name] = [torch.randn(n_rows, K, device=dev, generator=g).to(dt) / math.sqrt(K) for _ in range(copies)]
     results, table = [], {}
     for M in rows:
-        band = next(b for b in BANDS if M <= b)
+        band = next(b for b in bands if M <= b)
         bm = max(16, 1 << (band - 1).bit_length()) if band <= 128 else 128
         for name, (N, K, sw) in projs.items():
             ws = weights[name]
@@ -129,7 +136,9 @@ def main(argv=None) -> int:
             base = (lambda i: silu.swiglu(pre(), ws[i])) if sw else (lambda i: F.linear(pre(), ws[i]))
             want = (silu.swiglu(x, ws[0]) if sw else F.linear(x, ws[0])).float()
             cublas_ms = timed(base, len(ws), a.reps)
-            bms = [bm] + ([bm // 2] if band >= 128 else [])   # from 128 rows also two row blocks sharing the weight in L2
+            # from 128 rows, and for a band just past a power of two (17, 34, 66: a budget's B + 1 tree nodes), also
+            # two row blocks sharing the weight in L2
+            bms = [bm] + ([bm // 2] if (band >= 128 or band & (band - 1)) and bm >= 32 else [])
             runs = [dataclasses_replace(c, split_k=s) for b_m in bms for c in candidates(b_m, sw)
                     for s in splits_for(c, M, N, K, sms)]
             if a.max_candidates:
@@ -171,6 +180,11 @@ def main(argv=None) -> int:
 
 def save(a, dev, table, results) -> dict:
     """Write the table so far (--write) and every measurement (--json); returns the table document."""
+    if a.over_h200:   # H200_TABLE's bands, those tuned here added or replacing theirs
+        merged = {k: dict(v) for k, v in gemm.H200_TABLE.items()}
+        for k, v in table.items():
+            merged.setdefault(k, {}).update(dict(v))
+        table = {k: list(v.items()) for k, v in merged.items()}
     doc = gemm.table_to_json({k: tuple(sorted(v, key=lambda b: b[0])) for k, v in table.items()})
     doc.update(device=torch.cuda.get_device_name(dev), capability=list(torch.cuda.get_device_capability(dev)),
                shape=a.shape, dtype=a.dtype)
