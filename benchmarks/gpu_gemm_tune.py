@@ -181,10 +181,7 @@ def main(argv=None) -> int:
 def save(a, dev, table, results) -> dict:
     """Write the table so far (--write) and every measurement (--json); returns the table document."""
     if a.over_h200:   # H200_TABLE's bands, those tuned here added or replacing theirs
-        merged = {k: dict(v) for k, v in gemm.H200_TABLE.items()}
-        for k, v in table.items():
-            merged.setdefault(k, {}).update(dict(v))
-        table = {k: list(v.items()) for k, v in merged.items()}
+        table = gemm.merged(gemm.H200_TABLE, table)
     doc = gemm.table_to_json({k: tuple(sorted(v, key=lambda b: b[0])) for k, v in table.items()})
     doc.update(device=torch.cuda.get_device_name(dev), capability=list(torch.cuda.get_device_capability(dev)),
                shape=a.shape, dtype=a.dtype)

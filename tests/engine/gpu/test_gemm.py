@@ -59,6 +59,16 @@ def test_the_env_table_is_read_once_and_a_binary_file_is_a_usage_error(tmp_path,
         gemm._env_table()
 
 
+def test_merged_adds_a_band_between_the_built_in_ones_and_replaces_a_band_it_names_again():
+    key, new, other = (12288, 4096, True), gemm.GemmConfig(32, 32, 128, 1, 4, 3), gemm.GemmConfig(16, 64, 128, 1, 4, 3)
+    base = {key: ((16, gemm.GemmConfig(16, 32, 128, 1, 4, 3)), (32, None)), (1, 2, False): ((1, None),)}
+    table = gemm.merged(base, {key: [(17, new), (16, other)], (3, 4, False): [(64, None)]})
+    assert table[key] == ((16, other), (17, new), (32, None)) and table[(1, 2, False)] == base[(1, 2, False)]
+    assert table[(3, 4, False)] == ((64, None),)
+    assert [gemm.lookup(table, m, 12288, 4096, True) for m in (16, 17, 18)] == [other, new, None]
+    assert gemm.table_from_json(gemm.table_to_json(table)) == table   # what --write holds reads back the same
+
+
 def test_every_h200_table_entry_fits_an_sm_and_its_bands_rise():
     for (n, k, swiglu), bands in gemm.H200_TABLE.items():
         rows = [r for r, _ in bands]

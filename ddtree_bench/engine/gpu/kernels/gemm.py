@@ -242,6 +242,15 @@ def _env_table() -> Table | None:
     return _LOADED[path]
 
 
+def merged(base: Table, over: dict) -> Table:
+    """`base` with the bands of `over` ((N, K, swiglu) -> [(max rows, launch or None), ...]) added, or replacing a
+    band of the same max rows: a tuning run of a few new bands over the built-in table (gpu_gemm_tune --over-h200)."""
+    out = {k: dict(v) for k, v in base.items()}
+    for k, bands in over.items():
+        out.setdefault(k, {}).update(dict(bands))
+    return {k: tuple(sorted(v.items())) for k, v in out.items()}
+
+
 def cublas_only(M: int, N: int, K: int, dtype: torch.dtype, device, swiglu: bool = False) -> None:
     """The GEMM policy (`config`'s signature) that leaves every weight GEMM to cuBLAS."""
     return None
