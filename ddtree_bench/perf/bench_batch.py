@@ -20,9 +20,11 @@ and per-request tok/s = tau / round_ms * 1000 (what one request's decode rate is
 Beside each row, the single-request fast loop (loop.FastLoop, what `serve --max-batch 1` runs) at the same
 point, measured in the same process as bench-engine measures it (bench.round_times): `single_round_ms`
 and `x_single` = round_ms / single_round_ms (at batch 1: 1.0 means the batched loop costs what the single
-loop costs; at batch b, b * tau / round against tau / single round is the throughput gain). With more
+loop costs) and `x_serial` = batch * single_round_ms / round_ms: output tok/s against the single loop serving the
+same requests one after another, as `serve --max-batch 1` does (equal tau; > 1: batching them pays). With more
 than one batch size, batch 1 is also run in a loop of max(batches) slots (`max_batch`): what `serve
---max-batch N` does at concurrency 1. (File version 2, 2026-12-02: those fields and rows are new; version 1 had neither.)
+--max-batch N` does at concurrency 1. (File version 2, 2026-12-02: those fields and rows are new; version 1 had neither;
+`x_serial` was added on 2026-12-03.)
 `best` lists per batch the budget with the highest output tok/s among the DDTree rows (and
 whether it beats DFlash and AR at that batch).
 
@@ -53,7 +55,7 @@ from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.perf.timing import median
 
 COLUMNS = ["batch", "max_batch", "method", "budget", "rounds", *[f"{s}_ms" for s in ROUND_STAGES], "round_ms",
-           "first_round_ms", "single_round_ms", "x_single", "tau", "tau_source", "tok_s", "tok_s_per_request", "bucket"]
+           "first_round_ms", "single_round_ms", "x_single", "x_serial", "tau", "tau_source", "tok_s", "tok_s_per_request", "bucket"]
 
 
 @dataclass
@@ -198,7 +200,7 @@ def run_batch_bench(target, drafter, spec: BatchBenchSpec, progress: Callable[[s
                     torch.cuda.empty_cache()
             one = single.get((method, budget))
             if one and "error" not in row:
-                row.update(single_round_ms=one, x_single=row["round_ms"] / one)
+                row.update(single_round_ms=one, x_single=row["round_ms"] / one, x_serial=batch * one / row["round_ms"])
             progress(f"{what}: " + (f"error {row['error']}" if "error" in row else
                                     f"round {row['round_ms']:.3f} ms (single loop {one or float('nan'):.3f}), "
                                     f"first {row['first_round_ms']:.0f} ms, {row['tok_s']:.1f} tok/s"))
@@ -249,11 +251,13 @@ def render_batch(result: dict[str, Any]) -> str:
     failed = [f"  batch {r['batch']} {r['method']} {r['budget'] or ''}: {r['error']}" for r in result["rows"] if "error" in r]
     rows = [[r["batch"], r.get("max_batch", r["batch"]), r["method"], r["budget"] if r["budget"] is not None else "-", r["rounds"]]
             + [f(r.get(f"{s}_ms"), 3) for s in ROUND_STAGES] + [f(r["round_ms"], 3), f(r.get("single_round_ms"), 3),
-                                                                f(r.get("x_single"), 2), f(r["first_round_ms"], 1),
+                                                                f(r.get("x_single"), 2), f(r.get("x_serial"), 2),
+                                                                f(r["first_round_ms"], 1),
                                                                 f(r["tau"]), r["tau_source"], f(r["tok_s"], 1),
                                                                 f(r["tok_s_per_request"], 1)]
             for r in ok]
-    head = ["batch", "slots", "method", "budget", "rounds", *ROUND_STAGES, "round", "single", "x single", "first round",
+    head = ["batch", "slots", "method", "budget", "rounds", *ROUND_STAGES, "round", "single", "x single", "x serial",
+            "first round",
             "tau", "tau from", "tok/s", "tok/s/req"]
     best = [[b["batch"], b["best_budget"], f(b["ddtree_tok_s"], 1), f(b["dflash_tok_s"], 1), f(b["ar_tok_s"], 1)]
             for b in result["best"]]
@@ -267,7 +271,8 @@ def render_batch(result: dict[str, Any]) -> str:
                + "\n\nbest budget per batch, predicted vs measured (loss = tok/s given up by the predicted pick):\n"
                + table(picks, ["batch", "predicted", "measured", "loss"]))
     return ("batched fast loop, ms per round (medians; single = the single-request fast loop's round at the same point, "
-            "x single = round / single; slots = the loop's max_batch; first round = cold start of the shape, graphs "
+            "x single = round / single; x serial = batch x single / round, tok/s against serving the batch's requests one "
+            "after another (--max-batch 1); slots = the loop's max_batch; first round = cold start of the shape, graphs "
             "captured):\n"
             + table(rows, head) + "\n\nbest DDTree budget per batch (output tok/s):\n"
             + table(best, ["batch", "best budget", "ddtree tok/s", "dflash tok/s", "ar tok/s"]) + checked

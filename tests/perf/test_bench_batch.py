@@ -34,6 +34,7 @@ def test_batch_table_rows_and_sane_numbers(tmp_path, capsys):
         # stage of most rounds, so the two agree in size only
         assert sum(r[f"{s}_ms"] for s in want) / 2 <= r["round_ms"] <= 4 * sum(r[f"{s}_ms"] for s in want)
         assert r["single_round_ms"] > 0 and r["x_single"] == pytest.approx(r["round_ms"] / r["single_round_ms"])
+        assert r["x_serial"] == pytest.approx(r["batch"] / r["x_single"])   # tok/s against --max-batch 1 serving them in turn
         assert r["tok_s"] == pytest.approx(r["batch"] * r["tau"] / r["round_ms"] * 1e3)
         assert r["tok_s_per_request"] == pytest.approx(r["tok_s"] / r["batch"])
         assert r["first_round_ms"] > 0 and math.isfinite(r["tok_s"])
@@ -48,7 +49,8 @@ def test_batch_table_rows_and_sane_numbers(tmp_path, capsys):
     assert {(c["batch"], c["budget"]) for c in res["model"]["cells"]} == {(b, k) for b in (1, 3) for k in (4, 16)}
     with open(out.with_suffix(".csv"), newline="") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == len(res["rows"]) and {"tok_s", "verify_ms", "first_round_ms"} <= set(rows[0])
+    assert len(rows) == len(res["rows"]) and {"tok_s", "verify_ms", "first_round_ms", "x_serial"} <= set(rows[0])
+    assert "x serial" in text
 
 
 def test_parse_batches_and_bad_batch_exits_2(capsys):
