@@ -192,7 +192,8 @@ def test_live_attend_at_every_row_block_it_takes_equals_sdpa(T, start):
     bias = _tree_bias(T, start, S, Hq // Hkv, torch.float32, seed=start)
     want = grouped_attend(q, k, v, bias)
     st = torch.tensor(start, device=DEV)
-    for rows in BLOCK_MS:
+    # the interpreter (CI) takes the small blocks on the first case only (M = 74); M = 140 is there for the blocks it spans
+    for rows in [r for r in BLOCK_MS if not (INTERPRETED and T > 64 and r < 64)]:
         for splits, prefix in ((None, st), (2, None)) if INTERPRETED else ((None, st), (2, st), (None, None)):
             got = live_attend(q, k, v, bias, st + T, prefix, splits=splits, rows=rows)
             torch.testing.assert_close(got, want, **_tol(torch.float32))
