@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
 
     eng, prompts = _pair(a)
-    points = [("ar", 0), ("dflash", 0)] + [("ddtree", int(b)) for b in a.budgets.split(",")]
+    points = _points(a)
 
     def decode_ms(g) -> float:
         return (g.t_done_ns - g.t_first_token_ns) / 1e6 / max(1, len(g.output_ids) - 1)
@@ -89,6 +89,11 @@ def main(argv=None) -> int:
     return 0
 
 
+def _points(a) -> list[tuple[str, int]]:
+    """(method, budget) of every point: AR, DFlash, DDTree at each of --budgets."""
+    return [("ar", 0), ("dflash", 0)] + [("ddtree", int(b)) for b in a.budgets.split(",")]
+
+
 def _pair(a):
     """(Engine over the shape's random pair, prompts): a.requests * a.concurrency + a.concurrency prompts (the
     first group warms up)."""
@@ -117,9 +122,9 @@ def concurrent(a) -> int:
     eng, prompts = _pair(a)
     C = a.concurrency
     groups = [prompts[i:i + C] for i in range(0, len(prompts), C)]
-    points = [("ar", 0), ("dflash", 0)] + [("ddtree", int(b)) for b in a.budgets.split(",")]
+    points = _points(a)
 
-    def serial(group) -> tuple[list[float], int]:   # what serve --max-batch 1 does with C requests sent together
+    def serial(group, method: str, budget: int) -> tuple[list[float], int]:   # serve --max-batch 1 with C requests at once
         t0, done, tokens = time.perf_counter(), [], 0
         for p in group:
             tokens += len(eng.generate(p, method, budget, a.new).output_ids)
@@ -139,7 +144,7 @@ def concurrent(a) -> int:
         sched = BatchScheduler(BatchFastLoop(eng.target, eng.proposer if method != "ar" else None, method, budget,
                                              max(a.slots, C)))
         try:
-            for path, run in (("single", serial), ("batched", lambda g: together(sched, g))):
+            for path, run in (("single", lambda g: serial(g, method, budget)), ("batched", lambda g: together(sched, g))):
                 mean_ms, makespan_ms, tok_s = [], [], []
                 for i, group in enumerate(groups):
                     done, tokens = run(group)
