@@ -181,7 +181,7 @@ def main(argv=None) -> int:
 def save(a, dev, table, results) -> dict:
     """Write the table so far (--write) and every measurement (--json); returns the table document."""
     if a.over_h200:   # H200_TABLE's bands, those tuned here added or replacing theirs
-        table = gemm.merged(gemm.H200_TABLE, table)
+        table = gemm.merged(gemm.H200_TABLE, table, sorted(int(b) for b in a.bands.split(",")))
     doc = gemm.table_to_json({k: tuple(sorted(v, key=lambda b: b[0])) for k, v in table.items()})
     doc.update(device=torch.cuda.get_device_name(dev), capability=list(torch.cuda.get_device_capability(dev)),
                shape=a.shape, dtype=a.dtype)

@@ -242,13 +242,27 @@ def _env_table() -> Table | None:
     return _LOADED[path]
 
 
-def merged(base: Table, over: dict) -> Table:
-    """`base` with the bands of `over` ((N, K, swiglu) -> [(max rows, launch or None), ...]) added, or replacing a
-    band of the same max rows: a tuning run of a few new bands over the built-in table (gpu_gemm_tune --over-h200)."""
-    out = {k: dict(v) for k, v in base.items()}
-    for k, bands in over.items():
-        out.setdefault(k, {}).update(dict(bands))
-    return {k: tuple(sorted(v.items())) for k, v in out.items()}
+def merged(base: Table, over: dict, bands: tuple[int, ...] | list[int] = ()) -> Table:
+    """`base` with the bands of `over` ((N, K, swiglu) -> [(max rows, launch or None), ...]) laid over it: a tuning
+    run of a few new bands over the built-in table (gpu_gemm_tune --over-h200). A new band covers the rows above the
+    band top before it in `bands` (the tuner's band tops; without them, before it among base's and over's tops) up to
+    its own top; every other row count keeps base's launch, so a band tuned at 130 rows does not move 33-128 rows
+    onto its shape."""
+    out = {}
+    for key in base.keys() | over.keys():
+        new = dict(over.get(key, ()))
+        old = base.get(key, ())
+        edges = set(new) | {r for r, _ in old}
+        ladder = sorted(set(bands) or edges)
+        lower = {b: max((t for t in ladder if t < b), default=0) for b in new}
+        rows = sorted(edges | {lo for lo in lower.values() if lo > 0})
+
+        def launch_at(m: int) -> GemmConfig | None:
+            hit = [b for b in new if lower[b] < m <= b]
+            return new[min(hit)] if hit else lookup({key: old}, m, *key)
+
+        out[key] = tuple((r, launch_at(r)) for r in rows)
+    return out
 
 
 def cublas_only(M: int, N: int, K: int, dtype: torch.dtype, device, swiglu: bool = False) -> None:
