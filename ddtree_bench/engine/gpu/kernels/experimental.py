@@ -30,6 +30,8 @@ KNOBS = {
     "COMBINE_ROWS_FROM": "folded rows from which the split-KV combine takes 16 rows per program (kernels/attention.py)",
     "TREE_RANGES_TO": "folded rows up to which the tree kernel splits the prefix in ranges (kernels/tree_attention.py)",
     "TREE_RANGES": "prefix ranges of the tree kernel up to TREE_RANGES_TO folded rows, both bands (kernels/tree_attention.py)",
+    "TREE_WIDE_BLOCK_N": "key tile width of the tree kernel above TREE_RANGES_TO folded rows up to 1536 (kernels/tree_attention.py)",
+    "TREE_WIDE_RANGES": "prefix ranges of the tree kernel above TREE_RANGES_TO folded rows up to 1536 (kernels/tree_attention.py)",
     "ROPE_TILES_FROM": "tokens from which q/k norm + RoPE runs a tile of heads per program (kernels/layer_ops.py)",
     "SLOT_ROWS": "query rows per program of the live-slot kernel over 2+ slots, the batched loop's (kernels/attention.py)",
     "SLOT_TREE_MIN_ROWS": "folded rows from which a tree verify over 2+ slots takes the tree kernel (kernels/tree_attention.py)",

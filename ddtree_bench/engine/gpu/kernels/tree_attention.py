@@ -97,7 +97,8 @@ def config(M: int, dtype: torch.dtype) -> Config:
         ranges = RANGES if M < RANGES_FEW_FROM else RANGES_FEW
         c = Config(64, 64, 4, 2, tree_dense=True, ranges=experimental.knob("TREE_RANGES", ranges))
     elif M <= 1536:
-        c = Config(64, 128, 4, 2, tree_dense=True, ranges=1)
+        c = Config(64, experimental.knob("TREE_WIDE_BLOCK_N", 128), 4, 2, tree_dense=True,
+                   ranges=experimental.knob("TREE_WIDE_RANGES", 1))
     else:
         c = Config(64, 64, 4, 3, tree_dense=True)
     if experimental.enabled("tree-fold"):
