@@ -338,8 +338,8 @@ def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
 @triton_only
 def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
     """config()'s bands (the H200 tuning's and A/B's winners): dense 64-row tiles over four prefix ranges below 384
-    folded rows and two up to 768, 64 x 128 tiles over one range up to 1536, dense 64-row tiles with n_split's count
-    above. A launch with the default shape gives the bits of the same shape
+    folded rows and two up to 768, 64 x 64 tiles over one range up to 1536 (64 x 128 until B = 256's 257 nodes showed
+    them a second wave of programs), dense 64-row tiles with n_split's count above. A launch with the default shape gives the bits of the same shape
     launched with those ranges as `splits` (so the ranges are the ones used, not n_split's 16 here), clamped to
     one range per block_n slots of the cache, and SDPA's values."""
     from ddtree_bench.engine.gpu.kernels.attention import n_split
@@ -347,7 +347,7 @@ def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
 
     assert [(c.block_m, c.block_n, c.tree_dense, c.ranges) for c in map(lambda M: config(M, torch.bfloat16),
             (4, 383, 384, 768, 769, 1536, 1537))] == ([(64, 64, True, 4)] * 2 + [(64, 64, True, 2)] * 2
-                                                       + [(64, 128, True, 1)] * 2 + [(64, 64, True, None)])
+                                                       + [(64, 64, True, 1)] * 2 + [(64, 64, True, None)])
     assert config(256, torch.float32).stages == 1 and config(256, torch.bfloat16).stages == 2
     B, Hq, Hkv = 20, 4, 2
     for S in (1024, 128):   # 16 slot tiles, 14 of them prefix: 4 ranges; 2 tiles: 2 ranges
