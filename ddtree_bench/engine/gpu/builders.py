@@ -26,11 +26,11 @@ against 1.65-3.30 ms for the exact batched builder at batch 2-16 already at B = 
 (H200, 2026-12-02 evening): 0.34 / 1.89 ms at batch 2 / 16, B = 16; 0.48 / 2.42 ms at B = 64. The price was cold
 start: above AUTO_BLOCK_MAX_BUDGET the single loop never compiles the one-block kernel, so the first batched round
 at B = 64 compiled it (14-20 s on a fresh Triton cache, 0.19 s in the next process; docs/gpu-performance.md,
-"Where it stands"). There (`slotted_in_background`) the kernel now compiles on a daemon thread
+"The night before"). There (`slotted_in_background`) the kernel now compiles on a daemon thread
 (`start_slotted_compile` -> SlottedCompile: launches recorded on the caller's thread, only Triton's compile on the
 other, the check back on the caller's) while the loop's first batched rounds use the exact batched builder; the loop
 switches once it is compiled and checked (gpu/batch_loop.py; the H200's first batched round at B = 64 and 256 since:
-docs/gpu-performance.md, "Where it stands"). Knows nothing of models, caches or rounds.
+docs/gpu-performance.md, "The night before"). Knows nothing of models, caches or rounds.
 """
 
 from __future__ import annotations

@@ -312,7 +312,7 @@ SLOT_WIDE_FROM = 4    # slots from which slot_rows takes SLOT_WIDE_ROWS
 def slot_rows(M: int, C: int) -> int:
     """Query rows per program: block_m(M) for one slot and for two; over C >= SLOT_WIDE_FROM slots, SLOT_WIDE_ROWS for
     64 < M <= 128 (a DDTree B = 16 verify: 68 rows), where one slot's 16-row blocks leave ~5 programs per slot and
-    head each walking the whole prefix. From H200 A/Bs (docs/gpu-performance.md, "Where it stands"): wide rows won at
+    head each walking the whole prefix. From H200 A/Bs (docs/gpu-performance.md, "The night before"): wide rows won at
     batch 16, tied at 4, lost at 2; AR (4 rows) and DFlash (64) lost with them at 16. DDTREE_SLOT_ROWS (one of
     BLOCK_MS) overrides the rule over 2+ slots for an A/B."""
     if C == 1:
