@@ -339,9 +339,9 @@ def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
 def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
     """config()'s bands (the H200 tuning's and A/B's winners): dense 64-row tiles over four prefix ranges below 384
     folded rows and two up to 768, 64 x 64 tiles over one range up to 1536 (64 x 128 until B = 256's 257 nodes showed
-    them a second wave of programs), dense 64-row tiles with n_split's count above. A launch with the default shape gives the bits of the same shape
-    launched with those ranges as `splits` (so the ranges are the ones used, not n_split's 16 here), clamped to
-    one range per block_n slots of the cache, and SDPA's values."""
+    them a second wave of programs), dense 64-row tiles with n_split's count above. A launch with the default shape
+    gives the bits of the same shape launched with those ranges as `splits` (so the ranges are the ones used, not
+    n_split's 16 here), clamped to one range per block_n slots of the cache, and SDPA's values."""
     from ddtree_bench.engine.gpu.kernels.attention import n_split
     from ddtree_bench.engine.gpu.kernels.tree_attention import config, tree_attend
 

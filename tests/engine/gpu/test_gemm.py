@@ -73,13 +73,16 @@ def test_merged_moves_only_the_rows_of_the_new_band():
     """A band tuned at 130 rows (a batch-2 B = 64 verify) over a table whose last band is 32 rows covers 129-130
     rows only: 33-128 keep cuBLAS, as does a projection the table never named below it; a 2-row band takes 2 rows
     from the 16-row band's shape and leaves 1 and 3 alone."""
-    low, mid, wide = gemm.GemmConfig(16, 32, 128, 2, 4, 5), gemm.GemmConfig(32, 32, 128, 1, 4, 5), gemm.GemmConfig(64, 64, 128, 1, 4, 4)
+    low, mid = gemm.GemmConfig(16, 32, 128, 2, 4, 5), gemm.GemmConfig(32, 32, 128, 1, 4, 5)
+    wide = gemm.GemmConfig(64, 64, 128, 1, 4, 4)
     o_proj, qkv = (4096, 4096, False), (6144, 4096, False)
     base = {o_proj: ((1, low), (16, low), (32, mid))}
-    table = gemm.merged(base, {o_proj: [(2, wide), (130, wide)], qkv: [(130, wide)]}, bands=(1, 2, 16, 32, 64, 128, 130))
+    table = gemm.merged(base, {o_proj: [(2, wide), (130, wide)], qkv: [(130, wide)]},
+                        bands=(1, 2, 16, 32, 64, 128, 130))
     at = {m: gemm.lookup(table, m, 4096, 4096, False) for m in (1, 2, 3, 16, 32, 33, 64, 128, 129, 130, 131)}
-    assert at == {1: low, 2: wide, 3: low, 16: low, 32: mid, 33: None, 64: None, 128: None, 129: wide, 130: wide, 131: None}
-    assert [gemm.lookup(table, m, 6144, 4096, False) for m in (1, 64, 128, 129, 130, 131)] == [None] * 3 + [wide] * 2 + [None]
+    assert at == {1: low, 2: wide, 3: low, 16: low, 32: mid, 33: None, 64: None, 128: None, 129: wide, 130: wide,
+                  131: None}
+    assert [gemm.lookup(table, m, *qkv) for m in (1, 64, 128, 129, 130, 131)] == [None] * 3 + [wide] * 2 + [None]
 
 
 def test_every_h200_table_entry_fits_an_sm_and_its_bands_rise():

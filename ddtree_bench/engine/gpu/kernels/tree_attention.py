@@ -90,9 +90,9 @@ def config(M: int, dtype: torch.dtype) -> Config:
     below RANGES_FEW_FROM rows and two from there to RANGES_TO (in one-process A/Bs on the H200, 2026-12-03: at n = 64
     two ranges were 2.4% slower on the forward, at n = 128 4.1% faster than four; eight lost at both; folding the
     combine into the launch lost 2-5%; four ranges above RANGES_TO were 0.5-3.6% slower at n = 256, 2026-12-02);
-    above RANGES_TO one range over 64-wide key tiles, which two programs share an SM with (128-wide tiles took one
-    SM each: B = 256's 257 nodes made 17 row blocks x 8 KV heads = 136 programs on 132 SMs, a second wave; the forward
-    at n = 257 6.7% faster, at n = 256 0.7%, 2026-12-03 afternoon);
+    above RANGES_TO one range over 64-wide key tiles, small enough for two programs per SM (128-wide tiles took an SM
+    each: B = 256's 257 nodes made 17 row blocks x 8 KV heads = 136 programs on 132 SMs, a second wave; with 64-wide
+    ones the forward at n = 257 was 6.7% faster, at n = 256 0.7%, H200 2026-12-03 afternoon);
     above 1536 rows dense too since the visibility words (the attention alone at n = 512 / 1024: 10-12% faster than the
     gathered tree phase on wide trees, 29-41% on deep ones, H200 2026-12-03; without words it lost on wide trees);
     fp32 (the tests' twin check) single-stage."""
