@@ -43,3 +43,22 @@ def test_the_tree_kernel_rule_over_slots_and_its_ab_knob(monkeypatch):
     assert not tree_attention.wanted(q16, k) and not tree_attention.wanted(q16, k, slots=4)
     monkeypatch.setenv("DDTREE_SLOT_TREE_MIN_ROWS", "100000")
     assert tree_attention.wanted(q65, k) and not tree_attention.wanted(q65, k, slots=2)
+
+
+def test_the_tree_kernels_wide_band_fits_b_256s_rows_and_its_knobs_are_checked(monkeypatch):
+    """B = 256 verifies 257 nodes, 1,028 folded rows at 4 query heads per KV head: the band above RANGES_TO takes
+    64-wide key tiles over one range (128-wide ones took an SM per program and ran 136 programs on 132 SMs); the A/B
+    knobs move the tile width and the ranges, and a width the kernel cannot tile is bad input."""
+    import torch
+
+    from ddtree_bench.engine.gpu.kernels import tree_attention
+
+    c = tree_attention.config(4 * 257, torch.bfloat16)
+    assert (c.block_m, c.block_n, c.ranges, c.tree_dense) == (64, 64, 1, True)
+    monkeypatch.setenv("DDTREE_TREE_WIDE_BLOCK_N", "128")
+    monkeypatch.setenv("DDTREE_TREE_WIDE_RANGES", "2")
+    c = tree_attention.config(4 * 257, torch.bfloat16)
+    assert (c.block_n, c.ranges) == (128, 2) and tree_attention.config(4 * 129, torch.bfloat16).block_n == 64
+    monkeypatch.setenv("DDTREE_TREE_WIDE_BLOCK_N", "48")
+    with pytest.raises(UsageError, match="DDTREE_TREE_WIDE_BLOCK_N"):
+        tree_attention.config(4 * 257, torch.bfloat16)

@@ -80,6 +80,7 @@ class Config:
 # ones with the dense tree phase and fixed ranges): >= 64 rows per warpgroup, the tile Hopper's wgmma takes (fewer
 # rows compile to mma.sync: benchmarks/triton_ptx_check.py prints which each shape gets)
 WIDE_SHAPES = (Config(64, 64, 4, 2), Config(128, 64, 8, 2), Config(64, 128, 4, 2))
+WIDE_BLOCK_NS = (32, 64, 128)   # key tile widths DDTREE_TREE_WIDE_BLOCK_N may name (an A/B knob; power-of-two tiles)
 
 
 def config(M: int, dtype: torch.dtype) -> Config:
@@ -100,8 +101,12 @@ def config(M: int, dtype: torch.dtype) -> Config:
         ranges = RANGES if M < RANGES_FEW_FROM else RANGES_FEW
         c = Config(64, 64, 4, 2, tree_dense=True, ranges=experimental.knob("TREE_RANGES", ranges))
     elif M <= 1536:
-        c = Config(64, experimental.knob("TREE_WIDE_BLOCK_N", 64), 4, 2, tree_dense=True,
-                   ranges=experimental.knob("TREE_WIDE_RANGES", 1))
+        block_n = experimental.knob("TREE_WIDE_BLOCK_N", 64)
+        if block_n not in WIDE_BLOCK_NS:
+            from ddtree_bench.errors import UsageError
+
+            raise UsageError(f"DDTREE_TREE_WIDE_BLOCK_N must be one of {WIDE_BLOCK_NS}, got {block_n}")
+        c = Config(64, block_n, 4, 2, tree_dense=True, ranges=experimental.knob("TREE_WIDE_RANGES", 1))
     else:
         c = Config(64, 64, 4, 3, tree_dense=True)
     if experimental.enabled("tree-fold"):
