@@ -318,12 +318,7 @@ def slot_rows(M: int, C: int) -> int:
     if C == 1:
         return block_m(M)
     wide = C >= SLOT_WIDE_FROM and SLOT_WIDE_ROWS < M <= 128
-    rows = experimental.knob("SLOT_ROWS", SLOT_WIDE_ROWS if wide else block_m(M))
-    if rows not in BLOCK_MS:
-        from ddtree_bench.errors import UsageError
-
-        raise UsageError(f"DDTREE_SLOT_ROWS must be one of {BLOCK_MS}, got {rows}")
-    return rows
+    return experimental.knob("SLOT_ROWS", SLOT_WIDE_ROWS if wide else block_m(M), BLOCK_MS)
 
 
 def ranges_used(n_split: int, M: int, live: int) -> int:

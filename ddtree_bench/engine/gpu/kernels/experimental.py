@@ -38,17 +38,19 @@ KNOBS = {
 }
 
 
-def knob(name: str, default: int) -> int:
-    """DDTREE_<name> as a positive integer, or `default` where unset; anything else is bad input (UsageError)."""
+def knob(name: str, default: int, choices: tuple[int, ...] = ()) -> int:
+    """DDTREE_<name> as a positive integer (one of `choices` where given: the sizes a kernel can tile), or `default`
+    where unset; anything else is bad input (UsageError)."""
     if name not in KNOBS:
         raise KeyError(name)
     raw = os.environ.get(f"DDTREE_{name}", "")
     if not raw:
         return default
-    if not raw.isdigit() or int(raw) < 1:
+    if not raw.isdigit() or int(raw) < 1 or (choices and int(raw) not in choices):
         from ddtree_bench.errors import UsageError
 
-        raise UsageError(f"DDTREE_{name} must be a positive integer, got {raw!r}")
+        want = f"one of {choices}" if choices else "a positive integer"
+        raise UsageError(f"DDTREE_{name} must be {want}, got {raw!r}")
     return int(raw)
 
 

@@ -101,12 +101,8 @@ def config(M: int, dtype: torch.dtype) -> Config:
         ranges = RANGES if M < RANGES_FEW_FROM else RANGES_FEW
         c = Config(64, 64, 4, 2, tree_dense=True, ranges=experimental.knob("TREE_RANGES", ranges))
     elif M <= 1536:
-        block_n = experimental.knob("TREE_WIDE_BLOCK_N", 64)
-        if block_n not in WIDE_BLOCK_NS:
-            from ddtree_bench.errors import UsageError
-
-            raise UsageError(f"DDTREE_TREE_WIDE_BLOCK_N must be one of {WIDE_BLOCK_NS}, got {block_n}")
-        c = Config(64, block_n, 4, 2, tree_dense=True, ranges=experimental.knob("TREE_WIDE_RANGES", 1))
+        c = Config(64, experimental.knob("TREE_WIDE_BLOCK_N", 64, WIDE_BLOCK_NS), 4, 2, tree_dense=True,
+                   ranges=experimental.knob("TREE_WIDE_RANGES", 1))
     else:
         c = Config(64, 64, 4, 3, tree_dense=True)
     if experimental.enabled("tree-fold"):
