@@ -141,29 +141,29 @@ if want("tree"):
                     dict(L=L, K=sb.K, BP=sb.BP, RP=sb.RP, NP=sb.NP, TB=sb.TB, JB=sb.JB, GB=sb.GB, IB=sb.IB, N_OUT=sb.N),
                     dict(num_warps=sb.num_warps)))
 
-    # grid tree kernels (B = 256), both variants
+    # grid tree kernels (B = 256), both variants; the slotted build launches these same variants over a slot axis
     g = tree_grid.GridTreeBuilder(L, V, 256, "cpu")
     BI = tree_grid.BI
     ok.append(check(tree_grid._init_kernel, dict(lp_ptr=f32, ks_ptr=f32, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32, ls_ptr=f32,
-                                                 size_ptr=i32), dict(K=g.K, KP=_pow2(g.K))))
+                                                 size_ptr=i32), dict(L=L, K=g.K, KP=_pow2(g.K), BP=g.BP)))
     ok.append(check(tree_grid._keys_kernel, dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, ckey_ptr=i64,
-                                                 d=3), dict(K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=BI)))
+                                                 d=3), dict(L=L, K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=BI)))
     for keys, bj, rows in ((False, tree_grid.BJ, 16), (True, tree_grid.BJ_KEYS, tree_grid.ROWS)):
         ok.append(check(tree_grid._rank_kernel,
                         dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, bndf_ptr=i32, bndr_ptr=i32,
                              ktie_ptr=i64, flag_ptr=i32, ckey_ptr=i64, d=3, Fd=256),
-                        dict(K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=rows, BJ=bj, KEYS=keys)))
+                        dict(L=L, K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=rows, BJ=bj, KEYS=keys)))
         ok.append(check(tree_grid._select_kernel,
                         dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, node_of_ptr=i32, inv_ptr=i32, gkey_ptr=i64),
                         dict(L=L, BP=g.BP, GB=g.GB, N=g.N, BI=rows, BJ=bj, KEYS=keys)))
         ok.append(check(tree_grid._lex_kernel, dict(ks_ptr=f32, ktie_ptr=i64, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32,
                                                     ls_ptr=f32, size_ptr=i32, d=3, Fd=256),
-                        dict(K=g.K, BP=g.BP, BI=rows, BJ=tree_grid.BJ)))
+                        dict(L=L, K=g.K, BP=g.BP, BI=rows, BJ=tree_grid.BJ)))
     ok.append(check(tree_grid._preorder_kernel, dict(cnt_ptr=i32, lpar_ptr=i32, size_ptr=i32, pre_ptr=i32), dict(L=L, BP=g.BP)))
     ok.append(check(tree_grid._gkeys_kernel, dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, gkey_ptr=i64),
                     dict(L=L, BP=g.BP, GB=g.GB, BI=BI)))
     ok.append(check(tree_grid._emit_kernel, dict(inv_ptr=i32, node_of_ptr=i32, lpar_ptr=i32, lr_ptr=i32, tok_ptr=i64,
-                                                 tok_out=i64, par_out=i64, dep_out=i64), dict(K=g.K, BP=g.BP, N=g.N, BI=BI)))
+                                                 tok_out=i64, par_out=i64, dep_out=i64), dict(L=L, K=g.K, BP=g.BP, N=g.N, BI=BI)))
 
 # tree compile, walk and commit (B = 256: T = 257; 8B: 4 query heads per KV head, 36 x 8 KV rows of 128)
 if want("verify"):

@@ -1,6 +1,6 @@
 """The Triton tree kernels against their PyTorch twins: the one-block and grid tree builds
-(engine/gpu/kernels/tree_block.py, tree_grid.py), the slotted one-block build of the batched loop (one program per
-slot, its certificate on exact ties), the fused top-K (kernels/topk.py), tree compile,
+(engine/gpu/kernels/tree_block.py, tree_grid.py), their slotted builds of the batched loop (every slot's tree in one
+launch per step; their certificate on exact ties), the fused top-K (kernels/topk.py), tree compile,
 walk and commit (kernels/tree_verify.py), the walk's argmax (kernels/argmax.py).
 
 They run on CUDA; without a GPU they run on a CPU through Triton's interpreter, at the smaller
@@ -77,15 +77,28 @@ def tie_logits() -> torch.Tensor:
     return torch.tensor([[0.001, 0.0004, -0.0086], [-0.0001, 0.0073, -0.013], [0.0, -1e6, -1e6]])
 
 
+def _slotted(kernel: str):
+    """(slotted builder, single builder) classes of a Triton tree kernel: block | grid | grid-keys."""
+    from ddtree_bench.engine.gpu.kernels.tree_block import SlottedTreeBuilder, TritonTreeBuilder
+    from ddtree_bench.engine.gpu.kernels.tree_grid import GridTreeBuilder, SlottedGridBuilder
+
+    keys = kernel == "grid-keys"
+    return {"block": (SlottedTreeBuilder, TritonTreeBuilder),
+            "grid": (SlottedGridBuilder, GridTreeBuilder),
+            "grid-keys": (lambda *a, **kw: SlottedGridBuilder(*a, **kw, keys_first=True),
+                          lambda *a: GridTreeBuilder(*a, keys_first=True))}[kernel]
+
+
+@pytest.mark.parametrize("kernel", ["block", "grid", "grid-keys"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("C", [1, 2, 3])
-def test_slotted_block_kernel_equals_the_exact_builder_per_slot(C, dtype):
-    """SlottedTreeBuilder (the one-block kernel over one program per slot, scratch for 4 slots) against the exact
-    batched builder and StaticTreeBuilder slot by slot: different logits families per slot, and (C = 3) two equal
-    slots; C = 1 is also the single build's launch (TritonTreeBuilder's tree)."""
+def test_slotted_kernels_equal_the_exact_builder_per_slot(C, dtype, kernel):
+    """The slotted builds (the one-block kernel over one program per slot; every grid launch over a slot axis),
+    scratch for 4 slots, against the exact batched builder and StaticTreeBuilder slot by slot: different logits
+    families per slot, and (C = 3) two equal slots; C = 1 is also the single build's launch (its tree)."""
     from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
-    from ddtree_bench.engine.gpu.kernels.tree_block import SlottedTreeBuilder, TritonTreeBuilder
 
+    SlottedTreeBuilder, TritonTreeBuilder = _slotted(kernel)
     kinds = ("random", "onehot", "coarse")
     dt = getattr(torch, dtype)
     for L, V, budget in SLOT_SHAPES:
@@ -110,11 +123,13 @@ def test_slotted_block_kernel_equals_the_exact_builder_per_slot(C, dtype):
             sb(x[:1].expand(5, -1, -1))
 
 
-def test_slotted_block_kernel_raises_its_flag_when_any_slot_cannot_certify():
+@pytest.mark.parametrize("kernel", ["block", "grid", "grid-keys"])
+def test_slotted_kernels_raise_their_flag_when_any_slot_cannot_certify(kernel):
     """Exact-tie logits (tie_logits) in one slot raise the one flag of the launch; the other slots' trees are still
     the exact builder's, and slots without ties leave the flag at 0. The single build flags on the same logits."""
     from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
-    from ddtree_bench.engine.gpu.kernels.tree_block import SlottedTreeBuilder, TritonTreeBuilder
+
+    SlottedTreeBuilder, TritonTreeBuilder = _slotted(kernel)
 
     L, V, budget = 3, 3, 15
     clean = [tree_logits("random", L, V, s) for s in range(3)]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
-from ddtree_bench.engine.gpu.kernels.tree_pruned import pruned_inputs, pruned_scratch
+from ddtree_bench.engine.gpu.kernels.tree_pruned import pruned_inputs, pruned_scratch, slotted_exact, slotted_inputs
 from ddtree_bench.engine.gpu.kernels.warm import launch
 
 _SELF_TEST: dict[str, object] = {}   # "ok", and "error": why not (bench-engine's build table shows it)
@@ -170,24 +170,14 @@ class SlottedTreeBuilder:
     name = "triton-block-slotted"
 
     def __init__(self, L: int, V: int, budget: int, device, slots: int, exact=None):
-        from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
-
-        if slots < 1:
-            raise ValueError("SlottedTreeBuilder needs slots >= 1")
-        pruned_scratch(self, L, V, budget, device, _pow2, slots=slots)
-        _block_shapes(self, device, slots)
+        pruned_scratch(self, L, V, budget, device, _pow2, slots=max(slots, 1))
+        _block_shapes(self, device, max(slots, 1))
         self.slots = slots
-        self.exact = exact if exact is not None else BatchTreeBuilder(L, V, budget, device)
-        if (self.exact.L, self.exact.V, self.exact.budget) != (L, V, budget):
-            raise ValueError("the exact builder must have the same (L, V, budget)")
+        self.exact = slotted_exact(self, slots, exact)
 
     def __call__(self, draft_logits: torch.Tensor):
         from ddtree_bench.engine.gpu.batch_tree import BatchTrees
 
-        if draft_logits.dim() != 3 or draft_logits.shape[1:] != (self.L, self.V) or not 1 <= draft_logits.shape[0] <= self.slots:
-            raise ValueError(f"draft logits must be [C <= {self.slots}, {self.L}, {self.V}], got {list(draft_logits.shape)}")
-        C = draft_logits.shape[0]
-        lp, tok = self.exact.logprobs(draft_logits)
-        outs = [torch.empty(C, self.N, dtype=torch.long, device=draft_logits.device) for _ in range(3)]
-        _launch_block(self, C, lp.contiguous(), tok.contiguous(), *outs)
+        C, lp, tok, outs = slotted_inputs(self, draft_logits)
+        _launch_block(self, C, lp, tok, *outs)
         return BatchTrees(*outs)

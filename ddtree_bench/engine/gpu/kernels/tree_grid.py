@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
-from ddtree_bench.engine.gpu.kernels.tree_pruned import pruned_inputs, pruned_scratch
+from ddtree_bench.engine.gpu.kernels.tree_pruned import pruned_inputs, pruned_scratch, slotted_exact, slotted_inputs
 from ddtree_bench.engine.gpu.kernels.warm import launch
 
 BI = 64  # items per program of the one-pass kernels (keys, emit)
@@ -39,24 +39,42 @@ if triton is not None:
         _sizes_and_preorder
 
     @triton.jit
-    def _init_kernel(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, K: tl.constexpr, KP: tl.constexpr):
-        _depth_one(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, K, KP)
+    def _init_kernel(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, L: tl.constexpr, K: tl.constexpr,
+                     KP: tl.constexpr, BP: tl.constexpr):
+        # every kernel here: program (i, c) works on slot c, whose inputs [L, K], scratch [L, BP] (ckey [RP],
+        # node_of / gkey [L * BP], inv [N]) and outputs [N] sit at c times their sizes; the tables, cnt and the
+        # flag are one for all slots. The single build is grid (n, 1): the same compiled kernels.
+        c = tl.program_id(1)
+        S = L * BP
+        _depth_one(lp_ptr + c * (L * K), ks_ptr + c * S, kl_ptr + c * S, lpar_ptr + c * S, lr_ptr + c * S,
+                   ls_ptr + c * S, size_ptr + c * S, K, KP)
 
     @triton.jit
-    def _keys_kernel(regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, ckey_ptr, d,
+    def _keys_kernel(regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, ckey_ptr, d, L: tl.constexpr,
                      K: tl.constexpr, RP: tl.constexpr, BP: tl.constexpr, TB: tl.constexpr, BI: tl.constexpr):
         """Depth d's candidate keys, written once to a contiguous buffer (keys_first)."""
+        c = tl.program_id(1)
+        ks_ptr += c * (L * BP)
+        kl_ptr += c * (L * BP)
+        lp_ptr += c * (L * K)
+        ckey_ptr += c * RP
         i = tl.program_id(0) * BI + tl.arange(0, BI)
         key, _, _, _ = _candidates(d, i, regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K, RP, BP, TB)
         tl.store(ckey_ptr + i, key, mask=i < RP)
 
     @triton.jit
     def _rank_kernel(regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, bndf_ptr, bndr_ptr, ktie_ptr, flag_ptr, ckey_ptr, d, Fd,
-                     K: tl.constexpr, RP: tl.constexpr, BP: tl.constexpr, TB: tl.constexpr,
+                     L: tl.constexpr, K: tl.constexpr, RP: tl.constexpr, BP: tl.constexpr, TB: tl.constexpr,
                      BI: tl.constexpr, BJ: tl.constexpr, KEYS: tl.constexpr):
         """Depth d: each candidate's rank = number of smaller keys; the first Fd are kept, in key order.
         The keys compared against are rebuilt per column block from the tables, or (KEYS) read from the
         buffer _keys_kernel wrote."""
+        c = tl.program_id(1)
+        ks_ptr += c * (L * BP)
+        kl_ptr += c * (L * BP)
+        ktie_ptr += c * (L * BP)
+        lp_ptr += c * (L * K)
+        ckey_ptr += c * RP
         i = tl.program_id(0) * BI + tl.arange(0, BI)
         key, score, tie, valid = _candidates(d, i, regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K, RP, BP, TB)
         rank = tl.zeros([BI], tl.int32)
@@ -78,8 +96,17 @@ if triton is not None:
 
     @triton.jit
     def _lex_kernel(ks_ptr, ktie_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, d, Fd,
-                    K: tl.constexpr, BP: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr):
+                    L: tl.constexpr, K: tl.constexpr, BP: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr):
         """Depth d: each kept prefix's lexicographic position = number of kept ties smaller than its own."""
+        c = tl.program_id(1)
+        S = L * BP
+        ks_ptr += c * S
+        ktie_ptr += c * S
+        kl_ptr += c * S
+        lpar_ptr += c * S
+        lr_ptr += c * S
+        ls_ptr += c * S
+        size_ptr += c * S
         j = tl.program_id(0) * BI + tl.arange(0, BI)
         m = j < Fd
         t = tl.load(ktie_ptr + d * BP + j, mask=m, other=9223372036854775807)
@@ -96,8 +123,10 @@ if triton is not None:
 
     @triton.jit
     def _preorder_kernel(cnt_ptr, lpar_ptr, size_ptr, pre_ptr, L: tl.constexpr, BP: tl.constexpr):
-        """One block: subtree sizes and pre-order indices (the one-block kernel's own code)."""
-        _sizes_and_preorder(cnt_ptr, lpar_ptr, size_ptr, pre_ptr, L, BP)
+        """One block per slot: subtree sizes and pre-order indices (the one-block kernel's own code)."""
+        c = tl.program_id(1)
+        S = L * BP
+        _sizes_and_preorder(cnt_ptr, lpar_ptr + c * S, size_ptr + c * S, pre_ptr + c * S, L, BP)
 
     @triton.jit
     def _gkey(g, cnt_ptr, ls_ptr, pre_ptr, L: tl.constexpr, BP: tl.constexpr, GB: tl.constexpr):
@@ -111,6 +140,11 @@ if triton is not None:
     def _gkeys_kernel(cnt_ptr, ls_ptr, pre_ptr, gkey_ptr, L: tl.constexpr, BP: tl.constexpr, GB: tl.constexpr,
                       BI: tl.constexpr):
         """Every kept node's (score, pre-order) key, written once to a contiguous buffer (keys_first)."""
+        c = tl.program_id(1)
+        S = L * BP
+        ls_ptr += c * S
+        pre_ptr += c * S
+        gkey_ptr += c * S
         g = tl.program_id(0) * BI + tl.arange(0, BI)
         key, _ = _gkey(g, cnt_ptr, ls_ptr, pre_ptr, L, BP, GB)
         tl.store(gkey_ptr + g, key, mask=g < L * BP)
@@ -120,6 +154,13 @@ if triton is not None:
                        L: tl.constexpr, BP: tl.constexpr, GB: tl.constexpr, N: tl.constexpr,
                        BI: tl.constexpr, BJ: tl.constexpr, KEYS: tl.constexpr):
         """Every kept node's rank by (score, pre-order); the best N get node numbers 1..N in pop order."""
+        c = tl.program_id(1)
+        S = L * BP
+        ls_ptr += c * S
+        pre_ptr += c * S
+        node_of_ptr += c * S
+        gkey_ptr += c * S
+        inv_ptr += c * N
         g = tl.program_id(0) * BI + tl.arange(0, BI)
         key, valid = _gkey(g, cnt_ptr, ls_ptr, pre_ptr, L, BP, GB)
         rank = tl.zeros([BI], tl.int32)
@@ -136,11 +177,64 @@ if triton is not None:
 
     @triton.jit
     def _emit_kernel(inv_ptr, node_of_ptr, lpar_ptr, lr_ptr, tok_ptr, tok_out, par_out, dep_out,
-                     K: tl.constexpr, BP: tl.constexpr, N: tl.constexpr, BI: tl.constexpr):
+                     L: tl.constexpr, K: tl.constexpr, BP: tl.constexpr, N: tl.constexpr, BI: tl.constexpr):
+        c = tl.program_id(1)
+        S = L * BP
+        inv_ptr += c * N
+        node_of_ptr += c * S
+        lpar_ptr += c * S
+        lr_ptr += c * S
+        tok_ptr += c * (L * K)
+        tok_out += c * N
+        par_out += c * N
+        dep_out += c * N
         p = tl.program_id(0) * BI + tl.arange(0, BI)
         m = p < N
         g = tl.load(inv_ptr + p, mask=m, other=0)
         _emit_nodes(p, g, m, node_of_ptr, lpar_ptr, lr_ptr, tok_ptr, tok_out, par_out, dep_out, K, BP)
+
+
+def _grid_scratch(b, L: int, V: int, budget: int, device, keys_first: bool, slots: int = 0) -> None:
+    """The grid builder's shapes and scratch on `b` (pruned_scratch's, plus ktie, node_of, inv and the key buffers),
+    one set per slot where slots > 0 ([slots, ...]; the tables and the flag stay one for all)."""
+    pruned_scratch(b, L, V, budget, device, lambda r: -(-max(1, r) // BJ) * BJ, slots=slots)
+    if 32 + b.TB > 63 or 32 + b.GB > 63:
+        raise ValueError(f"budget {budget} is too large for the grid tree kernels")
+    BP, lead = b.BP, ((slots,) if slots else ())
+    b.keys_first, b._rows = keys_first, ROWS
+    b.bj = BJ_KEYS if keys_first else BJ
+    b.ktie = torch.zeros(*lead, L, BP, dtype=torch.long, device=device)
+    b.node_of = torch.zeros(*lead, L * BP, dtype=torch.int32, device=device)
+    b.inv = torch.zeros(*lead, b.N, dtype=torch.int32, device=device)
+    b.ckey = torch.zeros(*lead, b.RP if keys_first else 1, dtype=torch.long, device=device)
+    b.gkey = torch.zeros(*lead, L * BP if keys_first else 1, dtype=torch.long, device=device)
+    b.pre_warps = 4 if BP <= 1024 else 8
+
+
+def _launch_grid(b, C: int, lp, tok, tok_out, par_out, dep_out) -> None:
+    """The grid build's ~2L + 4 launches, each over (programs, C): slot c's tree from its [L, K] lp / tok into its
+    own scratch and [N] outputs (C = 1: the single build)."""
+    L, K, BP, RP, TB = b.L, b.K, b.BP, b.RP, b.TB
+    launch(_init_kernel, (1, C), lp, b.ks, b.kl, b.lpar, b.lr, b.ls, b.size, L=L, K=K, KP=_pow2(K), BP=BP)
+    keys, bj, rows = b.keys_first, b.bj, b._rows
+    for d in range(1, L):
+        R, Fd = b.R[d], b.counts[d]
+        if keys:
+            launch(_keys_kernel, (triton.cdiv(RP, BI), C), b.regf, b.regr, b.ks, b.kl, lp, b.ckey, d,
+                   L=L, K=K, RP=RP, BP=BP, TB=TB, BI=BI)
+        launch(_rank_kernel, (triton.cdiv(R, rows), C), b.regf, b.regr, b.ks, b.kl, lp, b.bndf,
+               b.bndr, b.ktie, b.flag, b.ckey, d, Fd, L=L, K=K, RP=RP, BP=BP, TB=TB,
+               BI=rows, BJ=bj, KEYS=keys)
+        launch(_lex_kernel, (triton.cdiv(Fd, rows), C), b.ks, b.ktie, b.kl, b.lpar, b.lr, b.ls,
+               b.size, d, Fd, L=L, K=K, BP=BP, BI=rows, BJ=BJ)
+    launch(_preorder_kernel, (1, C), b.cnt, b.lpar, b.size, b.pre, L=L, BP=BP, num_warps=b.pre_warps)
+    G = L * BP
+    if keys:
+        launch(_gkeys_kernel, (triton.cdiv(G, BI), C), b.cnt, b.ls, b.pre, b.gkey, L=L, BP=BP, GB=b.GB, BI=BI)
+    launch(_select_kernel, (triton.cdiv(G, rows), C), b.cnt, b.ls, b.pre, b.node_of, b.inv, b.gkey,
+           L=L, BP=BP, GB=b.GB, N=b.N, BI=rows, BJ=bj, KEYS=keys)
+    launch(_emit_kernel, (triton.cdiv(b.N, BI), C), b.inv, b.node_of, b.lpar, b.lr, tok, tok_out,
+           par_out, dep_out, L=L, K=K, BP=BP, N=b.N, BI=BI)
 
 
 class GridTreeBuilder:
@@ -155,43 +249,39 @@ class GridTreeBuilder:
     name = "triton-grid"
 
     def __init__(self, L: int, V: int, budget: int, device, keys_first: bool = False):
-        pruned_scratch(self, L, V, budget, device, lambda r: -(-max(1, r) // BJ) * BJ)
-        BP = self.BP
-        if 32 + self.TB > 63 or 32 + self.GB > 63:
-            raise ValueError(f"budget {budget} is too large for the grid tree kernels")
-        self.keys_first, self._rows = keys_first, ROWS
+        _grid_scratch(self, L, V, budget, device, keys_first)
         if keys_first:
             self.name = "triton-grid-keys"
-        self.bj = BJ_KEYS if keys_first else BJ
-        self.ktie = torch.zeros(L, BP, dtype=torch.long, device=device)
-        self.node_of = torch.zeros(L * BP, dtype=torch.int32, device=device)
-        self.inv = torch.zeros(max(1, self.N), dtype=torch.int32, device=device)
-        self.ckey = torch.zeros(self.RP if keys_first else 1, dtype=torch.long, device=device)
-        self.gkey = torch.zeros(L * BP if keys_first else 1, dtype=torch.long, device=device)
-        self.pre_warps = 4 if BP <= 1024 else 8
 
     def __call__(self, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        L, K, BP, RP, TB = self.L, self.K, self.BP, self.RP, self.TB
         lp, tok, (tok_out, par_out, dep_out) = pruned_inputs(self, draft_logits)
-        launch(_init_kernel, (1,), lp, self.ks, self.kl, self.lpar, self.lr, self.ls, self.size, K=K, KP=_pow2(K))
-        keys, bj, rows = self.keys_first, self.bj, self._rows
-        for d in range(1, L):
-            R, Fd = self.R[d], self.counts[d]
-            if keys:
-                launch(_keys_kernel, (triton.cdiv(RP, BI),), self.regf, self.regr, self.ks, self.kl, lp, self.ckey, d,
-                       K=K, RP=RP, BP=BP, TB=TB, BI=BI)
-            launch(_rank_kernel, (triton.cdiv(R, rows),), self.regf, self.regr, self.ks, self.kl, lp, self.bndf,
-                   self.bndr, self.ktie, self.flag, self.ckey, d, Fd, K=K, RP=RP, BP=BP, TB=TB,
-                   BI=rows, BJ=bj, KEYS=keys)
-            launch(_lex_kernel, (triton.cdiv(Fd, rows),), self.ks, self.ktie, self.kl, self.lpar, self.lr, self.ls,
-                   self.size, d, Fd, K=K, BP=BP, BI=rows, BJ=BJ)
-        launch(_preorder_kernel, (1,), self.cnt, self.lpar, self.size, self.pre, L=L, BP=BP, num_warps=self.pre_warps)
-        G = L * BP
-        if keys:
-            launch(_gkeys_kernel, (triton.cdiv(G, BI),), self.cnt, self.ls, self.pre, self.gkey, L=L, BP=BP,
-                   GB=self.GB, BI=BI)
-        launch(_select_kernel, (triton.cdiv(G, rows),), self.cnt, self.ls, self.pre, self.node_of, self.inv, self.gkey,
-               L=L, BP=BP, GB=self.GB, N=self.N, BI=rows, BJ=bj, KEYS=keys)
-        launch(_emit_kernel, (triton.cdiv(self.N, BI),), self.inv, self.node_of, self.lpar, self.lr, tok, tok_out,
-               par_out, dep_out, K=K, BP=BP, N=self.N, BI=BI)
+        _launch_grid(self, 1, lp, tok, tok_out, par_out, dep_out)
         return tok_out, par_out, dep_out
+
+
+class SlottedGridBuilder:
+    """The grid build over the slots of a batched round: __call__(draft_logits [C, L, V]), C <= slots ->
+    batch_tree.BatchTrees ([C, N] token_ids, parents, depths), row c = slot c's tree. Every launch of the single
+    build runs once for all C slots, over a second grid axis (program (i, c) on slot c's own log-probs, scratch and
+    outputs, preallocated for `slots`: fixed shapes, so one CUDA graph per bucket replays it); the compiled kernels
+    are the single build's (GridTreeBuilder; C = 1 is its launch), so a batched loop whose single loop builds with
+    the grid kernels compiles nothing more for its batched rounds. The log-probs and ids are `exact.logprobs`
+    (batch_tree.BatchTreeBuilder: each slot's normaliser on its own [L, V]), as tree_block.SlottedTreeBuilder's,
+    so a certified tree is the exact batched builder's row for row; `flag` counts failed certificates of every
+    slot since the last reset (any slot failing makes the caller redo the round with `exact`)."""
+
+    name = "triton-grid-slotted"
+
+    def __init__(self, L: int, V: int, budget: int, device, slots: int, exact=None, keys_first: bool = False):
+        _grid_scratch(self, L, V, budget, device, keys_first, slots=max(slots, 1))
+        self.slots = slots
+        self.exact = slotted_exact(self, slots, exact)
+        if keys_first:
+            self.name = "triton-grid-keys-slotted"
+
+    def __call__(self, draft_logits: torch.Tensor):
+        from ddtree_bench.engine.gpu.batch_tree import BatchTrees
+
+        C, lp, tok, outs = slotted_inputs(self, draft_logits)
+        _launch_grid(self, C, lp, tok, *outs)
+        return BatchTrees(*outs)

@@ -174,6 +174,31 @@ def pruned_scratch(b, L: int, V: int, budget: int, device, round_regions, slots:
     b.flag = torch.zeros(1, **i32)
 
 
+def slotted_exact(b, slots: int, exact):
+    """A slotted builder's exact batched builder (batch_tree.BatchTreeBuilder: `exact`, shared with the caller, or a
+    new one for b's (L, V, budget)), after checking slots >= 1 and that it builds the same shape of tree."""
+    from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
+
+    if slots < 1:
+        raise ValueError(f"{type(b).__name__} needs slots >= 1")
+    exact = exact if exact is not None else BatchTreeBuilder(b.L, b.V, b.budget, b.flag.device)
+    if (exact.L, exact.V, exact.budget) != (b.L, b.V, b.budget):
+        raise ValueError("the exact builder must have the same (L, V, budget)")
+    return exact
+
+
+def slotted_inputs(b, draft_logits: torch.Tensor):
+    """A slotted builder's kernel inputs for draft logits [C, L, V], 1 <= C <= b.slots: (C, lp, tok) with lp / tok
+    [C, L, K] contiguous from `b.exact.logprobs` (each slot's normaliser on its own [L, V]: the exact builder's
+    inputs, so a certified tree is its row), and the three [C, N] long outputs to fill."""
+    if draft_logits.dim() != 3 or draft_logits.shape[1:] != (b.L, b.V) or not 1 <= draft_logits.shape[0] <= b.slots:
+        raise ValueError(f"draft logits must be [C <= {b.slots}, {b.L}, {b.V}], got {list(draft_logits.shape)}")
+    C = draft_logits.shape[0]
+    lp, tok = b.exact.logprobs(draft_logits)
+    outs = [torch.empty(C, b.N, dtype=torch.long, device=draft_logits.device) for _ in range(3)]
+    return C, lp.contiguous(), tok.contiguous(), outs
+
+
 def pruned_inputs(b, draft_logits: torch.Tensor):
     """A pruned builder's kernel inputs: (lp, tok) [L, K] contiguous (fused top-K where it applies) and
     the three [N] long outputs (token ids, parents, depths) to fill."""
