@@ -82,7 +82,8 @@ def build_profile(budget: int, batch: int, V: int, a) -> None:
     from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
 
     exact = BatchTreeBuilder(L, V, budget, "cuda", logits_dtype=torch.bfloat16)   # the batched loop's (its log-probs)
-    tb = builders.checked_slotted(L, V, budget, batch, "cuda", torch.bfloat16, exact=exact)
+    tb = builders.checked_slotted(L, V, budget, batch, "cuda", torch.bfloat16, exact=exact,
+                                  kernel=builders.batched_kernel(budget))
     if tb is None:
         print(f"\n== slotted build B={budget}, batch {batch}: unavailable")
         return

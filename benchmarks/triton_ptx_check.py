@@ -132,8 +132,8 @@ if want("tree"):
                          nodeof_ptr=i32, flag_ptr=i32, tok_out=i64, par_out=i64, dep_out=i64),
                     dict(L=L, K=b.K, BP=b.BP, RP=b.RP, NP=b.NP, TB=b.TB, JB=b.JB, GB=b.GB, IB=b.IB, N_OUT=b.N)))
     # the same kernel as the batched loop's slotted build launches it (one program per slot) at its rule's largest
-    # budget, builders.BATCH_BLOCK_MAX_BUDGET = 256, with the constants SlottedTreeBuilder derives (16 slots)
-    sb = tree_triton.SlottedTreeBuilder(L, V, 256, "cpu", slots=16)
+    # budget, builders.AUTO_BLOCK_MAX_BUDGET = 32, with the constants SlottedTreeBuilder derives (16 slots)
+    sb = tree_triton.SlottedTreeBuilder(L, V, 32, "cpu", slots=16)
     ok.append(check(tree_triton._tree_kernel,
                     dict(lp_ptr=f32, tok_ptr=i64, cnt_ptr=i32, regf_ptr=i32, regr_ptr=i32, bndf_ptr=i32, bndr_ptr=i32,
                          ks_ptr=f32, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32, ls_ptr=f32, size_ptr=i32, pre_ptr=i32,

@@ -4,10 +4,8 @@ For each batch size B in `batches` and each method point (AR; DFlash; DDTree at 
 admits B requests (random prompts of `prefix_len` tokens, a different prompt per request) into
 one `gpu.batch_loop.BatchFastLoop` with B slots, runs `rounds` measured rounds with every slot
 live after `warmup` rounds (round 1 captures the bucket's CUDA graphs: its wall time is reported
-as `first_round_ms`, the cold start of a new (bucket, budget) shape; above B = 32 the slotted tree kernel then
-compiles in the background (builders.slotted_in_background): the bench waits for it after round 1,
-`slotted_compile_wait_s`, so that the second warmup round switches to it and the measured rounds are its steady
-state), and reports per stage the
+as `first_round_ms`, the cold start of a new (bucket, budget) shape, the slotted tree kernel's check included),
+and reports per stage the
 median ms over the measured rounds (draft, tree_build, tree_compile, verify, walk, commit, as
 CUDA events between the stages) and the median round.
 
@@ -110,11 +108,6 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
     t0 = time.perf_counter_ns()
     loop.step()
     first_ms = (time.perf_counter_ns() - t0) / 1e6
-    compile_wait_s = 0.0
-    if loop.slotted_compile is not None:   # the slotted tree kernel compiling in the background (B > 32): the measured
-        t1 = time.perf_counter()           # rounds are its steady state, so wait for it; the next round switches
-        loop.slotted_compile.wait()
-        compile_wait_s = time.perf_counter() - t1
     for _ in range(spec.warmup - 1):
         loop.step()
     n0 = {id(st): len(st.accept_lengths) for st in loop.active}
@@ -139,7 +132,6 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
            "tok_s_per_request": tau / round_ms * 1e3 if round_ms else float("nan"),
            "bucket": measured[0]["bucket"] if measured else None,
            # DDTree's tree builder at this batch (batch 1: the single loop's) and rounds redone after a failed certificate
-           "slotted_compile_wait_s": compile_wait_s,
            "builder": (loop.solo.tree_builder(budget) if batch == 1 and loop.solo is not None else loop.tree_builder)
            if method == "ddtree" else None, "redone_rounds": loop.redone_rounds}
     loop.release()

@@ -20,14 +20,12 @@ Same API and same tokens as `batch.BatchLoop` (its slow obvious twin), organised
 * a round over a bucket of two or more is FastLoop's six stages over the bucket, each a fixed-shape
   function captured lazily as one CUDA graph per (bucket, budget) on its first use (graphs.Stage):
   draft - ONE drafter forward over every slot (batch_forward.draft_forward_batch); tree_build - every
-  slot's tree in one call: on CUDA where builders.batched_kernel names it (budgets up to
-  builders.BATCH_BLOCK_MAX_BUDGET) and it passed builders.checked_slotted once per loop, the one-block Triton
-  kernel over one program per slot (kernels/tree_block.SlottedTreeBuilder: the single loop's compiled kernel, on
-  the exact builder's log-probs), else the exact batched builder (batch_tree.BatchTreeBuilder:
-  tree_vector.StaticTreeBuilder batched over the slots, the same trees); where no round compiled that kernel at the
-  budget (builders.slotted_in_background: above the single loop's one-block budgets) it compiles on a background
-  thread while the exact builder builds, and the first batched round after it is compiled and checked makes every
-  batched bucket's stages again with it (_take_slotted; `slotted_from_round`) - or DFlash's chain of every slot; tree_compile - every slot's ids, positions,
+  slot's tree in one call: on CUDA the Triton kernel the single loop's rule names at the budget, launched over the
+  slots (builders.batched_kernel: the one-block kernel over one program per slot up to B = 32, the grid kernels over a
+  slot axis above; kernels/tree_block.SlottedTreeBuilder, kernels/tree_grid.SlottedGridBuilder: the single loop's
+  compiled kernels, on the exact builder's log-probs) once it passed builders.checked_slotted for this loop, else the
+  exact batched builder (batch_tree.BatchTreeBuilder: tree_vector.StaticTreeBuilder batched over the slots, the same
+  trees) - or DFlash's chain of every slot; tree_compile - every slot's ids, positions,
   ancestor matrix and bias over its own region; verify - ONE target forward over the concatenated trees
   (batch_forward.target_forward_batch: each slot's rows see only its own prefix and its own ancestors)
   and the greedy picks; walk; commit (live slots only). With the Triton tree kernels (tree_kernels.available)
@@ -59,8 +57,7 @@ The cache grows (and every graph is dropped) when an admitted request needs more
 
 The verify and the draft attend with the single loop's live-slot / tree kernels given a slot axis
 (batch_forward.py: each slot reads only its own live cache slots; SDPA over every region is the twin).
-Not done at buckets of two or more (FastLoop does them at one): the grid tree builders (budgets above
-BATCH_BLOCK_MAX_BUDGET use the exact batched builder), and queuing the next draft before the host has read
+Not done at buckets of two or more (FastLoop does it at one): queuing the next draft before the host has read
 the walk result. On a CPU the same code runs without capture, which is how CI checks it. `rounds` holds per
 round the batch size, the bucket and the stage times (ms), for bench-engine --batch.
 Knows nothing of threads or HTTP (batch_scheduler.BatchScheduler drives it like a BatchLoop).
@@ -202,8 +199,6 @@ class BatchFastLoop:
         self.tgroup = group_size(target)
         self._slotted: Any = None     # the checked slotted Triton builder (builders.checked_slotted), once looked for
         self._slotted_looked = False
-        self.slotted_compile: builders.SlottedCompile | None = None   # the slotted kernel compiling on its thread
-        self.slotted_from_round: int | None = None   # index in `rounds` from which a background-compiled kernel built
         self._redone = 0              # batched rounds redone with the exact builder after a failed certificate
         # a bucket of one: FastLoop's stages on slot 0 (module docstring); None where a proposer drafts on the host
         self.solo = FastLoop(target, proposer if self.spec else None, graphs=graphs, layer_ops=layer_ops,
@@ -239,8 +234,7 @@ class BatchFastLoop:
     @property
     def tree_builder(self) -> str | None:
         """Name of the builder of the latest batched DDTree rounds (None before the first one): the slotted Triton
-        kernel's or the exact batched builder's (also while the kernel compiles in the background: `slotted_compile`;
-        `slotted_from_round` says from which round the kernel took over)."""
+        kernel's or the exact batched builder's."""
         if self.builder is None or not self._slotted_looked:
             return None
         return (self._slotted or self.builder).name
@@ -467,41 +461,16 @@ class BatchFastLoop:
         return bk
 
     def _batch_builder(self):
-        """The tree builder of batched DDTree rounds, looked for once per loop: the slotted one-block Triton kernel
-        where builders.batched_kernel names it and it passes builders.checked_slotted here (at max_batch slots, in the
-        rounds' dtype; on CUDA), else the exact batched builder. Where builders.slotted_in_background says so (no round
-        has compiled the one-block kernel at this budget), the kernel compiles on a background thread instead
-        (builders.start_slotted_compile) and the exact builder builds, unguarded, until _take_slotted switches."""
+        """The tree builder of batched DDTree rounds, looked for once per loop: the slotted Triton kernel
+        builders.batched_kernel names where it passes builders.checked_slotted here (at max_batch slots, in the
+        rounds' dtype; on CUDA), else the exact batched builder."""
         if not self._slotted_looked:
             self._slotted_looked = True
-            if builders.batched_kernel(self.budget, self.tree_kernel) == "block":
-                args = (self.L, self.target.cfg.vocab_size, self.budget, self.max_batch, self.device, self.dtype)
-                if builders.slotted_in_background(self.budget, self.tree_kernel):
-                    self.slotted_compile = builders.start_slotted_compile(*args, exact=self.builder)
-                else:
-                    self._slotted = builders.checked_slotted(*args, exact=self.builder)
+            kernel = builders.batched_kernel(self.budget, self.tree_kernel)
+            if kernel != "torch":
+                self._slotted = builders.checked_slotted(self.L, self.target.cfg.vocab_size, self.budget, self.max_batch,
+                                                         self.device, self.dtype, exact=self.builder, kernel=kernel)
         return self._slotted if self._slotted is not None else self.builder
-
-    def _take_slotted(self) -> None:
-        """At a batched round's start, before its bucket: once the background compile has finished (never waiting for
-        it), its check here (builders.SlottedCompile.result); a checked kernel replaces the exact builder in every
-        batched bucket, whose stages are dropped so that _bucket makes them again (the kernel, a guarded layout, the
-        exact fallback); a failed compile or check keeps the exact builder (with a warning). The device is synchronised
-        before any graph goes (release()'s rule: no queued draft or commit mid-flight); the solo loop's are not
-        touched."""
-        job = self.slotted_compile
-        if job is None or not job.ready():
-            return
-        self.slotted_compile = None
-        self._slotted = job.result()
-        if self._slotted is None:
-            return
-        self.slotted_from_round = len(self.rounds)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        for bk in self._stages.values():
-            bk.release()
-        self._stages = {}
 
     def _draft(self, b: int) -> None:
         """ONE DFlash draft over slots 0..b-1: blocks [bonus_i, mask...] at start_i, context rows ctx_i at ctx_start_i."""
@@ -687,7 +656,6 @@ class BatchFastLoop:
     def _batched_round(self, b: int) -> _Round:
         """One round over bucket b through the batched stages (module docstring); a raised certificate flag (the
         slotted builder's) makes it redone by the bucket's exact stages (_redo) before anything is committed."""
-        self._take_slotted()
         self._ahead = None
         t_cold, cold = time.perf_counter(), b not in self._stages
         bk = self._bucket(b)

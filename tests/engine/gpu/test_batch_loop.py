@@ -226,7 +226,7 @@ def test_a_drafter_variant_drafts_through_its_own_proposer(rnd):
 def _flaky(monkeypatch, flagged: set[int]) -> list[FlakySlotted]:
     made: list[FlakySlotted] = []
 
-    def checked(L, V, budget, slots, device, dtype, exact=None):
+    def checked(L, V, budget, slots, device, dtype, exact=None, kernel="block"):
         made.append(FlakySlotted(exact, flagged))
         return made[-1]
 

@@ -1,7 +1,8 @@
 """The batched tree build on a GPU: every slot's tree equals the per-slot PyTorch builder's on the Qwen3
 vocabulary (V = 151,936, L = 15), with the Triton top-K selection (the default on CUDA) and the torch
-one, on random, one-hot and coarse bf16 logits, eager and replayed from a CUDA graph. Needs CUDA; skips
-cleanly without it (test_batch_tree.py carries the CPU equality tests)."""
+one, and the slotted Triton builds of the batched loop, on random, one-hot and coarse bf16 logits, eager and
+replayed from a CUDA graph. Needs CUDA; skips cleanly without it (test_batch_tree.py carries the CPU equality
+tests; test_tree_kernels_triton.py the slotted kernels' under Triton's interpreter)."""
 
 from __future__ import annotations
 
@@ -49,17 +50,17 @@ def test_every_slot_equals_the_per_slot_builder_on_cuda(budget, select):
         assert [[t.tolist() for t in replayed.slot(c)] for c in range(C)] == per_slot(x2, budget)
 
 
-@pytest.mark.parametrize("budget", [16, 128, 256])
-def test_slotted_block_kernel_equals_the_per_slot_builder_on_cuda(budget):
-    """The batched loop's slotted one-block build (kernels/tree_block.SlottedTreeBuilder, scratch for 16 slots) on
-    the Qwen3 vocabulary in bf16: whenever its certificate holds, every slot's tree is the per-slot builder's, eager
-    and replayed from a CUDA graph at C = 1, 5, 16 (one graph per C, as one per bucket). bf16's coarse and one-hot
-    logits may tie at a pruning boundary and raise the flag (then the loop redoes the round exactly): allowed, but
-    not everywhere."""
-    from ddtree_bench.engine.gpu.kernels.tree_block import SlottedTreeBuilder
+@pytest.mark.parametrize("budget", [16, 64, 256, 1024])
+def test_slotted_kernels_equal_the_per_slot_builder_on_cuda(budget):
+    """The batched loop's slotted build at each budget's rule (builders.batched_kernel: the one-block kernel at 16,
+    the grid at 64, grid-keys at 256 and 1024; scratch for 16 slots) on the Qwen3 vocabulary in bf16: whenever its
+    certificate holds, every slot's tree is the per-slot builder's, eager and replayed from a CUDA graph at C = 1,
+    5, 16 (one graph per C, as one per bucket). bf16's coarse and one-hot logits may tie at a pruning boundary and
+    raise the flag (then the loop redoes the round exactly): allowed, but not everywhere."""
+    from ddtree_bench.engine.gpu import builders
 
-    sb = SlottedTreeBuilder(L, V, budget, "cuda", slots=16,
-                            exact=BatchTreeBuilder(L, V, budget, "cuda", logits_dtype=torch.bfloat16))   # the loop's
+    sb = builders.make_slotted(builders.batched_kernel(budget), L, V, budget, "cuda", 16,
+                               exact=BatchTreeBuilder(L, V, budget, "cuda", logits_dtype=torch.bfloat16))   # the loop's
     assert sb.exact.fused_dtype == torch.bfloat16
     certified = []
 

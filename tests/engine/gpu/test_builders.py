@@ -172,16 +172,21 @@ def test_warm_compiles_each_kernel_functions_launches_in_order_on_its_own_thread
         assert [g for k, _, g in seen if k == kernel_id] == [la.grid for la in launches if id(la.kernel) == kernel_id]
 
 
-def test_batched_rounds_use_the_slotted_block_kernel_up_to_its_edge():
-    assert builders.BATCH_BLOCK_MAX_BUDGET == 256
-    for budget in (1, 16, 64, 256):
-        assert builders.batched_kernel(budget) == "block"
-    for budget in (257, 512, 1024):
-        assert builders.batched_kernel(budget) == "torch"
-    assert builders.batched_kernel(16, "torch") == "torch" and builders.batched_kernel(1024, "block") == "block"
-    assert builders.batched_kernel(16, "grid") == "torch" == builders.batched_kernel(16, "grid-keys")
+def test_batched_rounds_use_the_single_loops_kernel_at_every_budget():
+    """auto: the kernel the single loop compiles at the budget (so batched rounds compile nothing more); a forced
+    kind is forced in batched rounds too; make_slotted builds each one's slotted form."""
+    for budget in (1, 16, 32, 33, 64, 65, 128, 256, 257, 512, 1024):
+        assert builders.batched_kernel(budget) == builders.auto_kernel(budget)
+    assert [builders.batched_kernel(b) for b in (16, 64, 256)] == ["block", "grid", "grid-keys"]
+    for kind in ("block", "grid", "grid-keys", "torch"):
+        assert builders.batched_kernel(16, kind) == kind == builders.batched_kernel(1024, kind)
     with pytest.raises(ValueError, match="tree kernel"):
         builders.batched_kernel(16, "heap")
+    with pytest.raises(ValueError, match="slotted tree kernel"):
+        builders.checked_slotted(4, 50, 16, 3, "cpu", kernel="torch")
+    names = {k: builders.make_slotted(k, 4, 50, 16, "cpu", 3).name for k in builders.KERNELS}
+    assert names == {"block": "triton-block-slotted", "grid": "triton-grid-slotted",
+                     "grid-keys": "triton-grid-keys-slotted"}
 
 
 class _SlottedStandIn:

@@ -163,11 +163,13 @@ class _TieProposer:
         return x.to(DEV)
 
 
+@pytest.mark.parametrize("kernel", ["auto", "grid", "grid-keys"])
 @pytest.mark.parametrize("T", [0.0, 0.8], ids=["T0", "T0.8"])
-def test_batched_loop_redoes_rounds_whose_slotted_build_flags_on_exact_ties(monkeypatch, T):
-    """The batched fast loop with the real slotted kernel (on this CPU under the interpreter: the builder check
-    made to run here) on a 3-token vocabulary, drafts with exact ties on some rounds: those rounds raise the
-    certificate, are redone with the exact builder, and every request equals its batch-1 run."""
+def test_batched_loop_redoes_rounds_whose_slotted_build_flags_on_exact_ties(monkeypatch, T, kernel):
+    """The batched fast loop with a real slotted kernel (auto at B = 15: the one-block kernel; the grid ones forced,
+    as tree_kernel forces them in the single loop; on this CPU under the interpreter: the builder check made to run
+    here) on a 3-token vocabulary, drafts with exact ties on some rounds: those rounds raise the certificate, are
+    redone with the exact builder, and every request equals its batch-1 run (the reference loop)."""
     from ddtree_bench.engine.batch import BatchRequest
     from ddtree_bench.engine.generate import Engine
     from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
@@ -179,12 +181,13 @@ def test_batched_loop_redoes_rounds_whose_slotted_build_flags_on_exact_ties(monk
     plain = Engine(target, proposer=_TieProposer())
     reqs = [BatchRequest([i % 3, 1, 2, 0, 1][: 2 + i], 10 + 3 * i, temperature=T if i != 1 else 0.0, seed=40 + i, key=i)
             for i in range(4)]
-    loop = BatchFastLoop(target, plain.proposer, "ddtree", 15, 3)
+    loop = BatchFastLoop(target, plain.proposer, "ddtree", 15, 3, tree_kernel=kernel)
     got = loop.run(reqs)
     for r, g in zip(reqs, got):
         want = plain.generate(r.prompt_ids, "ddtree", 15, r.max_new_tokens, r.temperature, r.top_p, r.seed)
         assert (g.output_ids, g.accept_lengths) == (want.output_ids, want.accept_lengths), r.key
-    assert loop.tree_builder == "triton-block-slotted" and loop.redone_rounds > 0
+    name = {"auto": "triton-block-slotted", "grid": "triton-grid-slotted", "grid-keys": "triton-grid-keys-slotted"}
+    assert loop.tree_builder == name[kernel] and loop.redone_rounds > 0
 
 
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])

@@ -13,9 +13,8 @@ os.cpu_count() threads; `per="variant"` gives each distinct variant of a functio
 compile in parallel (docs/gpu-performance.md, "Cold start"). The compiled kernels land in Triton's
 in-memory and on-disk caches, where fn's real launches then find them. Host code in fn that reads a
 kernel's output must not do so while collecting (`collecting()` is true; the top-K returns zeros).
-`compile_launches` on its own is what builders.SlottedCompile runs on a background thread: warmup loads no
-module and launches nothing (the first real launch loads it), so it may run while another thread captures a
-CUDA graph; `ready_driver` sets Triton's driver up on the calling thread first.
+Warmup loads no module and launches nothing (the first real launch loads it); `ready_driver` sets Triton's
+driver up on the calling thread first.
 Knows nothing of trees.
 """
 
