@@ -7,7 +7,12 @@ live after `warmup` rounds (round 1 captures the bucket's CUDA graphs: its wall 
 as `first_round_ms`, the cold start of a new (bucket, budget) shape, the slotted tree kernel's check included),
 and reports per stage the
 median ms over the measured rounds (draft, tree_build, tree_compile, verify, walk, commit, as
-CUDA events between the stages) and the median round.
+CUDA events between the stages) and the median round, plus `step_ms`, the median host wall time of one
+`loop.step()` over the same rounds (launches, the one host sync, emitting tokens): the round as a client feels it.
+`gap_ms` = step_ms - round_ms is what a step costs beyond its device stages - host work the device waits for. The
+batch-1 path queues the next round's draft before the host reads the walk result, so its host work overlaps that
+draft (its gap can be negative: the step's own draft ran during the step before); batched rounds queue nothing. tok/s below stay on round_ms, the device's figure; step_ms says how far wall time is from
+it. (step_ms and gap_ms were added on 2026-12-03 evening.)
 
 Output tok/s of a row = B * tau / round_ms * 1000, with
   tau = the acceptance length per request and round (accepted nodes counting the root), AR 1;
@@ -53,7 +58,7 @@ from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.perf.timing import median
 
 COLUMNS = ["batch", "max_batch", "method", "budget", "rounds", *[f"{s}_ms" for s in ROUND_STAGES], "round_ms",
-           "first_round_ms", "single_round_ms", "x_single", "x_serial", "tau", "tau_source", "tok_s", "tok_s_per_request", "bucket"]
+           "step_ms", "gap_ms", "first_round_ms", "single_round_ms", "x_single", "x_serial", "tau", "tau_source", "tok_s", "tok_s_per_request", "bucket"]
 
 
 @dataclass
@@ -112,8 +117,11 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
         loop.step()
     n0 = {id(st): len(st.accept_lengths) for st in loop.active}
     start = len(loop.rounds)
+    steps_ms = []
     for _ in range(spec.rounds):
+        t = time.perf_counter_ns()
         loop.step()
+        steps_ms.append((time.perf_counter_ns() - t) / 1e6)
     measured = [r for r in loop.rounds[start:] if r["batch"] == batch]
     acc = [a for st in loop.active for a in st.accept_lengths[n0.get(id(st), 0):]]
     med = {f"{s}_ms": median([r.get(s, 0.0) for r in measured]) for s in ROUND_STAGES if any(s in r for r in measured)}
@@ -127,7 +135,8 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
         tau, source = (sum(acc) / len(acc) if acc else float("nan")), "measured"
     row = {"batch": batch, "max_batch": max_batch or batch, "method": method, "budget": budget if method == "ddtree" else None,
            "rounds": len(measured),
-           **med, "round_ms": round_ms, "first_round_ms": first_ms, "tau": tau, "tau_source": source,
+           **med, "round_ms": round_ms, "step_ms": median(steps_ms), "gap_ms": median(steps_ms) - round_ms,
+           "first_round_ms": first_ms, "tau": tau, "tau_source": source,
            "tok_s": batch * tau / round_ms * 1e3 if round_ms else float("nan"),
            "tok_s_per_request": tau / round_ms * 1e3 if round_ms else float("nan"),
            "bucket": measured[0]["bucket"] if measured else None,
@@ -242,13 +251,15 @@ def render_batch(result: dict[str, Any]) -> str:
     ok = [r for r in result["rows"] if "error" not in r]
     failed = [f"  batch {r['batch']} {r['method']} {r['budget'] or ''}: {r['error']}" for r in result["rows"] if "error" in r]
     rows = [[r["batch"], r.get("max_batch", r["batch"]), r["method"], r["budget"] if r["budget"] is not None else "-", r["rounds"]]
-            + [f(r.get(f"{s}_ms"), 3) for s in ROUND_STAGES] + [f(r["round_ms"], 3), f(r.get("single_round_ms"), 3),
+            + [f(r.get(f"{s}_ms"), 3) for s in ROUND_STAGES] + [f(r["round_ms"], 3), f(r.get("step_ms"), 3),
+                                                                f(r.get("gap_ms"), 3), f(r.get("single_round_ms"), 3),
                                                                 f(r.get("x_single"), 2), f(r.get("x_serial"), 2),
                                                                 f(r["first_round_ms"], 1),
                                                                 f(r["tau"]), r["tau_source"], f(r["tok_s"], 1),
                                                                 f(r["tok_s_per_request"], 1)]
             for r in ok]
-    head = ["batch", "slots", "method", "budget", "rounds", *ROUND_STAGES, "round", "single", "x single", "x serial",
+    head = ["batch", "slots", "method", "budget", "rounds", *ROUND_STAGES, "round", "step", "gap", "single", "x single",
+            "x serial",
             "first round",
             "tau", "tau from", "tok/s", "tok/s/req"]
     best = [[b["batch"], b["best_budget"], f(b["ddtree_tok_s"], 1), f(b["dflash_tok_s"], 1), f(b["ar_tok_s"], 1)]
@@ -263,6 +274,7 @@ def render_batch(result: dict[str, Any]) -> str:
                + "\n\nbest budget per batch, predicted vs measured (loss = tok/s given up by the predicted pick):\n"
                + table(picks, ["batch", "predicted", "measured", "loss"]))
     return ("batched fast loop, ms per round (medians; single = the single-request fast loop's round at the same point, "
+            "step = host wall time of one loop step, gap = step - round (host work the device waited for); "
             "x single = round / single; x serial = batch x single / round, tok/s against serving the batch's requests one "
             "after another (--max-batch 1); slots = the loop's max_batch; first round = cold start of the shape, graphs "
             "captured):\n"

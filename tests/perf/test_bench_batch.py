@@ -38,6 +38,12 @@ def test_batch_table_rows_and_sane_numbers(tmp_path, capsys):
         assert r["tok_s"] == pytest.approx(r["batch"] * r["tau"] / r["round_ms"] * 1e3)
         assert r["tok_s_per_request"] == pytest.approx(r["tok_s"] / r["batch"])
         assert r["first_round_ms"] > 0 and math.isfinite(r["tok_s"])
+        # a batched step's host wall holds its round's stages (on a CPU every stage is host time): never less, per step,
+        # so never less in the median either; a batch-1 step also runs the NEXT round's draft (queued ahead), so its
+        # round's draft ran in the step before and either can be the larger
+        assert r["step_ms"] > 0 and r["gap_ms"] == pytest.approx(r["step_ms"] - r["round_ms"])
+        if r["batch"] > 1:
+            assert r["step_ms"] >= r["round_ms"], r
         if r["method"] == "ar":
             assert r["tau"] == 1.0
         elif r["budget"] == 16:
@@ -49,8 +55,9 @@ def test_batch_table_rows_and_sane_numbers(tmp_path, capsys):
     assert {(c["batch"], c["budget"]) for c in res["model"]["cells"]} == {(b, k) for b in (1, 3) for k in (4, 16)}
     with open(out.with_suffix(".csv"), newline="") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == len(res["rows"]) and {"tok_s", "verify_ms", "first_round_ms", "x_serial"} <= set(rows[0])
-    assert "x serial" in text
+    assert len(rows) == len(res["rows"]) and {"tok_s", "verify_ms", "first_round_ms", "x_serial", "step_ms",
+                                              "gap_ms"} <= set(rows[0])
+    assert "x serial" in text and "gap = step - round" in text
 
 
 def test_parse_batches_and_bad_batch_exits_2(capsys):
