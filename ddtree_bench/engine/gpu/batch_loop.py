@@ -57,8 +57,8 @@ The cache grows (and every graph is dropped) when an admitted request needs more
 
 The verify and the draft attend with the single loop's live-slot / tree kernels given a slot axis
 (batch_forward.py: each slot reads only its own live cache slots; SDPA over every region is the twin).
-Not done at buckets of two or more (FastLoop does it at one): queuing the next draft before the host has read
-the walk result. On a CPU the same code runs without capture, which is how CI checks it. `rounds` holds per
+As at batch 1, the next round's draft is queued before the host reads the walk results (with the plain DFlash
+drafter: `_queue_draft`), so the host's reading, emitting and retiring overlap the device's next draft. On a CPU the same code runs without capture, which is how CI checks it. `rounds` holds per
 round the batch size, the bucket and the stage times (ms), for bench-engine --batch.
 Knows nothing of threads or HTTP (batch_scheduler.BatchScheduler drives it like a BatchLoop).
 """
@@ -203,7 +203,8 @@ class BatchFastLoop:
         # a bucket of one: FastLoop's stages on slot 0 (module docstring); None where a proposer drafts on the host
         self.solo = FastLoop(target, proposer if self.spec else None, graphs=graphs, layer_ops=layer_ops,
                              tree_kernel=tree_kernel) if method == "ar" or self.drafter is not None else None
-        self._ahead: Laps | None = None   # the solo request's next draft, queued: its laps (begin, draft)
+        self._ahead: Laps | None = None   # the next round's draft, queued: its laps (begin, draft)
+        self._ahead_bucket = 0            # ... for this bucket (1: the solo loop's draft; b: the batched draft of b slots)
         self.cold_s: dict[int, float] = {}   # bucket -> s from its new stages to its first result (bucket 1: solo's)
         self.active: list[_Slot] = []
         self.stats = BatchStats(max_batch)
@@ -377,7 +378,7 @@ class BatchFastLoop:
 
     def _retire(self, only: Sequence[_Slot] | None = None) -> list[Retired]:
         retired, self.active = split_retired(self.active, self.spec, only)
-        if retired:
+        if retired and self._ahead_bucket == 1:   # the solo draft; a batched one moves with its slots (_queue_draft)
             self._ahead = None
         for st, _ in retired:
             self.live[st.slot].fill_(0)
@@ -625,7 +626,8 @@ class BatchFastLoop:
         T, greedy = st.req.temperature, st.req.temperature < GREEDY_EPS
         t_cold, known = time.perf_counter(), len(fl.buckets)
         fb = fl._bucket(self.method, self.budget, greedy)
-        drafted, laps = self._ahead is not None, self._ahead
+        drafted = self._ahead is not None and self._ahead_bucket == 1
+        laps = self._ahead if drafted else None
         self._ahead = None
         if laps is None:
             laps = Laps(dev)
@@ -640,7 +642,7 @@ class BatchFastLoop:
             nxt = Laps(dev)   # the next round's draft, queued before the wait (its marks open that round)
             nxt.mark("begin")
             fl._queue_draft(fb, False, host, nxt)
-            self._ahead = nxt
+            self._ahead, self._ahead_bucket = nxt, 1
         res = fl._result(fb)
         if len(fl.buckets) > known:
             self.cold_s[1] = time.perf_counter() - t_cold
@@ -654,14 +656,20 @@ class BatchFastLoop:
         return _Round(res, len(res), tree_of, out.verified.logits, laps.rounds()[0])
 
     def _batched_round(self, b: int) -> _Round:
-        """One round over bucket b through the batched stages (module docstring); a raised certificate flag (the
-        slotted builder's) makes it redone by the bucket's exact stages (_redo) before anything is committed."""
+        """One round over bucket b through the batched stages (module docstring): its draft (unless the round before
+        queued it for this bucket), build .. walk, the commit, the next round's draft queued before the wait for the
+        walk results (plain DFlash drafter, while a request may go on: `_queue_draft`), then the wait; a raised
+        certificate flag (the slotted builder's) makes the round redone by the bucket's exact stages (_redo) before
+        anything is committed."""
+        drafted = self._ahead is not None and self._ahead_bucket == b
+        laps = self._ahead if drafted else None
         self._ahead = None
         t_cold, cold = time.perf_counter(), b not in self._stages
         bk = self._bucket(b)
-        laps = Laps(self.device)
-        laps.mark("begin")
-        if self.spec:
+        if laps is None:
+            laps = Laps(self.device)
+            laps.mark("begin")
+        if self.spec and not drafted:
             if self.drafter is not None:
                 for st in self.active:   # a request's first round: its prompt's drafter context first
                     if st.prefill_hidden is not None:
@@ -672,6 +680,7 @@ class BatchFastLoop:
                 laps.mark("draft")
         drawn = self._tree_to_host(bk, laps)
         self._run(bk, "commit", laps)
+        self._queue_draft(bk)
         res = self._result(bk)
         if cold:
             self.cold_s[b] = time.perf_counter() - t_cold
@@ -679,9 +688,27 @@ class BatchFastLoop:
         done = bk
         if bk.fallback is not None and bk.layout.read(res[: bk.stride]).flagged:   # one flag for all slots
             done, res = self._redo(bk, drawn)
+            self._ahead = None   # the redo moved the state on: the queued draft is stale
         trees = done.out.get("tree_build")
         tree_of = (lambda i: trees.slot(i)) if self.spec else None
         return _Round(res, done.stride, tree_of, done.out["verify"][0], laps.rounds()[0])
+
+    def _queue_draft(self, bk: _Bucket) -> None:
+        """The next round's draft over bucket bk.b, queued after this round's commit and before the host waits for
+        its walk results, so the device drafts while the host reads, emits and retires (as the solo loop does): with
+        the plain DFlash drafter, while some request may need another round. It drafts from the device state the
+        commit left, so it is the next round's draft wherever that round runs over the same bucket with no request
+        admitted (admit drops it; a retirement keeps it: _pack moves each slot's drafts, dlogits and drafter cache,
+        with the slot, and the next bucket decides: another bucket drafts again). On a flagged round the commit
+        changed nothing, so this draft is the round's own again, bit for bit, which the redo builds from; the redo's
+        commit then makes it stale (dropped)."""
+        if self.drafter is None or not any(not st.stream.stopped and len(st.stream.out) + 1 < st.req.max_new_tokens
+                                           for st in self.active):
+            return
+        nxt = Laps(self.device)   # its marks open the next round
+        nxt.mark("begin")
+        self._run(bk, "draft", nxt)
+        self._ahead, self._ahead_bucket = nxt, bk.b
 
     def _tree_to_host(self, bk: _Bucket, laps: Laps | None) -> dict[int, torch.Tensor]:
         """Queue bk's tree build .. walk (after its draft), the sampled slots' draws and the copy of the walk results
@@ -724,8 +751,8 @@ class BatchFastLoop:
 
     def _redo(self, bk: _Bucket, drawn: dict[int, torch.Tensor]) -> tuple[_Bucket, list[int]]:
         """A batched round whose slotted build raised its certificate flag (any slot), redone with the exact batched
-        builder's stages: the queued commit saw the flag and kept every buffer as it was, and dlogits still hold this
-        round's drafts (nothing is drafted ahead at buckets of 2+). Each sampled request's generator goes back to the
+        builder's stages: the queued commit saw the flag and kept every buffer as it was, so dlogits hold this round's
+        drafts (the draft queued ahead recomputed them from that same state: _queue_draft). Each sampled request's generator goes back to the
         state its discarded draw started from, so the redo draws what an unflagged round draws. Returns the fallback
         bucket and its walk results (its commit queued and done)."""
         self._redone += 1

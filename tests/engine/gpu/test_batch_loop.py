@@ -150,9 +150,11 @@ def test_cache_grows_mid_flight_and_keeps_the_live_regions(rnd):
 
 
 def test_one_target_and_one_drafter_forward_per_round(rnd, monkeypatch):
-    """A round over two or more slots: ONE batched target and drafter forward. A round of one request: batch 1's
-    forwards (loop.FastLoop's stages on slot 0), one target forward, and one draft - at most one more per
-    request, a draft queued ahead of a round that turned out to be its last."""
+    """A round over two or more slots: ONE batched target forward and ONE batched draft, queued by the round before
+    where that round ran the same bucket - plus, wasted, the draft queued ahead of a round that turned out to run
+    another bucket (or an admission came first, or none followed): at most one per bucket change or request. A
+    round of one request: batch 1's forwards (loop.FastLoop's stages on slot 0), one target forward, and one draft
+    - at most one more per request, a draft queued ahead of a round that turned out to be its last."""
     from ddtree_bench.engine.gpu import loop as single
 
     calls = count_forwards(monkeypatch, bl, "target_forward_batch", "draft_forward_batch")
@@ -163,7 +165,8 @@ def test_one_target_and_one_drafter_forward_per_round(rnd, monkeypatch):
     batched = sum(r["bucket"] > 1 for r in loop.rounds)
     ones = sum(r["bucket"] == 1 for r in loop.rounds)
     assert batched > 0 and ones > 0 and batched + ones == loop.stats.rounds
-    assert calls == {"target": batched, "drafter": batched}
+    changes = sum(a["bucket"] > 1 and a["bucket"] != b["bucket"] for a, b in zip(loop.rounds, loop.rounds[1:])) + 1
+    assert calls["target"] == batched and batched < calls["drafter"] <= batched + changes + len(reqs)
     assert solo["target"] == ones and ones <= solo["drafter"] <= ones + len(reqs)
     assert loop.stats.mean_batch_size > 1.5
 
