@@ -16,6 +16,9 @@ each counting program ranks only ROWS items, so even B = 64's few hundred candid
 of SMs. The launches cost a few microseconds each inside a CUDA graph, which is why the smallest
 budgets use the one-block kernel (gpu/builders.py's rule, from where the crossover sat on an H200:
 docs/gpu-performance.md).
+Every launch has a second grid axis over slots (`SlottedGridBuilder`: the batched loop's rounds of 2+ requests,
+program (i, c) working on slot c's own inputs, scratch and outputs); the single build is that axis at 1, so both
+run the same compiled kernels.
 Scratch lives in preallocated device buffers; every launch has fixed shapes (graph-capturable).
 Needs Triton and a CUDA device (or Triton's CPU interpreter, which the tests use).
 """
