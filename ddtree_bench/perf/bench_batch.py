@@ -9,9 +9,9 @@ and reports per stage the
 median ms over the measured rounds (draft, tree_build, tree_compile, verify, walk, commit, as
 CUDA events between the stages) and the median round, plus `step_ms`, the median host wall time of one
 `loop.step()` over the same rounds (launches, the one host sync, emitting tokens): the round as a client feels it.
-`gap_ms` = step_ms - round_ms is what a step costs beyond its device stages - host work the device waits for. The
-batch-1 path queues the next round's draft before the host reads the walk result, so its host work overlaps that
-draft (its gap can be negative: the step's own draft ran during the step before); batched rounds queue nothing. tok/s below stay on round_ms, the device's figure; step_ms says how far wall time is from
+`gap_ms` = step_ms - round_ms is what a step costs beyond its device stages - host work the device waits for. DFlash
+and DDTree queue the next round's draft before the host reads the walk result (at every bucket), so their host work
+overlaps that draft (their gap can be negative: a step's own draft ran during the step before); AR queues nothing. tok/s below stay on round_ms, the device's figure; step_ms says how far wall time is from
 it. (step_ms and gap_ms were added on 2026-12-03 evening.)
 
 Output tok/s of a row = B * tau / round_ms * 1000, with
