@@ -58,8 +58,9 @@ The cache grows (and every graph is dropped) when an admitted request needs more
 The verify and the draft attend with the single loop's live-slot / tree kernels given a slot axis
 (batch_forward.py: each slot reads only its own live cache slots; SDPA over every region is the twin).
 As at batch 1, the next round's draft is queued before the host reads the walk results (with the plain DFlash
-drafter: `_queue_draft`), so the host's reading, emitting and retiring overlap the device's next draft. On a CPU the same code runs without capture, which is how CI checks it. `rounds` holds per
-round the batch size, the bucket and the stage times (ms), for bench-engine --batch.
+drafter: `_queue_draft`), so the host's reading, emitting and retiring overlap the device's next draft. On a CPU the
+same code runs without capture, which is how CI checks it. `rounds` holds per round the batch size, the bucket and the
+stage times (ms), for bench-engine --batch.
 Knows nothing of threads or HTTP (batch_scheduler.BatchScheduler drives it like a BatchLoop).
 """
 

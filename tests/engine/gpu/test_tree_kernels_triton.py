@@ -82,7 +82,6 @@ def _slotted(kernel: str):
     from ddtree_bench.engine.gpu.kernels.tree_block import SlottedTreeBuilder, TritonTreeBuilder
     from ddtree_bench.engine.gpu.kernels.tree_grid import GridTreeBuilder, SlottedGridBuilder
 
-    keys = kernel == "grid-keys"
     return {"block": (SlottedTreeBuilder, TritonTreeBuilder),
             "grid": (SlottedGridBuilder, GridTreeBuilder),
             "grid-keys": (lambda *a, **kw: SlottedGridBuilder(*a, **kw, keys_first=True),
