@@ -20,13 +20,7 @@ import torch
 from ddtree_bench.engine.gpu import builders
 from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
 from ddtree_bench.engine.gpu.graphs import replay_ms
-from ddtree_bench.engine.gpu.kernels.tree_block import SlottedTreeBuilder
-from ddtree_bench.engine.gpu.kernels.tree_grid import SlottedGridBuilder
 from ddtree_bench.engine.gpu.kernels.warm import warm
-
-SLOTTED = {"block": lambda *a, **kw: SlottedTreeBuilder(*a, **kw),
-           "grid": lambda *a, **kw: SlottedGridBuilder(*a, **kw),
-           "grid-keys": lambda *a, **kw: SlottedGridBuilder(*a, **kw, keys_first=True)}
 
 
 def main() -> None:
@@ -47,7 +41,7 @@ def main() -> None:
         for k in a.kernels.split(","):
             if k == "block" and budget > a.block_max:
                 continue
-            sb = SLOTTED[k](L, V, budget, "cuda", slots=max(batches), exact=exact)
+            sb = builders.make_slotted(k, L, V, budget, "cuda", max(batches), exact=exact)
             x = torch.zeros(1, L, V, device="cuda", dtype=torch.bfloat16)
             t0 = time.perf_counter()
             warm(lambda: sb(x), "cuda")
