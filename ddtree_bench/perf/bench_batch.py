@@ -11,8 +11,9 @@ CUDA events between the stages) and the median round, plus `step_ms`, the median
 `loop.step()` over the same rounds (launches, the one host sync, emitting tokens): the round as a client feels it.
 `gap_ms` = step_ms - round_ms is what a step costs beyond its device stages - host work the device waits for. DFlash
 and DDTree queue the next round's draft before the host reads the walk result (at every bucket), so their host work
-overlaps that draft (their gap can be negative: a step's own draft ran during the step before); AR queues nothing. tok/s below stay on round_ms, the device's figure; step_ms says how far wall time is from
-it. (step_ms and gap_ms were added on 2026-12-03 evening.)
+overlaps that draft (their gap can be negative: a step's own draft ran during the step before); AR queues nothing.
+tok/s below stay on round_ms, the device's figure; step_ms says how far wall time is from it. (step_ms and gap_ms
+were added on 2026-12-03 evening.)
 
 Output tok/s of a row = B * tau / round_ms * 1000, with
   tau = the acceptance length per request and round (accepted nodes counting the root), AR 1;
@@ -126,6 +127,7 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
     acc = [a for st in loop.active for a in st.accept_lengths[n0.get(id(st), 0):]]
     med = {f"{s}_ms": median([r.get(s, 0.0) for r in measured]) for s in ROUND_STAGES if any(s in r for r in measured)}
     round_ms = median([sum(r.get(s, 0.0) for s in ROUND_STAGES) for r in measured])
+    step_ms = median(steps_ms)
     given = (spec.tau or {}).get(budget if method == "ddtree" else 0) if method != "ar" else None
     if method == "ar":
         tau, source = 1.0, "ar"
@@ -135,7 +137,7 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
         tau, source = (sum(acc) / len(acc) if acc else float("nan")), "measured"
     row = {"batch": batch, "max_batch": max_batch or batch, "method": method, "budget": budget if method == "ddtree" else None,
            "rounds": len(measured),
-           **med, "round_ms": round_ms, "step_ms": median(steps_ms), "gap_ms": median(steps_ms) - round_ms,
+           **med, "round_ms": round_ms, "step_ms": step_ms, "gap_ms": step_ms - round_ms,
            "first_round_ms": first_ms, "tau": tau, "tau_source": source,
            "tok_s": batch * tau / round_ms * 1e3 if round_ms else float("nan"),
            "tok_s_per_request": tau / round_ms * 1e3 if round_ms else float("nan"),
