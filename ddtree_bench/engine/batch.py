@@ -301,8 +301,9 @@ class BatchLoop:
         return out
 
     @torch.inference_mode()
-    def step(self) -> list[Retired]:
-        """One round over every active request; returns the requests that retired after it."""
+    def step(self, waiting: bool = False) -> list[Retired]:
+        """One round over every active request; returns the requests that retired after it. (`waiting`, whether
+        requests wait for a slot, is for the fast twin's AR pipelining; this loop runs one round at a time.)"""
         if not self.active:
             return []
         n = len(self.active)
@@ -413,7 +414,7 @@ class BatchLoop:
                 done = self.admit(r)
                 if done is not None:
                     results[i] = done
-            for done in self.step():
+            for done in self.step(waiting=bool(waiting)):
                 results[index[id(done.request)]] = done
         for i in range(len(requests)):
             if results[i].error is not None:

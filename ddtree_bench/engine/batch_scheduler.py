@@ -93,7 +93,7 @@ class BatchScheduler:
                 if done is not None:
                     self._resolve([done])
             try:
-                self._resolve(loop.step())
+                self._resolve(loop.step(waiting=bool(self._waiting)))   # a hint: read without the lock
             except Exception as e:  # the round's state is unknown: end its requests, keep serving
                 self._resolve(loop.fail_all(e))
         for _, fut in pending:

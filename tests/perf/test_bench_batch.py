@@ -38,12 +38,9 @@ def test_batch_table_rows_and_sane_numbers(tmp_path, capsys):
         assert r["tok_s"] == pytest.approx(r["batch"] * r["tau"] / r["round_ms"] * 1e3)
         assert r["tok_s_per_request"] == pytest.approx(r["tok_s"] / r["batch"])
         assert r["first_round_ms"] > 0 and math.isfinite(r["tok_s"])
-        # an AR step's host wall holds its round's stages (on a CPU every stage is host time): never less, per step, so
-        # never less in the median either; a DFlash / DDTree step also runs the NEXT round's draft (queued ahead at
-        # every bucket), so its round's draft ran in the step before and either can be the larger
+        # a step runs ahead of the round it reads (DFlash / DDTree: the NEXT round's draft, AR: the whole next round,
+        # on a CPU as host time), so either can be the larger: gap is their difference, whatever its sign
         assert r["step_ms"] > 0 and r["gap_ms"] == pytest.approx(r["step_ms"] - r["round_ms"])
-        if r["method"] == "ar":
-            assert r["step_ms"] >= r["round_ms"], r
         if r["method"] == "ar":
             assert r["tau"] == 1.0
         elif r["budget"] == 16:

@@ -58,7 +58,10 @@ The cache grows (and every graph is dropped) when an admitted request needs more
 The verify and the draft attend with the single loop's live-slot / tree kernels given a slot axis
 (batch_forward.py: each slot reads only its own live cache slots; SDPA over every region is the twin).
 As at batch 1, the next round's draft is queued before the host reads the walk results (with the plain DFlash
-drafter: `_queue_draft`), so the host's reading, emitting and retiring overlap the device's next draft. On a CPU the
+drafter: `_queue_draft`), so the host's reading, emitting and retiring overlap the device's next draft; AR, as at
+batch 1, queues the whole next round instead (`_ar_step`: two rounds in flight, each read for the requests still
+active; none queued ahead while requests wait for a slot, so they join the next round as in BatchLoop; one
+admitted by a scheduler while a round is in flight joins the round after it). On a CPU the
 same code runs without capture, which is how CI checks it. `rounds` holds per round the batch size, the bucket and the
 stage times (ms), for bench-engine --batch.
 Knows nothing of threads or HTTP (batch_scheduler.BatchScheduler drives it like a BatchLoop).
@@ -67,6 +70,7 @@ Knows nothing of threads or HTTP (batch_scheduler.BatchScheduler drives it like 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,7 +85,7 @@ from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder, BatchTrees
 from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visible, group_size, visible_bias
 from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
 from ddtree_bench.engine.gpu.graphs import Pool, Stage
-from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN, FastLoop, HostState, Laps, cold_notice
+from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN, FastLoop, HostState, Laps, ResultRing, Ticket, cold_notice
 from ddtree_bench.engine.gpu.tree_ops import ancestors, commit_static, verify_visible, walk_static
 from ddtree_bench.engine.interface import METHODS, OutputStream, RoundTrace, WalkLayout, logit_gaps
 from ddtree_bench.engine.proposer import DFlashProposer
@@ -158,6 +162,20 @@ class _Round:
     stage_ms: dict[str, float]
 
 
+@dataclass
+class _Queued:
+    """An AR round queued before the host read the round before it (`_ar_step`): its requests with the slots they
+    had then (a later retirement may move them), its bucket, its ticket and stage marks, and, on its bucket's first
+    round, when that bucket was set up."""
+
+    members: list[tuple[_Slot, int]]
+    bucket: int
+    ticket: Ticket
+    laps: Laps
+    logits: torch.Tensor   # the verify's (its graph's static output: this round's until the next one on the bucket)
+    t_cold: float | None = None
+
+
 class BatchFastLoop:
     """The batched fast loop (module docstring); BatchLoop's constructor arguments plus `graphs`."""
 
@@ -206,6 +224,9 @@ class BatchFastLoop:
                              tree_kernel=tree_kernel) if method == "ar" or self.drafter is not None else None
         self._ahead: Laps | None = None   # the next round's draft, queued: its laps (begin, draft)
         self._ahead_bucket = 0            # ... for this bucket (1: the solo loop's draft; b: the batched draft of b slots)
+        self._inflight: deque[_Queued] = deque()   # AR rounds queued, not yet read (at most ResultRing.DEPTH)
+        self.pipeline_ar = True           # AR keeps two rounds in flight (_ar_step); False: one (A/B timing)
+        self._last: Ticket | None = None  # the ticket of the batched round queued last
         self.cold_s: dict[int, float] = {}   # bucket -> s from its new stages to its first result (bucket 1: solo's)
         self.active: list[_Slot] = []
         self.stats = BatchStats(max_batch)
@@ -243,8 +264,9 @@ class BatchFastLoop:
 
     def release(self) -> None:
         """Free every captured graph now (after a draft queued ahead has run: its graph must not go mid-flight)."""
-        if self._ahead is not None and self._ahead.cuda:
-            self._ahead.marks[-1][1].synchronize()
+        for laps in ([self._ahead] if self._ahead is not None else []) + [q.laps for q in self._inflight]:
+            if laps.cuda:
+                laps.marks[-1][1].synchronize()   # (in-flight AR rounds stay: their results are on the host)
         self._ahead = None
         for bk in self._stages.values():
             bk.release()
@@ -290,8 +312,7 @@ class BatchFastLoop:
             self.bonus = torch.zeros(B, **long)
             self.live = torch.zeros(B, **long)
             self.post = torch.zeros(B, self.width, **long)
-            self.host = torch.zeros(B * self.result_size, dtype=torch.long, pin_memory=dev.type == "cuda")
-            self.ready = torch.cuda.Event() if dev.type == "cuda" else None
+            self.ring = ResultRing(B * self.result_size, dev)
             if self.spec:
                 nh = len(self.layers) * t.cfg.hidden_size
                 self.ctx = torch.zeros(B, self.block_size, nh, dtype=self.dtype, device=dev)
@@ -416,6 +437,7 @@ class BatchFastLoop:
         """End every active request with `error` (a round that raised: its state is unknown)."""
         out = [Retired(st.req, None, error) for st in self.active]
         self._ahead = None
+        self._inflight.clear()
         for st in self.active:
             self.live[st.slot].fill_(0)
             self.start[st.slot].fill_(0)
@@ -602,10 +624,13 @@ class BatchFastLoop:
             self.dlogits[st.slot].copy_(dl)
 
     @torch.inference_mode()
-    def step(self) -> list[Retired]:
-        """One round over every active request; returns the requests that retired after it."""
+    def step(self, waiting: bool = False) -> list[Retired]:
+        """One round over every active request; returns the requests that retired after it. `waiting`: requests wait
+        for a free slot (AR then queues no round ahead, so that they join the next round, as in BatchLoop)."""
         if not self.active:
             return []
+        if not self.spec:
+            return self._ar_step(waiting)
         n = len(self.active)
         b = next(x for x in self.buckets if x >= n)
         self.stats.batch_sizes.append(n)
@@ -618,6 +643,65 @@ class BatchFastLoop:
             for k, ms in rnd.stage_ms.items():
                 st.stage_ns[FOLD[k]] += int(ms * 1e6)
         return self._retire()
+
+    def _ar_step(self, waiting: bool) -> list[Retired]:
+        """AR, pipelined: the next round's input is already on the device (each slot's bonus), so the round after the
+        one being read is queued before the host waits - unless requests wait to be admitted, a request wants logit
+        gaps (the verify logits must still be this round's when read), or no request may need it. The host then reads
+        the oldest round in flight and finishes it for its requests still active: one that stopped meanwhile had its
+        rows computed for nothing, as a padding slot's (a stop token cannot be foreseen; max_new_tokens can, and no
+        round is queued past it). A request admitted while a round is in flight joins the next one queued."""
+        if not self._inflight:
+            self._inflight.append(self._queue_ar())
+        if (self.pipeline_ar and len(self._inflight) == 1 and not waiting
+                and not any(st.req.return_logit_gaps for st in self.active)
+                and any(not st.stream.stopped and len(st.stream.out) + 1 < st.req.max_new_tokens for st in self.active)):
+            self._inflight.append(self._queue_ar())
+        q = self._inflight.popleft()
+        res = q.ticket.take()
+        now = time.perf_counter_ns()
+        if q.t_cold is not None:
+            self.cold_s[q.bucket] = time.perf_counter() - q.t_cold
+            cold_notice(f"ar batch {'1' if q.bucket == 1 else f'bucket {q.bucket}'}", self.cold_s[q.bucket], self.device)
+        live = set(map(id, self.active))
+        members = [(st, i) for st, i in q.members if id(st) in live]
+        if members:
+            stage_ms = q.laps.rounds()[0]
+            n = len(members)
+            self.stats.batch_sizes.append(n)
+            self._finish_round(_Round(res, 1, None, q.logits, stage_ms), now, members)
+            self.rounds.append({"batch": n, "bucket": q.bucket, **stage_ms})
+            for st, _ in members:
+                st.batch_sizes.append(n)
+                for k, ms in stage_ms.items():
+                    st.stage_ns[FOLD[k]] += int(ms * 1e6)
+        done = self._retire()
+        if not self.active:
+            self._inflight.clear()   # rounds queued for requests that all stopped: nothing in them to read
+        return done
+
+    def _queue_ar(self) -> _Queued:
+        """Queue one AR round over every active request (a bucket of one: FastLoop's stages on slot 0) and the copy of
+        its picks to the host; nothing waits."""
+        n = len(self.active)
+        b = next(x for x in self.buckets if x >= n)
+        laps = Laps(self.device)
+        laps.mark("begin")
+        t_cold = time.perf_counter()
+        if b == 1 and self.solo is not None:
+            st, fl = self.active[0], self.solo
+            known = len(fl.buckets)
+            fb = fl._bucket("ar", 0, st.req.temperature < GREEDY_EPS)
+            fl._launch(fb, False, False, False, HostState(None, st.bonus, st.start), laps, st.req.temperature,
+                       st.req.top_p, st.gen)
+            cold, ticket, logits = len(fl.buckets) > known, fb.last, fb.out.verified.logits
+        else:
+            cold = b not in self._stages
+            bk = self._bucket(b)
+            self._tree_to_host(bk, laps)
+            self._run(bk, "commit", laps)
+            ticket, logits = self._last, bk.out["verify"][0]
+        return _Queued([(st, st.slot) for st in self.active], b, ticket, laps, logits, t_cold if cold else None)
 
     def _solo_round(self, st: _Slot):
         """One round of the only request (slot 0) through FastLoop's stages: its draft (unless the last round
@@ -713,7 +797,7 @@ class BatchFastLoop:
 
     def _tree_to_host(self, bk: _Bucket, laps: Laps | None) -> dict[int, torch.Tensor]:
         """Queue bk's tree build .. walk (after its draft), the sampled slots' draws and the copy of the walk results
-        to the host (recording `ready`). Returns, with a builder that can flag, the generator state each sampled
+        to the host (its ticket: `_last`). Returns, with a builder that can flag, the generator state each sampled
         request drew from (slot -> state), so that a redo draws the same."""
         b = bk.b
         if self.spec:
@@ -736,19 +820,14 @@ class BatchFastLoop:
             result = bk.out["walk"]
         else:
             result = self.post[:b, :1]
-        host = self.host[: b * bk.stride]
-        host.copy_(result.reshape(-1), non_blocking=True)
-        if self.ready is not None:
-            self.ready.record()
+        self._last = self.ring.put(result)
         if laps is not None:
             laps.mark("walk")
         return drawn
 
     def _result(self, bk: _Bucket) -> list[int]:
         """Wait for the walk results of the round queued last (not for the stages queued after it): bk.stride a slot."""
-        if self.ready is not None:
-            self.ready.synchronize()
-        return self.host[: bk.b * bk.stride].tolist()
+        return self._last.take()
 
     def _redo(self, bk: _Bucket, drawn: dict[int, torch.Tensor]) -> tuple[_Bucket, list[int]]:
         """A batched round whose slotted build raised its certificate flag (any slot), redone with the exact batched
@@ -769,13 +848,14 @@ class BatchFastLoop:
     def _what(self) -> str:
         return self.method + (f" B={self.budget}" if self.method == "ddtree" else "")
 
-    def _finish_round(self, rnd: _Round, now: int) -> None:
-        """Per request: read its walk result (it may end with the certificate flag, already acted on: not read),
-        record the round, move its host state on, emit its tokens."""
+    def _finish_round(self, rnd: _Round, now: int, members: list[tuple[_Slot, int]] | None = None) -> None:
+        """Per request of the round (`members`: request and its slot in the round; default every active one at its
+        slot): read its walk result (it may end with the certificate flag, already acted on: not read), record the
+        round, move its host state on, emit its tokens."""
         res, size, W, tree_of, logits = rnd.res, rnd.stride, self.width, rnd.tree_of, rnd.logits
+        members = [(st, st.slot) for st in self.active] if members is None else members
         news = []
-        for st in self.active:
-            i = st.slot
+        for st, i in members:
             r = res[i * size : (i + 1) * size]
             if self.spec:
                 walk = self.layout.read(r)
@@ -792,7 +872,7 @@ class BatchFastLoop:
             st.prefill_hidden = None
             st.draft_len, st.start, st.a, st.bonus = st.start, st.start + a, a, toks[-1]
             news.append(toks)
-        for st, toks in zip(self.active, news):
+        for (st, _), toks in zip(members, news):
             st.emit(toks, now)
 
     # ------------------------------------------------------------------ offline

@@ -18,6 +18,11 @@ runs this one), organised for a GPU:
   last round usually leaves one unneeded draft behind: its tokens are out (t_done_ns is taken
   before it) and generate() returns once it has run (reading the stage times waits for the last
   event); with a pruned builder it is never queued after round 1 (see below);
+* AR has no draft to queue ahead, but its next input (the pick) is already on the device: it keeps two rounds
+  in flight, so the host reads round k while the device runs round k + 1 (results land in a ring of two
+  pinned buffers: ResultRing). No round is queued past max_new_tokens; a stop token read from round k leaves
+  round k + 1 run for nothing (generate returns after it, not counted in `rounds`); logit gaps turn it off
+  (they read each round's verify logits, which the round after would overwrite);
 * stage times come from CUDA events between the stages (no syncs), or perf_counter on a CPU.
 
 On CUDA with Triton the layers' elementwise work runs as fused kernels (fused.py) and the tree
@@ -37,6 +42,7 @@ Knows nothing of HTTP, text or files.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -98,6 +104,45 @@ class Laps:
                 out.append(cur)
                 cur = {}
         return out
+
+
+@dataclass
+class Ticket:
+    """One round's walk result on its way to the host: a pinned buffer and the event recorded after its copy."""
+
+    host: torch.Tensor
+    ready: Any   # CUDA event, None on a CPU
+
+    def take(self) -> list[int]:
+        """Wait for this round's copy (not for the stages queued after it) and read it."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host.tolist()
+
+
+class ResultRing:
+    """Pinned host buffers for walk results, used in turn: a round queued while the host has not yet read the one
+    before it (AR's pipelined rounds) copies into the other buffer. A ticket stays valid until DEPTH more rounds
+    have been put, so no more than DEPTH rounds may be in flight."""
+
+    DEPTH = 2
+
+    def __init__(self, n: int, device: torch.device):
+        cuda = device.type == "cuda"
+        self.bufs = [torch.zeros(n, dtype=torch.long, pin_memory=cuda) for _ in range(self.DEPTH)]
+        self.events = [torch.cuda.Event() if cuda else None for _ in range(self.DEPTH)]
+        self.turn = 0
+
+    def put(self, result: torch.Tensor) -> Ticket:
+        """Queue the copy of `result` (flattened) to the next buffer and record its event."""
+        i = self.turn % self.DEPTH
+        self.turn += 1
+        flat = result.reshape(-1)
+        host = self.bufs[i][: flat.numel()]
+        host.copy_(flat, non_blocking=True)
+        if self.events[i] is not None:
+            self.events[i].record()
+        return Ticket(host, self.events[i])
 
 
 @dataclass
@@ -172,8 +217,8 @@ class _Bucket:
     out: StageOutputs = field(default_factory=StageOutputs)
     layout: WalkLayout | None = None                   # the walk result's layout (speculative methods)
     post: torch.Tensor | None = None                   # sampled picks (temperature > 0)
-    host: torch.Tensor | None = None                   # pinned copy of the walk result
-    ready: Any = None                                  # CUDA event: `host` holds this round's result
+    ring: ResultRing | None = None                     # pinned copies of the walk results
+    last: Ticket | None = None                         # ... of the round queued last
     builder: Any = None                                # the tree builder (DDTree)
     fallback: "_Bucket | None" = None                  # exact PyTorch-builder twin, when the builder can flag
 
@@ -191,6 +236,7 @@ class FastLoop:
         self.builder_ms: dict[int, dict[str, float]] = {}  # budget -> auto's chosen builder -> ms per build
         self.layer_ops = layer_ops      # auto (fused Triton ops on CUDA when they pass their self-test) | triton | torch
         self.redone_rounds = 0          # rounds rebuilt with the exact builder after a failed certificate
+        self.pipeline_ar = True         # AR keeps two rounds in flight (module docstring); False: one (A/B timing)
         self.cold_s: dict[tuple[str, int], float] = {}   # (method, budget) -> s from its new bucket to its first result
         self.capacity = 0
         self.rounds: list[dict[str, float]] = []
@@ -353,8 +399,7 @@ class FastLoop:
         if method != "ar":
             b.layout = WalkLayout(self.L, guard=b.fallback is not None)
         n = 1 if method == "ar" else b.layout.size_guarded
-        b.host = torch.zeros(n, dtype=torch.long, pin_memory=dev.type == "cuda")
-        b.ready = torch.cuda.Event() if dev.type == "cuda" else None
+        b.ring = ResultRing(n, dev)
         self.buckets[key] = b
         return b
 
@@ -472,7 +517,7 @@ class FastLoop:
         return False
 
     def _tree_and_walk(self, b: _Bucket, laps: Laps | None, temperature: float, top_p: float, gen) -> None:
-        """Queue tree build .. walk and the copy of the walk result to the host (recording `b.ready`)."""
+        """Queue tree build .. walk and the copy of the walk result to the host (its ticket: `b.last`)."""
         if b.method != "ar":
             self._run(b, "tree_build", laps)
             self._run(b, "tree_compile", laps)
@@ -484,9 +529,7 @@ class FastLoop:
         if laps is not None:
             laps.mark("verify")
         self._run(b, "walk", None)
-        b.host.copy_(b.out.walked.reshape(-1), non_blocking=True)
-        if b.ready is not None:
-            b.ready.record()
+        b.last = b.ring.put(b.out.walked)
         if laps is not None:
             laps.mark("walk")
 
@@ -514,9 +557,7 @@ class FastLoop:
 
     def _result(self, b: _Bucket) -> list[int]:
         """Wait for the walk result of the round queued last on `b` (not for the stages queued after it)."""
-        if b.ready is not None:
-            b.ready.synchronize()
-        return b.host.tolist()
+        return b.last.take()
 
     # ------------------------------------------------------------------ generate
 
@@ -564,14 +605,27 @@ class FastLoop:
 
         def ahead(emitted: int, stopped: bool) -> bool:
             """The round after the one being queued may run (the queued one emits at least one token)."""
-            return spec and not stopped and emitted + 1 < max_new_tokens
+            return not stopped and emitted + 1 < max_new_tokens
 
+        def launch(first: bool, drafted: bool, emitted: int, stopped: bool) -> bool:
+            """Queue the next round (and its ticket); AR pipelined: also the one after, if it may run."""
+            drafted = self._launch(b, first, drafted, ahead(emitted, stopped), host, laps, temperature, top_p, gen)
+            inflight.append(b.last)
+            if pipelined and len(inflight) == 1 and ahead(emitted, stopped):
+                self._launch(b, False, False, False, host, laps, temperature, top_p, gen)
+                inflight.append(b.last)
+            return drafted
+
+        # AR keeps two rounds in flight: the next input is on the device, so the host reads round k while the device
+        # runs round k + 1 (a stop token read from round k leaves k + 1 run for nothing; generate waits for it)
+        pipelined = self.pipeline_ar and not spec and not return_logit_gaps
+        inflight: deque[Ticket] = deque()
         pending = wants_round(len(out), stream.stopped, 0, max_new_tokens, spec)
         drafted = False
         if pending:
-            drafted = self._launch(b, True, False, ahead(len(out), stream.stopped), host, laps, temperature, top_p, gen)
+            drafted = launch(True, False, len(out), stream.stopped)
         while pending:
-            res = self._result(b)
+            res = inflight.popleft().take()
             if cold:
                 cold = False
                 self.note_cold(method, budget, time.perf_counter() - t_cold)
@@ -599,12 +653,16 @@ class FastLoop:
             stopped = stream.stopped or any(t in stream.stops for t in new_tokens)
             emitted = len(out) + len(stream.visible(new_tokens))
             pending = wants_round(emitted, stopped, len(accept_lengths), max_new_tokens, spec)
-            if pending:  # queue the next round before handing tokens out, so callbacks overlap the GPU
-                drafted = self._launch(b, False, drafted, ahead(emitted, stopped), host, laps, temperature, top_p, gen)
+            if pending and inflight:   # AR pipelined: round k + 1 is running; k + 2 if it may run
+                if ahead(emitted, stopped):
+                    self._launch(b, False, False, False, host, laps, temperature, top_p, gen)
+                    inflight.append(b.last)
+            elif pending:  # queue the next round before handing tokens out, so callbacks overlap the GPU
+                drafted = launch(False, drafted, emitted, stopped)
             stream.emit(new_tokens, now)
         t_done = time.perf_counter_ns()   # (a draft queued ahead of a stop token may still be running)
 
-        self.rounds = laps.rounds()
+        self.rounds = laps.rounds()[: len(accept_lengths)]   # (not an AR round queued past a stop token)
         totals = {"prefill": prefill_ns, "draft": 0, "tree_build": 0, "verify": 0, "commit": 0}
         fold = {"draft": "draft", "tree_build": "tree_build", "tree_compile": "tree_build", "verify": "verify",
                 "walk": "commit", "commit": "commit"}

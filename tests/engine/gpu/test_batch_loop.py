@@ -16,9 +16,10 @@ once per session, shared with tests/engine/test_batch.py, which checks BatchLoop
 Equality comparisons as they ran (requests x budgets x drafters x temperatures; `CASES`, printed
 by the last test): random drafter 5 requests x 7 (method/budget, T) points (AR, DFlash, DDTree 16 at
 T = 0 and 0.8, DDTree 1 at T = 0) = 35; toy drafter 5 x 3 (DFlash T 0, DDTree 16 at T 0 and 0.8) = 15;
-rigged 5 x 2 (DFlash, DDTree 16) x T 0 = 10 - those 60 against batch 1 AND BatchLoop; plus padding
-buckets 5, cache growth 4, logit gaps 5, thread scheduler 5, a drafter variant 5 against batch 1:
-84 request runs, all equal (and 3 survivors of a failing/cancelled batch).
+rigged 5 x 2 (DFlash, DDTree 16) x T 0 = 10, AR with two rounds in flight 4 x 2 T = 8, AR with requests
+waiting 5 - those 73 against batch 1 AND BatchLoop (batch sizes included); plus padding buckets 5, cache growth
+4, logit gaps 5, thread scheduler 5 x 2 (AR, DDTree 16), a drafter variant 5 against batch 1: 102 request runs,
+all equal (and 3 survivors of a failing/cancelled batch), and 25 flagged-round runs.
 """
 
 from __future__ import annotations
@@ -182,9 +183,61 @@ def test_logit_gaps_and_stage_times(rnd):
     assert all(r["verify"] > 0 and r["draft"] > 0 for r in loop.rounds)
 
 
-def test_scheduler_runs_the_fast_loop_with_mid_flight_arrivals(rnd):
+@pytest.mark.parametrize("T", [0.0, 0.8], ids=["T0", "T0.8"])
+def test_ar_reads_each_round_with_the_next_one_queued(rnd, monkeypatch, T):
+    """AR pipelined (BatchFastLoop._ar_step): with four requests admitted at once (none waits), the host reads every
+    round with the next one already queued - two target forwards in flight at each read - and requests that stop on
+    a stop id while the next round is queued (their rows in it computed for nothing) or at max_new_tokens (no round
+    queued past it) leave the others equal to batch 1 and to BatchLoop, batch sizes included. At most one round runs
+    that is never read (queued for requests that all stopped)."""
+    from ddtree_bench.engine.gpu import loop as single
+    from ddtree_bench.engine.gpu.loop import Ticket
+
+    calls = count_forwards(monkeypatch, bl, "target_forward_batch", "draft_forward_batch")
+    solo = count_forwards(monkeypatch, single, "target_forward", "draft_forward")
+    queued_at_read: list[int] = []
+    take = Ticket.take
+
+    def counted(ticket):
+        queued_at_read.append(calls["target"] + solo["target"])
+        return take(ticket)
+
+    monkeypatch.setattr(Ticket, "take", counted)
+    reqs = requests_with_stops(rnd, T, seed=1)[:4]
+    got, loop = check(rnd, "ar-pipelined", "ar", 0, reqs, slots=4)
+    assert_lengths_and_stops(got, T)
+    read = len(loop.rounds)
+    assert read == len(queued_at_read) == loop.stats.rounds
+    in_flight = [q - j for j, q in enumerate(queued_at_read)]   # forwards queued, less rounds read before this one
+    assert in_flight[:-1] == [2] * (read - 1)
+    last = max(got, key=lambda g: g.t_done_ns)   # no round is queued past max_new_tokens; past a stop, one may be
+    wasted = calls["target"] + solo["target"] - read
+    assert (in_flight[-1], wasted) == ((1, 0) if last.finish_reason == "length" else (2, 1))
+    assert solo["target"] > 0 and calls["target"] > 0   # the last request alone ran FastLoop's stages, pipelined too
+    assert {r["bucket"] for r in loop.rounds} >= {1, 4}
+
+
+def test_ar_with_requests_waiting_queues_nothing_ahead(rnd, monkeypatch):
+    """While requests wait for a slot (BatchLoop.run's `waiting`), AR reads each round before queuing the next, so
+    a request admitted into a freed slot joins the very next round, as in BatchLoop (check: batch sizes equal)."""
+    reqs = requests_with_stops(rnd, 0.0, seed=11)
+    waits: list[bool] = []
+    step = BatchFastLoop.step
+
+    def spy(loop, waiting=False):
+        waits.append(waiting)
+        return step(loop, waiting)
+
+    monkeypatch.setattr(BatchFastLoop, "step", spy)
+    check(rnd, "ar-waiting", "ar", 0, reqs, slots=2)
+    assert True in waits and False in waits
+
+
+@pytest.mark.parametrize("method,budget", [("ar", 0), ("ddtree", 16)], ids=["ar", "ddtree16"])
+def test_scheduler_runs_the_fast_loop_with_mid_flight_arrivals(rnd, method, budget):
+    """Requests arrive while rounds run (AR: while the next one is queued, so they join the one after)."""
     reqs = make_requests(64, 0.8, seed=8)
-    sched = BatchScheduler(BatchFastLoop(rnd.target, rnd.proposer, "ddtree", 16, 3))
+    sched = BatchScheduler(BatchFastLoop(rnd.target, rnd.proposer if method != "ar" else None, method, budget, 3))
     try:
         futs = []
         for r in reqs:
@@ -194,7 +247,7 @@ def test_scheduler_runs_the_fast_loop_with_mid_flight_arrivals(rnd):
     finally:
         sched.close()
     for r, g in zip(reqs, got):
-        assert_same(g, alone(rnd, "ddtree", 16, r), ("scheduler", r.key))
+        assert_same(g, alone(rnd, method, budget, r), ("scheduler", method, r.key))
     assert sched.stats.max_batch_size >= 2 and sched.stats.admitted == len(reqs)
     _count("scheduler", len(reqs))
 
