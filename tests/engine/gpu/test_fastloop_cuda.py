@@ -115,3 +115,56 @@ def test_cache_growth_mid_session_keeps_the_tokens(toy):
     assert loop.capacity > small
     _same(plain.generate(prompts[2], "ddtree", 32, 64, stop_ids=pair.stop_ids),
           fast.generate(prompts[2], "ddtree", 32, 64, stop_ids=pair.stop_ids))
+
+
+WARM_PROBE = r'''
+import json, sys
+import triton
+from ddtree_bench.engine.generate import Engine
+from ddtree_bench.engine.gpu.loop import FastLoop
+from ddtree_bench.pair import load_pair
+
+if sys.argv[1] == "off":
+    FastLoop._warm_round = lambda self, b: None
+pair = load_pair("toy", None, "ddtree", device="cuda")
+fast = Engine(pair.engine.target, pair.engine.drafter, cuda_graphs=True)
+ids = pair.tokenizer.apply_chat_template([{"role": "user", "content": "Tell me about the sea."}])
+loop = fast.fast_loop()
+fast.generate(ids, "dflash", 0, 24)   # the draft's kernels: one draft graph serves every budget
+seen = []
+triton.knobs.runtime.jit_post_compile_hook = lambda **kw: seen.append(getattr(kw.get("fn"), "name", "?"))
+out = {}
+for method, budget in (("ar", 0), ("ddtree", 40)):
+    n = len(seen)
+    loop._bucket(method, budget, True)   # made here: builder checked, GEMMs and (on) the round warmed
+    made, n = seen[n:], len(seen)
+    fast.generate(ids, method, budget, 24)
+    out[method] = {"bucket": made, "round": seen[n:]}
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("arm", ["on", "off"])
+def test_a_new_buckets_round_compiles_nothing_after_its_warm(arm):
+    """FastLoop._warm_round compiles, as a bucket is made, every Triton kernel of its round after the draft (the
+    verify forward's layer ops and attention, the argmax, the tree compile, walk and commit) at once, so the bucket's
+    first generate compiles nothing. A fresh process (Triton's in-memory cache empty, its disk cache as it is) counts
+    every compile with Triton's post-compile hook; DFlash runs first for the draft's kernels (one draft graph serves
+    every budget). With the warm switched off (arm off) the first generate compiles them itself: what the test
+    would miss if the warm left a variant out."""
+    import json
+    import subprocess
+    import sys
+
+    import triton
+
+    if not hasattr(getattr(triton, "knobs", None), "runtime") or not hasattr(triton.knobs.runtime, "jit_post_compile_hook"):
+        pytest.skip(f"Triton {triton.__version__} has no knobs.runtime.jit_post_compile_hook")
+    p = subprocess.run([sys.executable, "-c", WARM_PROBE, arm], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    for method in ("ar", "ddtree"):
+        if arm == "on":
+            assert got[method]["bucket"] and got[method]["round"] == [], (method, got[method])
+        else:
+            assert got[method]["round"], (method, got[method])
