@@ -400,32 +400,8 @@ class FastLoop:
             b.layout = WalkLayout(self.L, guard=b.fallback is not None)
         n = 1 if method == "ar" else b.layout.size_guarded
         b.ring = ResultRing(n, dev)
-        if g:
-            self._warm_round(b)
         self.buckets[key] = b
         return b
-
-    def _warm_round(self, b: _Bucket) -> None:
-        """Compile the Triton kernels of a round of b after its draft - tree compile, the verify forward's layer ops
-        and attention, the walk's argmax and walk, the commit - concurrently (kernels/warm.py, a thread per variant),
-        instead of one after another as the first round reaches them (the weight GEMMs and the tree builder are
-        warmed already; AR's commit is PyTorch and mutates: not called). The stages' functions run collecting, so
-        nothing is launched and no state changes. CUDA with the fused ops only."""
-        if self.device.type != "cuda" or not self.fused_tree_ops or not hasattr(self.ops, "gemm_config"):
-            return
-        from ddtree_bench.engine.gpu.kernels.warm import warm
-
-        names = ("verify", "walk") if b.method == "ar" else ("tree_build", "tree_compile", "verify", "walk", "commit")
-
-        def one_round() -> None:
-            for name in names:
-                b.out.store(name, b.stages[name].fn())
-                if name == "tree_compile":   # not computed: the embedding would gather at whatever ids held
-                    b.out.compiled.ids.zero_()
-                    b.out.compiled.pos.fill_(0)
-
-        warm(one_round, self.device, per="variant")
-        b.out.clear()
 
     # ------------------------------------------------------------------ stage functions
 
