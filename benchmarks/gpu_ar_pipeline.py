@@ -1,18 +1,15 @@
-"""AR with two rounds in flight against one, in one process: what the pipelining (`FastLoop.pipeline_ar`,
-`BatchFastLoop.pipeline_ar`) buys in wall time.
+"""AR with two rounds in flight against one, in one process: what the batched loop's AR pipelining
+(`BatchFastLoop.pipeline_ar`, `_ar_step`) buys in wall time.
 
-An AR round's input, the pick, is already on the device, so the loops queue round k + 1 before the host reads
-round k; with `pipeline_ar = False` they queue one round at a time and the device idles while the host reads,
-emits and queues. Per arm (alternating on / off, --reps times each, so drift in the lease hits both):
+An AR round's input, the pick, is already on the device, so from two requests up the batched loop queues round
+k + 1 before the host reads round k; with `pipeline_ar = False` it queues one round at a time and the device idles
+while the host reads, emits and queues. For each of --batches (>= 2; one request alone is never pipelined, as the
+single loop is not): BatchFastLoop with N requests admitted, then per arm (alternating on / off, --reps times each,
+so drift in the lease hits both) --steps timed `step()` calls: wall ms per step (median) and the device round (the
+stage times' sum, median), so the gap is step - round.
 
-* single: `Engine(cuda_graphs=True).generate` AR, --new tokens after --prefix-len random prompt tokens: decode ms
-  per token, (t_done - t_first) / (tokens - 1), median over the reps;
-* batch N (each of --batches; "1 of S" = one request in a loop of S slots, as `serve --max-batch S` at concurrency
-  1): BatchFastLoop with N requests admitted, then --steps timed `step()` calls per rep: wall ms per step (median)
-  and the device round (the stage times' sum, median), so the gap is step - round.
-
-    python benchmarks/gpu_ar_pipeline.py --shape qwen3-8b --batches 1,2,4,16
-    python benchmarks/gpu_ar_pipeline.py --shape random --device cpu --batches 1,2 --new 8 --steps 4 --reps 1   # CPU smoke
+    python benchmarks/gpu_ar_pipeline.py --shape qwen3-8b --batches 2,4,16
+    python benchmarks/gpu_ar_pipeline.py --shape random --device cpu --dtype float32 --batches 2 --steps 4 --reps 1   # CPU smoke
 """
 
 from __future__ import annotations
@@ -31,16 +28,13 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="qwen3-8b", help="a perf/shapes.py shape, or random (the tiny random pair)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--batches", default="1,2,4,16")
-    ap.add_argument("--slots", type=int, default=16, help="slots of the loop that serves batch 1 a second time")
-    ap.add_argument("--new", type=int, default=128, help="new tokens per single-loop request")
+    ap.add_argument("--batches", default="2,4,16")
     ap.add_argument("--steps", type=int, default=40, help="timed steps per rep of a batch")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--prefix-len", type=int, default=1024)
     a = ap.parse_args(argv)
 
     from ddtree_bench.engine.batch import BatchRequest
-    from ddtree_bench.engine.generate import Engine
     from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
     from ddtree_bench.engine.interface import ROUND_STAGES
 
@@ -57,21 +51,10 @@ def main(argv=None) -> int:
     cuda = torch.device(a.device).type == "cuda"
     arms = [True, False] * a.reps
 
-    eng = Engine(target, cuda_graphs=True)
-    eng.generate(prompt[0], "ar", 0, a.new)   # warm: compile, capture
-    single: dict[bool, list[float]] = {True: [], False: []}
-    for i, on in enumerate(arms):
-        eng.fast_loop().pipeline_ar = on
-        g = eng.generate(prompt[1 + i % 8], "ar", 0, a.new)
-        single[on].append((g.t_done_ns - g.t_first_token_ns) / 1e6 / max(1, len(g.output_ids) - 1))
-    on_, off_ = statistics.median(single[True]), statistics.median(single[False])
-    print(f"single loop  decode ms/token: one in flight {off_:.3f}, two {on_:.3f} = {on_ / off_:.3f}x", flush=True)
-
-    points = [(int(n), int(n)) for n in a.batches.split(",")]
-    if 1 in {n for n, _ in points} and a.slots > 1:
-        points.insert(1, (1, a.slots))
-    for n, slots in points:
-        loop = BatchFastLoop(target, None, "ar", 0, slots)
+    for n in (int(x) for x in a.batches.split(",")):
+        if n < 2:
+            raise SystemExit("--batches: sizes of 2 or more (one request alone is never pipelined)")
+        loop = BatchFastLoop(target, None, "ar", 0, n)
         need = (2 + a.reps * 2) * a.steps + 16
         for i in range(n):
             loop.admit(BatchRequest(prompt[i % len(prompt)], max_new_tokens=need))
@@ -92,7 +75,7 @@ def main(argv=None) -> int:
             dev[on].extend(sum(r.get(s, 0.0) for s in ROUND_STAGES) for r in loop.rounds[k:])
         m = {k: statistics.median(v) for k, v in (("on", wall[True]), ("off", wall[False]), ("don", dev[True]),
                                                   ("doff", dev[False]))}
-        name = f"batch {n}" + (f" of {slots}" if slots != n else "")
+        name = f"batch {n}"
         print(f"{name:12s} ms/step: one in flight {m['off']:.3f} (round {m['doff']:.3f}, gap {m['off'] - m['doff']:.3f}), "
               f"two {m['on']:.3f} (round {m['don']:.3f}, gap {m['on'] - m['don']:.3f}) = {m['on'] / m['off']:.3f}x",
               flush=True)

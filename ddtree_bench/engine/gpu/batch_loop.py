@@ -58,11 +58,11 @@ The cache grows (and every graph is dropped) when an admitted request needs more
 The verify and the draft attend with the single loop's live-slot / tree kernels given a slot axis
 (batch_forward.py: each slot reads only its own live cache slots; SDPA over every region is the twin).
 As at batch 1, the next round's draft is queued before the host reads the walk results (with the plain DFlash
-drafter: `_queue_draft`), so the host's reading, emitting and retiring overlap the device's next draft; AR, as at
-batch 1, queues the whole next round instead (`_ar_step`: two rounds in flight, each read for the requests still
-active; none queued ahead while requests wait for a slot, so they join the next round as in BatchLoop; one
-admitted by a scheduler while a round is in flight joins the round after it). On a CPU the
-same code runs without capture, which is how CI checks it. `rounds` holds per round the batch size, the bucket and the
+drafter: `_queue_draft`), so the host's reading, emitting and retiring overlap the device's next draft; AR queues
+the whole next round instead, from two requests up (`_ar_step`: two rounds in flight, each read for the requests
+still active; none queued ahead while requests wait for a slot, so they join the next round as in BatchLoop; one
+admitted by a scheduler while a round is in flight joins the round after it). On a CPU the same code runs without
+capture, which is how CI checks it. `rounds` holds per round the batch size, the bucket and the
 stage times (ms), for bench-engine --batch.
 Knows nothing of threads or HTTP (batch_scheduler.BatchScheduler drives it like a BatchLoop).
 """
@@ -645,15 +645,17 @@ class BatchFastLoop:
         return self._retire()
 
     def _ar_step(self, waiting: bool) -> list[Retired]:
-        """AR, pipelined: the next round's input is already on the device (each slot's bonus), so the round after the
-        one being read is queued before the host waits - unless requests wait to be admitted, a request wants logit
-        gaps (the verify logits must still be this round's when read), or no request may need it. The host then reads
-        the oldest round in flight and finishes it for its requests still active: one that stopped meanwhile had its
-        rows computed for nothing, as a padding slot's (a stop token cannot be foreseen; max_new_tokens can, and no
-        round is queued past it). A request admitted while a round is in flight joins the next one queued."""
+        """AR, pipelined: the next round's input is already on the device (each slot's bonus), so with two or more
+        requests the round after the one being read is queued before the host waits - unless requests wait to be
+        admitted, a request wants logit gaps (the verify logits must still be this round's when read), or no request
+        may need it. The host then reads the oldest round in flight and finishes it for its requests still active: one
+        that stopped meanwhile had its rows computed for nothing, as a padding slot's (a stop token cannot be
+        foreseen; max_new_tokens can, and no round is queued past it). One request alone queues one round at a time,
+        as the single loop does: a round queued ahead of its stop token would run for nothing and hold up the next
+        admission's prefill. A request admitted while a round is in flight joins the next one queued."""
         if not self._inflight:
             self._inflight.append(self._queue_ar())
-        if (self.pipeline_ar and len(self._inflight) == 1 and not waiting
+        if (self.pipeline_ar and len(self._inflight) == 1 and len(self.active) >= 2 and not waiting
                 and not any(st.req.return_logit_gaps for st in self.active)
                 and any(not st.stream.stopped and len(st.stream.out) + 1 < st.req.max_new_tokens for st in self.active)):
             self._inflight.append(self._queue_ar())

@@ -18,11 +18,11 @@ runs this one), organised for a GPU:
   last round usually leaves one unneeded draft behind: its tokens are out (t_done_ns is taken
   before it) and generate() returns once it has run (reading the stage times waits for the last
   event); with a pruned builder it is never queued after round 1 (see below);
-* AR has no draft to queue ahead, but its next input (the pick) is already on the device: it keeps two rounds
-  in flight, so the host reads round k while the device runs round k + 1 (results land in a ring of two
-  pinned buffers: ResultRing). No round is queued past max_new_tokens; a stop token read from round k leaves
-  round k + 1 run for nothing (generate returns after it, not counted in `rounds`); logit gaps turn it off
-  (they read each round's verify logits, which the round after would overwrite);
+* AR has no draft to queue ahead and queues one round at a time here: its host work between rounds is a few
+  list operations (a 0.2% gap on the H200), while a round queued ahead would run for nothing after every stop
+  token and hold up the next request's prefill (the batched loop keeps two AR rounds in flight from two
+  requests up, where one request's stop wastes only its rows: batch_loop.py). Walk results land in a ring of
+  pinned buffers (ResultRing) that the batched loop's solo rounds share;
 * stage times come from CUDA events between the stages (no syncs), or perf_counter on a CPU.
 
 On CUDA with Triton the layers' elementwise work runs as fused kernels (fused.py) and the tree
@@ -42,7 +42,6 @@ Knows nothing of HTTP, text or files.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -122,8 +121,8 @@ class Ticket:
 
 class ResultRing:
     """Pinned host buffers for walk results, used in turn: a round queued while the host has not yet read the one
-    before it (AR's pipelined rounds) copies into the other buffer. A ticket stays valid until DEPTH more rounds
-    have been put, so no more than DEPTH rounds may be in flight."""
+    before it (the batched loop's AR rounds) copies into the other buffer. A ticket stays valid until DEPTH more
+    rounds have been put, so no more than DEPTH rounds may be in flight."""
 
     DEPTH = 2
 
@@ -236,7 +235,6 @@ class FastLoop:
         self.builder_ms: dict[int, dict[str, float]] = {}  # budget -> auto's chosen builder -> ms per build
         self.layer_ops = layer_ops      # auto (fused Triton ops on CUDA when they pass their self-test) | triton | torch
         self.redone_rounds = 0          # rounds rebuilt with the exact builder after a failed certificate
-        self.pipeline_ar = True         # AR keeps two rounds in flight (module docstring); False: one (A/B timing)
         self.cold_s: dict[tuple[str, int], float] = {}   # (method, budget) -> s from its new bucket to its first result
         self.capacity = 0
         self.rounds: list[dict[str, float]] = []
@@ -605,27 +603,14 @@ class FastLoop:
 
         def ahead(emitted: int, stopped: bool) -> bool:
             """The round after the one being queued may run (the queued one emits at least one token)."""
-            return not stopped and emitted + 1 < max_new_tokens
+            return spec and not stopped and emitted + 1 < max_new_tokens
 
-        def launch(first: bool, drafted: bool, emitted: int, stopped: bool) -> bool:
-            """Queue the next round (and its ticket); AR pipelined: also the one after, if it may run."""
-            drafted = self._launch(b, first, drafted, ahead(emitted, stopped), host, laps, temperature, top_p, gen)
-            inflight.append(b.last)
-            if pipelined and len(inflight) == 1 and ahead(emitted, stopped):
-                self._launch(b, False, False, False, host, laps, temperature, top_p, gen)
-                inflight.append(b.last)
-            return drafted
-
-        # AR keeps two rounds in flight: the next input is on the device, so the host reads round k while the device
-        # runs round k + 1 (a stop token read from round k leaves k + 1 run for nothing; generate waits for it)
-        pipelined = self.pipeline_ar and not spec and not return_logit_gaps
-        inflight: deque[Ticket] = deque()
         pending = wants_round(len(out), stream.stopped, 0, max_new_tokens, spec)
         drafted = False
         if pending:
-            drafted = launch(True, False, len(out), stream.stopped)
+            drafted = self._launch(b, True, False, ahead(len(out), stream.stopped), host, laps, temperature, top_p, gen)
         while pending:
-            res = inflight.popleft().take()
+            res = self._result(b)
             if cold:
                 cold = False
                 self.note_cold(method, budget, time.perf_counter() - t_cold)
@@ -653,16 +638,12 @@ class FastLoop:
             stopped = stream.stopped or any(t in stream.stops for t in new_tokens)
             emitted = len(out) + len(stream.visible(new_tokens))
             pending = wants_round(emitted, stopped, len(accept_lengths), max_new_tokens, spec)
-            if pending and inflight:   # AR pipelined: round k + 1 is running; k + 2 if it may run
-                if ahead(emitted, stopped):
-                    self._launch(b, False, False, False, host, laps, temperature, top_p, gen)
-                    inflight.append(b.last)
-            elif pending:  # queue the next round before handing tokens out, so callbacks overlap the GPU
-                drafted = launch(False, drafted, emitted, stopped)
+            if pending:  # queue the next round before handing tokens out, so callbacks overlap the GPU
+                drafted = self._launch(b, False, drafted, ahead(emitted, stopped), host, laps, temperature, top_p, gen)
             stream.emit(new_tokens, now)
         t_done = time.perf_counter_ns()   # (a draft queued ahead of a stop token may still be running)
 
-        self.rounds = laps.rounds()[: len(accept_lengths)]   # (not an AR round queued past a stop token)
+        self.rounds = laps.rounds()
         totals = {"prefill": prefill_ns, "draft": 0, "tree_build": 0, "verify": 0, "commit": 0}
         fold = {"draft": "draft", "tree_build": "tree_build", "tree_compile": "tree_build", "verify": "verify",
                 "walk": "commit", "commit": "commit"}

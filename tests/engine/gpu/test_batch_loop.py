@@ -186,34 +186,42 @@ def test_logit_gaps_and_stage_times(rnd):
 @pytest.mark.parametrize("T", [0.0, 0.8], ids=["T0", "T0.8"])
 def test_ar_reads_each_round_with_the_next_one_queued(rnd, monkeypatch, T):
     """AR pipelined (BatchFastLoop._ar_step): with four requests admitted at once (none waits), the host reads every
-    round with the next one already queued - two target forwards in flight at each read - and requests that stop on
-    a stop id while the next round is queued (their rows in it computed for nothing) or at max_new_tokens (no round
-    queued past it) leave the others equal to batch 1 and to BatchLoop, batch sizes included. At most one round runs
-    that is never read (queued for requests that all stopped)."""
+    round with the next one already queued - two target forwards in flight at each read - while two or more requests
+    are active, and one round at a time once one is left (as the single loop: nothing queued ahead of its stop
+    token). Requests that stop on a stop id while the next round is queued (their rows in it computed for nothing) or
+    at max_new_tokens (no round queued past it) leave the others equal to batch 1 and to BatchLoop, batch sizes
+    included; no round runs that is never read."""
     from ddtree_bench.engine.gpu import loop as single
     from ddtree_bench.engine.gpu.loop import Ticket
 
     calls = count_forwards(monkeypatch, bl, "target_forward_batch", "draft_forward_batch")
     solo = count_forwards(monkeypatch, single, "target_forward", "draft_forward")
     queued_at_read: list[int] = []
-    take = Ticket.take
+    active_at_step: list[int] = []
+    take, ar_step = Ticket.take, BatchFastLoop._ar_step
 
     def counted(ticket):
         queued_at_read.append(calls["target"] + solo["target"])
         return take(ticket)
 
+    def step(loop, waiting):
+        active_at_step.append(len(loop.active))
+        return ar_step(loop, waiting)
+
     monkeypatch.setattr(Ticket, "take", counted)
+    monkeypatch.setattr(BatchFastLoop, "_ar_step", step)
     reqs = requests_with_stops(rnd, T, seed=1)[:4]
     got, loop = check(rnd, "ar-pipelined", "ar", 0, reqs, slots=4)
     assert_lengths_and_stops(got, T)
     read = len(loop.rounds)
-    assert read == len(queued_at_read) == loop.stats.rounds
+    assert read == len(queued_at_read) == len(active_at_step) == loop.stats.rounds
     in_flight = [q - j for j, q in enumerate(queued_at_read)]   # forwards queued, less rounds read before this one
-    assert in_flight[:-1] == [2] * (read - 1)
-    last = max(got, key=lambda g: g.t_done_ns)   # no round is queued past max_new_tokens; past a stop, one may be
-    wasted = calls["target"] + solo["target"] - read
-    assert (in_flight[-1], wasted) == ((1, 0) if last.finish_reason == "length" else (2, 1))
-    assert solo["target"] > 0 and calls["target"] > 0   # the last request alone ran FastLoop's stages, pipelined too
+    alone = [n == 1 for n in active_at_step]
+    assert 0 < alone.index(True) and all(alone[alone.index(True):])   # requests retire until one is left
+    assert all(f == 1 for f, one in zip(in_flight, alone) if one)
+    assert in_flight[: alone.index(True)] == [2] * alone.index(True)   # (from the first read on, while two or more)
+    assert calls["target"] + solo["target"] == read   # no round ran for nothing: the last request ran alone
+    assert solo["target"] > 0 and calls["target"] > 0
     assert {r["bucket"] for r in loop.rounds} >= {1, 4}
 
 

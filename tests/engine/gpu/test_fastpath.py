@@ -220,47 +220,6 @@ def test_fast_engine_sampling_gaps_chunks_and_trees_match(pair):
                    [(t.token_ids, t.parents, t.depths, t.accepted) for t in b.trees]
 
 
-def test_ar_reads_each_round_with_the_next_one_queued(pair, monkeypatch):
-    """The fast loop's AR keeps two rounds in flight (generate's `pipelined`): every read but the last finds the next
-    target forward already queued. max_new_tokens is foreseen (no forward past it); a stop token is not (one forward
-    past it, not counted in `rounds`); logit gaps need each round's logits when read, so they turn it off. The tokens
-    are the plain loop's in every case."""
-    from ddtree_bench.engine.gpu import loop as single
-    from ddtree_bench.engine.gpu.loop import Ticket
-
-    target, _ = pair
-    plain, fast = _both(*pair)
-    calls = {"target": 0}
-    forward, take = single.target_forward, Ticket.take
-    queued_at_read: list[int] = []
-
-    def counted_forward(*a, **k):
-        calls["target"] += 1
-        return forward(*a, **k)
-
-    def counted_take(ticket):
-        queued_at_read.append(calls["target"])
-        return take(ticket)
-
-    monkeypatch.setattr(single, "target_forward", counted_forward)
-    monkeypatch.setattr(Ticket, "take", counted_take)
-    prompt = [7, 3, 99, 14]
-    truth = greedy_truth(target, prompt, 40)
-    stop = next(t for j, t in enumerate(truth) if j >= 10 and t not in truth[:j])
-    for kw, past_end in (({}, 0), ({"stop_ids": [stop]}, 1), ({"temperature": 0.9, "seed": 3}, 0),
-                         ({"return_logit_gaps": True}, 0)):
-        calls["target"] = 0
-        queued_at_read.clear()
-        g = fast.generate(prompt, "ar", 0, 40, **kw)
-        same_generation(plain.generate(prompt, "ar", 0, 40, **kw), g)
-        read = len(g.accept_lengths)
-        assert len(fast.fast_loop().rounds) == read and calls["target"] == read + past_end, kw
-        in_flight = [q - j for j, q in enumerate(queued_at_read)]
-        want = [1] * read if "return_logit_gaps" in kw else [2] * (read - 1) + [1 + past_end]
-        assert in_flight == want, kw
-    assert g.finish_reason == "length" and len(g.output_ids) == 40
-
-
 def test_fast_engine_grows_its_cache_and_keeps_going(pair):
     plain, fast = _both(*pair)
     fast.generate([1, 2, 3], "ddtree", 16, 8)
