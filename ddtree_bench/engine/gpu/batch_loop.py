@@ -706,9 +706,9 @@ class BatchFastLoop:
         return _Queued([(st, st.slot) for st in self.active], b, ticket, laps, logits, t_cold if cold else None)
 
     def _solo_round(self, st: _Slot):
-        """One round of the only request (slot 0) through FastLoop's stages: its draft (unless the last round
-        queued it), build .. walk, the commit, the next draft queued ahead when another round may follow,
-        then the wait for the walk result (and, on a failed tree certificate, FastLoop's exact redo)."""
+        """One DFlash / DDTree round of the only request (slot 0; AR: _ar_step) through FastLoop's stages: its draft
+        (unless the last round queued it), build .. walk, the commit, the next draft queued ahead when another round
+        may follow, then the wait for the walk result (and, on a failed tree certificate, FastLoop's exact redo)."""
         fl, dev = self.solo, self.device
         T, greedy = st.req.temperature, st.req.temperature < GREEDY_EPS
         t_cold, known = time.perf_counter(), len(fl.buckets)
@@ -735,19 +735,19 @@ class BatchFastLoop:
             self.cold_s[1] = time.perf_counter() - t_cold
             cold_notice(f"{self._what()} batch 1", self.cold_s[1], dev)
         done = fb
-        if self.spec and fb.layout.read(res).flagged:
+        if fb.layout.read(res).flagged:
             done, res = fl._redo(fb, T, st.req.top_p, st.gen)
             self._ahead = None   # the redo moved the state on: the queued draft is stale
         out = done.out
-        tree_of = (lambda i: (out.tree.tok, out.tree.par, out.tree.dep)) if self.spec else None
+        tree_of = lambda i: (out.tree.tok, out.tree.par, out.tree.dep)  # noqa: E731
         return _Round(res, len(res), tree_of, out.verified.logits, laps.rounds()[0])
 
     def _batched_round(self, b: int) -> _Round:
-        """One round over bucket b through the batched stages (module docstring): its draft (unless the round before
-        queued it for this bucket), build .. walk, the commit, the next round's draft queued before the wait for the
-        walk results (plain DFlash drafter, while a request may go on: `_queue_draft`), then the wait; a raised
-        certificate flag (the slotted builder's) makes the round redone by the bucket's exact stages (_redo) before
-        anything is committed."""
+        """One DFlash / DDTree round over bucket b (AR: _ar_step) through the batched stages (module docstring): its
+        draft (unless the round before queued it for this bucket), build .. walk, the commit, the next round's draft
+        queued before the wait for the walk results (plain DFlash drafter, while a request may go on: `_queue_draft`),
+        then the wait; a raised certificate flag (the slotted builder's) makes the round redone by the bucket's exact
+        stages (_redo) before anything is committed."""
         drafted = self._ahead is not None and self._ahead_bucket == b
         laps = self._ahead if drafted else None
         self._ahead = None
@@ -756,7 +756,7 @@ class BatchFastLoop:
         if laps is None:
             laps = Laps(self.device)
             laps.mark("begin")
-        if self.spec and not drafted:
+        if not drafted:
             if self.drafter is not None:
                 for st in self.active:   # a request's first round: its prompt's drafter context first
                     if st.prefill_hidden is not None:
@@ -777,7 +777,7 @@ class BatchFastLoop:
             done, res = self._redo(bk, drawn)
             self._ahead = None   # the redo moved the state on: the queued draft is stale
         trees = done.out.get("tree_build")
-        tree_of = (lambda i: trees.slot(i)) if self.spec else None
+        tree_of = lambda i: trees.slot(i)  # noqa: E731
         return _Round(res, done.stride, tree_of, done.out["verify"][0], laps.rounds()[0])
 
     def _queue_draft(self, bk: _Bucket) -> None:
