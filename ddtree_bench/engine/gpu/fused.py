@@ -19,8 +19,8 @@ The Triton kernels round where PyTorch rounds: after every op PyTorch runs in th
 except for the summation order of RMSNorm's mean of squares and the fp32 exp/rsqrt of the
 hardware, a few fp32 ulps before rounding. `TorchOps` (ops.py) is that twin: the same functions in
 plain PyTorch, which CPUs (and CI) run; `TritonOps` lives in kernels/layer_ops.py. `ops_for(device)` returns `TritonOps` only where Triton is
-installed, the device is CUDA and a self-test against the twin passes; otherwise `TorchOps`, with a
-warning if Triton was there but failed.
+installed, the device is CUDA and a self-test against the twin passes (its kernels compiled at once first:
+`compile_self_test`); otherwise `TorchOps`, with a warning if Triton was there but failed.
 Knows nothing of trees, rounds or graphs; the KV cache it writes is one layer's [Hkv, S, D] tensors.
 """
 
@@ -153,6 +153,14 @@ def self_test(ops: TorchOps, device, dtype: torch.dtype) -> str | None:
     return None
 
 
+def compile_self_test(ops: TorchOps, device, dtype: torch.dtype) -> int:
+    """Compile the Triton variants self_test launches at once (kernels/warm.py, a thread per variant) rather than
+    one after another as it runs them: it opens a process's first round on a fresh cache. Returns the launches."""
+    from ddtree_bench.engine.gpu.kernels.warm import warm
+
+    return warm(lambda: self_test(ops, device, dtype), device, per="variant")
+
+
 def ops_for(device, dtype: torch.dtype, kind: str = "auto") -> TorchOps:
     """The ops a forward on `device` in `dtype` should use. kind: auto (Triton on CUDA when it passes its
     self-test) | triton (the same, but a failure raises) | torch (the twin)."""
@@ -166,6 +174,7 @@ def ops_for(device, dtype: torch.dtype, kind: str = "auto") -> TorchOps:
     key = (str(dev), dtype)
     if key not in _CHECKED:
         try:
+            compile_self_test(TritonOps(), dev, dtype)
             _CHECKED[key] = self_test(TritonOps(), dev, dtype)
         except Exception as e:  # pragma: no cover - needs a GPU
             _CHECKED[key] = f"{type(e).__name__}: {e}"

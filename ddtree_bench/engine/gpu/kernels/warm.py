@@ -1,5 +1,5 @@
-"""Compile a Triton tree builder's kernels concurrently before its first launch, so a new budget's cold
-start waits for its slowest kernel function instead of the sum of all its compiles.
+"""Compile a set of the fast path's Triton kernels concurrently before their first launch (a tree builder's, a row
+count's weight GEMMs, the self-tests'), so a cold start waits for the slowest of them instead of the sum.
 
 `launch(kernel, grid, *args, **kwargs)` is how every kernel of the fast path starts (tree builders, top-K,
 weight GEMMs, layer ops, attention, argmax, tree compile / walk / commit): it runs `kernel[grid](...)`, or,
@@ -13,8 +13,10 @@ os.cpu_count() threads; `per="variant"` gives each distinct variant of a functio
 compile in parallel (docs/gpu-performance.md, "Cold start"). The compiled kernels land in Triton's
 in-memory and on-disk caches, where fn's real launches then find them. Host code in fn that reads a
 kernel's output must not do so while collecting (`collecting()` is true; the top-K returns zeros).
-Warmup loads no module and launches nothing (the first real launch loads it); `ready_driver` sets Triton's
-driver up on the calling thread first.
+Each thread then also does what the first real launch would do before running the kernel (`_prepare`): load its
+module and build its launcher, which Triton 3.6 compiles as a C extension with the system compiler (~0.3 s each on
+the H200's host, one after another at first launch otherwise; docs/gpu-performance.md, "Cold start"). Nothing is
+launched; `ready_driver` sets Triton's driver up on the calling thread first.
 Knows nothing of trees.
 """
 
@@ -29,6 +31,7 @@ from typing import Any, Callable
 
 import torch
 
+PREPARE_LAUNCHERS = False  # also load each compiled module and build its launcher on the compiling thread (_prepare)
 _SINK: ContextVar[list | None] = ContextVar("ddtree_bench_kernel_launches", default=None)
 
 
@@ -81,6 +84,14 @@ def variant_key(la: Launch) -> tuple:
     return id(la.kernel), tuple(sorted((k, repr(v)) for k, v in la.kwargs.items())), tuple(spec(a) for a in la.args)
 
 
+def _prepare(compiled) -> None:
+    """What Triton's first launch of a compiled kernel does before it runs: load its module and build its launcher
+    (a C extension compiled by the system compiler in some Triton versions, then found in Triton's cache)."""
+    init = getattr(compiled, "_init_handles", None)
+    if init is not None:
+        init()
+
+
 def ready_driver(device) -> None:
     """Triton's driver set up on this thread (CUDA only), before threads compile, so they do not race to set it up."""
     if torch.device(device).type == "cuda":
@@ -90,11 +101,11 @@ def ready_driver(device) -> None:
 
 
 def compile_launches(launches: list[Launch], device, per: str = "kernel") -> None:
-    """Compile (JITFunction.warmup: no launch) recorded launches, one thread per kernel function (per="variant": per
-    variant_key), each one's launches in order, at most os.cpu_count() threads; one chain compiles on the calling
-    thread. Only Triton's compiler runs here (and, on CUDA, the thread's current device is set, which Triton compiles
-    for): no module load, no launch, no torch CUDA op. A compile error is raised here. Call ready_driver(device) on
-    the first thread first."""
+    """Compile (JITFunction.warmup: no launch) recorded launches and _prepare each, one thread per kernel function
+    (per="variant": per variant_key), each one's launches in order, at most os.cpu_count() threads; one chain
+    compiles on the calling thread. Only Triton runs here (and, on CUDA, the thread's current device is set, which
+    Triton compiles and loads for): no launch, no torch CUDA op. A compile error is raised here. Call
+    ready_driver(device) on the first thread first."""
     by_kernel: dict[Any, list[Launch]] = {}
     for la in launches:
         by_kernel.setdefault(id(la.kernel) if per == "kernel" else variant_key(la), []).append(la)
@@ -104,7 +115,9 @@ def compile_launches(launches: list[Launch], device, per: str = "kernel") -> Non
         ctx = torch.cuda.device(dev) if dev.type == "cuda" else nullcontext()
         with ctx:   # Triton compiles for the thread's current device
             for la in chain:
-                la.kernel.warmup(*la.args, grid=la.grid, **la.kwargs)
+                compiled = la.kernel.warmup(*la.args, grid=la.grid, **la.kwargs)
+                if PREPARE_LAUNCHERS and compiled is not None:
+                    _prepare(compiled)
 
     chains = list(by_kernel.values())
     if len(chains) <= 1:
