@@ -409,3 +409,19 @@ def test_the_loop_gate_passes_on_every_tree_kernel_and_fails_a_broken_one(monkey
     real = tree_verify.walk_tree
     monkeypatch.setattr(tree_verify, "walk_tree", lambda *a: real(*a).roll(1))
     assert tree_kernels.self_test(dev) == "walk_tree differs from walk_static"
+
+
+def test_both_self_tests_record_every_kernel_they_run_so_warm_can_compile_them_at_once():
+    """The gates run at a process's first round, so ops_for and tree_kernels.available compile their kernels at
+    once first (kernels/warm.py records the test, its launches not run). A recorded test sees garbage where a
+    kernel's output would be; it must still reach every launch (no early return on the first mismatch), or the
+    rest would compile one after another in the real run."""
+    from ddtree_bench.engine.gpu import fused, tree_kernels
+    from ddtree_bench.engine.gpu.kernels.warm import record
+
+    names = lambda fn: sorted({la.kernel.fn.__name__ for la in record(fn)})  # noqa: E731
+    assert names(lambda: tree_kernels.self_test(torch.device("cpu"))) == [
+        "_commit_rows_kernel", "_commit_state_kernel", "_compile_kernel", "_pick_kernel", "_span_kernel", "_walk_kernel"]
+    assert len(record(lambda: tree_kernels.self_test(torch.device("cpu")))) == 10   # the batched launches too
+    assert names(lambda: fused.self_test(fused.TritonOps(), "cpu", torch.float32)) == [
+        "_qkv_rope_kernel", "_rmsnorm_kernel", "_silu_mul_kernel"]

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-PREPARE_LAUNCHERS = False  # also load each compiled module and build its launcher on the compiling thread (_prepare)
+PREPARE_LAUNCHERS = True   # also load each compiled module and build its launcher on the compiling thread (_prepare)
 _SINK: ContextVar[list | None] = ContextVar("ddtree_bench_kernel_launches", default=None)
 
 
