@@ -271,3 +271,30 @@ def test_the_batched_forwards_refuse_an_unknown_attention():
     z = torch.zeros(1, dtype=torch.long)
     with pytest.raises(ValueError, match="attention must be one of"):
         target_forward_batch(target, z, z, None, None, z, None, attention="flash")
+
+
+@pytest.mark.gpu
+@triton_only
+def test_two_slots_of_a_dflash_block_keep_one_slots_ranges_and_its_bits():
+    """Two slots of 64-127 folded rows (a DFlash block, a small DDTree verify) split their prefix into one slot's
+    ranges each (attention.split_pairs), where n_split over both slots' programs would give each half as many: so
+    a batch of two sums each slot's attention in the single loop's order, bit for bit; AR's rows and 3+ slots
+    keep counting programs over every slot."""
+    from ddtree_bench.engine.gpu.kernels.attention import block_m, live_attend, n_split, split_pairs
+
+    T, big_S, prefix = 32, 1280, 1100
+    M = (Hq // Hkv) * T
+    assert n_split(split_pairs(2, Hkv, M), M, big_S, block_m(M)) == n_split(Hkv, M, big_S, block_m(M))
+    assert n_split(2 * Hkv, M, big_S, block_m(M)) < n_split(Hkv, M, big_S, block_m(M))   # the rule changes the count
+    assert split_pairs(2, Hkv, 4) == 2 * Hkv and split_pairs(3, Hkv, M) == 3 * Hkv and split_pairs(1, Hkv, M) == Hkv
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, Hq, T, D, generator=g).to(DEV)
+    k, v = (torch.randn(2, Hkv, big_S, D, generator=g).to(DEV) for _ in range(2))
+    starts = torch.tensor([prefix, prefix - 300], device=DEV)
+    vis = torch.arange(big_S, device=DEV)[None, None, :] <= (starts[:, None, None] + torch.arange(T, device=DEV)[None, :, None])
+    bias = torch.zeros(2, T, big_S, device=DEV).masked_fill(~vis, float("-inf")).repeat(1, Hq // Hkv, 1)
+    got = live_attend(q, k, v, bias, starts + T, starts)
+    for c in range(2):
+        one = live_attend(q[c], k[c], v[c], bias[c], starts[c] + T, starts[c])
+        assert torch.equal(got[c * T:(c + 1) * T], one), c
+    torch.testing.assert_close(got, grouped_attend_batch(q, k, v, bias), **TOL)

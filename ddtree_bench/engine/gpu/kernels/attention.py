@@ -44,7 +44,8 @@ frontier): grid axis 0 runs over C * Hkv programs, slot c = program // Hkv, and 
 slot's stride (runtime arguments, so a launch over C slots and one over a single slot compile the same variant;
 the slot offset is 64-bit). Slot c reads only its own region below its own live[c]; the output is [C*T, Hq*D]
 slot-major, partials [n_split, C*Hkv, M, BLOCK_D], and n_split counts programs over C * Hkv (more slots, fewer
-ranges). A call without the slot axis is the C = 1 case: the grid, blocks and ranges it had before the axis.
+ranges) except for two slots of a DFlash or small DDTree block (`split_pairs`). A call without the slot axis is
+the C = 1 case: the grid, blocks and ranges it had before the axis.
 
 Rounding: q k^T in fp32 (IEEE for fp32 inputs, not TF32), softmax statistics in fp32, the
 probabilities cast to the value dtype before the P V product (as SDPA's fused kernels do). No
@@ -353,6 +354,18 @@ def n_split(n_heads: int, M: int, capacity: int, rows: int | None = None, slots:
     return max(1, min(triton.cdiv(capacity, slots), triton.cdiv(SM_TARGET, programs)))
 
 
+PAIR_ROWS = (64, 128)   # folded rows [lo, hi) over which two slots keep one slot's ranges each (split_pairs)
+
+
+def split_pairs(C: int, Hkv: int, M: int) -> int:
+    """The (slot, KV head) pairs n_split spreads its ranges over: C * Hkv, more slots fewer ranges, except two slots
+    of PAIR_ROWS folded rows (a DFlash block, a DDTree verify below the tree kernel's rows), which keep one slot's
+    ranges each: the ranges cover the capacity, not the live length, so halving them doubled what each program
+    walks. Then each slot also sums in the one-slot call's order. The edges are an H200 A/B's
+    (benchmarks/gpu_slot_attention_ab.py, docs/gpu-performance.md): AR's 4 rows and 4+ slots lost or tied with it."""
+    return Hkv if C == 2 and PAIR_ROWS[0] <= M < PAIR_ROWS[1] else C * Hkv
+
+
 def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, live: torch.Tensor,
                 prefix: torch.Tensor | None = None, splits: int | None = None, fold: bool | None = None,
                 rows: int | None = None) -> torch.Tensor:
@@ -362,8 +375,8 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     With a leading slot axis (C regions of a slotted cache, batch_forward.py): q [C, Hq, T, D], k, v [C, Hkv, S, D]
     (any slot stride, e.g. a layer's `k[:, :C]`), bias [C, g*T, S], live / prefix [C]; slot c's rows attend over
     its own region with its own state, and the result is [C*T, Hq*D] slot-major. C = 1 is the call above.
-    splits: fixed slot ranges, used as given (tests, tuning), else n_split's count over C * Hkv programs, capped
-    on the device; fold: combine ranges in the same launch (default FOLD); rows: query rows per program, one of
+    splits: fixed slot ranges, used as given (tests, tuning), else n_split's count over split_pairs' programs,
+    capped on the device; fold: combine ranges in the same launch (default FOLD); rows: query rows per program, one of
     BLOCK_MS (tuning; else block_m(M); 8 warps from 128 rows, the two warpgroups Hopper's wgmma tiles want)."""
     if q.dim() == 3:   # one slot
         q, k, v, bias = q[None], k[None], v[None], bias[None]
@@ -379,7 +392,7 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     if rows is not None and rows not in BLOCK_MS:
         raise ValueError(f"live_attend takes {BLOCK_MS} query rows per program, got {rows}")
     BM, BD = rows or slot_rows(M, C), max(16, _pow2(D))
-    ns = n_split(C * Hkv, M, S, BM) if splits is None else splits
+    ns = n_split(split_pairs(C, Hkv, M), M, S, BM) if splits is None else splits
     cap = capped() and splits is None and ns > 1
     warps = 8 if BM >= 128 else 4
     grid = (C * Hkv, triton.cdiv(M, BM), ns)
