@@ -10,12 +10,13 @@ forward) and each stage's capture (`graphs.Stage._capture`: two eager runs, then
 (`JITFunction._do_compile`: a compile, or a load from the disk cache) is counted with its seconds under the phase
 it ran in; compiles on warm threads are counted where the warm was called, so their seconds can exceed the wall's.
 
-Runs, each on a fresh cache unless said: `prime` (as `serial`; the first process after a machine starts pays for
-reading libraries from disk, so its figures are not compared), `fresh` (the code as it is), `serial` (the
-self-test's variants compiled one after another as before `compile_self_test`), `launchers` (every warm also loads
-the modules and builds the launchers: `warm.PREPARE_LAUNCHERS`), `grid16` (that, and the grid tree builder where
-auto takes the one-block kernel: B <= 32), `again` (a second process on `fresh`'s cache: what a later run of the same
-points pays). Per phase also Triton's gcc builds (`triton.runtime.build._build`: its driver and launcher modules)
+Runs, each on a fresh cache unless said: `prime` (as `before`; the first process after a machine starts pays for
+reading libraries from disk, so its figures are not compared), `before` (the self-tests' kernels compiled one
+after another as they run, launchers built at first launch: `fused.compile_self_test`, the tree self-test's warm and
+`warm.PREPARE_LAUNCHERS` switched off), `fresh` (the code as it is), `again` (a second process on `fresh`'s cache:
+what a later run of the same points pays). (At b420fa7, which a call ran, the runs were `serial`: only compile_self_test
+off; `launchers`: PREPARE_LAUNCHERS on, which was off by default; `grid16`: that, and the grid builder at B <= 32.)
+Per phase also Triton's gcc builds (`triton.runtime.build._build`: its driver and launcher modules)
 and first module loads with their launchers (`CompiledKernel._init_handles`). Prints a table per run and one JSON
 line per run.
 
@@ -150,14 +151,12 @@ def child(a) -> dict:
             target, drafter = random_pair(seed=0, vocab_size=272, dtype=a.dtype, device=a.device)
         else:
             target, drafter = random_shaped_pair(a.shape, a.dtype, a.device)
-    if a.child in ("serial", "prime"):
-        fused.compile_self_test = lambda *args, **kw: 0
-    if a.child in ("launchers", "grid16"):
+    if a.child in ("before", "prime"):   # the cold-start code before 2026-12-03 night's changes
         from ddtree_bench.engine.gpu.kernels import warm
 
-        warm.PREPARE_LAUNCHERS = True
-    if a.child == "grid16":
-        builders.AUTO_BLOCK_MAX_BUDGET = 0
+        fused.compile_self_test = lambda *args, **kw: 0
+        tree_kernels.warm = lambda *args, **kw: 0
+        warm.PREPARE_LAUNCHERS = False
     _wrap(fused, "compile_self_test", tl, "compile_self_test")
     _wrap(fused, "self_test", tl, "self_test", sync)
     _wrap(tree_kernels, "self_test", tl, "tree_self_test", sync)
@@ -209,7 +208,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", help="cuda; cpu only smoke-runs the script (no Triton there)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--points", default="ar,dflash,ddtree:16,ddtree:64")
-    ap.add_argument("--runs", default="prime,fresh,serial,launchers,grid16,again")
+    ap.add_argument("--runs", default="prime,before,fresh,again")
     ap.add_argument("--prefix-len", type=int, default=1024)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
