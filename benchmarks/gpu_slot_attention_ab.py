@@ -7,6 +7,8 @@ ranges cover the capacity, not the live length (the host does not know it: a cap
 410, so each program walks twice the slots. Per (C, T) this times a forward's worth of launches (36 layers, each its
 own K/V) as CUDA-graph replays at: `auto` (what live_attend picks), `slot` (n_split over Hkv only: one slot's
 ranges per slot) and fixed counts, with the largest output difference from `auto`'s (fp32 sums in another order).
+Since 17b85e0 auto takes `slot`'s count for two slots of 64-127 folded rows (attention.split_pairs); before it, the
+`auto` column's count was n_split over C * Hkv everywhere (the figures of docs/measurements/2026-12-03/h200-speed-j/b-cold).
 
     python benchmarks/gpu_slot_attention_ab.py [--batches 1,2,4,16] [--tokens 1,16,17] [--prefix 1024] [--capacity 2048]
     python benchmarks/gpu_slot_attention_ab.py --device cpu ...   # refused: needs CUDA
@@ -66,7 +68,7 @@ def main(argv=None) -> int:
                 qs, ks, vs, bias, live, pre = inputs(C, T, a.prefix, S, dev)
                 M = (HQ // HKV) * T
                 BM = at.slot_rows(M, C)
-                auto = at.n_split(C * HKV, M, S, BM)
+                auto = at.n_split(at.split_pairs(C, HKV, M), M, S, BM)
                 slot = at.n_split(HKV, M, S, BM)
                 counts = {"auto": None, "slot": slot, **{str(s): s for s in FIXED if s <= -(-S // at.BLOCK_N)}}
                 ref = [at.live_attend(qs[i], ks[i], vs[i], bias, live, pre) for i in range(2)]
