@@ -1,10 +1,10 @@
 """The live-slot attention over C slots (the batched loop's verify and draft, kernels/attention.py) at fixed split-KV
 range counts, against the count `n_split` picks: does a batch of C slots want more ranges than `n_split(C * Hkv)` gives?
 
-`n_split` counts programs over C * Hkv (KV head, slot) pairs, so a second slot halves each pair's ranges, and the
-ranges cover the capacity, not the live length (the host does not know it: a captured graph outlives it). At batch
-1 of a DFlash verify (T = 16, M = 64 folded rows in 16-row blocks) that is 9 ranges of 228 slots; at batch 2, 5 of
-410, so each program walks twice the slots. Per (C, T) this times a forward's worth of launches (36 layers, each its
+`n_split` counts programs over C * Hkv (KV head, slot) pairs, so a second slot halves each pair's ranges, and a
+range is 1/count of the live prefix (the kernel splits the live length, rounded up to 64-slot blocks). At batch 1 of
+a DFlash verify (T = 16, M = 64 folded rows in 16-row blocks, 1,040 live slots) that is 9 ranges of 2 blocks; at
+batch 2, 5 of 4, so each program walks twice the slots. Per (C, T) this times a forward's worth of launches (36 layers, each its
 own K/V) as CUDA-graph replays at: `auto` (what live_attend picks), `slot` (n_split over Hkv only: one slot's
 ranges per slot) and fixed counts, with the largest output difference from `auto`'s (fp32 sums in another order).
 Since 17b85e0 auto takes `slot`'s count for two slots of 64-127 folded rows (attention.split_pairs); before it, the

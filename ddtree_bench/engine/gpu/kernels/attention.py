@@ -360,8 +360,8 @@ PAIR_ROWS = (64, 128)   # folded rows [lo, hi) over which two slots keep one slo
 def split_pairs(C: int, Hkv: int, M: int) -> int:
     """The (slot, KV head) pairs n_split spreads its ranges over: C * Hkv, more slots fewer ranges, except two slots
     of PAIR_ROWS folded rows (a DFlash block, a DDTree verify below the tree kernel's rows), which keep one slot's
-    ranges each: the ranges cover the capacity, not the live length, so halving them doubled what each program
-    walks. Then each slot also sums in the one-slot call's order. The edges are an H200 A/B's
+    ranges each: a range is 1/n_split of the live prefix, so halving the count doubled what each program walks, and
+    this kernel's time is its longest program's walk. Then each slot also sums in the one-slot call's order. The edges are an H200 A/B's
     (benchmarks/gpu_slot_attention_ab.py, docs/gpu-performance.md): AR's 4 rows and 4+ slots lost or tied with it."""
     return Hkv if C == 2 and PAIR_ROWS[0] <= M < PAIR_ROWS[1] else C * Hkv
 
