@@ -361,8 +361,9 @@ def split_pairs(C: int, Hkv: int, M: int) -> int:
     """The (slot, KV head) pairs n_split spreads its ranges over: C * Hkv, more slots fewer ranges, except two slots
     of PAIR_ROWS folded rows (a DFlash block, a DDTree verify below the tree kernel's rows), which keep one slot's
     ranges each: a range is 1/n_split of the live prefix, so halving the count doubled what each program walks, and
-    this kernel's time is its longest program's walk. Then each slot also sums in the one-slot call's order. The edges are an H200 A/B's
-    (benchmarks/gpu_slot_attention_ab.py, docs/gpu-performance.md): AR's 4 rows and 4+ slots lost or tied with it."""
+    this kernel's time is its longest program's walk. Then each slot also sums in the one-slot call's order. The
+    edges are an H200 A/B's (benchmarks/gpu_slot_attention_ab.py, docs/gpu-performance.md): AR's 4 rows and 4+ slots
+    lost or tied with it."""
     return Hkv if C == 2 and PAIR_ROWS[0] <= M < PAIR_ROWS[1] else C * Hkv
 
 
@@ -376,8 +377,8 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     (any slot stride, e.g. a layer's `k[:, :C]`), bias [C, g*T, S], live / prefix [C]; slot c's rows attend over
     its own region with its own state, and the result is [C*T, Hq*D] slot-major. C = 1 is the call above.
     splits: fixed slot ranges, used as given (tests, tuning), else n_split's count over split_pairs' programs,
-    capped on the device; fold: combine ranges in the same launch (default FOLD); rows: query rows per program, one of
-    BLOCK_MS (tuning; else block_m(M); 8 warps from 128 rows, the two warpgroups Hopper's wgmma tiles want)."""
+    capped on the device; fold: combine ranges in the same launch (default FOLD); rows: query rows per program, one
+    of BLOCK_MS (tuning; else block_m(M); 8 warps from 128 rows, the two warpgroups Hopper's wgmma tiles want)."""
     if q.dim() == 3:   # one slot
         q, k, v, bias = q[None], k[None], v[None], bias[None]
     C, Hq, T, D = q.shape
