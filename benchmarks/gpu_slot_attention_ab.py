@@ -11,6 +11,11 @@ Since 17b85e0 auto takes `slot`'s count for two slots of 64-127 folded rows (att
 `auto` column's count was n_split over C * Hkv everywhere (the figures of docs/measurements/2026-12-03/h200-speed-j/b-cold).
 
     python benchmarks/gpu_slot_attention_ab.py [--batches 1,2,4,16] [--tokens 1,16,17] [--prefix 1024] [--capacity 2048]
+    python benchmarks/gpu_slot_attention_ab.py --arms "default;LIVE_STAGES=1;LIVE_BLOCK_N=32,LIVE_STAGES=1"
+
+With --arms, each (C, T) is timed at live_attend's own pick under each arm instead: `;`-separated settings of the
+kernels' A/B knobs (kernels/experimental.KNOBS: NAME=value, comma-separated; `default` = none), set in this process
+between arms, with each arm's ms, its ratio to the first arm's and its largest difference from the first arm's output.
     python benchmarks/gpu_slot_attention_ab.py --device cpu ...   # refused: needs CUDA
 """
 
@@ -43,6 +48,51 @@ def inputs(C: int, T: int, prefix: int, S: int, dev):
     return qs, ks, vs, bias, live, pre
 
 
+def _set_arm(arm: str) -> None:
+    """Clear every A/B knob, then set the arm's (NAME=value pairs)."""
+    import os
+
+    from ddtree_bench.engine.gpu.kernels import experimental
+
+    for name in experimental.KNOBS:
+        os.environ.pop(f"DDTREE_{name}", None)
+    for pair in filter(None, arm.split(",")):
+        if pair != "default":
+            name, _, value = pair.partition("=")
+            if name not in experimental.KNOBS:
+                raise SystemExit(f"gpu_slot_attention_ab: {name} is not one of {sorted(experimental.KNOBS)}")
+            os.environ[f"DDTREE_{name}"] = value
+
+
+def arms(a, dev) -> int:
+    """--arms: live_attend's own pick per (C, T), timed under each arm's knobs."""
+    from ddtree_bench.engine.gpu.graphs import replay_ms
+    from ddtree_bench.engine.gpu.kernels import attention as at
+
+    names = a.arms.split(";")
+    print(f"# live-slot attention, 36 layers (ms per forward), prefix {a.prefix}, capacity {a.capacity}; arms: {names}")
+    print(f"{'C':>3} {'T':>3} | " + " | ".join(f"{n:>24}" for n in names))
+    with torch.inference_mode():
+        for C in map(int, a.batches.split(",")):
+            for T in map(int, a.tokens.split(",")):
+                qs, ks, vs, bias, live, pre = inputs(C, T, a.prefix, a.capacity, dev)
+                fn = lambda: [at.live_attend(qs[i], ks[i], vs[i], bias, live, pre) for i in range(LAYERS)]  # noqa: E731
+                cells, first, ref = [], None, None
+                for arm in names:
+                    _set_arm(arm)
+                    out = fn()[:2]
+                    ref = out if ref is None else ref
+                    err = max(float((o - r).abs().max()) for o, r in zip(out, ref))
+                    ms = replay_ms(fn, reps=10)
+                    first = first or ms
+                    cells.append(f"{ms:7.3f} ({ms / first:.3f}x, {err:.0e})")
+                print(f"{C:3d} {T:3d} | " + " | ".join(f"{c:>24}" for c in cells), flush=True)
+                qs = ks = vs = None   # free this point's caches before the next
+                torch.cuda.empty_cache()
+    _set_arm("default")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,2,4,16")
@@ -50,6 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prefix", type=int, default=1024)
     ap.add_argument("--capacity", type=int, default=2048)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--arms", default="", help="';'-separated knob settings, e.g. 'default;LIVE_STAGES=1'")
     a = ap.parse_args(argv)
     if a.device != "cuda" or not torch.cuda.is_available():
         print("gpu_slot_attention_ab: needs a CUDA device", file=sys.stderr)
@@ -59,6 +110,8 @@ def main(argv=None) -> int:
 
     dev = torch.device("cuda")
     S = a.capacity
+    if a.arms:
+        return arms(a, dev)
     print(f"# live-slot attention, 36 layers (ms per forward), Hq {HQ} Hkv {HKV} D {D}, prefix {a.prefix}, capacity {S}")
     print(f"{'C':>3} {'T':>3} {'M':>4} {'rows':>4} {'auto':>5} {'slot':>5} | " + " ".join(f"{'ms@' + str(s):>8}" for s in ("auto", "slot", *FIXED))
           + " | best  max|d|")

@@ -298,3 +298,39 @@ def test_two_slots_of_a_dflash_block_keep_one_slots_ranges_and_its_bits():
         one = live_attend(q[c], k[c], v[c], bias[c], starts[c] + T, starts[c])
         assert torch.equal(got[c * T:(c + 1) * T], one), c
     torch.testing.assert_close(got, grouped_attend_batch(q, k, v, bias), **TOL)
+
+
+@pytest.mark.gpu
+@triton_only
+def test_the_live_kernels_tile_and_stage_knobs_keep_its_values_and_refuse_other_sizes(monkeypatch):
+    """DDTREE_LIVE_BLOCK_N / DDTREE_LIVE_STAGES (an A/B's key tile width and pipeline depth for the live-slot kernel,
+    benchmarks/gpu_slot_attention_ab.py --arms) give SDPA's values over two slots at their own frontiers; a width
+    the kernel cannot tile is bad input."""
+    from ddtree_bench.engine.gpu.kernels.attention import live_attend
+    from ddtree_bench.errors import UsageError
+
+    T = 6
+    k5, v5 = _slotted(31)
+    k, v = _region(k5, 2), _region(v5, 2)
+    _, _, st, bias = _trees(2, T - 1, STARTS[:2], seed=31)
+    q = torch.randn(2, Hq, T, D, generator=torch.Generator().manual_seed(31)).to(DEV)
+    want = grouped_attend_batch(q, k, v, bias)
+    for bn, stages in (("16", "1"), ("32", "3"), ("128", "2")):
+        monkeypatch.setenv("DDTREE_LIVE_BLOCK_N", bn)
+        monkeypatch.setenv("DDTREE_LIVE_STAGES", stages)
+        torch.testing.assert_close(live_attend(q, k, v, bias, st + T, st, splits=3), want, **TOL)
+    from ddtree_bench.engine.gpu.kernels.warm import record
+
+    bf = lambda x: x.to(torch.bfloat16)  # noqa: E731 - recorded, not run: the launch bf16 gets (fp32 keeps 1 stage)
+    (la,) = record(lambda: live_attend(bf(q), bf(k), bf(v), bf(bias), st + T, st, splits=1))
+    assert (la.kwargs["BLOCK_N"], la.kwargs["num_stages"]) == (128, 2)
+    monkeypatch.delenv("DDTREE_LIVE_BLOCK_N")
+    monkeypatch.delenv("DDTREE_LIVE_STAGES")
+    (la,) = record(lambda: live_attend(bf(q), bf(k), bf(v), bf(bias), st + T, st, splits=1))
+    assert (la.kwargs["BLOCK_N"], la.kwargs["num_stages"]) == (64, 2)   # the defaults: BLOCK_N, STAGES
+    monkeypatch.setenv("DDTREE_LIVE_STAGES", "3")
+    (la,) = record(lambda: live_attend(bf(q), bf(k), bf(v), bf(bias), st + T, st, splits=1))
+    assert la.kwargs["num_stages"] == 3
+    monkeypatch.setenv("DDTREE_LIVE_BLOCK_N", "48")
+    with pytest.raises(UsageError, match="DDTREE_LIVE_BLOCK_N"):
+        live_attend(q, k, v, bias, st + T, st)

@@ -67,6 +67,7 @@ SM_TARGET = 264          # programs to aim for (two per SM of an H100/H200) when
 # SDPA's cuDNN flash kernel from 1028 rows (n >= 256) by 1.4x-2.5x in attention time (docs/gpu-performance.md)
 AUTO_MAX_ROWS = 768
 BLOCK_N = 64             # cache slots per inner step
+STAGES = 2               # software pipeline stages in bf16 / fp16 (fp32: 1)
 BLOCK_MS = (16, 32, 64, 128)   # query rows per program live_attend takes (tl.dot's least to two warpgroups)
 NEG_BIG = -1.0e30        # running-max start: finite, so a range with nothing visible gives e^(..)=0, never NaN
 # the split-KV combine as a second launch (False) or folded into the attention launch (True); which wins on an H200
@@ -396,6 +397,8 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     ns = n_split(split_pairs(C, Hkv, M), M, S, BM) if splits is None else splits
     cap = capped() and splits is None and ns > 1
     warps = 8 if BM >= 128 else 4
+    bn = experimental.knob("LIVE_BLOCK_N", BLOCK_N, (16, 32, 64, 128))
+    stages = 1 if q.dtype == torch.float32 else experimental.knob("LIVE_STAGES", STAGES, (1, 2, 3, 4))
     grid = (C * Hkv, triton.cdiv(M, BM), ns)
     if ns > 1:
         pacc = torch.empty((ns, C * Hkv, M, BD), dtype=torch.float32, device=q.device)
@@ -409,9 +412,9 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
            count, M, T, G, ns, D ** -0.5,
            T * D * G, D, k.stride(1), k.stride(2), v.stride(1), v.stride(2), bias.stride(1), 1, Hq * D,
            Hkv, q.stride(0), k.stride(0), v.stride(0), bias.stride(0), T * Hq * D,
-           D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, BLOCK_D=BD, HAS_PREFIX=prefix is not None, SPLIT=ns > 1,
+           D=D, BLOCK_M=BM, BLOCK_N=bn, BLOCK_D=BD, HAS_PREFIX=prefix is not None, SPLIT=ns > 1,
            IEEE=q.dtype == torch.float32, FOLD=fold, CAP=cap, num_warps=warps,
-           num_stages=1 if q.dtype == torch.float32 else 2, **pdl.gdc_options(q.device))
+           num_stages=stages, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
         combine(pacc, pm, pl, out, live, M, T, G, ns, Hkv, cap=cap)
     return out

@@ -34,6 +34,8 @@ KNOBS = {
     "TREE_WIDE_RANGES": "prefix ranges of the tree kernel above TREE_RANGES_TO folded rows up to 1536 (kernels/tree_attention.py)",
     "ROPE_TILES_FROM": "tokens from which q/k norm + RoPE runs a tile of heads per program (kernels/layer_ops.py)",
     "SLOT_ROWS": "query rows per program of the live-slot kernel over 2+ slots, the batched loop's (kernels/attention.py)",
+    "LIVE_BLOCK_N": "cache slots per inner step of the live-slot kernel (kernels/attention.py)",
+    "LIVE_STAGES": "software pipeline stages of the live-slot kernel in bf16 / fp16 (kernels/attention.py)",
     "SLOT_TREE_MIN_ROWS": "folded rows from which a tree verify over 2+ slots takes the tree kernel (kernels/tree_attention.py)",
 }
 
