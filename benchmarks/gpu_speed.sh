@@ -17,7 +17,7 @@
 source "$(dirname "$0")/gpu_lib.sh"
 if [ "${SUITE:-1}" = 1 ]; then
   step "gpu suite"
-  SUITE_TIMEOUT=${SUITE_TIMEOUT:-270} bash "$(dirname "$0")/gpu_suite.sh" > "$OUT/suite.txt" 2>&1
+  SUITE_TIMEOUT=${SUITE_TIMEOUT:-360} bash "$(dirname "$0")/gpu_suite.sh" > "$OUT/suite.txt" 2>&1
   echo "suite: $(tail -1 "$OUT/suite.txt")" | tee -a "$LOG"
   grep -E "passed|failed" "$OUT/suite.txt" | tail -2 | tee -a "$LOG"
 fi
