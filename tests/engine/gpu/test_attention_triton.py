@@ -454,10 +454,11 @@ def test_tree_attend_refuses_a_head_dim_it_cannot_tile_and_auto_does_not_pick_it
 
 @pytest.mark.gpu
 @triton_only
+@pytest.mark.parametrize("tile", [0, 1, 2], ids=["64x64", "128x64", "64x128"])   # WIDE_SHAPES, xdist spreads them
 @pytest.mark.parametrize("N,start,L,Hq", [(40, 3, 5, 4), (70, 100, 15, 4)] + ([] if INTERPRETED else [(130, 64, 5, 8)]))
-def test_the_wide_tree_tiles_equal_sdpa_split_or_not_gathered_or_dense(N, start, L, Hq):
-    """Each of WIDE_SHAPES (64/128-row tiles, the ones that can reach Hopper's wgmma) against SDPA with the tree's
-    bias: ragged row counts (M = 82, 524, 142 at 2 KV heads), prefixes from 3 slots (a lone masked tail tile) to
+def test_the_wide_tree_tiles_equal_sdpa_split_or_not_gathered_or_dense(N, start, L, Hq, tile):
+    """Each of WIDE_SHAPES (64/128-row tiles, the ones that can reach Hopper's wgmma; a test each) against SDPA with the
+    tree's bias: ragged row counts (M = 82, 524, 142 at 2 KV heads), prefixes from 3 slots (a lone masked tail tile) to
     100, deep chains (L = 15), the prefix in one range and in three, gathered and dense tree phase, combine after
     or folded; slots past the tree hold NaN."""
     from dataclasses import replace
@@ -476,11 +477,12 @@ def test_the_wide_tree_tiles_equal_sdpa_split_or_not_gathered_or_dense(N, start,
     k[:, start + T:] = float("nan")
     v[:, start + T:] = float("nan")
     pos = st + torch.cat([torch.zeros(1, dtype=torch.long), dep]).to(DEV)
-    for c in WIDE_SHAPES:
-        for splits, dense, fold in ((1, False, False), (1, True, False), (3, False, False), (3, True, True)):
-            got = tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits,
-                              launch=replace(c, stages=1, tree_dense=dense, fold=fold))
-            torch.testing.assert_close(got, want, **_tol(torch.float32))
+    c = WIDE_SHAPES[tile]
+    assert (c.block_m, c.block_n) == [(64, 64), (128, 64), (64, 128)][tile] and len(WIDE_SHAPES) == 3   # ids above
+    for splits, dense, fold in ((1, False, False), (1, True, False), (3, False, False), (3, True, True)):
+        got = tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits,
+                          launch=replace(c, stages=1, tree_dense=dense, fold=fold))
+        torch.testing.assert_close(got, want, **_tol(torch.float32))
 
 
 @pytest.mark.gpu

@@ -41,9 +41,14 @@ VERIFY_CASES = ([(4, 3, 50, 128, 2), (6, 5, 7, 64, 1), (6, 24, 0, 64, 2), (5, 24
                 [(15, 272, 16, 128, 1), (15, 272, 64, 192, 4), (4, 3, 50, 128, 2), (6, 5, 7, 64, 1), (15, 272, 0, 128, 2)])
 
 
+def _shape_id(shape) -> str:
+    return "L{}xV{}xB{}".format(*shape)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)   # one test per shape: xdist spreads the kernels' compiles
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
 @pytest.mark.parametrize("kernel", ["block", "grid", "grid-keys"])
-def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
+def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel, shape):
     """Against the exact PyTorch builder on the same device (same fp32 log-probabilities), and against
     the heap where no exact cross-depth ties can hinge on one ulp: the heap takes its log-probabilities
     from a CPU logsumexp, which can differ from a GPU's in the last bit, and with coarse logits that
@@ -53,16 +58,16 @@ def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel):
 
     make = {"block": TritonTreeBuilder, "grid": GridTreeBuilder,
             "grid-keys": lambda *a: GridTreeBuilder(*a, keys_first=True)}[kernel]
-    for L, V, budget in SHAPES:
-        for seed in SEEDS:
-            logits = tree_logits(kind, L, V, seed).to(DEV)
-            tb = make(L, V, budget, DEV)
-            got = [t.tolist() for t in tb(logits)]
-            assert tb.flag.item() == 0
-            assert got == [t.tolist() for t in StaticTreeBuilder(L, V, budget, DEV)(logits)], (L, V, budget, seed)
-            if kind != "coarse" or DEV == "cpu":
-                heap = build_tree(logits, budget)
-                assert got == [heap.token_ids.tolist(), heap.parents.tolist(), heap.depths.tolist()]
+    L, V, budget = shape
+    for seed in SEEDS:
+        logits = tree_logits(kind, L, V, seed).to(DEV)
+        tb = make(L, V, budget, DEV)
+        got = [t.tolist() for t in tb(logits)]
+        assert tb.flag.item() == 0
+        assert got == [t.tolist() for t in StaticTreeBuilder(L, V, budget, DEV)(logits)], (L, V, budget, seed)
+        if kind != "coarse" or DEV == "cpu":
+            heap = build_tree(logits, budget)
+            assert got == [heap.token_ids.tolist(), heap.parents.tolist(), heap.depths.tolist()]
 
 
 SLOT_SHAPES = ([(4, 3, 50), (6, 5, 7)] if INTERPRETED else
@@ -88,10 +93,11 @@ def _slotted(kernel: str):
                           lambda *a: GridTreeBuilder(*a, keys_first=True))}[kernel]
 
 
+@pytest.mark.parametrize("shape", SLOT_SHAPES, ids=_shape_id)   # one test per shape: xdist spreads the compiles
 @pytest.mark.parametrize("kernel", ["block", "grid", "grid-keys"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("C", [1, 2, 3])
-def test_slotted_kernels_equal_the_exact_builder_per_slot(C, dtype, kernel):
+def test_slotted_kernels_equal_the_exact_builder_per_slot(C, dtype, kernel, shape):
     """The slotted builds (the one-block kernel over one program per slot; every grid launch over a slot axis),
     scratch for 4 slots, against the exact batched builder and StaticTreeBuilder slot by slot: different logits
     families per slot, and (C = 3) two equal slots; C = 1 is also the single build's launch (its tree)."""
@@ -100,26 +106,26 @@ def test_slotted_kernels_equal_the_exact_builder_per_slot(C, dtype, kernel):
     SlottedTreeBuilder, TritonTreeBuilder = _slotted(kernel)
     kinds = ("random", "onehot", "coarse")
     dt = getattr(torch, dtype)
-    for L, V, budget in SLOT_SHAPES:
-        x = torch.stack([tree_logits(kinds[c % 3], L, V, 10 + c) for c in range(C)])
-        if C == 3:
-            x[2] = x[0]
-        x = x.to(DEV, dt)
-        sb = SlottedTreeBuilder(L, V, budget, DEV, slots=4)
-        got = sb(x)
-        assert got.token_ids.shape == (C, sb.N)
-        if sb.flag.item() != 0:   # bf16's ties at the Qwen3 vocabulary may hit a pruning boundary: the loop redoes it
-            assert dtype == "bfloat16" and V > 272, (L, V, budget)
-            continue
-        exact = BatchTreeBuilder(L, V, budget, DEV)(x)
-        one = StaticTreeBuilder(L, V, budget, DEV)
-        for c in range(C):
-            want = [t.tolist() for t in one(x[c])]
-            assert [t.tolist() for t in got.slot(c)] == want == [t.tolist() for t in exact.slot(c)], (L, V, budget, c)
-        if C == 1:
-            assert [t.tolist() for t in TritonTreeBuilder(L, V, budget, DEV)(x[0])] == [t.tolist() for t in got.slot(0)]
-        with pytest.raises(ValueError, match="C <= 4"):
-            sb(x[:1].expand(5, -1, -1))
+    L, V, budget = shape
+    x = torch.stack([tree_logits(kinds[c % 3], L, V, 10 + c) for c in range(C)])
+    if C == 3:
+        x[2] = x[0]
+    x = x.to(DEV, dt)
+    sb = SlottedTreeBuilder(L, V, budget, DEV, slots=4)
+    got = sb(x)
+    assert got.token_ids.shape == (C, sb.N)
+    if sb.flag.item() != 0:   # bf16's ties at the Qwen3 vocabulary may hit a pruning boundary: the loop redoes it
+        assert dtype == "bfloat16" and V > 272, (L, V, budget)
+        return
+    exact = BatchTreeBuilder(L, V, budget, DEV)(x)
+    one = StaticTreeBuilder(L, V, budget, DEV)
+    for c in range(C):
+        want = [t.tolist() for t in one(x[c])]
+        assert [t.tolist() for t in got.slot(c)] == want == [t.tolist() for t in exact.slot(c)], (L, V, budget, c)
+    if C == 1:
+        assert [t.tolist() for t in TritonTreeBuilder(L, V, budget, DEV)(x[0])] == [t.tolist() for t in got.slot(0)]
+    with pytest.raises(ValueError, match="C <= 4"):
+        sb(x[:1].expand(5, -1, -1))
 
 
 @pytest.mark.parametrize("kernel", ["block", "grid", "grid-keys"])
