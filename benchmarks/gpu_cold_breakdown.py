@@ -88,6 +88,23 @@ def _wrap(owner, attr: str, tl: Timeline, name, sync=None):
     setattr(owner, attr, wrapped)
 
 
+def _time_calls(owner, attr: str, record, when=lambda first: True) -> None:
+    """owner.attr wrapped: record(its first argument, wall seconds) after each call for which when(first argument),
+    asked before the call, holds. Triton's compile, gcc build and module load are counted this way."""
+    fn = getattr(owner, attr)
+
+    def wrapped(*args, **kw):
+        go = when(args[0])
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            if go:
+                record(args[0], time.perf_counter() - t)
+
+    setattr(owner, attr, wrapped)
+
+
 def child(a) -> dict:
     t_proc = time.perf_counter()
     import random
@@ -98,43 +115,15 @@ def child(a) -> dict:
     tl = Timeline()
     cuda = a.device == "cuda"
     sync = torch.cuda.synchronize if cuda else None
-    if hasattr(JITFunction, "_do_compile"):
-        do = JITFunction._do_compile
-
-        def timed(self, *args, **kw):
-            t = time.perf_counter()
-            try:
-                return do(self, *args, **kw)
-            finally:
-                tl.compiled(getattr(self, "__name__", "?"), time.perf_counter() - t)
-
-        JITFunction._do_compile = timed
     import triton.runtime.build as tbuild
     from triton.compiler.compiler import CompiledKernel
 
-    build = tbuild._build
-
-    def timed_build(name, *args, **kw):
-        t = time.perf_counter()
-        try:
-            return build(name, *args, **kw)
-        finally:
-            tl.tally("gcc", name, time.perf_counter() - t)
-
-    tbuild._build = timed_build
-    if hasattr(CompiledKernel, "_init_handles"):
-        init = CompiledKernel._init_handles
-
-        def timed_init(self):
-            fresh = getattr(self, "module", None) is None
-            t = time.perf_counter()
-            try:
-                return init(self)
-            finally:
-                if fresh:
-                    tl.tally("init", getattr(self, "name", "?"), time.perf_counter() - t)
-
-        CompiledKernel._init_handles = timed_init
+    if hasattr(JITFunction, "_do_compile"):
+        _time_calls(JITFunction, "_do_compile", lambda fn, s: tl.compiled(getattr(fn, "__name__", "?"), s))
+    _time_calls(tbuild, "_build", lambda name, s: tl.tally("gcc", name, s))
+    if hasattr(CompiledKernel, "_init_handles"):   # timed only when it loads (the module not yet there)
+        _time_calls(CompiledKernel, "_init_handles", lambda k, s: tl.tally("init", getattr(k, "name", "?"), s),
+                    when=lambda k: getattr(k, "module", None) is None)
 
     from ddtree_bench.engine.generate import Engine
     from ddtree_bench.engine.gpu import builders, fused, graphs, tree_kernels
