@@ -29,20 +29,25 @@ def test_the_ab_knob_overrides_over_slots_only_and_refuses_other_sizes(monkeypat
         attention.slot_rows(68, 2)
 
 
-def test_the_tree_kernel_rule_over_slots_and_its_ab_knob(monkeypatch):
-    """tree_attention.wanted: from TREE_MIN_ROWS folded rows for one slot and (by default) over slots; the A/B knob
-    DDTREE_SLOT_TREE_MIN_ROWS moves the edge over 2+ slots only."""
+def test_the_tree_kernel_rule_for_one_slot_and_over_slots_and_its_ab_knobs(monkeypatch):
+    """tree_attention.wanted: one slot's tree verify from TREE_MIN_ROWS folded rows (n = 8 nodes at 4 query heads per
+    KV head), 2+ slots' from SLOT_TREE_MIN_ROWS (n = 32); DDTREE_TREE_MIN_ROWS / DDTREE_SLOT_TREE_MIN_ROWS move one
+    edge each; below 128 rows the tree kernel splits the prefix in RANGES_SMALL ranges, then RANGES."""
     import torch
 
-    from ddtree_bench.engine.gpu.kernels import tree_attention
+    from ddtree_bench.engine.gpu.kernels import tree_attention as ta
 
-    monkeypatch.setattr(tree_attention, "available", lambda device: True)
+    monkeypatch.setattr(ta, "available", lambda device: True)
     k = torch.zeros(8, 4, 128)
-    q65, q16 = torch.zeros(32, 65, 128), torch.zeros(32, 17, 128)   # 260 and 68 folded rows
-    assert tree_attention.wanted(q65, k) and tree_attention.wanted(q65, k, slots=2)
-    assert not tree_attention.wanted(q16, k) and not tree_attention.wanted(q16, k, slots=4)
+    q = {n: torch.zeros(32, n, 128) for n in (7, 8, 17, 31, 32)}   # 28, 32, 68, 124, 128 folded rows
+    assert (ta.TREE_MIN_ROWS, ta.SLOT_TREE_MIN_ROWS) == (32, 128)
+    assert [ta.wanted(q[n], k) for n in (7, 8, 17)] == [False, True, True]
+    assert [ta.wanted(q[n], k, slots=2) for n in (17, 31, 32)] == [False, False, True]
+    assert ta.config(4 * 31, torch.bfloat16).ranges == 8 and ta.config(4 * 32, torch.bfloat16).ranges == 4
     monkeypatch.setenv("DDTREE_SLOT_TREE_MIN_ROWS", "100000")
-    assert tree_attention.wanted(q65, k) and not tree_attention.wanted(q65, k, slots=2)
+    assert ta.wanted(q[32], k) and not ta.wanted(q[32], k, slots=2)
+    monkeypatch.setenv("DDTREE_TREE_MIN_ROWS", "128")
+    assert not ta.wanted(q[31], k) and ta.wanted(q[32], k)
 
 
 def test_the_tree_kernels_wide_band_fits_b_256s_rows_and_its_knobs_are_checked(monkeypatch):

@@ -337,8 +337,8 @@ def test_tree_attend_on_a_built_tree_with_the_fused_compiles_path():
 @pytest.mark.gpu
 @triton_only
 def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
-    """config()'s bands (the H200 tuning's and A/B's winners): dense 64-row tiles over four prefix ranges below 384
-    folded rows and two up to 768, 64 x 64 tiles over one range up to 1536 (64 x 128 until B = 256's 257 nodes showed
+    """config()'s bands (the H200 tuning's and A/B's winners): dense 64-row tiles over eight prefix ranges below 128
+    folded rows (one slot's small trees), four below 384 and two up to 768, 64 x 64 tiles over one range up to 1536 (64 x 128 until B = 256's 257 nodes showed
     them a second wave of programs), dense 64-row tiles with n_split's count above. A launch with the default shape
     gives the bits of the same shape launched with those ranges as `splits` (so the ranges are the ones used, not
     n_split's 16 here), clamped to one range per block_n slots of the cache, and SDPA's values."""
@@ -346,11 +346,12 @@ def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
     from ddtree_bench.engine.gpu.kernels.tree_attention import config, tree_attend
 
     assert [(c.block_m, c.block_n, c.tree_dense, c.ranges) for c in map(lambda M: config(M, torch.bfloat16),
-            (4, 383, 384, 768, 769, 1536, 1537))] == ([(64, 64, True, 4)] * 2 + [(64, 64, True, 2)] * 2
-                                                       + [(64, 64, True, 1)] * 2 + [(64, 64, True, None)])
+            (4, 127, 128, 383, 384, 768, 769, 1536, 1537))] == ([(64, 64, True, 8)] * 2 + [(64, 64, True, 4)] * 2
+                                                                  + [(64, 64, True, 2)] * 2 + [(64, 64, True, 1)] * 2
+                                                                  + [(64, 64, True, None)])
     assert config(256, torch.float32).stages == 1 and config(256, torch.bfloat16).stages == 2
     B, Hq, Hkv = 20, 4, 2
-    for S in (1024, 128):   # 16 slot tiles, 14 of them prefix: 4 ranges; 2 tiles: 2 ranges
+    for S in (1024, 128):   # 16 slot tiles, 14 of them prefix: 8 ranges (42 folded rows); 2 tiles: 2 ranges
         t = _built_tree(L=4, V=50, B=B, S=S, D=16, start=min(900, S - B - 1), seed=5, Hq=Hq, Hkv=Hkv)
         c = config(Hq // Hkv * (B + 1), torch.float32)
         if S == 1024:   # n_split would take one range per slot tile

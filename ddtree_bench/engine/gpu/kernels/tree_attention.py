@@ -54,12 +54,16 @@ from ddtree_bench.engine.gpu.kernels import experimental, pdl, warm
 LOG2E = 1.4426950408889634
 RANGES_TO = 768   # config(): folded rows up to which the prefix is split in ranges (DDTREE_TREE_RANGES_TO in an A/B)
 RANGES_FEW_FROM = 384   # config(): from here to RANGES_TO, RANGES_FEW ranges; below, RANGES
-RANGES, RANGES_FEW = 4, 2   # prefix ranges below / from RANGES_FEW_FROM rows (DDTREE_TREE_RANGES sets both in an A/B)
-# forward.py's auto choice takes this kernel from this many folded query rows (n >= 32 tree nodes at 4 query heads
-# per KV head) and the live-slot kernel below: on an H200 (8B shape, 1024-token prefix) its dense tree phase on
-# 64-row tiles won by 0.15 ms at n = 64 on wide and on deep (depth 15) trees alike and lost by 0.04 ms at n = 16;
-# the edge sits between (docs/gpu-performance.md, "H200, 2026-12-02")
-TREE_MIN_ROWS = 128
+RANGES, RANGES_FEW = 4, 2   # prefix ranges below / from RANGES_FEW_FROM rows (DDTREE_TREE_RANGES sets all three)
+RANGES_SMALL, RANGES_SMALL_BELOW = 8, 128   # prefix ranges below this many folded rows (one slot's small trees)
+# forward.py's auto choice takes this kernel for one slot's tree verify from this many folded query rows (n >= 8
+# tree nodes at 4 query heads per KV head) and the live-slot kernel below. On an H200 (8B shape, 1024-token prefix,
+# wide and deep trees, one process) eight prefix ranges made it 0.6-1.4% faster on the forward than the live kernel
+# at n = 9, 16, 24, 28, 31 and 0.1% at 17-20 (docs/gpu-performance.md, "Small trees take the tree kernel"); with
+# four ranges it had lost at n = 16 (2026-12-02), which had set the edge at 128 rows
+TREE_MIN_ROWS = 32
+# over 2+ slots (the batched loop) from this many: the slotted tree kernel from 64 rows lost at B = 16, batch 2
+SLOT_TREE_MIN_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,7 @@ def config(M: int, dtype: torch.dtype) -> Config:
     gathered tree phase on wide trees, 29-41% on deep ones, H200 2026-12-03; without words it lost on wide trees);
     fp32 (the tests' twin check) single-stage."""
     if M <= experimental.knob("TREE_RANGES_TO", RANGES_TO):
-        ranges = RANGES if M < RANGES_FEW_FROM else RANGES_FEW
+        ranges = RANGES_SMALL if M < RANGES_SMALL_BELOW else RANGES if M < RANGES_FEW_FROM else RANGES_FEW
         c = Config(64, 64, 4, 2, tree_dense=True, ranges=experimental.knob("TREE_RANGES", ranges))
     elif M <= 1536:
         c = Config(64, experimental.knob("TREE_WIDE_BLOCK_N", 64, WIDE_BLOCK_NS), 4, 2, tree_dense=True,
@@ -325,13 +329,13 @@ if triton is not None:
 
 def wanted(q: torch.Tensor, k: torch.Tensor, slots: int = 1) -> bool:
     """auto's choice for a tree verify, q [Hq, T, D] against k [Hkv, S, D] (one slot's; the same for each slot of a
-    slotted call over `slots` slots): this kernel where it runs and the folded query rows g*T reach TREE_MIN_ROWS
-    (below, kernels/attention.py's live-slot kernel, whose masked triangle is cheap there and does not pay the
-    gather's serial depth steps on deep trees); over 2+ slots from DDTREE_SLOT_TREE_MIN_ROWS rows where set (an A/B
-    knob, default TREE_MIN_ROWS)."""
+    slotted call over `slots` slots): this kernel where it runs and the folded query rows g*T reach TREE_MIN_ROWS, over
+    2+ slots SLOT_TREE_MIN_ROWS (below, kernels/attention.py's live-slot kernel, whose masked triangle is cheap there);
+    DDTREE_TREE_MIN_ROWS / DDTREE_SLOT_TREE_MIN_ROWS move either edge in an A/B."""
     D = q.shape[-1]
     rows = (q.shape[0] // k.shape[0]) * q.shape[1]
-    least = TREE_MIN_ROWS if slots == 1 else experimental.knob("SLOT_TREE_MIN_ROWS", TREE_MIN_ROWS)
+    least = (experimental.knob("TREE_MIN_ROWS", TREE_MIN_ROWS) if slots == 1
+             else experimental.knob("SLOT_TREE_MIN_ROWS", SLOT_TREE_MIN_ROWS))
     return available(q.device) and D == _pow2(D) and D >= 16 and rows >= least
 
 
@@ -431,5 +435,5 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     return out
 
 
-__all__ = ["Config", "NEG_BIG", "TREE_MIN_ROWS", "TreeRows", "WIDE_SHAPES", "config", "ranges_for", "tree_attend",
-           "vis_words", "wanted"]
+__all__ = ["Config", "NEG_BIG", "SLOT_TREE_MIN_ROWS", "TREE_MIN_ROWS", "TreeRows", "WIDE_SHAPES", "config", "ranges_for",
+           "tree_attend", "vis_words", "wanted"]
