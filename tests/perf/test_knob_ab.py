@@ -75,3 +75,27 @@ def test_the_ab_script_on_the_toy_pair_writes_its_tables_and_json(tmp_path):
     assert [[row["tokens"] for row in rows] for rows in doc["by_scale"].values()] == [[1, 4], [1, 4]]
     bad = subprocess.run(args[:-2] + ["--arm", "b KNOB_X"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "KNOB_X" in bad.stderr
+
+
+def test_the_batched_ab_script_on_the_toy_pair_prints_a_row_per_point_and_batch():
+    """benchmarks/gpu_batch_ab.py end to end on a CPU (eager batched rounds): one row per (point, batch) naming every
+    arm with its ms and ratio; a malformed arm or point is exit 2 with one line."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_batch_ab.py"
+    args = [sys.executable, str(script), "--model", "toy", "--device", "cpu", "--dtype", "float32", "--prefix-len", "12",
+            "--batches", "1,2", "--rounds", "2", "--steps", "1", "--warmup", "1", "--arm", "a", "--arm", "b KNOB_X=1"]
+    r = subprocess.run(args + ["--points", "ddtree:4,dflash"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if " batch " in line and ": " in line]
+    assert [line[:line.index(": ")] for line in rows] == [
+        "ddtree:4 batch 1", "ddtree:4 batch 2", "dflash batch 1", "dflash batch 2"]
+    for line in rows:
+        assert re.search(r" a \d+\.\d+ \(1\.000x", line) and re.search(r" b \d+\.\d+ \(\d\.\d+x", line), line
+    for bad in (["--arm", "b KNOB_X"], ["--points", "tree:4"]):
+        out = subprocess.run(args[:-4] + ["--arm", "a"] + bad + (["--arm", "c"] if bad[0] == "--points" else []),
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
