@@ -16,7 +16,6 @@ Knows nothing of what the knobs do. On a CPU (--model toy --device cpu) the loop
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 
@@ -26,11 +25,6 @@ from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.errors import UsageError
 from ddtree_bench.perf.bench import BenchSpec, load_bench_pair
 from ddtree_bench.perf.knob_ab import Arm, arm_env
-
-
-def _prompt(vocab: int, n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(vocab) for _ in range(n)]
 
 
 def _round_ms(r: dict) -> float:
@@ -43,16 +37,18 @@ def ab(target, drafter, method: str, budget: int, batch: int, arms: list[Arm], a
     from ddtree_bench.engine.batch import BatchRequest
     from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
     from ddtree_bench.engine.proposer import DFlashProposer
+    from ddtree_bench.perf.bench import random_prompt
 
     names = frozenset(k for arm in arms for k in arm.env)
-    n_new = (a.warmup + a.rounds * a.steps + 4) * (budget + 1) + 1
     loops = {}
     for arm in arms:
         with arm_env(arm, names):
             proposer = DFlashProposer(drafter, target) if method != "ar" else None
             loop = BatchFastLoop(target, proposer, method, budget, batch)
+            per_round = proposer.block_size if proposer is not None else 1   # most tokens a round can emit
+            n_new = (a.warmup + a.rounds * a.steps) * per_round + 1           # every slot stays live throughout
             for i in range(batch):
-                loop.admit(BatchRequest(_prompt(target.cfg.vocab_size, a.prefix_len, i), max_new_tokens=n_new))
+                loop.admit(BatchRequest(random_prompt(target.cfg.vocab_size, a.prefix_len, i), max_new_tokens=n_new))
             for _ in range(a.warmup):
                 loop.step()
         loops[arm.name] = (arm, loop)

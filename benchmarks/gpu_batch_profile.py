@@ -14,16 +14,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import random
 
 import torch
 
 from ddtree_bench.perf.profile import _cuda_spans, _profiled, kernel_profile
-
-
-def _prompt(vocab: int, n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(vocab) for _ in range(n)]
 
 
 def _fold(spans, rounds: int):
@@ -46,20 +40,21 @@ def round_profile(target, drafter, method: str, budget: int, batch: int, a) -> N
     from ddtree_bench.engine.batch import BatchRequest
     from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
     from ddtree_bench.engine.proposer import DFlashProposer
+    from ddtree_bench.perf.bench import random_prompt
     from ddtree_bench.perf.timing import median
 
     proposer = DFlashProposer(drafter, target) if method != "ar" else None
     loop = BatchFastLoop(target, proposer, method, budget, batch)
     n_new = (a.warmup + a.rounds + 2) * 16 + 1
     for i in range(batch):
-        loop.admit(BatchRequest(_prompt(target.cfg.vocab_size, a.prefix_len, i), max_new_tokens=n_new))
+        loop.admit(BatchRequest(random_prompt(target.cfg.vocab_size, a.prefix_len, i), max_new_tokens=n_new))
     for _ in range(a.warmup):
         loop.step()
     if loop.device.type == "cuda":
         torch.cuda.synchronize()
     start = len(loop.rounds)
-    prof = _profiled(lambda: loop.step(), a.rounds, [torch.profiler.ProfilerActivity.CPU,
-                                                     torch.profiler.ProfilerActivity.CUDA])
+    prof = _profiled(loop.step, a.rounds, [torch.profiler.ProfilerActivity.CPU,
+                                           torch.profiler.ProfilerActivity.CUDA])
     stages = {k: median([r[k] for r in loop.rounds[start:] if k in r])
               for k in ("draft", "tree_build", "tree_compile", "verify", "walk", "commit") if k in loop.rounds[-1]}
     what = method + (f" B={budget}" if method == "ddtree" else "")

@@ -78,7 +78,8 @@ def load_bench_pair(spec: BenchSpec):
     return lp.engine.target, lp.engine.drafter, lp.tokenizer, dict(lp.info)
 
 
-def _random_prompt(vocab: int, n: int, seed: int) -> list[int]:
+def random_prompt(vocab: int, n: int, seed: int) -> list[int]:
+    """n token ids drawn uniformly from [0, vocab) by random.Random(seed): the benchmarks' prompts on random weights."""
     rng = random.Random(seed)
     return [rng.randrange(vocab) for _ in range(n)]
 
@@ -146,7 +147,7 @@ class CurveSetup:
         merge_projections(target)   # before any capture: the merge allocates
         self.whole = self.align(prefix_len + max(tokens))
         self.cache = target.new_cache(self.whole)
-        prefix = torch.tensor(_random_prompt(target.cfg.vocab_size, prefix_len, 1), device=device)
+        prefix = torch.tensor(random_prompt(target.cfg.vocab_size, prefix_len, 1), device=device)
         target(prefix, torch.arange(prefix_len, device=device), self.cache, 0)
         self.start = torch.tensor(prefix_len, device=device)
 
@@ -280,7 +281,7 @@ def round_times(target, drafter, method: str, budget: int, prefix_len: int, roun
     """Stage medians (ms) of the fast engine (and the plain one) over `rounds` rounds after a prefix_len prompt."""
     from ddtree_bench.engine.generate import Engine
 
-    prompt = _random_prompt(target.cfg.vocab_size, prefix_len, seed)
+    prompt = random_prompt(target.cfg.vocab_size, prefix_len, seed)
     d = drafter if method != "ar" else None
     fast = Engine(target, d, cuda_graphs=True)
     fast.fast_loop().graphs = graphs and fast.device.type == "cuda"

@@ -46,7 +46,6 @@ returns JSON-able dicts.
 from __future__ import annotations
 
 import gc
-import random
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -88,11 +87,6 @@ def parse_batches(text: str) -> list[int]:
     return out
 
 
-def _prompt(vocab: int, n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(vocab) for _ in range(n)]
-
-
 @torch.inference_mode()
 def batch_row(target, drafter, method: str, budget: int, batch: int, spec: BatchBenchSpec,
               max_batch: int | None = None) -> dict[str, Any]:
@@ -100,6 +94,7 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
     from ddtree_bench.engine.batch import BatchRequest
     from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
     from ddtree_bench.engine.proposer import DFlashProposer
+    from ddtree_bench.perf.bench import random_prompt
 
     proposer = DFlashProposer(drafter, target) if method != "ar" else None
     loop = BatchFastLoop(target, proposer, method, budget, max_batch or batch, graphs=spec.graphs, layer_ops=spec.layer_ops)
@@ -107,7 +102,7 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
     n_new = (spec.warmup + spec.rounds) * per_round + 1                          # every slot stays live throughout
     V = target.cfg.vocab_size
     for i in range(batch):
-        loop.admit(BatchRequest(_prompt(V, spec.prefix_len, spec.seed + i), max_new_tokens=n_new))
+        loop.admit(BatchRequest(random_prompt(V, spec.prefix_len, spec.seed + i), max_new_tokens=n_new))
     cuda = loop.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
