@@ -10,10 +10,11 @@ so every round has new shapes. Here every shape depends only on the number of qu
   reads from the device (kernels/attention.py), so a captured graph stays valid as the prefix grows
   and its cost follows the live length, not the capacity; the target's verify also skips the bias
   over the committed prefix (every row sees it). A tree verify of >= 8 nodes (TREE_MIN_ROWS folded
-  rows; over 2+ slots SLOT_TREE_MIN_ROWS) that brings its path table (the fused tree compile's) reads the prefix densely and gathers each
-  row's <= L+1 ancestors instead of any bias (kernels/tree_attention.py). Larger trees without it, the PyTorch ops, CPUs and
-  `attention="sdpa"` run `grouped_attend`, SDPA over the whole preallocated cache (the kernel's twin;
-  on an H200 SDPA's cuDNN flash kernel beat it there even over the whole cache);
+  rows; over 2+ slots SLOT_TREE_MIN_ROWS) that brings its path table (the fused tree compile's) reads the
+  prefix densely and gathers each row's <= L+1 ancestors instead of any bias (kernels/tree_attention.py).
+  Larger trees without it, the PyTorch ops, CPUs and `attention="sdpa"` run `grouped_attend`, SDPA over
+  the whole preallocated cache (the kernel's twin; on an H200 SDPA's cuDNN flash kernel beat it there even
+  over the whole cache);
 * grouped-query attention folds the query-head group into the query axis ([Hkv, g*T, D] against
   K/V [Hkv, S, D]), so SDPA sees plain multi-head attention with a mask and can use any fused
   kernel (the memory-efficient one refuses `enable_gqa=True`); it is faster than the plain `attend`

@@ -58,11 +58,12 @@ RANGES, RANGES_FEW = 4, 2   # prefix ranges below / from RANGES_FEW_FROM rows (D
 RANGES_SMALL, RANGES_SMALL_BELOW = 8, 128   # prefix ranges below this many folded rows (one slot's small trees)
 # forward.py's auto choice takes this kernel for one slot's tree verify from this many folded query rows (n >= 8
 # tree nodes at 4 query heads per KV head) and the live-slot kernel below. On an H200 (8B shape, 1024-token prefix,
-# wide and deep trees, one process) eight prefix ranges made it 0.6-1.4% faster on the forward than the live kernel
-# at n = 9, 16, 24, 28, 31 and 0.1% at 17-20 (docs/gpu-performance.md, "Small trees take the tree kernel"); with
-# four ranges it had lost at n = 16 (2026-12-02), which had set the edge at 128 rows
+# wide and deep trees, one process) with eight prefix ranges the forward was 0.3-2.1% faster than on the live kernel
+# at n = 8-31 (docs/gpu-performance.md, "Small trees take the tree kernel"); with four ranges it had lost at n = 16
+# (2026-12-02), which had set the edge at 128 rows
 TREE_MIN_ROWS = 32
-# over 2+ slots (the batched loop) from this many: the slotted tree kernel from 64 rows lost at B = 16, batch 2
+# over 2+ slots (the batched loop) from this many: from 64 rows it lost at B = 16, batch 2, with two ranges a slot; from
+# 32 rows with four it won at batch 2 (docs/gpu-performance.md), not yet measured at batch 4 / 16
 SLOT_TREE_MIN_ROWS = 128
 
 
