@@ -11,7 +11,7 @@ of shape [layers, B, Hkv, S, D], slot i's region `k[:, i]` - and its own frontie
   `ops.qkv_rope` slot by slot), so the row-wise numerics are batch 1's and a slot never writes another
   slot's region;
 * attention is one launch over every slot, chosen by forward._attend's rule on one slot's shapes: with the fused
-  Triton ops, a tree verify that brings its path tables (compile_trees' [B, T, L+1]) from SLOT_TREE_MIN_ROWS folded
+  Triton ops, a tree verify that brings its path tables (compile_trees' [B, T, L+1]) from TREE_MIN_ROWS folded
   rows runs the tree kernel with a slot axis (kernels/tree_attention.py: each slot's prefix densely, its own
   ancestors gathered), below that and for AR and the draft up to AUTO_MAX_ROWS rows the live-slot kernel with a
   slot axis (kernels/attention.py: slots < start[i] + T of region i only, split-KV); else, and on CPUs, one SDPA

@@ -10,7 +10,7 @@ so every round has new shapes. Here every shape depends only on the number of qu
   reads from the device (kernels/attention.py), so a captured graph stays valid as the prefix grows
   and its cost follows the live length, not the capacity; the target's verify also skips the bias
   over the committed prefix (every row sees it). A tree verify of >= 8 nodes (TREE_MIN_ROWS folded
-  rows; over 2+ slots SLOT_TREE_MIN_ROWS) that brings its path table (the fused tree compile's) reads the
+  rows, over one slot or many) that brings its path table (the fused tree compile's) reads the
   prefix densely and gathers each row's <= L+1 ancestors instead of any bias (kernels/tree_attention.py).
   Larger trees without it, the PyTorch ops, CPUs and `attention="sdpa"` run `grouped_attend`, SDPA over
   the whole preallocated cache (the kernel's twin; on an H200 SDPA's cuDNN flash kernel beat it there even
@@ -88,7 +88,7 @@ ATTENTION = ("auto", "sdpa", "live", "tree")
 
 def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tree=None) -> torch.Tensor:
     """grouped_attend's result. A tree verify (`tree`: tree_attention.TreeRows, with `prefix`) of at least
-    TREE_MIN_ROWS folded query rows (SLOT_TREE_MIN_ROWS over 2+ slots) under auto with the fused Triton ops, or
+    TREE_MIN_ROWS folded query rows (one slot's, however many slots) under auto with the fused Triton ops, or
     attention="tree": the prefix densely and each row's ancestors gathered (kernels/tree_attention.py), the bias
     unread; attention="live", or auto with the fused ops up to AUTO_MAX_ROWS query rows: over the live slots only
     (kernels/attention.py); else SDPA over every slot. With a leading slot axis (batch_forward.py: every argument

@@ -30,9 +30,9 @@ def test_the_ab_knob_overrides_over_slots_only_and_refuses_other_sizes(monkeypat
 
 
 def test_the_tree_kernel_rule_for_one_slot_and_over_slots_and_its_ab_knobs(monkeypatch):
-    """tree_attention.wanted: one slot's tree verify from TREE_MIN_ROWS folded rows (n = 8 nodes at 4 query heads per
-    KV head), 2+ slots' from SLOT_TREE_MIN_ROWS (n = 32); DDTREE_TREE_MIN_ROWS / DDTREE_SLOT_TREE_MIN_ROWS move one
-    edge each; below 128 rows the tree kernel splits the prefix in RANGES_SMALL ranges, then RANGES."""
+    """tree_attention.wanted: a tree verify from TREE_MIN_ROWS folded rows (n = 8 nodes at 4 query heads per KV head),
+    one slot's and 2+ slots' alike; DDTREE_TREE_MIN_ROWS moves both edges, DDTREE_SLOT_TREE_MIN_ROWS the slotted one
+    alone; below 128 rows the tree kernel splits the prefix in RANGES_SMALL ranges, then RANGES."""
     import torch
 
     from ddtree_bench.engine.gpu.kernels import tree_attention as ta
@@ -40,14 +40,16 @@ def test_the_tree_kernel_rule_for_one_slot_and_over_slots_and_its_ab_knobs(monke
     monkeypatch.setattr(ta, "available", lambda device: True)
     k = torch.zeros(8, 4, 128)
     q = {n: torch.zeros(32, n, 128) for n in (7, 8, 17, 31, 32)}   # 28, 32, 68, 124, 128 folded rows
-    assert (ta.TREE_MIN_ROWS, ta.SLOT_TREE_MIN_ROWS) == (32, 128)
+    assert ta.TREE_MIN_ROWS == 32
     assert [ta.wanted(q[n], k) for n in (7, 8, 17)] == [False, True, True]
-    assert [ta.wanted(q[n], k, slots=2) for n in (17, 31, 32)] == [False, False, True]
+    assert [ta.wanted(q[n], k, slots=2) for n in (7, 8, 17)] == [False, True, True]
     assert ta.config(4 * 31, torch.bfloat16).ranges == 8 and ta.config(4 * 32, torch.bfloat16).ranges == 4
-    monkeypatch.setenv("DDTREE_SLOT_TREE_MIN_ROWS", "100000")
-    assert ta.wanted(q[32], k) and not ta.wanted(q[32], k, slots=2)
+    monkeypatch.setenv("DDTREE_SLOT_TREE_MIN_ROWS", "128")
+    assert ta.wanted(q[17], k) and not ta.wanted(q[31], k, slots=2) and ta.wanted(q[32], k, slots=16)
     monkeypatch.setenv("DDTREE_TREE_MIN_ROWS", "128")
     assert not ta.wanted(q[31], k) and ta.wanted(q[32], k)
+    monkeypatch.delenv("DDTREE_SLOT_TREE_MIN_ROWS")
+    assert not ta.wanted(q[31], k, slots=4) and ta.wanted(q[32], k, slots=4)
 
 
 def test_the_tree_kernels_wide_band_fits_b_256s_rows_and_its_knobs_are_checked(monkeypatch):

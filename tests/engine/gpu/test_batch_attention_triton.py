@@ -169,7 +169,7 @@ def _prefilled(target, prompts: list[torch.Tensor], cap: int) -> tuple[torch.Ten
 def test_a_batched_tree_verify_with_the_path_equals_the_single_verify_slot_by_slot(monkeypatch):
     """target_forward_batch over 3 slots (prompts of 21, 9 and 30 tokens, a different built tree each, compiled by
     compile_trees in one launch) with its path tables: attention="tree" and auto with the fused ops (the tree
-    kernel, counted, once the trees reach SLOT_TREE_MIN_ROWS; the live kernel one row short) give, slot by slot, what
+    kernel, counted, once the trees reach TREE_MIN_ROWS; the live kernel one row short) give, slot by slot, what
     forward.target_forward gives on that slot's own cache with its own tree (fp32), logits, hidden states and the
     K/V written; "live" and "sdpa" (the twin) agree too."""
     from ddtree_bench.engine.gpu.fused import TritonOps
@@ -212,7 +212,7 @@ def test_a_batched_tree_verify_with_the_path_equals_the_single_verify_slot_by_sl
                                                       ("auto-live", "auto", triton_ops, rows_folded + 1, 0),
                                                       ("live", "live", None, None, 0), ("sdpa", "sdpa", None, None, 0)):
         if min_rows is not None:
-            monkeypatch.setattr(tree_attention, "SLOT_TREE_MIN_ROWS", min_rows)
+            monkeypatch.setattr(tree_attention, "TREE_MIN_ROWS", min_rows)
         k, v = _prefilled(target, prompts, cap)
         calls.clear()
         logits, hidden = target_forward_batch(target, ids, pos, k, v, start, bias, layers, ops=ops, tree_path=path,

@@ -36,8 +36,8 @@ KNOBS = {
     "SLOT_ROWS": "query rows per program of the live-slot kernel over 2+ slots, the batched loop's (kernels/attention.py)",
     "LIVE_BLOCK_N": "cache slots per inner step of the live-slot kernel (kernels/attention.py)",
     "LIVE_STAGES": "software pipeline stages of the live-slot kernel in bf16 / fp16 (kernels/attention.py)",
-    "TREE_MIN_ROWS": "folded rows from which a one-slot tree verify takes the tree kernel (kernels/tree_attention.py)",
-    "SLOT_TREE_MIN_ROWS": "folded rows from which a tree verify over 2+ slots takes the tree kernel (kernels/tree_attention.py)",
+    "TREE_MIN_ROWS": "folded rows from which a tree verify takes the tree kernel (kernels/tree_attention.py)",
+    "SLOT_TREE_MIN_ROWS": "the same over 2+ slots only (default: TREE_MIN_ROWS's; kernels/tree_attention.py)",
 }
 
 

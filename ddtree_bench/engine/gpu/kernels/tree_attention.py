@@ -56,15 +56,13 @@ RANGES_TO = 768   # config(): folded rows up to which the prefix is split in ran
 RANGES_FEW_FROM = 384   # config(): from here to RANGES_TO, RANGES_FEW ranges; below, RANGES
 RANGES, RANGES_FEW = 4, 2   # prefix ranges below / from RANGES_FEW_FROM rows (DDTREE_TREE_RANGES sets all three)
 RANGES_SMALL, RANGES_SMALL_BELOW = 8, 128   # prefix ranges below this many folded rows (one slot's small trees)
-# forward.py's auto choice takes this kernel for one slot's tree verify from this many folded query rows (n >= 8
-# tree nodes at 4 query heads per KV head) and the live-slot kernel below. On an H200 (8B shape, 1024-token prefix,
-# wide and deep trees, one process) with eight prefix ranges the forward was 0.3-2.1% faster than on the live kernel
-# at n = 8-31 (docs/gpu-performance.md, "Small trees take the tree kernel"); with four ranges it had lost at n = 16
-# (2026-12-02), which had set the edge at 128 rows
+# forward.py's and batch_forward.py's auto choice takes this kernel for a tree verify from this many folded query rows
+# (n >= 8 tree nodes at 4 query heads per KV head), for one slot and over 2+ slots alike, and the live-slot kernel
+# below. On an H200 (8B shape, 1024-token prefix, one process): one slot's forward 0.3-2.1% faster than on the live
+# kernel at n = 8-31 with eight prefix ranges (four had lost at n = 16 on 2026-12-02, which had set the edge at 128
+# rows); batched rounds over 2 / 4 / 16 slots at B = 8 / 16 / 24 1.00-0.89x the 128-row edge's, DFlash 1.00-0.93x
+# (docs/gpu-performance.md, "Small trees take the tree kernel")
 TREE_MIN_ROWS = 32
-# over 2+ slots (the batched loop) from this many: from 64 rows it lost at B = 16, batch 2, with two ranges a slot; from
-# 32 rows with four it won at batch 2 (docs/gpu-performance.md), not yet measured at batch 4 / 16
-SLOT_TREE_MIN_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -330,13 +328,14 @@ if triton is not None:
 
 def wanted(q: torch.Tensor, k: torch.Tensor, slots: int = 1) -> bool:
     """auto's choice for a tree verify, q [Hq, T, D] against k [Hkv, S, D] (one slot's; the same for each slot of a
-    slotted call over `slots` slots): this kernel where it runs and the folded query rows g*T reach TREE_MIN_ROWS, over
-    2+ slots SLOT_TREE_MIN_ROWS (below, kernels/attention.py's live-slot kernel, whose masked triangle is cheap there);
-    DDTREE_TREE_MIN_ROWS / DDTREE_SLOT_TREE_MIN_ROWS move either edge in an A/B."""
+    slotted call over `slots` slots): this kernel where it runs and the folded query rows g*T reach TREE_MIN_ROWS
+    (below, kernels/attention.py's live-slot kernel, whose masked triangle is cheap there). In an A/B
+    DDTREE_TREE_MIN_ROWS moves the edge, DDTREE_SLOT_TREE_MIN_ROWS that over 2+ slots alone."""
     D = q.shape[-1]
     rows = (q.shape[0] // k.shape[0]) * q.shape[1]
-    least = (experimental.knob("TREE_MIN_ROWS", TREE_MIN_ROWS) if slots == 1
-             else experimental.knob("SLOT_TREE_MIN_ROWS", SLOT_TREE_MIN_ROWS))
+    least = experimental.knob("TREE_MIN_ROWS", TREE_MIN_ROWS)
+    if slots > 1:
+        least = experimental.knob("SLOT_TREE_MIN_ROWS", least)
     return available(q.device) and D == _pow2(D) and D >= 16 and rows >= least
 
 
@@ -436,5 +435,5 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     return out
 
 
-__all__ = ["Config", "NEG_BIG", "SLOT_TREE_MIN_ROWS", "TREE_MIN_ROWS", "TreeRows", "WIDE_SHAPES", "config", "ranges_for",
+__all__ = ["Config", "NEG_BIG", "TREE_MIN_ROWS", "TreeRows", "WIDE_SHAPES", "config", "ranges_for",
            "tree_attend", "vis_words", "wanted"]
