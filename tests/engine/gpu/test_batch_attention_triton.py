@@ -138,15 +138,22 @@ def test_slotted_tree_attend_is_the_one_tree_kernel_slot_by_slot_and_reads_only_
         assert torch.isfinite(got).all() and torch.equal(got, full[c * T:(c + 1) * T])
 
 
-def test_the_tree_kernels_tuned_ranges_spread_over_the_slots():
+def test_the_tree_kernels_tuned_ranges_spread_over_the_slots(monkeypatch):
     """One slot keeps config's tuned prefix ranges (today's launch); C slots bring C times the programs, so the
-    count is ceil(ranges / C), never below one; a shape without tuned ranges takes n_split over C * Hkv programs."""
+    count is ceil(ranges / C), never below one; small trees (B = 16's 68 folded rows) spread SLOT_RANGES_SMALL = 16
+    instead, so two slots keep one slot's eight ranges (and, by the slot-by-slot bit test above, its sums' order);
+    DDTREE_TREE_SLOT_RANGES moves that count; a shape without tuned ranges takes n_split over C * Hkv programs."""
     pytest.importorskip("triton")
     from ddtree_bench.engine.gpu.kernels.attention import n_split
-    from ddtree_bench.engine.gpu.kernels.tree_attention import Config, ranges_for
+    from ddtree_bench.engine.gpu.kernels.tree_attention import Config, config, ranges_for
 
     c = Config(64, 64, 4, 2, tree_dense=True, ranges=4)
     assert [ranges_for(c, C, 8, 260, 2048) for C in (1, 2, 3, 4, 16)] == [4, 2, 2, 1, 1]
+    small = config(68, torch.bfloat16)
+    assert small.ranges == 8
+    assert [ranges_for(small, C, 8, 68, 2048) for C in (1, 2, 3, 4, 16)] == [8, 8, 6, 4, 1]
+    monkeypatch.setenv("DDTREE_TREE_SLOT_RANGES", "8")
+    assert [ranges_for(small, C, 8, 68, 2048) for C in (1, 2, 4)] == [8, 4, 2]
     assert ranges_for(c, 1, 8, 260, 128) == 2   # at most one per block_n slots, as before
     wide = Config(64, 64, 4, 3)
     assert ranges_for(wide, 1, 8, 2000, 4096) == n_split(8, 2000, 4096, 64, 64)

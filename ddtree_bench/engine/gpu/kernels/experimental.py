@@ -29,7 +29,7 @@ FEATURES = {
 KNOBS = {
     "COMBINE_ROWS_FROM": "folded rows from which the split-KV combine takes 16 rows per program (kernels/attention.py)",
     "TREE_RANGES_TO": "folded rows up to which the tree kernel splits the prefix in ranges (kernels/tree_attention.py)",
-    "TREE_RANGES": "prefix ranges of the tree kernel up to TREE_RANGES_TO folded rows, both bands (kernels/tree_attention.py)",
+    "TREE_RANGES": "prefix ranges of the tree kernel up to TREE_RANGES_TO folded rows, every band but small trees over slots (kernels/tree_attention.py)",
     "TREE_WIDE_BLOCK_N": "key tile width of the tree kernel above TREE_RANGES_TO folded rows up to 1536 (kernels/tree_attention.py)",
     "TREE_WIDE_RANGES": "prefix ranges of the tree kernel above TREE_RANGES_TO folded rows up to 1536 (kernels/tree_attention.py)",
     "ROPE_TILES_FROM": "tokens from which q/k norm + RoPE runs a tile of heads per program (kernels/layer_ops.py)",
@@ -38,6 +38,7 @@ KNOBS = {
     "LIVE_STAGES": "software pipeline stages of the live-slot kernel in bf16 / fp16 (kernels/attention.py)",
     "TREE_MIN_ROWS": "folded rows from which a tree verify takes the tree kernel (kernels/tree_attention.py)",
     "SLOT_TREE_MIN_ROWS": "the same over 2+ slots only (default: TREE_MIN_ROWS's; kernels/tree_attention.py)",
+    "TREE_SLOT_RANGES": "prefix ranges a launch of small trees spreads over its 2+ slots (kernels/tree_attention.py)",
 }
 
 

@@ -33,7 +33,7 @@ The prefix length comes from a device tensor, so a captured graph stays valid as
 With a leading slot axis (C trees of equal width over C regions of a slotted cache: q [C, Hq, T, D], k, v
 [C, Hkv, S, D], path [C, T, L+1], pos [C*T], prefix [C]; batch_forward.py) each program reads its slot's tree
 and region only, as attention.py's slot axis does (same grid rule, runtime slot strides, the output [C*T, Hq*D]
-slot-major); config's tuned prefix ranges are spread over the slots, ceil(ranges / C) (`ranges_for`).
+slot-major); config's tuned prefix ranges are spread over the slots, ceil(ranges / C), small trees' 16 (`ranges_for`).
 Block sizes depend only on the folded row count's bucket (`config`), so a new budget compiles at most
 one new variant. Knows nothing of models or of how the tree was built.
 """
@@ -56,6 +56,9 @@ RANGES_TO = 768   # config(): folded rows up to which the prefix is split in ran
 RANGES_FEW_FROM = 384   # config(): from here to RANGES_TO, RANGES_FEW ranges; below, RANGES
 RANGES, RANGES_FEW = 4, 2   # prefix ranges below / from RANGES_FEW_FROM rows (DDTREE_TREE_RANGES sets all three)
 RANGES_SMALL, RANGES_SMALL_BELOW = 8, 128   # prefix ranges below this many folded rows (one slot's small trees)
+# small trees over C >= 2 slots spread this many ranges, ceil(16 / C) a slot: two slots keep one slot's eight (and its
+# summation order), four take four; config's other bands spread their own count (ranges_for)
+SLOT_RANGES_SMALL = 16
 # forward.py's and batch_forward.py's auto choice takes this kernel for a tree verify from this many folded query rows
 # (n >= 8 tree nodes at 4 query heads per KV head), for one slot and over 2+ slots alike, and the live-slot kernel
 # below. On an H200 (8B shape, 1024-token prefix, one process): one slot's forward 0.3-2.1% faster than on the live
@@ -340,11 +343,14 @@ def wanted(q: torch.Tensor, k: torch.Tensor, slots: int = 1) -> bool:
 
 
 def ranges_for(cfg: Config, C: int, Hkv: int, M: int, S: int) -> int:
-    """Prefix ranges of a launch over C slots: the shape's tuned count (tuned at one slot) spread over the slots,
-    ceil(ranges / C) (C slots bring C times the programs, so fewer ranges fill the GPU), at most one per block_n
-    slots; n_split's count over C * Hkv programs where the shape names none. C = 1: the tuned count as it is."""
+    """Prefix ranges of a launch over C slots of M folded rows each: the shape's tuned count (tuned at one slot)
+    spread over the slots, ceil(ranges / C) (C slots bring C times the programs, so fewer ranges fill the GPU), for
+    small trees (M < RANGES_SMALL_BELOW) ceil(SLOT_RANGES_SMALL / C) (DDTREE_TREE_SLOT_RANGES in an A/B); at most one
+    per block_n slots; n_split's count over C * Hkv programs where the shape names none. C = 1: the tuned count."""
     if cfg.ranges is not None:
-        return max(1, min(triton.cdiv(cfg.ranges, C), triton.cdiv(S, cfg.block_n)))
+        spread = (experimental.knob("TREE_SLOT_RANGES", SLOT_RANGES_SMALL) if C > 1 and M < RANGES_SMALL_BELOW
+                  else cfg.ranges)
+        return max(1, min(triton.cdiv(spread, C), triton.cdiv(S, cfg.block_n)))
     return n_split(C * Hkv, M, S, cfg.block_m, cfg.block_n)
 
 
