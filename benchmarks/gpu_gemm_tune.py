@@ -6,7 +6,11 @@ cuBLAS (F.linear; + the fused SiLU kernel for gate/up, which is what the forward
 candidate launch shape of the Triton kernel, as one CUDA graph that runs an RMSNorm of x and then the GEMM
 on it, over enough copies of the weight to overflow L2 (so every call reads its weight from HBM, and
 follows a short kernel, as in a forward: with PDL, kernels/pdl.py, the GEMM prefetches its weight into L2
-while the norm runs). Times are of the pair (norm + GEMM); GB/s counts the weight bytes over the pair. Prints one line
+while the norm runs). o_proj and down are timed with what reads them in a forward, the residual add + RMSNorm
+(`arms`: TritonOps.linear_add_rmsnorm, where a split Triton GEMM hands its partials to that kernel and runs no
+reduce; cuBLAS's output is read by the same kernel); before 2026-12-04 they were timed with the reduce kernel
+instead, which the forward does not run, and cuBLAS kept down at 9-32 rows where Triton's shape later won in the
+forward (docs/gpu-performance.md). Times are of the norm + GEMM (+ add + norm); GB/s counts the weight bytes over them. Prints one line
 per (projection, rows): cuBLAS ms, the best Triton shape and ms, their ratio and the achieved GB/s; the
 table (per band the best shape where it beat cuBLAS by more than --min-gain, else cuBLAS) goes to --write
 (JSON, for DDTREE_GEMM_TABLE or for pasting into gemm.H200_TABLE). Each band's compiles run first, a
@@ -77,6 +81,35 @@ def splits_for(c: GemmConfig, M: int, N: int, K: int, sms: int) -> list[int]:
     return out or [1]
 
 
+RESIDUAL = ("o_proj", "down")   # projections whose output the forward's residual add + RMSNorm reads
+
+
+def arms(name: str, x: torch.Tensor, ws: list[torch.Tensor], swiglu: bool, eps: float = 1e-6):
+    """The two timed arms of one (projection, rows) as the forward runs them, each `fn(i)` on weight copy i:
+    cuBLAS's (`base`) and, per launch shape c, the Triton GEMM's (`tri(c)`). Each runs the RMSNorm before the GEMM;
+    for RESIDUAL projections also the residual add + RMSNorm after it (layer_ops.TritonOps.linear_add_rmsnorm:
+    a split Triton GEMM's partials go straight into that kernel), and then returns its normed output."""
+    cublas = TritonOps(gemm_config=gemm.cublas_only)
+    norm_w = torch.ones(x.shape[1], device=x.device, dtype=x.dtype)
+    pre = lambda: cublas.rmsnorm(x, norm_w, eps)  # noqa: E731 - the small kernel a forward runs before each GEMM
+    if name in RESIDUAL:
+        g = torch.Generator(x.device).manual_seed(1)
+        res = torch.randn(x.shape[0], ws[0].shape[0], device=x.device, generator=g).to(x.dtype)
+        out_w = torch.ones(ws[0].shape[0], device=x.device, dtype=x.dtype)
+
+        def base(i):
+            return cublas.linear_add_rmsnorm(res, pre(), ws[i], None, out_w, eps)[1]
+
+        def tri(c):
+            ops = TritonOps(gemm_config=lambda *a, **k: c)
+            return lambda i: ops.linear_add_rmsnorm(res, pre(), ws[i], None, out_w, eps)[1]
+
+        return base, tri
+    op = gemm.swiglu if swiglu else gemm.linear
+    base = (lambda i: cublas.swiglu(pre(), ws[i])) if swiglu else (lambda i: F.linear(pre(), ws[i]))
+    return base, (lambda c: lambda i: op(pre(), ws[i], c))
+
+
 def timed(fn_for, copies: int, reps: int) -> float:
     """ms per GEMM: a graph of `copies` calls (one per weight copy), replayed."""
     return replay_ms(lambda: [fn_for(i) for i in range(copies)], reps=reps) / copies
@@ -117,9 +150,10 @@ def main(argv=None) -> int:
     from ddtree_bench.engine.gpu.kernels import pdl
 
     print(f"# {torch.cuda.get_device_name(dev)}, {sms} SMs, {a.shape} {a.dtype}, torch {torch.__version__}, "
-          f"PDL {'on' if pdl.enabled(dev) else 'off'}; times: RMSNorm + GEMM", flush=True)
+          f"PDL {'on' if pdl.enabled(dev) else 'off'}; times: RMSNorm + GEMM (+ residual add + RMSNorm: "
+          f"{', '.join(RESIDUAL)})", flush=True)
     g = torch.Generator(device=dev).manual_seed(0)
-    weights, silu = {}, TritonOps(gemm_config=gemm.cublas_only)
+    weights, silu = {}, TritonOps(gemm_config=gemm.cublas_only)   # silu: cuBLAS + the SiLU kernel (the reference values)
     for name, (N, K, sw) in projs.items():
         n_rows = 2 * N if sw else N
         copies = max(2, math.ceil(L2_SPAN_BYTES / (n_rows * K * 2)))
@@ -131,9 +165,7 @@ def main(argv=None) -> int:
         for name, (N, K, sw) in projs.items():
             ws = weights[name]
             x = torch.randn(M, K, device=dev, generator=g).to(dt)
-            norm_w = torch.ones(K, device=dev, dtype=dt)
-            pre = lambda: silu.rmsnorm(x, norm_w, 1e-6)  # noqa: E731 - the small kernel a forward runs before each GEMM
-            base = (lambda i: silu.swiglu(pre(), ws[i])) if sw else (lambda i: F.linear(pre(), ws[i]))
+            base, tri = arms(name, x, ws, sw)
             want = (silu.swiglu(x, ws[0]) if sw else F.linear(x, ws[0])).float()
             cublas_ms = timed(base, len(ws), a.reps)
             # from 128 rows, and for a band just past a power of two (17, 34, 66: a budget's B + 1 tree nodes), also
@@ -152,7 +184,7 @@ def main(argv=None) -> int:
             for c in runs:
                 try:
                     err = (op(x, ws[0], c).float() - want).abs().max().item()
-                    ms = timed(lambda i, c=c: op(pre(), ws[i], c), len(ws), a.reps)
+                    ms = timed(tri(c), len(ws), a.reps)
                 except Exception as e:  # a shape the compiler or the GPU refuses: skip it, say so
                     print(f"  {name} M={M} {c}: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
                           flush=True)

@@ -129,6 +129,37 @@ def test_the_norm_summing_a_split_gemms_partials_gives_the_reduce_kernels_bits(d
         _close(a, b, dt)
 
 
+@kernel_check
+def test_the_gemm_tuner_times_o_proj_and_down_with_the_norm_that_reads_them(dtype):
+    """benchmarks/gpu_gemm_tune.arms: o_proj and down are timed as a forward runs them, the GEMM then the residual
+    add + RMSNorm, a split Triton GEMM's partials summed inside that norm (no reduce kernel, which the tuner used to
+    time and the forward does not run); q/k/v, gate/up and lm_head as the GEMM alone. cuBLAS's arm and the Triton
+    arm give the same values."""
+    import importlib.util
+    from pathlib import Path
+
+    from ddtree_bench.engine.gpu.kernels.warm import record
+
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_gemm_tune.py"
+    spec = importlib.util.spec_from_file_location("gpu_gemm_tune", path)
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    assert tune.RESIDUAL == ("o_proj", "down")
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 96, generator=g).to(DEV, dt)
+    split = GemmConfig(16, 16, 32, 2, 4, 2)
+    for name, sw in (("down", False), ("o_proj", False), ("qkv", False), ("gate_up", True)):
+        ws = [torch.randn(96 if sw else 48, 96, generator=g).to(DEV, dt) for _ in range(2)]
+        base, tri = tune.arms(name, x, ws, sw)
+        _close(tri(split)(1), base(1), dt)
+        kernels = [la.kernel.__name__ if hasattr(la.kernel, "__name__") else la.kernel.fn.__name__
+                   for la in record(lambda: tri(split)(0))]
+        residual = name in tune.RESIDUAL
+        assert ("_gemm_split_reduce" in kernels) is (not residual), (name, kernels)
+        assert kernels.count("_rmsnorm_kernel") == (2 if residual else 1), (name, kernels)
+
+
 def test_a_table_round_trips_and_one_naming_a_removed_kernel_is_refused():
     """A JSON table (DDTREE_GEMM_TABLE) round-trips; its entries are written without `kernel`, as before the field
     existed; a table naming a kernel that is not (or no longer: the TMA forms) in KERNELS is refused in one line."""
