@@ -60,11 +60,8 @@ RANGES_SMALL, RANGES_SMALL_BELOW = 8, 128   # prefix ranges below this many fold
 # summation order), four take four; config's other bands spread their own count (ranges_for)
 SLOT_RANGES_SMALL = 16
 # forward.py's and batch_forward.py's auto choice takes this kernel for a tree verify from this many folded query rows
-# (n >= 8 tree nodes at 4 query heads per KV head), for one slot and over 2+ slots alike, and the live-slot kernel
-# below. On an H200 (8B shape, 1024-token prefix, one process): one slot's forward 0.3-2.1% faster than on the live
-# kernel at n = 8-31 with eight prefix ranges (four had lost at n = 16 on 2026-12-02, which had set the edge at 128
-# rows); batched rounds over 2 / 4 / 16 slots at B = 8 / 16 / 24 1.00-0.89x the 128-row edge's, DFlash 1.00-0.93x
-# (docs/gpu-performance.md, "Small trees take the tree kernel")
+# (n >= 8 tree nodes at 4 query heads per KV head), one slot or many, and the live-slot kernel below: on an H200 it won
+# from here for one slot and over 2 / 4 / 16 slots (docs/gpu-performance.md, "Midnight" and "Where it stands")
 TREE_MIN_ROWS = 32
 
 
