@@ -153,6 +153,7 @@ def test_the_tree_kernels_tuned_ranges_spread_over_the_slots(monkeypatch):
     assert small.ranges == 8
     assert [ranges_for(small, C, 8, 68, 2048) for C in (1, 2, 3, 4, 16)] == [8, 8, 6, 4, 1]
     monkeypatch.setenv("DDTREE_TREE_SLOT_RANGES", "8")
+    small = config(68, torch.bfloat16)
     assert [ranges_for(small, C, 8, 68, 2048) for C in (1, 2, 4)] == [8, 4, 2]
     assert ranges_for(c, 1, 8, 260, 128) == 2   # at most one per block_n slots, as before
     wide = Config(64, 64, 4, 3)

@@ -77,6 +77,7 @@ class Config:
     tree_dense: bool = False   # tree phase over masked key tiles of block_n nodes (else each row's ancestors gathered)
     fold: bool = False     # split-KV ranges combined inside the launch (else attention.py's combine kernel after it)
     ranges: int | None = None   # prefix ranges (split-KV) per row block, at most one per block_n slots; None: n_split's
+    slot_ranges: int | None = None   # the ranges a launch over 2+ slots spreads over them (None: `ranges`)
 
 
 # wide tiles the tuner times (benchmarks/gpu_attention_tune.py; config()'s first two bands are the 64x64 and 64x128
@@ -101,8 +102,10 @@ def config(M: int, dtype: torch.dtype) -> Config:
     gathered tree phase on wide trees, 29-41% on deep ones, H200 2026-12-03; without words it lost on wide trees);
     fp32 (the tests' twin check) single-stage."""
     if M <= experimental.knob("TREE_RANGES_TO", RANGES_TO):
-        ranges = RANGES_SMALL if M < RANGES_SMALL_BELOW else RANGES if M < RANGES_FEW_FROM else RANGES_FEW
-        c = Config(64, 64, 4, 2, tree_dense=True, ranges=experimental.knob("TREE_RANGES", ranges))
+        small = M < RANGES_SMALL_BELOW
+        ranges = RANGES_SMALL if small else RANGES if M < RANGES_FEW_FROM else RANGES_FEW
+        c = Config(64, 64, 4, 2, tree_dense=True, ranges=experimental.knob("TREE_RANGES", ranges),
+                   slot_ranges=experimental.knob("TREE_SLOT_RANGES", SLOT_RANGES_SMALL) if small else None)
     elif M <= 1536:
         c = Config(64, experimental.knob("TREE_WIDE_BLOCK_N", 64, WIDE_BLOCK_NS), 4, 2, tree_dense=True,
                    ranges=experimental.knob("TREE_WIDE_RANGES", 1))
@@ -341,12 +344,11 @@ def wanted(q: torch.Tensor, k: torch.Tensor, slots: int = 1) -> bool:
 
 def ranges_for(cfg: Config, C: int, Hkv: int, M: int, S: int) -> int:
     """Prefix ranges of a launch over C slots of M folded rows each: the shape's tuned count (tuned at one slot)
-    spread over the slots, ceil(ranges / C) (C slots bring C times the programs, so fewer ranges fill the GPU), for
-    small trees (M < RANGES_SMALL_BELOW) ceil(SLOT_RANGES_SMALL / C) (DDTREE_TREE_SLOT_RANGES in an A/B); at most one
-    per block_n slots; n_split's count over C * Hkv programs where the shape names none. C = 1: the tuned count."""
+    spread over the slots, ceil(ranges / C) (C slots bring C times the programs, so fewer ranges fill the GPU), or
+    ceil(slot_ranges / C) where the shape names those (config's small trees: SLOT_RANGES_SMALL); at most one per
+    block_n slots; n_split's count over C * Hkv programs where the shape names none. C = 1: the tuned count."""
     if cfg.ranges is not None:
-        spread = (experimental.knob("TREE_SLOT_RANGES", SLOT_RANGES_SMALL) if C > 1 and M < RANGES_SMALL_BELOW
-                  else cfg.ranges)
+        spread = cfg.slot_ranges if C > 1 and cfg.slot_ranges is not None else cfg.ranges
         return max(1, min(triton.cdiv(spread, C), triton.cdiv(S, cfg.block_n)))
     return n_split(C * Hkv, M, S, cfg.block_m, cfg.block_n)
 
