@@ -176,21 +176,22 @@ Table = dict[tuple[int, int, bool], tuple[tuple[int, GemmConfig | None], ...]]
 # an H200: per row band (rows above the previous band's max, up to this max) the fastest Triton shape where it
 # beat cuBLAS, else None (benchmarks/gpu_gemm_tune.py; docs/gpu-performance.md). N of a swiglu entry is I
 # (the output width); rows above a shape's last band, and shapes not listed, run cuBLAS.
-# docs/measurements/2026-12-01/h200-d/gemm1 (no PDL): wins of 2-10% per GEMM; cuBLAS keeps q/k/v and >= 65 rows. The
-# 17-row band (a B = 16 tree's B + 1 nodes): docs/measurements/2026-12-03/h200-speed-f/b-bands (its 34- and 66-row
-# bands were tuned too and lost or tied in the forward, so they are not here). The 2-, 4- and 8-row bands (AR or a
-# decode step over 2-8 requests, the batched loop's; B = 3-7 verifies): docs/measurements/2026-12-03/h200-speed-g/
-# (a-probe, b-tables; its 130-row band, a batch-2 B = 64 verify, kept cuBLAS: Triton's best shapes were 0.63-0.78x)
+# Provenance per band, docs/measurements/: 2026-12-01/h200-d/gemm1 (q/k/v, lm_head, o_proj's 1-8 rows); 2026-12-03/
+# h200-speed-f/b-bands (the 17-row band: a B = 16 tree's B + 1 nodes); 2026-12-03/h200-speed-g (2-, 4-, 8-row bands);
+# 2026-12-04/h200-speed-m/a-tune (o_proj's 18-32, down's 9-16, 18-32 and 65-128, gate/up's 18-32: tuned with the
+# residual add + RMSNorm that reads o_proj / down; the 17-row band of down is the 64-row shape, which won the
+# forward at 17 rows over the tuner's pick).
 H200_TABLE: Table = {
     (6144, 4096, False): ((1, None), (4, GemmConfig(16, 32, 128, 1, 4, 5))),                       # q/k/v
     (4096, 4096, False): ((1, GemmConfig(16, 64, 128, 2, 4, 5)), (8, GemmConfig(16, 32, 128, 1, 4, 5)),
                           (16, GemmConfig(16, 32, 128, 2, 4, 5)), (17, GemmConfig(32, 32, 128, 2, 4, 5)),
-                          (32, GemmConfig(32, 32, 128, 1, 4, 5))),                                  # o_proj
+                          (32, GemmConfig(32, 32, 128, 2, 4, 5))),                                  # o_proj
     (4096, 12288, False): ((2, GemmConfig(16, 32, 128, 3, 4, 4)), (4, GemmConfig(16, 64, 128, 4, 4, 4)),
-                           (8, GemmConfig(16, 32, 128, 3, 4, 4)), (32, None),
-                           (64, GemmConfig(64, 64, 128, 2, 4, 5))),                                 # down
-    (12288, 4096, True): ((16, GemmConfig(16, 32, 128, 1, 4, 3)), (17, GemmConfig(32, 32, 128, 1, 4, 3)), (32, None),
-                          (64, GemmConfig(64, 64, 64, 1, 4, 4))),                                   # gate/up + SiLU
+                           (8, GemmConfig(16, 32, 128, 3, 4, 4)), (16, GemmConfig(16, 32, 128, 2, 4, 5)),
+                           (17, GemmConfig(64, 64, 128, 2, 4, 5)), (32, GemmConfig(32, 128, 128, 3, 4, 4)),
+                           (64, GemmConfig(64, 64, 128, 2, 4, 5)), (128, GemmConfig(64, 128, 128, 2, 4, 4))),  # down
+    (12288, 4096, True): ((16, GemmConfig(16, 32, 128, 1, 4, 3)), (17, GemmConfig(32, 32, 128, 1, 4, 3)),
+                          (32, GemmConfig(32, 64, 128, 1, 4, 3)), (64, GemmConfig(64, 64, 64, 1, 4, 4))),  # gate/up + SiLU
     (151936, 4096, False): ((8, GemmConfig(16, 128, 128, 1, 4, 3)), (16, GemmConfig(16, 128, 128, 1, 8, 3)),
                             (32, GemmConfig(32, 128, 128, 1, 4, 4))),                               # lm_head
 }
