@@ -14,7 +14,9 @@ forward (docs/gpu-performance.md). Times are of the norm + GEMM (+ add + norm); 
 per (projection, rows): cuBLAS ms, the best Triton shape and ms, their ratio and the achieved GB/s; the
 table (per band the best shape where it beat cuBLAS by more than --min-gain, else cuBLAS) goes to --write
 (JSON, for DDTREE_GEMM_TABLE or for pasting into gemm.H200_TABLE). Each band's compiles run first, a
-thread per variant (kernels/warm.py).
+thread per variant (kernels/warm.py). A pick is a candidate, not a verdict: it enters gemm.H200_TABLE
+after benchmarks/gpu_verify_ab.py (and gpu_batch_ab.py for the batched rows) shows the forward gaining with it in the
+same process, as isolated wins have not always carried over (docs/gpu-performance.md).
 
 The candidates are launch shapes of kernels/gemm.py's pointer-tile kernel. (Until 2026-12-02 the shapes of a
 persistent TMA kernel were timed too; it never won a band and was removed: docs/gpu-performance.md.)
