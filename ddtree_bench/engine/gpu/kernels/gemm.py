@@ -177,10 +177,11 @@ Table = dict[tuple[int, int, bool], tuple[tuple[int, GemmConfig | None], ...]]
 # beat cuBLAS, else None (benchmarks/gpu_gemm_tune.py; docs/gpu-performance.md). N of a swiglu entry is I
 # (the output width); rows above a shape's last band, and shapes not listed, run cuBLAS.
 # Provenance per band, docs/measurements/: 2026-12-01/h200-d/gemm1 (q/k/v, lm_head, o_proj's 1-8 rows); 2026-12-03/
-# h200-speed-f/b-bands (the 17-row band: a B = 16 tree's B + 1 nodes); 2026-12-03/h200-speed-g (2-, 4-, 8-row bands);
-# 2026-12-04/h200-speed-m/a-tune (o_proj's 18-32, down's 9-16, 18-32 and 65-128, gate/up's 18-32: tuned with the
-# residual add + RMSNorm that reads o_proj / down; the 17-row band of down is the 64-row shape, which won the
-# forward at 17 rows over the tuner's pick).
+# h200-speed-f/b-bands (the 17-row band: a B = 16 tree's B + 1 nodes; 34- and 66-row bands lost or tied in the
+# forward); 2026-12-03/h200-speed-g (2-, 4-, 8-row bands); 2026-12-04/h200-speed-m/a-tune (o_proj's 18-32, down's
+# 9-16, 18-32 and 65-128, gate/up's 18-32: tuned with the residual add + RMSNorm that reads o_proj / down; the 17-row
+# band of down is the 64-row shape, which won the forward at 17 rows over the tuner's pick); above 128 rows cuBLAS
+# won every band (h200-speed-g, and h200-speed-m/d-above128 with the norm-aware tuner).
 H200_TABLE: Table = {
     (6144, 4096, False): ((1, None), (4, GemmConfig(16, 32, 128, 1, 4, 5))),                       # q/k/v
     (4096, 4096, False): ((1, GemmConfig(16, 64, 128, 2, 4, 5)), (8, GemmConfig(16, 32, 128, 1, 4, 5)),
