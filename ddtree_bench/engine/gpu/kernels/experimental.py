@@ -4,7 +4,7 @@ DDTREE_GPU_EXPERIMENTAL is a comma-separated list of FEATURES, e.g. `DDTREE_GPU_
 `enabled(name)` says whether one is on. A feature leaves this list, and becomes the default, when an H200
 run has shown it correct (its GPU tests) and faster (benchmarks/gpu_verify_ab.py: both arms in one process;
 the figures go to docs/gpu-performance.md); one that was slower goes (l2-prefetch did), unless it is kept for a
-re-measure on other GPUs, as the ones left are (slower on the H200: pdl at every n and split-cap at n = 64 on
+re-measure on other GPUs, as the ones left are (slower on the H200: pdl at every n on 2026-12-02 and 04, split-cap at n = 64 on
 2026-12-02, tree-fold by 2-5% at n = 64-128 on 2026-12-03). A name not in FEATURES is bad input (UsageError: exit 2
 from the CLI).
 KNOBS are integer settings whose constants came from such an A/B: `knob(name, default)` reads DDTREE_<NAME>
