@@ -69,3 +69,27 @@ def test_the_tree_kernels_wide_band_fits_b_256s_rows_and_its_knobs_are_checked(m
     monkeypatch.setenv("DDTREE_TREE_WIDE_BLOCK_N", "48")
     with pytest.raises(UsageError, match="DDTREE_TREE_WIDE_BLOCK_N"):
         tree_attention.config(4 * 257, torch.bfloat16)
+
+
+def test_the_tree_kernels_shape_knobs_move_every_band_and_fp32_stays_single_stage(monkeypatch):
+    """The A/B knobs for tile rows, warps and stages (an in-forward A/B decides the table, gpu_verify_ab.py) move the
+    band each row count falls in; fp32 (the tests' twin check) keeps one stage; the top band's prefix ranges are
+    n_split's unless TREE_BIG_RANGES names a count; a tile the kernel cannot take is bad input."""
+    import torch
+
+    from ddtree_bench.engine.gpu.kernels import tree_attention
+
+    assert tree_attention.config(4 * 513, torch.bfloat16).ranges is None
+    monkeypatch.setenv("DDTREE_TREE_BLOCK_M", "128")
+    monkeypatch.setenv("DDTREE_TREE_WARPS", "8")
+    monkeypatch.setenv("DDTREE_TREE_STAGES", "3")
+    monkeypatch.setenv("DDTREE_TREE_BIG_RANGES", "2")
+    for M in (4 * 64, 4 * 257, 4 * 513):
+        c = tree_attention.config(M, torch.bfloat16)
+        assert (c.block_m, c.warps, c.stages, c.tree_dense) == (128, 8, 3, True)
+        assert tree_attention.config(M, torch.float32).stages == 1
+    assert tree_attention.config(4 * 513, torch.bfloat16).ranges == 2
+    assert tree_attention.config(4 * 64, torch.bfloat16).ranges == tree_attention.RANGES
+    monkeypatch.setenv("DDTREE_TREE_BLOCK_M", "96")
+    with pytest.raises(UsageError, match="DDTREE_TREE_BLOCK_M"):
+        tree_attention.config(4 * 64, torch.bfloat16)

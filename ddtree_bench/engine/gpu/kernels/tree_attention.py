@@ -110,7 +110,11 @@ def config(M: int, dtype: torch.dtype) -> Config:
         c = Config(64, experimental.knob("TREE_WIDE_BLOCK_N", 64, WIDE_BLOCK_NS), 4, 2, tree_dense=True,
                    ranges=experimental.knob("TREE_WIDE_RANGES", 1))
     else:
-        c = Config(64, 64, 4, 3, tree_dense=True)
+        c = Config(64, 64, 4, 3, tree_dense=True, ranges=experimental.knob("TREE_BIG_RANGES", 0) or None)
+    # every band's tile rows, warps and stages, for an A/B only (unset: the table above)
+    c = replace(c, block_m=experimental.knob("TREE_BLOCK_M", c.block_m, (16, 32, 64, 128)),
+                warps=experimental.knob("TREE_WARPS", c.warps, (1, 2, 4, 8)),
+                stages=experimental.knob("TREE_STAGES", c.stages, (1, 2, 3, 4)))
     if experimental.enabled("tree-fold"):
         c = replace(c, fold=True)
     return replace(c, stages=1) if dtype == torch.float32 else c
