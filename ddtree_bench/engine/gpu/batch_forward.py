@@ -34,8 +34,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ddtree_bench.engine.gpu.forward import ATTENTION, _attend, _linear, _norm, _raw_tree, _residual, _swiglu
-from ddtree_bench.engine.gpu.kernels import tree_attention as tree_kernel
+from ddtree_bench.engine.gpu.forward import ATTENTION, _attend, _linear, _norm, _residual, _swiglu
 from ddtree_bench.engine.gpu.kernels.tree_attention import TreeRows
 from ddtree_bench.engine.gpu.fused import ensure_merged
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
@@ -55,11 +54,8 @@ def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, 
         b = attn.qkv_bias[rows:] if attn.qkv_bias is not None else None
         ops.qkv_rope_slots(F.linear(ctx, attn.qkv_weight[rows:], b), 0, attn.n_kv, None, k_w, eps, ctx_cos, ctx_sin,
                            k_layer, v_layer, ctx_start, C)
-    qkv = ops.linear(h, attn.qkv_weight, attn.qkv_bias)
-    raw = tree_kernel.RawQKV(qkv, attn.n_heads, attn.n_kv, q_w, k_w, eps, cos, sin)
-    if _raw_tree(ops, attention, raw, k_layer, v_layer, start.shape[0], tree, prefix):
-        return tree_kernel.tree_attend(None, k_layer, v_layer, tree.path, tree.pos, prefix, words=tree.words(prefix), raw=raw)
-    q = ops.qkv_rope_slots(qkv, attn.n_heads, attn.n_kv, q_w, k_w, eps, cos, sin, k_layer, v_layer, start, T)
+    q = ops.qkv_rope_slots(ops.linear(h, attn.qkv_weight, attn.qkv_bias), attn.n_heads, attn.n_kv, q_w, k_w, eps,
+                           cos, sin, k_layer, v_layer, start, T)
     return _attend(ops, attention, q, k_layer, v_layer, bias, live, prefix, tree)
 
 

@@ -39,7 +39,6 @@ import torch.nn.functional as F
 from ddtree_bench.engine.cache import KVCache
 from ddtree_bench.engine.gpu.fused import ensure_merged
 from ddtree_bench.engine.gpu.kernels import attention as live_kernel
-from ddtree_bench.engine.gpu.kernels import experimental
 from ddtree_bench.engine.gpu.kernels import tree_attention as tree_kernel
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
 
@@ -87,23 +86,6 @@ def grouped_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
 ATTENTION = ("auto", "sdpa", "live", "tree")
 
 
-def _takes_tree(ops: TorchOps, attention: str, Hq: int, T: int, one_k, slots: int, tree, prefix) -> bool:
-    """_attend's rule for the tree kernel, on one slot's shapes: Hq query heads of T tokens against one_k [Hkv, S, D]."""
-    return tree is not None and prefix is not None and (
-        attention == "tree" or (attention == "auto" and ops.name == "triton" and tree_kernel.wants(Hq, T, one_k, slots)))
-
-
-def _raw_tree(ops: TorchOps, attention: str, raw, k, v, slots: int, tree, prefix) -> bool:
-    """Whether the tree kernel takes this layer's raw q/k/v (kernels/tree_attention.RawQKV: q/k norm + RoPE and the
-    tree's K/V write inside its launch, one launch fewer a layer): the fused Triton ops, a tree verify it runs, the
-    layouts it takes, and the `tree-rope` feature on."""
-    one_k = k[0] if k.dim() == 4 else k
-    T = raw.qkv.shape[0] // slots
-    return (ops.name == "triton" and experimental.enabled("tree-rope")
-            and _takes_tree(ops, attention, raw.n_q, T, one_k, slots, tree, prefix)
-            and tree_kernel.rope_fits(raw, k, v, raw.n_q // raw.n_kv * T))
-
-
 def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tree=None) -> torch.Tensor:
     """grouped_attend's result. A tree verify (`tree`: tree_attention.TreeRows, with `prefix`) of at least
     TREE_MIN_ROWS folded query rows (one slot's, however many slots) under auto with the fused Triton ops, or
@@ -112,8 +94,9 @@ def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tree=Non
     (kernels/attention.py); else SDPA over every slot. With a leading slot axis (batch_forward.py: every argument
     per slot) the same rule on one slot's shapes, and every kernel over all slots in one launch."""
     one_q, one_k = (q[0], k[0]) if q.dim() == 4 else (q, k)
-    if _takes_tree(ops, attention, one_q.shape[0], one_q.shape[1], one_k, q.shape[0] if q.dim() == 4 else 1, tree,
-                   prefix):
+    if tree is not None and prefix is not None and (
+            attention == "tree" or (attention == "auto" and ops.name == "triton"
+                                    and tree_kernel.wanted(one_q, one_k, q.shape[0] if q.dim() == 4 else 1))):
         return tree_kernel.tree_attend(q, k, v, tree.path, tree.pos, prefix, words=tree.words(prefix))
     if attention == "live" or (attention == "auto" and ops.name == "triton" and live_kernel.wanted(one_q, one_k)):
         return live_kernel.live_attend(q, k, v, bias, live, prefix)
@@ -140,10 +123,6 @@ def _attention(attn, ops: TorchOps, h, cos, sin, kv: StaticKV, layer: int, start
         ops.qkv_rope(F.linear(ctx, attn.qkv_weight[rows:], b), 0, attn.n_kv, None, k_w, eps, ctx_cos, ctx_sin,
                      k_cache, v_cache, ctx_start)
     qkv = ops.linear(h, attn.qkv_weight, attn.qkv_bias)
-    raw = tree_kernel.RawQKV(qkv, attn.n_heads, attn.n_kv, q_w, k_w, eps, cos, sin)
-    if _raw_tree(ops, attention, raw, k_cache, v_cache, 1, tree, prefix):
-        return tree_kernel.tree_attend(None, k_cache, v_cache, tree.path, tree.pos, prefix, words=tree.words(prefix),
-                                       raw=raw)
     q = ops.qkv_rope(qkv, attn.n_heads, attn.n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start)
     return _attend(ops, attention, q, k_cache, v_cache, bias, live, prefix, tree)
 

@@ -177,8 +177,7 @@ def _prefilled(target, prompts: list[torch.Tensor], cap: int) -> tuple[torch.Ten
 def test_a_batched_tree_verify_with_the_path_equals_the_single_verify_slot_by_slot(monkeypatch):
     """target_forward_batch over 3 slots (prompts of 21, 9 and 30 tokens, a different built tree each, compiled by
     compile_trees in one launch) with its path tables: attention="tree" and auto with the fused ops (the tree
-    kernel, counted, once the trees reach TREE_MIN_ROWS, also reading the raw q/k/v with `tree-rope`; the live kernel
-    one row short) give, slot by slot, what
+    kernel, counted, once the trees reach TREE_MIN_ROWS; the live kernel one row short) give, slot by slot, what
     forward.target_forward gives on that slot's own cache with its own tree (fp32), logits, hidden states and the
     K/V written; "live" and "sdpa" (the twin) agree too."""
     from ddtree_bench.engine.gpu.fused import TritonOps
@@ -212,27 +211,21 @@ def test_a_batched_tree_verify_with_the_path_equals_the_single_verify_slot_by_sl
         singles.append((logits, hidden, kv.cache.k.clone()))
 
     calls, real = [], tree_attention.tree_attend
-    monkeypatch.setattr(tree_attention, "tree_attend",
-                        lambda *a, **kw: calls.append(kw.get("raw") is not None) or real(*a, **kw))
+    monkeypatch.setattr(tree_attention, "tree_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     rows_folded = group_size(target) * T
     triton_ops = TritonOps()
     n_layers = len(target.model.layers)
     for name, attention, ops, min_rows, tree_calls in (("tree", "tree", None, None, n_layers),
                                                       ("auto", "auto", triton_ops, rows_folded, n_layers),
-                                                      ("auto-tree-rope", "auto", triton_ops, rows_folded, n_layers),
                                                       ("auto-live", "auto", triton_ops, rows_folded + 1, 0),
                                                       ("live", "live", None, None, 0), ("sdpa", "sdpa", None, None, 0)):
         if min_rows is not None:
             monkeypatch.setattr(tree_attention, "TREE_MIN_ROWS", min_rows)
-        if name == "auto-tree-rope":   # the tree kernel reads raw q/k/v and writes the tree's K/V itself
-            monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", "tree-rope")
-        else:
-            monkeypatch.delenv("DDTREE_GPU_EXPERIMENTAL", raising=False)
         k, v = _prefilled(target, prompts, cap)
         calls.clear()
         logits, hidden = target_forward_batch(target, ids, pos, k, v, start, bias, layers, ops=ops, tree_path=path,
                                               attention=attention)
-        assert calls == [name == "auto-tree-rope"] * tree_calls, name
+        assert len(calls) == tree_calls, name
         for c, (s_logits, s_hidden, s_k) in enumerate(singles):
             rows = slice(c * T, (c + 1) * T)
             torch.testing.assert_close(logits[rows], s_logits, rtol=1e-4, atol=1e-4, msg=name)

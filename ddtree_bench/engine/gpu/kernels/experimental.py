@@ -23,7 +23,6 @@ FEATURES = {
     "pdl": "programmatic dependent launch, with the weight GEMM's L2 prefetch (kernels/pdl.py)",
     "split-cap": "live attention's split-KV ranges capped on the device so their partials never outweigh the K/V (kernels/attention.py)",
     "tree-fold": "the tree kernel's split-KV combine folded into its launch (kernels/tree_attention.py)",
-    "tree-rope": "a tree verify's q/k norm + RoPE and K/V write inside the tree kernel's launch (kernels/tree_attention.py)",
 }
 
 

@@ -185,74 +185,6 @@ if triton is not None:
         return acc, m_new, l_i
 
     @triton.jit
-    def _norm_rope(x1, x2, W, cs, COS, SIN, eps, HAS_NORM: tl.constexpr, HALF: tl.constexpr, R: tl.constexpr):
-        """Heads given as halves x1, x2 [R, HALF] (raw q/k/v GEMM output) -> their q/k RMSNorm (weight W) and RoPE
-        (cos / sin rows at offsets cs [R]) as [R, 2 * HALF], rounded where layer_ops' q/k norm + RoPE kernels round."""
-        dt = x1.dtype
-        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-        i = tl.arange(0, HALF)
-        if HAS_NORM:
-            r = tl.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / (2 * HALF) + eps)[:, None]
-            w1 = tl.load(W + i).to(tl.float32)[None, :]
-            w2 = tl.load(W + HALF + i).to(tl.float32)[None, :]
-            f1 = (w1 * (f1 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            f2 = (w2 * (f2 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        c1 = tl.load(COS + cs[:, None] + i[None, :]).to(tl.float32)
-        c2 = tl.load(COS + cs[:, None] + HALF + i[None, :]).to(tl.float32)
-        s1 = tl.load(SIN + cs[:, None] + i[None, :]).to(tl.float32)
-        s2 = tl.load(SIN + cs[:, None] + HALF + i[None, :]).to(tl.float32)
-        o1 = ((f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)).to(dt)
-        o2 = ((f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)).to(dt)
-        return tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (R, 2 * HALF))
-
-    @triton.jit
-    def _raw_heads(QKV, rows, sqkv, off, mask, W, COS, SIN, scs, eps, HAS_NORM: tl.constexpr, HALF: tl.constexpr,
-                   R: tl.constexpr):
-        """Token rows `rows` [R] of the raw q/k/v output, the head at column `off`, normed and rotated (_norm_rope)."""
-        i = tl.arange(0, HALF)
-        base = QKV + rows[:, None] * sqkv + off + i[None, :]
-        x1 = tl.load(base, mask=mask[:, None], other=0.0)
-        x2 = tl.load(base + HALF, mask=mask[:, None], other=0.0)
-        return _norm_rope(x1, x2, W, rows * scs, COS, SIN, eps, HAS_NORM, HALF, R)
-
-    @triton.jit
-    def _visible_tile_raw(q, acc, m_i, l_i, QKV, sqkv, koff, voff, KW, COS, SIN, scs, eps, js, jmask, vis, dims,
-                          qk_scale, IEEE: tl.constexpr, HAS_NORM: tl.constexpr, HALF: tl.constexpr,
-                          BLOCK_N: tl.constexpr):
-        """_visible_tile over tree nodes js read from the raw q/k/v output (token row j = node j), K normed and
-        rotated on load: the same keys the q/k norm + RoPE kernel would have written to the cache."""
-        jj = tl.where(jmask, js, 0)
-        k = tl.trans(_raw_heads(QKV, jj, sqkv, koff, jmask, KW, COS, SIN, scs, eps, HAS_NORM, HALF, BLOCK_N))
-        if IEEE:
-            s = tl.dot(q, k, input_precision="ieee") * qk_scale
-        else:
-            s = tl.dot(q, k) * qk_scale
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(QKV + jj[:, None] * sqkv + voff + dims[None, :], mask=jmask[:, None], other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        return acc, m_new, l_i
-
-    @triton.jit
-    def _words_vis(w0, w1, js, j0, t_last, BLOCK_N: tl.constexpr):
-        """(nodes read, [rows, tile] visibility) of one tile of tree nodes js from each row's words (vis_words):
-        bit j % 64 of word j // 64 says node j is an ancestor of the row or the row itself; w0 holds the tile's first
-        64 nodes, w1 (BLOCK_N = 128) the next 64."""
-        jmask = js <= t_last
-        sh = (js % 64).to(tl.int64)
-        if BLOCK_N > 64:
-            w = tl.where(((js - j0) < 64)[None, :], w0[:, None], w1[:, None])
-        else:
-            w = w0[:, None]
-        return jmask, (((w >> sh[None, :]) & 1) != 0) & jmask[None, :]
-
-    @triton.jit
     def _tree_tile(q, acc, m_i, l_i, K, V, kbase, vbase, PATH, POS, js, t, depth, rmask, t_last, prefix,
                    skn, svn, spath, dims, qk_scale, IEEE: tl.constexpr, K_ROWS: tl.constexpr):
         """One tile of tree nodes js (slots prefix + js, nodes <= t_last read) for rows at nodes t of depth
@@ -268,28 +200,31 @@ if triton is not None:
     @triton.jit
     def _tree_tile_words(q, acc, m_i, l_i, K, V, kbase, vbase, w0, w1, js, j0, t_last, prefix, skn, svn, dims,
                          qk_scale, IEEE: tl.constexpr, K_ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-        """_tree_tile with each row's visibility read off its words (_words_vis). The same visible set as
-        _tree_tile's path test, so the same bits."""
-        jmask, vis = _words_vis(w0, w1, js, j0, t_last, BLOCK_N)
+        """_tree_tile with each row's visibility read off its words (vis_words): bit j % 64 of word j // 64 says
+        node j is an ancestor of the row or the row itself; w0 holds the tile's first 64 nodes, w1 (BLOCK_N = 128)
+        the next 64. The same visible set as _tree_tile's path test, so the same bits."""
+        jmask = js <= t_last
+        sh = (js % 64).to(tl.int64)
+        if BLOCK_N > 64:
+            w = tl.where(((js - j0) < 64)[None, :], w0[:, None], w1[:, None])
+        else:
+            w = w0[:, None]
+        vis = (((w >> sh[None, :]) & 1) != 0) & jmask[None, :]
         return _visible_tile(q, acc, m_i, l_i, K, V, kbase, vbase, prefix + js, jmask, vis, skn, svn, dims, qk_scale,
                              IEEE, K_ROWS)
 
     @triton.jit(do_not_specialize=["M", "T", "n_split", "spc", "sw", "swc"])
-    def _tree_attn_kernel(Q, K, V, PATH, POS, PREFIX, O, PACC, PM, PL, COUNT, WORDS, QKV, QW, KW, COS, SIN,
+    def _tree_attn_kernel(Q, K, V, PATH, POS, PREFIX, O, PACC, PM, PL, COUNT, WORDS,
                           M, T, G, n_split, qk_scale,
                           sqh, skh, skn, svh, svn, spath, sot,
-                          n_kv, sqc, skc, svc, spc, soc, sw, swc, sqkv, scs, n_q, eps,
+                          n_kv, sqc, skc, svc, spc, soc, sw, swc,
                           D: tl.constexpr, L1P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           SPLIT: tl.constexpr, IEEE: tl.constexpr, K_ROWS: tl.constexpr,
                           TREE_DENSE: tl.constexpr = False, FOLD: tl.constexpr = False, USE_GDC: tl.constexpr = False,
-                          VIS_WORDS: tl.constexpr = False, ROPE: tl.constexpr = False, HAS_NORM: tl.constexpr = False):
+                          VIS_WORDS: tl.constexpr = False):
         pdl.enter(USE_GDC)
         c, h, hh = _slot_of(n_kv)   # slot c's tree and region: every pointer below moves by its slot stride first
         c64 = c.to(tl.int64)
-        if ROPE:   # slot c's rows of the raw q/k/v output and of cos / sin
-            QKV += c64 * T * sqkv
-            COS += c64 * T * scs
-            SIN += c64 * T * scs
         Q += c64 * sqc
         K += c64 * skc
         V += c64 * svc
@@ -306,10 +241,7 @@ if triton is not None:
         t = tl.where(rmask, rows // G, 0)        # t-major folding: row = t * G + query head in the group
         qh = h * G + rows % G
         dims = tl.arange(0, D)
-        if ROPE:   # q/k norm + RoPE on load (RawQKV)
-            q = _raw_heads(QKV, t, sqkv, (qh * D)[:, None], rmask, QW, COS, SIN, scs, eps, HAS_NORM, D // 2, BLOCK_M)
-        else:
-            q = tl.load(Q + qh[:, None] * sqh + t[:, None] * D + dims[None, :], mask=rmask[:, None], other=0.0)
+        q = tl.load(Q + qh[:, None] * sqh + t[:, None] * D + dims[None, :], mask=rmask[:, None], other=0.0)
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)   # NEG_BIG
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -330,14 +262,6 @@ if triton is not None:
         # tree phase: the row's ancestors and itself, path[t, 0..depth(t)], to the block's deepest row only
         # (dense: every node tile up to the block's last node, masked by visibility)
         if s_id == (n_split if SPLIT else 0):
-            if ROPE:   # this row block's nodes' K / V to their cache slots, one row per node (nothing here reads them)
-                own = rmask & (rows % G == 0)
-                slot = prefix + t
-                kn = _raw_heads(QKV, t, sqkv, (n_q + h) * D, own, KW, COS, SIN, scs, eps, HAS_NORM, D // 2, BLOCK_M)
-                tl.store(K + kbase + slot[:, None] * skn + dims[None, :], kn, mask=own[:, None])
-                vr = tl.load(QKV + t[:, None] * sqkv + (n_q + n_kv + h) * D + dims[None, :], mask=own[:, None],
-                             other=0.0)
-                tl.store(V + vbase + slot[:, None] * svn + dims[None, :], vr, mask=own[:, None])
             if TREE_DENSE and VIS_WORDS:
                 # each row's words (vis_words): a tile none of the block's rows sees is skipped, as below
                 t_last = tl.max(tl.where(rmask, t, 0), axis=0)
@@ -352,14 +276,7 @@ if triton is not None:
                         if BLOCK_N < 64:   # the tile's bits of its word only
                             w1 = (w0 >> (tl.zeros_like(w0) + j0 % 64)) & ((1 << BLOCK_N) - 1)
                         seen = w1 != 0
-                    if ROPE:
-                        if tl.sum(seen.to(tl.int32), axis=0) > 0:
-                            js = j0 + tl.arange(0, BLOCK_N)
-                            jmask, vis = _words_vis(w0, w1, js, j0, t_last, BLOCK_N)
-                            acc, m_i, l_i = _visible_tile_raw(q, acc, m_i, l_i, QKV, sqkv, (n_q + h) * D,
-                                                              (n_q + n_kv + h) * D, KW, COS, SIN, scs, eps, js, jmask,
-                                                              vis, dims, qk_scale, IEEE, HAS_NORM, D // 2, BLOCK_N)
-                    elif tl.sum(seen.to(tl.int32), axis=0) > 0:
+                    if tl.sum(seen.to(tl.int32), axis=0) > 0:
                         acc, m_i, l_i = _tree_tile_words(q, acc, m_i, l_i, K, V, kbase, vbase, w0, w1,
                                                          j0 + tl.arange(0, BLOCK_N), j0, t_last, prefix, skn, svn,
                                                          dims, qk_scale, IEEE, K_ROWS, BLOCK_N)
@@ -421,17 +338,12 @@ def wanted(q: torch.Tensor, k: torch.Tensor, slots: int = 1) -> bool:
     slotted call over `slots` slots): this kernel where it runs and the folded query rows g*T reach TREE_MIN_ROWS
     (below, kernels/attention.py's live-slot kernel, whose masked triangle is cheap there). In an A/B
     DDTREE_TREE_MIN_ROWS moves the edge, DDTREE_SLOT_TREE_MIN_ROWS that over 2+ slots alone."""
-    return wants(q.shape[0], q.shape[1], k, slots)
-
-
-def wants(Hq: int, T: int, k: torch.Tensor, slots: int = 1) -> bool:
-    """wanted() for Hq query heads of T tokens, before q exists (forward.py asks it of the q/k/v GEMM's output)."""
-    D = k.shape[-1]
-    rows = (Hq // k.shape[0]) * T
+    D = q.shape[-1]
+    rows = (q.shape[0] // k.shape[0]) * q.shape[1]
     least = experimental.knob("TREE_MIN_ROWS", TREE_MIN_ROWS)
     if slots > 1:
         least = experimental.knob("SLOT_TREE_MIN_ROWS", least)
-    return available(k.device) and D == _pow2(D) and D >= 16 and rows >= least
+    return available(q.device) and D == _pow2(D) and D >= 16 and rows >= least
 
 
 def ranges_for(cfg: Config, C: int, Hkv: int, M: int, S: int) -> int:
@@ -476,38 +388,9 @@ class TreeRows:
         return self._words
 
 
-@dataclass(frozen=True)
-class RawQKV:
-    """A tree verify's q/k/v GEMM output before q/k norm + RoPE: what TorchOps.qkv_rope(_slots) takes. qkv [C*T,
-    (n_q + 2 n_kv) D] (rows slot-major, columns [q heads | k heads | v heads]); q_w, k_w [D] the q/k RMSNorm weights,
-    both or neither, with eps; cos, sin [C*T, D] the rows' rotary tables."""
-
-    qkv: torch.Tensor
-    n_q: int
-    n_kv: int
-    q_w: torch.Tensor | None
-    k_w: torch.Tensor | None
-    eps: float
-    cos: torch.Tensor
-    sin: torch.Tensor
-
-
-def rope_fits(raw: RawQKV, k: torch.Tensor, v: torch.Tensor, M: int) -> bool:
-    """Whether tree_attend can take `raw` for caches k, v ([Hkv, S, D] or [C, Hkv, S, D]) at M folded rows per slot:
-    the layouts its kernel reads and writes (the q/k norm + RoPE kernels' own rule) and a dense tree phase over
-    visibility words (config's every band), the only tree phase that reads raw keys."""
-    x, cos, sin = raw.qkv, raw.cos, raw.sin
-    D = k.shape[-1]
-    cfg = config(M, x.dtype)
-    return (cfg.tree_dense and cfg.block_n <= 128 and D % 2 == 0 and x.stride(-1) == 1 and cos.stride(-1) == 1
-            and cos.stride() == sin.stride() and cos.dtype == sin.dtype and k.stride() == v.stride()
-            and k.stride(-1) == 1 and (raw.q_w is None) == (raw.k_w is None)
-            and x.shape[1] == (raw.n_q + 2 * raw.n_kv) * D and raw.n_kv == k.shape[-3] and raw.n_q % raw.n_kv == 0)
-
-
-def tree_attend(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, path: torch.Tensor, pos: torch.Tensor,
+def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.Tensor, pos: torch.Tensor,
                 prefix: torch.Tensor, splits: int | None = None, launch: Config | None = None,
-                words: torch.Tensor | None = None, raw: RawQKV | None = None) -> torch.Tensor:
+                words: torch.Tensor | None = None) -> torch.Tensor:
     """q: [Hq, T, D] (D a power of two >= 16); k, v: [Hkv, S, D] (last dim contiguous); path: [T, L+1] long
     (row t: node at depth 0..depth(t), compile_tree's); pos: [T] long, prefix + depth; prefix: 0-d long,
     the committed slots. Returns [T, Hq*D] in q's dtype: forward.grouped_attend's result with the tree's bias.
@@ -516,42 +399,25 @@ def tree_attend(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, path: 
     slot c's rows see its own prefix and its own tree only; the result is [C*T, Hq*D] slot-major. C = 1 is the
     call above. splits / launch: fixed prefix ranges / launch shape (tests and tuning), else config(M) and
     ranges_for's count. words: vis_words(path, pos, prefix), for a dense tree phase of block_n <= 128: it then reads
-    each row's visibility off them (the same bits as without).
-    raw (with q None, words, and rope_fits): the q/k/v GEMM's output instead of q, as TorchOps.qkv_rope(_slots) takes
-    it. The launch then does that op's work for the tree as well - q normed and rotated on load, the tree's keys read
-    raw and normed and rotated per tile, each node's K / V written to its cache slot prefix + t by its row block's
-    tree program (nothing in the launch reads those slots) - so the verify skips that op's launch. The cache then
-    holds what qkv_rope writes (its values; the bits up to another reduction order of the norm)."""
-    if raw is not None:
-        if q is not None or words is None:
-            raise ValueError("tree_attend takes raw q/k/v instead of q (q=None), and only with the visibility words")
-        if k.dim() == 3:
-            k, v, path = k[None], v[None], path[None]
-        C, Hq, D = k.shape[0], raw.n_q, k.shape[-1]
-        T = raw.qkv.shape[0] // C
-        if not rope_fits(raw, k, v, Hq // k.shape[1] * T):
-            raise ValueError("tree_attend cannot take these raw q/k/v (see rope_fits); run qkv_rope first")
-        dtype, device = raw.qkv.dtype, raw.qkv.device
-    else:
-        if q.dim() == 3:   # one tree
-            q, k, v, path = q[None], k[None], v[None], path[None]
-        C, Hq, T, D = q.shape
-        q = q.contiguous()
-        dtype, device = q.dtype, q.device
+    each row's visibility off them (the same bits as without)."""
+    if q.dim() == 3:   # one tree
+        q, k, v, path = q[None], k[None], v[None], path[None]
+    C, Hq, T, D = q.shape
     if D != _pow2(D) or D < 16:
         raise ValueError(f"tree_attend needs a power-of-two head dim >= 16, got {D} (auto uses the live-slot kernel then)")
     Hkv, S = k.shape[1], k.shape[2]
     G = Hq // Hkv
     M = G * T
+    q = q.contiguous()
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
     path, pos, prefix = path.contiguous(), pos.contiguous(), prefix.contiguous()
-    cfg = launch or config(M, dtype)
+    cfg = launch or config(M, q.dtype)
     ns = splits if splits is not None else ranges_for(cfg, C, Hkv, M, S)
-    out = torch.empty((C * T, Hq * D), dtype=dtype, device=device)
+    out = torch.empty((C * T, Hq * D), dtype=q.dtype, device=q.device)
     if ns > 1:   # ns prefix ranges + the tree phase's partial
-        pacc = torch.empty((ns + 1, C * Hkv, M, D), dtype=torch.float32, device=device)
-        pm = torch.empty((ns + 1, C * Hkv, M), dtype=torch.float32, device=device)
+        pacc = torch.empty((ns + 1, C * Hkv, M, D), dtype=torch.float32, device=q.device)
+        pm = torch.empty((ns + 1, C * Hkv, M), dtype=torch.float32, device=q.device)
         pl = torch.empty_like(pm)
     else:
         pacc = pm = pl = out
@@ -564,29 +430,19 @@ def tree_attend(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, path: 
         words = prefix
     grid = (C * Hkv, triton.cdiv(M, cfg.block_m), ns + 1 if ns > 1 else 1)
     fold = cfg.fold and ns > 1
-    count = counters(device, C * Hkv * grid[1]) if fold else prefix
+    count = counters(q.device, C * Hkv * grid[1]) if fold else prefix
     W = words.shape[2] if use_words else 0
-    if raw is not None:
-        if not use_words:
-            raise ValueError("tree_attend reads raw q/k/v only with a dense tree phase over the visibility words")
-        x = raw.qkv
-        rope = (x, raw.q_w if raw.q_w is not None else x, raw.k_w if raw.k_w is not None else x, raw.cos, raw.sin)
-        rope_args = (x.stride(0), raw.cos.stride(0), raw.n_q, raw.eps)
-        q, sqc = x, 0
-    else:
-        rope, rope_args, sqc = (prefix,) * 5, (0, 0, 0, 0.0), q.stride(0)
-    warm.launch(_tree_attn_kernel, grid, q, k, v, path, pos, prefix, out, pacc, pm, pl, count, words, *rope,
+    warm.launch(_tree_attn_kernel, grid, q, k, v, path, pos, prefix, out, pacc, pm, pl, count, words,
                 M, T, G, ns, D ** -0.5 * LOG2E,
                 T * D, k.stride(1), k.stride(2), v.stride(1), v.stride(2), path.stride(1), Hq * D,
-                Hkv, sqc, k.stride(0), v.stride(0), path.stride(0), T * Hq * D, W, T * W, *rope_args,
+                Hkv, q.stride(0), k.stride(0), v.stride(0), path.stride(0), T * Hq * D, W, T * W,
                 D=D, L1P=_pow2(path.shape[2]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                SPLIT=ns > 1, IEEE=dtype == torch.float32, K_ROWS=cfg.k_rows, TREE_DENSE=cfg.tree_dense,
-                FOLD=fold, VIS_WORDS=use_words, ROPE=raw is not None, HAS_NORM=raw is not None and raw.k_w is not None,
-                num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(device))
+                SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, TREE_DENSE=cfg.tree_dense,
+                FOLD=fold, VIS_WORDS=use_words, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(q.device))
     if ns > 1 and not fold:
         combine(pacc, pm, pl, out, prefix, M, T, G, ns + 1, Hkv, t_major=True)
     return out
 
 
-__all__ = ["Config", "NEG_BIG", "RawQKV", "TREE_MIN_ROWS", "TreeRows", "WIDE_SHAPES", "config", "ranges_for",
-           "rope_fits", "tree_attend", "vis_words", "wanted", "wants"]
+__all__ = ["Config", "NEG_BIG", "TREE_MIN_ROWS", "TreeRows", "WIDE_SHAPES", "config", "ranges_for",
+           "tree_attend", "vis_words", "wanted"]
