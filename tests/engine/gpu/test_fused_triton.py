@@ -39,8 +39,11 @@ def _close(got, want, dtype):
 
 
 @kernel_check
-@pytest.mark.parametrize("T,N", [(1, 4096), (7, 256), (33, 96)])
-def test_triton_norms_match_the_twin(dtype, T, N):
+@pytest.mark.parametrize("T,N,warps", [(1, 4096, None), (7, 256, None), (33, 96, None), (3, 4096, "2")])
+def test_triton_norms_match_the_twin(dtype, T, N, warps, monkeypatch):
+    """Both norms against the twin, at the default warps per row and under the A/B knob DDTREE_RMSNORM_WARPS."""
+    if warps:
+        monkeypatch.setenv("DDTREE_RMSNORM_WARPS", warps)
     dt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(T)
     x, d, w = (torch.randn(*s, generator=g).to(DEV, dt) for s in ((T, N), (T, N), (N,)))

@@ -36,6 +36,7 @@ KNOBS = {
     "TREE_BLOCK_M": "query rows per program of the tree kernel, every band (kernels/tree_attention.py)",
     "TREE_WARPS": "warps per program of the tree kernel, every band (kernels/tree_attention.py)",
     "TREE_STAGES": "software pipeline stages of the tree kernel in bf16 / fp16, every band (kernels/tree_attention.py)",
+    "RMSNORM_WARPS": "warps of the residual add + RMSNorm kernel's one-row programs (kernels/layer_ops.py)",
     "ROPE_TILES_FROM": "tokens from which q/k norm + RoPE runs a tile of heads per program (kernels/layer_ops.py)",
     "SLOT_ROWS": "query rows per program of the live-slot kernel over 2+ slots, the batched loop's (kernels/attention.py)",
     "LIVE_BLOCK_N": "cache slots per inner step of the live-slot kernel (kernels/attention.py)",

@@ -177,7 +177,8 @@ def _q_weight(n_q: int, q_w, k_w):
 
 
 def _warps(block: int) -> int:
-    return max(1, min(16, block // 256))
+    """Warps of a one-row RMSNorm program over `block` columns (DDTREE_RMSNORM_WARPS in an A/B)."""
+    return experimental.knob("RMSNORM_WARPS", max(1, min(16, block // 256)), (1, 2, 4, 8, 16))
 
 
 def _launch_opts(device, warps: int) -> dict:
