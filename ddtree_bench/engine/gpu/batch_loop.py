@@ -650,9 +650,11 @@ class BatchFastLoop:
         admitted, a request wants logit gaps (the verify logits must still be this round's when read), or no request
         may need it. The host then reads the oldest round in flight and finishes it for its requests still active: one
         that stopped meanwhile had its rows computed for nothing, as a padding slot's (a stop token cannot be
-        foreseen; max_new_tokens can, and no round is queued past it). One request alone queues one round at a time,
-        as the single loop does: a round queued ahead of its stop token would run for nothing and hold up the next
-        admission's prefill. A request admitted while a round is in flight joins the next one queued."""
+        foreseen; max_new_tokens can, and no round is queued past it). One request alone queues nothing before its
+        round is read - a round queued ahead of its stop token would run for nothing and hold up the next admission's
+        prefill - but once read, the round after it is queued before this one's token goes out (_lone_continues), as
+        the single loop orders it (FastLoop.generate), so the GPU runs while the host emits. A request admitted while
+        a round is in flight joins the next one queued."""
         if not self._inflight:
             self._inflight.append(self._queue_ar())
         if (self.pipeline_ar and len(self._inflight) == 1 and len(self.active) >= 2 and not waiting
@@ -662,6 +664,8 @@ class BatchFastLoop:
         q = self._inflight.popleft()
         res = q.ticket.take()
         now = time.perf_counter_ns()
+        if self.pipeline_ar and not self._inflight and self._lone_continues(q, res, waiting):
+            self._inflight.append(self._queue_ar())
         if q.t_cold is not None:
             self.cold_s[q.bucket] = time.perf_counter() - q.t_cold
             cold_notice(f"ar batch {'1' if q.bucket == 1 else f'bucket {q.bucket}'}", self.cold_s[q.bucket], self.device)
@@ -681,6 +685,17 @@ class BatchFastLoop:
         if not self.active:
             self._inflight.clear()   # rounds queued for requests that all stopped: nothing in them to read
         return done
+
+    def _lone_continues(self, q: _Queued, res: list[int], waiting: bool) -> bool:
+        """One request alone, its round `q` read (`res`): whether the round after it will run - its token is no stop
+        id and max_new_tokens is not reached - so it may be queued before this round is finished. Not while requests
+        wait for a slot (they join the next round) or when the round's logits must still be read (logit gaps)."""
+        if waiting or len(self.active) != 1 or len(q.members) != 1:
+            return False
+        st, i = q.members[0]
+        if st is not self.active[0] or st.stream.stopped or st.req.return_logit_gaps:
+            return False
+        return res[i] not in st.stream.stops and len(st.stream.out) + 1 < st.req.max_new_tokens
 
     def _queue_ar(self) -> _Queued:
         """Queue one AR round over every active request (a bucket of one: FastLoop's stages on slot 0) and the copy of

@@ -225,6 +225,47 @@ def test_ar_reads_each_round_with_the_next_one_queued(rnd, monkeypatch, T):
     assert {r["bucket"] for r in loop.rounds} >= {1, 4}
 
 
+@pytest.mark.parametrize("T", [0.0, 0.8], ids=["T0", "T0.8"])
+def test_ar_alone_queues_the_next_round_before_its_token_goes_out(rnd, monkeypatch, T):
+    """One request alone (no other active, none waiting): once a round is read, the round after it is queued before
+    that round's token is emitted - the single loop's order (FastLoop.generate), so the GPU computes while the host
+    hands tokens out - except after its last round (a stop id or max_new_tokens): no round runs that is never read.
+    Each request of requests_with_stops runs alone through two slots (one stops inside on a greedy stop id, one runs
+    to max_new_tokens, one needs no round) and equals batch 1 and BatchLoop."""
+    from ddtree_bench.engine.batch import _Active
+    from ddtree_bench.engine.gpu import loop as single
+    from ddtree_bench.engine.gpu.loop import Ticket
+
+    calls = count_forwards(monkeypatch, bl, "target_forward_batch", "draft_forward_batch")
+    solo = count_forwards(monkeypatch, single, "target_forward", "draft_forward")
+    reads, ahead_at_emit = [0], []
+    take, emit = Ticket.take, _Active.emit
+
+    def counted(ticket):
+        reads[0] += 1
+        return take(ticket)
+
+    def spy(st, tokens, now):   # rounds queued and not yet read when a token goes out
+        ahead_at_emit.append(calls["target"] + solo["target"] - reads[0])
+        return emit(st, tokens, now)
+
+    monkeypatch.setattr(Ticket, "take", counted)
+    monkeypatch.setattr(_Active, "emit", spy)
+    reasons = set()
+    for r in requests_with_stops(rnd, T, seed=1):
+        ahead_at_emit.clear()
+        queued0, read0 = calls["target"] + solo["target"], reads[0]
+        loop = BatchFastLoop(rnd.target, None, "ar", 0, 2)
+        (g,) = loop.run([r])
+        assert_same(g, alone(rnd, "ar", 0, r), ("ar-alone", T))
+        rounds = len(loop.rounds)
+        assert calls["target"] + solo["target"] - queued0 == reads[0] - read0 == rounds   # none queued past the last
+        assert ahead_at_emit == [0] + ([1] * (rounds - 1) + [0] if rounds else []), (rounds, ahead_at_emit)
+        reasons.add(g.finish_reason)
+        _count("ar-alone", 1)
+    assert "length" in reasons and (T > 0 or "stop" in reasons)
+
+
 def test_ar_with_requests_waiting_queues_nothing_ahead(rnd, monkeypatch):
     """While requests wait for a slot (BatchLoop.run's `waiting`), AR reads each round before queuing the next, so
     a request admitted into a freed slot joins the very next round, as in BatchLoop (check: batch sizes equal)."""
