@@ -18,8 +18,8 @@ by the last test): random drafter 5 requests x 7 (method/budget, T) points (AR, 
 T = 0 and 0.8, DDTree 1 at T = 0) = 35; toy drafter 5 x 3 (DFlash T 0, DDTree 16 at T 0 and 0.8) = 15;
 rigged 5 x 2 (DFlash, DDTree 16) x T 0 = 10, AR with two rounds in flight 4 x 2 T = 8, AR with requests
 waiting 5 - those 73 against batch 1 AND BatchLoop (batch sizes included); plus padding buckets 5, cache growth
-4, logit gaps 5, thread scheduler 5 x 2 (AR, DDTree 16), a drafter variant 5 against batch 1: 102 request runs,
-all equal (and 3 survivors of a failing/cancelled batch), and 25 flagged-round runs.
+4, logit gaps 5, thread scheduler 5 x 2 (AR, DDTree 16), a drafter variant 5, AR alone with its next round queued
+early 5 x 2 T against batch 1: 112 request runs, all equal (and 3 survivors of a failing/cancelled batch), and 25 flagged-round runs.
 """
 
 from __future__ import annotations
