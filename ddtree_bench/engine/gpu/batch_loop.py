@@ -62,8 +62,8 @@ drafter: `_queue_draft`), so the host's reading, emitting and retiring overlap t
 the whole next round instead, from two requests up (`_ar_step`: two rounds in flight, each read for the requests
 still active; none queued ahead while requests wait for a slot, so they join the next round as in BatchLoop; one
 admitted by a scheduler while a round is in flight joins the round after it); one request alone queues its next
-round once the round before is read, before that round's token goes out (the single loop's order). On a CPU the same code runs without
-capture, which is how CI checks it. `rounds` holds per round the batch size, the bucket and the
+round once the round before is read, before that round's token goes out (the single loop's order). On a CPU the
+same code runs without capture, which is how CI checks it. `rounds` holds per round the batch size, the bucket and the
 stage times (ms), for bench-engine --batch.
 Knows nothing of threads or HTTP (batch_scheduler.BatchScheduler drives it like a BatchLoop).
 """
