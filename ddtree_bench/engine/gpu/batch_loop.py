@@ -163,6 +163,12 @@ class _Round:
     stage_ms: dict[str, float]
 
 
+def _may_continue(st: _Slot) -> bool:
+    """Whether a round after the next one could still emit for `st`: not stopped, and its next token leaves room
+    below max_new_tokens (the next round's own token not yet known)."""
+    return not st.stream.stopped and len(st.stream.out) + 1 < st.req.max_new_tokens
+
+
 @dataclass
 class _Queued:
     """An AR round queued before the host read the round before it (`_ar_step`): its requests with the slots they
@@ -660,7 +666,7 @@ class BatchFastLoop:
             self._inflight.append(self._queue_ar())
         if (self.pipeline_ar and len(self._inflight) == 1 and len(self.active) >= 2 and not waiting
                 and not any(st.req.return_logit_gaps for st in self.active)
-                and any(not st.stream.stopped and len(st.stream.out) + 1 < st.req.max_new_tokens for st in self.active)):
+                and any(_may_continue(st) for st in self.active)):
             self._inflight.append(self._queue_ar())
         q = self._inflight.popleft()
         res = q.ticket.take()
@@ -694,9 +700,9 @@ class BatchFastLoop:
         if waiting or len(self.active) != 1 or len(q.members) != 1:
             return False
         st, i = q.members[0]
-        if st is not self.active[0] or st.stream.stopped or st.req.return_logit_gaps:
+        if st is not self.active[0] or st.req.return_logit_gaps:
             return False
-        return res[i] not in st.stream.stops and len(st.stream.out) + 1 < st.req.max_new_tokens
+        return res[i] not in st.stream.stops and _may_continue(st)
 
     def _queue_ar(self) -> _Queued:
         """Queue one AR round over every active request (a bucket of one: FastLoop's stages on slot 0) and the copy of
