@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import atexit
+import http.client
 import json
 import os
 import signal
@@ -73,7 +74,8 @@ def http_get(url: str, timeout_s: float, api_key: str | None = None) -> tuple[in
         except Exception:
             body = b""
         return e.code, body, f"HTTP {e.code}"
-    except (urllib.error.URLError, OSError, TimeoutError) as e:
+    except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
+        # HTTPException: a server that dies mid-answer (IncompleteRead, a bad status line) is no answer either
         reason = getattr(e, "reason", e)
         return None, b"", f"{type(reason).__name__}: {reason}"
 

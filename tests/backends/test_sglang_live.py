@@ -217,6 +217,7 @@ def test_sweep_launches_sglang_survives_a_killed_server_and_resumes(tmp_path):
     assert killed.rc == 1, killed.log                  # one point failed: exit 1, the sweep went on
     assert not pids_with_port(killed.port)
     rows = {r["method"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    assert "ar" in rows, killed.log                    # the sweep recorded the killed point (and went on)
     assert rows["ar"]["status"] == "failed" and "server" in rows["ar"]["error"], rows["ar"]
     assert rows["dflash"]["status"] == "ok" and float(rows["dflash"]["acceptance_length_mean"]) > 1.5
     assert rows["ddtree"]["status"] == "unsupported" and "29907" in rows["ddtree"]["error"]
