@@ -58,6 +58,7 @@ from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.verify import GREEDY_EPS, pick, request_generator
 
 CAPACITY_ALIGN = 64  # cache slots; keeps the attention bias rows aligned for fused SDPA kernels
+SPENT_EVENTS_MAX = 4096  # CUDA events a loop keeps for reuse (Laps.pool): a long generation's marks
 COLD_NOTICE_S = 1.0  # a new shape's first round slower than this on a GPU says why on stderr (cold_notice)
 
 
@@ -75,23 +76,44 @@ def cold_notice(what: str, seconds: float, device) -> None:
                "shape and process; a later run reuses the compiled kernels from the Triton cache)", file=sys.stderr)
 
 
-class Laps:
-    """Stage boundaries of a generation: CUDA events (read once at the end) or perf_counter."""
+_STREAMS: dict[tuple, Any] = {}   # (stream id, device index, device type) -> its torch.cuda.Stream (stream_now)
 
-    def __init__(self, device: torch.device):
+
+def stream_now(device: torch.device):
+    """torch.cuda.current_stream(device), without its per-call checks (is CUDA available, which device): the
+    runtime's current stream is asked each time (a stream context still counts), its Stream object built once.
+    Events are recorded on it every round, where the host's microseconds show on small models."""
+    key = torch._C._cuda_getCurrentStream(device.index if device.index is not None else torch.cuda.current_device())
+    s = _STREAMS.get(key)
+    if s is None:
+        s = _STREAMS[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+    return s
+
+
+class Laps:
+    """Stage boundaries of a generation: CUDA events recorded on the stream current when the Laps was made (looked
+    up once, stream_now, not at every mark), or perf_counter on a CPU. `rounds()` reads them once and gives the
+    events back to `pool` (a loop's list of spent events, shared by its Laps), so a loop's rounds reuse events
+    instead of making new ones. The marks are host work on every round's critical path where the host is the
+    bottleneck (small models: docs/gpu-performance.md)."""
+
+    def __init__(self, device: torch.device, pool: list | None = None):
         self.cuda = device.type == "cuda"
+        self.stream = stream_now(device) if self.cuda else None
+        self.pool = pool if pool is not None else []
         self.marks: list[tuple[str, Any]] = []
 
     def mark(self, name: str) -> None:
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
+            ev = self.pool.pop() if self.pool else torch.cuda.Event(enable_timing=True)
+            ev.record(self.stream)
             self.marks.append((name, ev))
         else:
             self.marks.append((name, time.perf_counter_ns()))
 
     def rounds(self) -> list[dict[str, float]]:
-        """Per round (a round ends at its 'commit' mark): stage -> ms since the previous mark."""
+        """Per round (a round ends at its 'commit' mark): stage -> ms since the previous mark. Reads the marks once:
+        they are cleared (their events back in the pool), so a second call returns []."""
         if self.cuda and self.marks:
             self.marks[-1][1].synchronize()
         out: list[dict[str, float]] = []
@@ -102,6 +124,9 @@ class Laps:
             if name == "commit":
                 out.append(cur)
                 cur = {}
+        if self.cuda:
+            self.pool.extend(ev for _, ev in self.marks[: max(0, SPENT_EVENTS_MAX - len(self.pool))])
+        self.marks = []
         return out
 
 
@@ -128,6 +153,7 @@ class ResultRing:
 
     def __init__(self, n: int, device: torch.device):
         cuda = device.type == "cuda"
+        self.device = device
         self.bufs = [torch.zeros(n, dtype=torch.long, pin_memory=cuda) for _ in range(self.DEPTH)]
         self.events = [torch.cuda.Event() if cuda else None for _ in range(self.DEPTH)]
         self.turn = 0
@@ -140,7 +166,7 @@ class ResultRing:
         host = self.bufs[i][: flat.numel()]
         host.copy_(flat, non_blocking=True)
         if self.events[i] is not None:
-            self.events[i].record()
+            self.events[i].record(stream_now(self.device))
         return Ticket(host, self.events[i])
 
 
@@ -238,6 +264,7 @@ class FastLoop:
         self.cold_s: dict[tuple[str, int], float] = {}   # (method, budget) -> s from its new bucket to its first result
         self.capacity = 0
         self.rounds: list[dict[str, float]] = []
+        self.spent_events: list = []    # CUDA events read and free for the next Laps (Laps.pool)
         self._min_capacity = capacity
         self._warmed_rows: set[int] = set()   # row counts whose weight-GEMM variants are compiled
         self._builders: dict[tuple[int, str], Any] = {}
@@ -598,7 +625,7 @@ class FastLoop:
         accept_lengths: list[int] = []
         trees: list[RoundTrace] | None = [] if record_trees else None
         host = HostState(prefill_hidden=hidden, bonus=bonus, start=P)
-        laps = Laps(dev)
+        laps = Laps(dev, self.spent_events)
         laps.mark("begin")
 
         def ahead(emitted: int, stopped: bool) -> bool:
