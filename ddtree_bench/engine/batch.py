@@ -152,12 +152,14 @@ class _Active:
         except Exception as e:  # the caller's on_chunk (e.g. a client that went away): only this request ends
             self.error = e
 
-    def generation(self) -> BatchGeneration:
+    def generation(self, t_done_ns: int | None = None) -> BatchGeneration:
+        """The request's Generation; t_done_ns (default now) is when its last token went out."""
         out = self.stream.out
+        t_done_ns = time.perf_counter_ns() if t_done_ns is None else t_done_ns
         return BatchGeneration(
             output_ids=out, accept_lengths=self.accept_lengths, finish_reason=self.stream.finish_reason,
             num_prompt_tokens=len(self.req.prompt_ids), stage_ns=dict(self.stage_ns), t_start_ns=self.t_start,
-            t_first_token_ns=self.t_first, t_done_ns=time.perf_counter_ns(), chunk_times_ns=self.stream.chunk_times_ns,
+            t_first_token_ns=self.t_first, t_done_ns=t_done_ns, chunk_times_ns=self.stream.chunk_times_ns,
             chunk_tokens=self.stream.chunk_tokens, trees=self.trees,
             logit_gaps=self.gaps[: len(out)] if self.req.return_logit_gaps else None, batch_sizes=self.batch_sizes,
         )

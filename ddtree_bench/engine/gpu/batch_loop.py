@@ -94,6 +94,7 @@ from ddtree_bench.engine.verify import GREEDY_EPS, pick, request_generator
 
 __all__ = ["BatchFastLoop", "buckets_for", "Cancelled"]
 
+SETTLE_ROUNDS = 1024   # rounds whose stage marks may wait unread (_settle): at most a few ms of reading at once
 FOLD = {"draft": "draft", "tree_build": "tree_build", "tree_compile": "tree_build", "verify": "verify",
         "walk": "commit", "commit": "commit"}   # round stages -> interface.STAGES, as FastLoop folds them
 
@@ -122,6 +123,13 @@ class _Slot(_Active):
     slot: int = 0
     a: int = 0
     prefill_hidden: torch.Tensor | None = None
+    settle: Any = None   # the loop's _settle: its rounds' stage times not yet read, read before a Generation is built
+
+    def generation(self, t_done_ns: int | None = None):
+        t_done_ns = time.perf_counter_ns() if t_done_ns is None else t_done_ns   # its last token, not the reading
+        if self.settle is not None:
+            self.settle()
+        return super().generation(t_done_ns)
 
 
 class _Bucket:
@@ -154,13 +162,13 @@ class _Bucket:
 @dataclass
 class _Round:
     """What a round leaves for _finish_round: the walk results on the host (`stride` elements per slot), every
-    slot's tree (spec), the verify logits and the stage times (ms)."""
+    slot's tree (spec), the verify logits and the round's stage marks (read later: _settle)."""
 
     res: list[int]
     stride: int
     tree_of: Any
     logits: torch.Tensor
-    stage_ms: dict[str, float]
+    laps: Laps
 
 
 def _may_continue(st: _Slot) -> bool:
@@ -237,7 +245,9 @@ class BatchFastLoop:
         self.cold_s: dict[int, float] = {}   # bucket -> s from its new stages to its first result (bucket 1: solo's)
         self.active: list[_Slot] = []
         self.stats = BatchStats(max_batch)
-        self.rounds: list[dict[str, Any]] = []   # per round: batch, bucket, stage -> ms
+        self._rounds: list[dict[str, Any]] = []  # per round: batch, bucket, stage -> ms (`rounds`)
+        self._untimed: list[tuple[Laps, int, int, list[_Slot]]] = []   # rounds whose stage marks are unread (_settle)
+        self.spent_events: list = []      # CUDA events read and free for the next round's Laps (Laps.pool)
         self.capacity = 0
         self._stages: dict[int, _Bucket] = {}
         for m in (target, self.drafter):   # before any capture: the merge allocates
@@ -251,6 +261,26 @@ class BatchFastLoop:
     @property
     def ops(self):
         return ops_for(self.device, self.dtype, self.layer_ops)
+
+    @property
+    def rounds(self) -> list[dict[str, Any]]:
+        """Per round so far: batch, bucket, stage -> ms (bench-engine --batch reads them)."""
+        self._settle()
+        return self._rounds
+
+    def _settle(self) -> None:
+        """Read the stage marks of the rounds finished so far (their CUDA events, the last commit's waited for) into
+        `rounds` and each request's stage_ns. Not between one round's result and the next round's queueing, where
+        the host's microseconds show on small models (the single loop reads its marks after the generation too):
+        when a request retires (its Generation wants its stage_ns), when `rounds` is read, and every SETTLE_ROUNDS
+        rounds so that the marks held stay few."""
+        for laps, n, b, members in self._untimed:
+            stage_ms = laps.rounds()[0]
+            self._rounds.append({"batch": n, "bucket": b, **stage_ms})
+            for st in members:
+                for k, ms in stage_ms.items():
+                    st.stage_ns[FOLD[k]] += int(ms * 1e6)
+        self._untimed.clear()
 
     @property
     def free_slots(self) -> int:
@@ -369,7 +399,7 @@ class BatchFastLoop:
         tcache = slot_cache(self.tk, self.tv, i)
         t0 = self._now()
         st = _Slot(req, None, self.pcache[i], gen, OutputStream(req.max_new_tokens, req.stop_ids, req.on_chunk), t0,
-                   trees=[] if req.record_trees else None, slot=i)
+                   trees=[] if req.record_trees else None, slot=i, settle=self._settle)
         ids = torch.tensor(req.prompt_ids, dtype=torch.long, device=dev)
         logits, hidden = self.target(ids, torch.arange(P, device=dev), tcache, 0, hidden_layers=self.layers,
                                      last_logits_only=True)
@@ -645,10 +675,9 @@ class BatchFastLoop:
             st.batch_sizes.append(n)
         rnd = self._solo_round(self.active[0]) if b == 1 and self.solo is not None else self._batched_round(b)
         self._finish_round(rnd, time.perf_counter_ns())
-        self.rounds.append({"batch": n, "bucket": b, **rnd.stage_ms})
-        for st in self.active:
-            for k, ms in rnd.stage_ms.items():
-                st.stage_ns[FOLD[k]] += int(ms * 1e6)
+        self._untimed.append((rnd.laps, n, b, list(self.active)))
+        if len(self._untimed) >= SETTLE_ROUNDS:
+            self._settle()
         return self._retire()
 
     def _ar_step(self, waiting: bool) -> list[Retired]:
@@ -679,15 +708,14 @@ class BatchFastLoop:
         live = set(map(id, self.active))
         members = [(st, i) for st, i in q.members if id(st) in live]
         if members:
-            stage_ms = q.laps.rounds()[0]
             n = len(members)
             self.stats.batch_sizes.append(n)
-            self._finish_round(_Round(res, 1, None, q.logits, stage_ms), now, members)
-            self.rounds.append({"batch": n, "bucket": q.bucket, **stage_ms})
+            self._finish_round(_Round(res, 1, None, q.logits, q.laps), now, members)
+            self._untimed.append((q.laps, n, q.bucket, [st for st, _ in members]))
             for st, _ in members:
                 st.batch_sizes.append(n)
-                for k, ms in stage_ms.items():
-                    st.stage_ns[FOLD[k]] += int(ms * 1e6)
+            if len(self._untimed) >= SETTLE_ROUNDS:
+                self._settle()
         done = self._retire()
         if not self.active:
             self._inflight.clear()   # rounds queued for requests that all stopped: nothing in them to read
@@ -709,7 +737,7 @@ class BatchFastLoop:
         its picks to the host; nothing waits."""
         n = len(self.active)
         b = next(x for x in self.buckets if x >= n)
-        laps = Laps(self.device)
+        laps = Laps(self.device, self.spent_events)
         laps.mark("begin")
         t_cold = time.perf_counter()
         if b == 1 and self.solo is not None:
@@ -739,7 +767,7 @@ class BatchFastLoop:
         laps = self._ahead if drafted else None
         self._ahead = None
         if laps is None:
-            laps = Laps(dev)
+            laps = Laps(dev, self.spent_events)
             laps.mark("begin")
         first = st.prefill_hidden is not None   # round 1: FastLoop's eager draft from the whole prompt
         if first and self.drafter is not None:
@@ -748,7 +776,7 @@ class BatchFastLoop:
         fl._launch(fb, first, drafted, False, host, laps, T, st.req.top_p, st.gen)
         if (self.drafter is not None and not st.stream.stopped and len(st.stream.out) + 1 < st.req.max_new_tokens
                 and not (first and fb.fallback is not None)):   # FastLoop's rule: its round-1 redo needs that draft
-            nxt = Laps(dev)   # the next round's draft, queued before the wait (its marks open that round)
+            nxt = Laps(dev, self.spent_events)   # the next round's draft, queued before the wait (its marks open that round)
             nxt.mark("begin")
             fl._queue_draft(fb, False, host, nxt)
             self._ahead, self._ahead_bucket = nxt, 1
@@ -762,7 +790,7 @@ class BatchFastLoop:
             self._ahead = None   # the redo moved the state on: the queued draft is stale
         out = done.out
         tree_of = lambda i: (out.tree.tok, out.tree.par, out.tree.dep)  # noqa: E731
-        return _Round(res, len(res), tree_of, out.verified.logits, laps.rounds()[0])
+        return _Round(res, len(res), tree_of, out.verified.logits, laps)
 
     def _batched_round(self, b: int) -> _Round:
         """One DFlash / DDTree round over bucket b (AR: _ar_step) through the batched stages (module docstring): its
@@ -776,7 +804,7 @@ class BatchFastLoop:
         t_cold, cold = time.perf_counter(), b not in self._stages
         bk = self._bucket(b)
         if laps is None:
-            laps = Laps(self.device)
+            laps = Laps(self.device, self.spent_events)
             laps.mark("begin")
         if not drafted:
             if self.drafter is not None:
@@ -800,7 +828,7 @@ class BatchFastLoop:
             self._ahead = None   # the redo moved the state on: the queued draft is stale
         trees = done.out.get("tree_build")
         tree_of = lambda i: trees.slot(i)  # noqa: E731
-        return _Round(res, done.stride, tree_of, done.out["verify"][0], laps.rounds()[0])
+        return _Round(res, done.stride, tree_of, done.out["verify"][0], laps)
 
     def _queue_draft(self, bk: _Bucket) -> None:
         """The next round's draft over bucket bk.b, queued after this round's commit and before the host waits for
@@ -814,7 +842,7 @@ class BatchFastLoop:
         if self.drafter is None or not any(not st.stream.stopped and len(st.stream.out) + 1 < st.req.max_new_tokens
                                            for st in self.active):
             return
-        nxt = Laps(self.device)   # its marks open the next round
+        nxt = Laps(self.device, self.spent_events)   # its marks open the next round
         nxt.mark("begin")
         self._run(bk, "draft", nxt)
         self._ahead, self._ahead_bucket = nxt, bk.b

@@ -266,6 +266,62 @@ def test_ar_alone_queues_the_next_round_before_its_token_goes_out(rnd, monkeypat
     assert "length" in reasons and (T > 0 or "stop" in reasons)
 
 
+@pytest.mark.parametrize("method,budget", [("ar", 0), ("ddtree", 16)])
+def test_stage_marks_are_read_after_the_last_token_and_add_up(rnd, monkeypatch, method, budget):
+    """A round's stage marks are not read between its result and the next round's queueing (BatchFastLoop._settle):
+    one request alone has every mark read after its last token went out (as FastLoop reads them after the
+    generation), and no mark is read twice. With SETTLE_ROUNDS = 2 several requests run with at most two rounds'
+    marks unread, and each request's stage_ns (less prefill) is the sum of the rounds it took part in, `rounds` one
+    entry per round; outputs equal batch 1 either way."""
+    from ddtree_bench.engine.batch import _Active
+    from ddtree_bench.engine.gpu.loop import Laps
+
+    emitted, read_at = [0], []
+    emit, read = _Active.emit, Laps.rounds
+
+    def spy_emit(st, tokens, now):
+        emitted[0] += 1
+        return emit(st, tokens, now)
+
+    def spy_read(laps):
+        read_at.append(emitted[0])
+        return read(laps)
+
+    monkeypatch.setattr(_Active, "emit", spy_emit)
+    monkeypatch.setattr(Laps, "rounds", spy_read)
+    proposer = rnd.proposer if method != "ar" else None
+    r = make_requests(64, 0.0, seed=3)[0]
+    loop = BatchFastLoop(rnd.target, proposer, method, budget, 2)
+    (g,) = loop.run([r])
+    assert_same(g, alone(rnd, method, budget, r), ("marks-alone", method))
+    assert len(g.accept_lengths) > 2 and read_at == [emitted[0]] * len(g.accept_lengths)   # once each, at the end
+    assert len(loop.rounds) == len(g.accept_lengths)
+
+    monkeypatch.setattr(bl, "SETTLE_ROUNDS", 2)
+    held = []
+    settle = BatchFastLoop._settle
+
+    def spy_settle(lp):
+        held.append(len(lp._untimed))
+        return settle(lp)
+
+    monkeypatch.setattr(BatchFastLoop, "_settle", spy_settle)
+    reqs = make_requests(64, 0.0, seed=5)
+    loop = BatchFastLoop(rnd.target, proposer, method, budget, 2)
+    got = loop.run(reqs)
+    for q, g in zip(reqs, got):
+        assert_same(g, alone(rnd, method, budget, q), ("marks-settle", method))
+    assert held and max(held) <= 2
+    rounds = loop.rounds
+    assert len(rounds) == loop.stats.rounds
+    total = {k: sum(int(x.get(k, 0.0) * 1e6) for x in rounds) for k in ("verify", "commit")}
+    assert total["verify"] > 0
+    # every round counts once per request in it: the requests' verify ns sum to the rounds' weighted by batch size
+    weighted = sum(int(x["verify"] * 1e6) * x["batch"] for x in rounds)
+    assert sum(g.stage_ns["verify"] for g in got) == pytest.approx(weighted, abs=len(rounds) * len(reqs))
+    _count("marks", 1 + len(reqs))
+
+
 def test_ar_with_requests_waiting_queues_nothing_ahead(rnd, monkeypatch):
     """While requests wait for a slot (BatchLoop.run's `waiting`), AR reads each round before queuing the next, so
     a request admitted into a freed slot joins the very next round, as in BatchLoop (check: batch sizes equal)."""
