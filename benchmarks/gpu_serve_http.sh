@@ -6,13 +6,14 @@
 # output tok/s, median TPOT / TTFT / end-to-end ms and τ (summary.json); then N against 1 over the runs' medians
 # and their best TPOT (one stalled run moves a median of two), and whether every request's output ids are the same
 # under both (greedy: they must be). BUDGET (16), MAX_BATCH (4), METHOD (ddtree), LIMIT (16 prompts of gsm8k), NEW
-# (256 tokens), REPS (2), DTYPE (float32), CONCURRENCY (1), DEVICE (cuda; cpu for a smoke run, no graphs).
+# (256 tokens), REPS (2), DTYPE (float32), CONCURRENCY (1), DEVICE (cuda; cpu for a smoke run, no graphs), CODE
+# (the folder whose ddtree_bench package runs, default the repo: an A/B against another copy of the package).
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_serve_http.sh
 set -u
 OUT=${OUT:?set OUT}
 B=${BUDGET:-16}; N=${MAX_BATCH:-4}; M=${METHOD:-ddtree}; REPS=${REPS:-2}; DEV=${DEVICE:-cuda}
 GRAPHS=(); [ "${DEV#cuda}" != "$DEV" ] && GRAPHS=(--cuda-graphs)
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=${CODE:-.}${PYTHONPATH:+:$PYTHONPATH}
 for r in $(seq 1 "$REPS"); do
   for mb in 1 "$N"; do
     log="$OUT/serve-mb$mb-r$r.log"
