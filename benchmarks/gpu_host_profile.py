@@ -126,12 +126,14 @@ def main(argv=None) -> int:
                 print("\n".join(line for line in buf.getvalue().splitlines() if line.strip()), flush=True)
     finally:
         sched.close()
+    handled = f" ({consumer.drain()} handled)" if a.consumer_us > 0 else ""
     if a.micro and dev.type == "cuda":
         micro()
     print(f"# random pair {a.dtype} on {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
           f"{a.method}{f' B={a.budget}' if a.method == 'ddtree' else ''}, {a.requests} requests of {a.new} tokens "
           f"after {a.prefix_len}, one at a time, {a.slots} slots"
-          f"{f', chunks to a {a.consumer_us:g} us consumer thread' if a.consumer_us > 0 else ''}; medians", file=sys.stderr)
+          f"{f', chunks to a {a.consumer_us:g} us consumer thread{handled}' if a.consumer_us > 0 else ''}; medians",
+          file=sys.stderr)
     return 0
 
 
@@ -145,6 +147,7 @@ class Consumer:
         import os
 
         self.ns = int(us * 1e3)
+        self.handled = 0
         self.loop = asyncio.new_event_loop()
         self.r, self.w = os.pipe()
         os.set_blocking(self.r, False)
@@ -153,12 +156,22 @@ class Consumer:
     def on_chunk(self, tokens) -> None:
         self.loop.call_soon_threadsafe(self._handle, list(tokens))
 
+    def drain(self) -> int:
+        """Wait for every chunk handed over so far (callbacks run in order); returns how many were handled."""
+        import asyncio
+
+        async def nothing():
+            return None
+        asyncio.run_coroutine_threadsafe(nothing(), self.loop).result(timeout=60)
+        return self.handled
+
     def _handle(self, tokens) -> None:
         import os
 
         end, x = time.perf_counter_ns() + self.ns, 0
         while time.perf_counter_ns() < end:
             x += len(tokens)
+        self.handled += 1
         os.write(self.w, b"x")
         try:
             os.read(self.r, 4096)

@@ -1,0 +1,39 @@
+"""benchmarks/gpu_host_profile.py end to end on a CPU (eager rounds, perf_counter marks): one line per path with its
+decode ms a token against the single loop, the batched paths' step clock, cProfile tables read inside the engine
+thread, and the consumer-thread form (serve's shape) that leaves the calling-thread path out."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_host_profile.py"
+ARGS = [sys.executable, str(SCRIPT), "--device", "cpu", "--requests", "2", "--new", "6", "--prefix-len", "12"]
+
+
+def _paths(out: str) -> dict[str, str]:
+    return {m.group(1): m.group(0) for m in re.finditer(r"^ar\s+(\w+)\s+decode ms/token .*$", out, re.M)}
+
+
+def test_three_paths_each_timed_against_the_single_loop_with_profiles():
+    r = subprocess.run(ARGS + ["--cprofile", "--top", "5"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    paths = _paths(r.stdout)
+    assert list(paths) == ["single", "loop", "sched"]
+    assert "= 1.000x single" in paths["single"]
+    for name in ("loop", "sched"):   # the step clock: its steps counted (5 new tokens: 5 rounds a request, 2 requests)
+        m = re.search(r"step [\d.]+ us inside, [\d.]+ us between steps \((\d+) steps\)", paths[name])
+        assert m and int(m.group(1)) >= 10, paths[name]
+    tables = re.findall(r"## cProfile, (\w+) .*\n\s+(\d+) function calls", r.stdout)
+    assert [t[0] for t in tables] == ["single", "loop", "sched"] and all(int(t[1]) > 100 for t in tables)
+    assert "target_forward" in r.stdout.split("## cProfile, sched")[1]   # the engine thread's steps were seen
+
+
+def test_a_consumer_thread_takes_every_chunk_and_the_calling_thread_path_is_left_out():
+    r = subprocess.run(ARGS + ["--consumer-us", "50"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert list(_paths(r.stdout)) == ["single", "sched"]
+    # 3 requests a path (1 warms up), each its first token and 5 AR rounds' tokens: 6 chunks, all handled there
+    assert "chunks to a 50 us consumer thread (36 handled)" in r.stderr, r.stderr
