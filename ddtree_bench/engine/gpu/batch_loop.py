@@ -776,7 +776,7 @@ class BatchFastLoop:
         fl._launch(fb, first, drafted, False, host, laps, T, st.req.top_p, st.gen)
         if (self.drafter is not None and not st.stream.stopped and len(st.stream.out) + 1 < st.req.max_new_tokens
                 and not (first and fb.fallback is not None)):   # FastLoop's rule: its round-1 redo needs that draft
-            nxt = Laps(dev, self.spent_events)   # the next round's draft, queued before the wait (its marks open that round)
+            nxt = Laps(dev, self.spent_events)   # the next round's draft, queued before the wait (opens that round)
             nxt.mark("begin")
             fl._queue_draft(fb, False, host, nxt)
             self._ahead, self._ahead_bucket = nxt, 1
