@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Two copies of the package behind the same `serve` command, through HTTP, in turn (A, B, A, B, ...): did a code
+# change move what a user of the server sees? Through HTTP one code's TPOT spreads 10-40% from server to server on
+# host-bound rounds (the GIL traffic between the engine thread and the server's event loop; docs/gpu-performance.md
+# "Evening (H200, 2026-12-04)"), so two runs a side decide nothing: this runs ROUNDS (6) servers a side, alternating,
+# and prints per run the median TPOT, TTFT, end-to-end ms and output tok/s (summary.json), then per side the
+# median and range of the runs' TPOTs, B / A over the medians, and whether every request's output ids matched
+# between the sides (greedy: they must, unless the change meant to change them). CODE_A (default the repo) and
+# CODE_B (required): folders holding a `ddtree_bench` package, put first on PYTHONPATH; MODEL (toy), METHOD (ar),
+# BUDGET (16), MAX_BATCH (1), LIMIT (16 prompts of gsm8k), NEW (256 tokens), DTYPE (float32), DEVICE (cuda; cpu
+# for a smoke run, no graphs).
+# Run from the repo root:  OUT=/tmp/ab CODE_B=/tmp/old METHOD=ar MAX_BATCH=4 bash benchmarks/gpu_serve_http_ab.sh
+set -u
+OUT=${OUT:?set OUT}; CODE_B=${CODE_B:?set CODE_B to the other copy}
+A=${CODE_A:-.}; DEV=${DEVICE:-cuda}; M=${METHOD:-ar}
+GRAPHS=(); [ "${DEV#cuda}" != "$DEV" ] && GRAPHS=(--cuda-graphs)
+for i in $(seq 1 "${ROUNDS:-6}"); do
+  for side in A B; do
+    code=$A; [ $side = B ] && code=$CODE_B
+    d="$OUT/$side-$i"; mkdir -p "$d"
+    PYTHONPATH="$code" python3 -m ddtree_bench serve --model "${MODEL:-toy}" --method "$M" --budget "${BUDGET:-16}" \
+      --device "$DEV" --dtype "${DTYPE:-float32}" "${GRAPHS[@]}" --max-batch "${MAX_BATCH:-1}" --port 0 > "$d/serve.log" 2>&1 &
+    srv=$!; port=""
+    for _ in $(seq 1 240); do
+      port=$(grep -o "ready at http://127.0.0.1:[0-9]*" "$d/serve.log" | grep -o "[0-9]*$")
+      [ -n "$port" ] && break
+      kill -0 "$srv" 2> /dev/null || break
+      sleep 0.5
+    done
+    if [ -z "$port" ]; then echo "server $side-$i did not come up:"; tail -5 "$d/serve.log"; kill "$srv" 2> /dev/null; exit 1; fi
+    PYTHONPATH="$code" python3 -m ddtree_bench run --backend standalone --url "http://127.0.0.1:$port" --model "${MODEL:-toy}" \
+      --method "$M" --budget "${BUDGET:-16}" --suite gsm8k --limit "${LIMIT:-16}" --max-new-tokens "${NEW:-256}" \
+      --concurrency 1 --warmup 2 --out "$d/run" -q > "$d/run.log" 2>&1 || { echo "run $side-$i failed:"; tail -3 "$d/run.log"; }
+    kill "$srv"; wait "$srv" 2> /dev/null
+  done
+done
+python3 - "$OUT" "${ROUNDS:-6}" <<'EOF'
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def load(side, i):
+    d = f"{out}/{side}-{i}/run"
+    s = json.load(open(f"{d}/summary.json"))
+    ids = {(x["prompt_id"], x["turn"]): x["output_ids"] for x in map(json.loads, open(f"{d}/records.jsonl"))}
+    return s, ids
+print("run    tpot ms  ttft ms   e2e ms    tok/s")
+tpot, same, ref = {"A": [], "B": []}, True, None
+for i in range(1, rounds + 1):
+    for side in "AB":
+        s, ids = load(side, i)
+        p50 = lambda k: s[k]["p50"]
+        tpot[side].append(p50("tpot_ms"))
+        print(f"{side}-{i:<3} {p50('tpot_ms'):7.4f}  {p50('ttft_ms'):7.2f}  {p50('e2e_ms'):7.1f}  {s['output_throughput_tok_s']:7.1f}")
+        ref = ids if ref is None else ref
+        same &= ids == ref
+med = {k: statistics.median(v) for k, v in tpot.items()}
+for k in "AB":
+    print(f"{k}: TPOT median {med[k]:.4f} ms over {rounds} servers, range {min(tpot[k]):.4f}-{max(tpot[k]):.4f}")
+print(f"B / A: TPOT {med['B'] / med['A']:.3f}x; output ids {'identical' if same else 'DIFFER'} request by request")
+EOF

@@ -1,0 +1,31 @@
+"""benchmarks/gpu_serve_http_ab.sh on a CPU: two servers (the same package on both sides here), one run each through
+HTTP, a line per run, each side's median TPOT, B / A and the output-ids check; without CODE_B it refuses to start."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_two_sides_one_server_each_with_their_figures_and_equal_outputs(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "CODE_B": str(ROOT), "CODE_A": str(ROOT), "DEVICE": "cpu",
+           "ROUNDS": "1", "LIMIT": "2", "NEW": "6"}
+    r = subprocess.run(["bash", "benchmarks/gpu_serve_http_ab.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = re.findall(r"^([AB])-1\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", r.stdout, re.M)
+    assert [x[0] for x in rows] == ["A", "B"] and all(float(v) > 0 for x in rows for v in x[1:]), r.stdout
+    assert re.search(r"^A: TPOT median [\d.]+ ms over 1 servers", r.stdout, re.M)
+    assert re.search(r"^B / A: TPOT [\d.]+x; output ids identical request by request$", r.stdout, re.M), r.stdout
+    assert (tmp_path / "B-1" / "run" / "records.jsonl").stat().st_size > 0
+
+
+def test_without_the_other_copy_it_says_so_and_starts_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CODE_B"} | {"OUT": str(tmp_path)}
+    r = subprocess.run(["bash", "benchmarks/gpu_serve_http_ab.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and "CODE_B" in r.stderr and not list(tmp_path.iterdir())
