@@ -273,14 +273,15 @@ class BatchFastLoop:
         `rounds` and each request's stage_ns. Not between one round's result and the next round's queueing, where
         the host's microseconds show on small models (the single loop reads its marks after the generation too):
         when a request retires (its Generation wants its stage_ns), when `rounds` is read, and every SETTLE_ROUNDS
-        rounds so that the marks held stay few."""
-        for laps, n, b, members in self._untimed:
+        rounds so that the marks held stay few. Marks that cannot be read (an error reading them) are dropped with
+        the error, not read again at every later retirement."""
+        untimed, self._untimed = self._untimed, []
+        for laps, n, b, members in untimed:
             stage_ms = laps.rounds()[0]
             self._rounds.append({"batch": n, "bucket": b, **stage_ms})
             for st in members:
                 for k, ms in stage_ms.items():
                     st.stage_ns[FOLD[k]] += int(ms * 1e6)
-        self._untimed.clear()
 
     @property
     def free_slots(self) -> int:
@@ -470,6 +471,7 @@ class BatchFastLoop:
         st.slot = dst
         st.dcache = self.pcache[dst]
 
+    @torch.inference_mode()   # it zeroes slot buffers made in inference mode; the scheduler calls it outside step
     def fail_all(self, error: BaseException) -> list[Retired]:
         """End every active request with `error` (a round that raised: its state is unknown)."""
         out = [Retired(st.req, None, error) for st in self.active]

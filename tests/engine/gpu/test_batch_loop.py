@@ -357,6 +357,34 @@ def test_scheduler_runs_the_fast_loop_with_mid_flight_arrivals(rnd, method, budg
     _count("scheduler", len(reqs))
 
 
+def test_marks_that_cannot_be_read_fail_their_requests_once_not_every_later_one(rnd, monkeypatch):
+    """A round whose stage marks raise when read (a broken event) fails the requests retiring then, through the
+    scheduler, and is dropped: the next request is served and equals batch 1 (the marks are not read again at every
+    later retirement, which would wedge the server)."""
+    from ddtree_bench.engine.gpu.loop import Laps
+
+    read, bad = Laps.rounds, []
+
+    def broken(laps):
+        if not bad:
+            bad.append(laps)
+        if laps is bad[0]:
+            raise RuntimeError("unreadable marks")
+        return read(laps)
+
+    monkeypatch.setattr(Laps, "rounds", broken)
+    r1, r2 = make_requests(64, 0.0, seed=11)[:2]
+    sched = BatchScheduler(BatchFastLoop(rnd.target, None, "ar", 0, 2))
+    try:
+        with pytest.raises(RuntimeError, match="unreadable marks"):
+            sched.submit(r1).result(timeout=120)
+        g = sched.submit(r2).result(timeout=120)
+    finally:
+        sched.close()
+    assert_same(g, alone(rnd, "ar", 0, r2), ("marks-broken", r2.key))
+    assert g.stage_ns["verify"] > 0
+
+
 def test_engine_batch_loop_picks_the_fast_loop_for_cuda_graph_engines(rnd):
     fast = Engine(rnd.target, rnd.drafter, cuda_graphs=True)
     assert isinstance(fast.batch_loop("ddtree", 16, 4), BatchFastLoop)
