@@ -193,6 +193,12 @@ class EngineSource:
             self._batch = BatchScheduler(pair.engine.batch_loop(method, budget, max_batch), name="ddtree-engine")
         self.info["batch_loop"] = self._batch.loop.kind if self._batch is not None else None   # fast | plain | None (batch 1)
 
+    def failure(self) -> str | None:
+        """Why this source can serve nothing more (/health answers 503 with it), else None: the batch engine's
+        thread stopped after an error it could not recover from."""
+        why = self._batch.broken if self._batch is not None else None
+        return None if why is None else f"the batch engine stopped: {why}"
+
     def draft_tokens_per_round(self) -> int:
         return {"ddtree": self.budget, "dflash": self.block_size - 1}.get(self.method, 0)
 

@@ -1,6 +1,7 @@
 """`ddtree-bench serve`: an OpenAI-compatible HTTP server (aiohttp) on the reference engine.
 
-Endpoints: `GET /health` (200, or 503 while shutting down; never needs a key), `GET /v1/models`,
+Endpoints: `GET /health` (200, or 503 while shutting down or once the engine cannot serve: the batch engine's
+thread stopped; never needs a key), `GET /v1/models`,
 `GET /version`, `GET /server_info` (method, budget, block size, model paths and hashes, limits),
 `GET /metrics` (Prometheus text, `server_metrics`), `POST /v1/completions` and
 `POST /v1/chat/completions` (SSE streaming with `stream_options.include_usage` /
@@ -219,8 +220,13 @@ async def _middleware(request: web.Request, handler):
 
 
 async def _health(request: web.Request) -> web.Response:
-    if request.app[STATE].draining:
+    st: ServerState = request.app[STATE]
+    if st.draining:
         return _error(503, "shutting down", "server_error")
+    failure = getattr(st.source, "failure", None)
+    why = failure() if failure is not None else None
+    if why:
+        return _error(503, why, "server_error")
     return web.json_response({"status": "ok"})
 
 

@@ -7,7 +7,9 @@ finished requests (resolving their futures: a result, or the exception that ende
 has free slots; then it runs one round over everything active. A request's `on_chunk` runs on the
 engine thread (callers hop back to their own loop, e.g. `loop.call_soon_threadsafe`). An error
 inside a round (not attributable to one request) fails every request of that round and the
-thread goes on with the next ones. Idle, the thread sleeps on a condition; `close()` ends it
+thread goes on with the next ones; if the loop cannot even end that round's requests (`fail_all`
+raised), nothing it runs can be trusted: every request in flight or waiting fails with that error
+and later `submit`s raise it, rather than waiting forever on a thread that is gone. Idle, the thread sleeps on a condition; `close()` ends it
 after the requests in flight (queued ones fail with `RuntimeError`).
 
 `stats` is the loop's `BatchStats` (rounds and how full each was), read by the backends for
@@ -30,12 +32,23 @@ class BatchScheduler:
         self._waiting: deque[tuple[BatchRequest, Future]] = deque()
         self._futures: dict[int, Future] = {}
         self._closed = False
+        self._broken: BaseException | None = None   # why the engine thread stopped (fail_all raised)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     @property
     def stats(self) -> BatchStats:
         return self.loop.stats
+
+    @property
+    def broken(self) -> BaseException | None:
+        """Why the engine thread stopped for good (its loop could not end a failed round's requests), else None."""
+        return self._broken
+
+    @property
+    def broken(self) -> BaseException | None:
+        """Why the engine thread stopped for good (its loop could not end a failed round's requests), else None."""
+        return self._broken
 
     @property
     def max_batch(self) -> int:
@@ -45,6 +58,8 @@ class BatchScheduler:
         self.loop.check(req)  # bad requests fail here, in the caller's thread
         fut: Future = Future()
         with self._cv:
+            if self._broken is not None:
+                raise RuntimeError(f"the batch engine stopped after an error it could not recover from: {self._broken}")
             if self._closed:
                 raise RuntimeError("the batch scheduler is closed")
             self._waiting.append((req, fut))
@@ -56,6 +71,21 @@ class BatchScheduler:
             self._closed = True
             self._cv.notify()
         self._thread.join()
+
+    def _stop(self, why: BaseException) -> None:
+        """The engine thread's last act after an unrecoverable error: fail every request it holds or that waits."""
+        with self._cv:
+            self._broken = why
+            waiting = [fut for _, fut in self._waiting]
+            self._waiting.clear()
+        err = RuntimeError(f"the batch engine stopped: {why}")
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._futures.clear()
+        for fut in waiting:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(err)
 
     def _resolve(self, retired) -> None:
         for r in retired:
@@ -95,7 +125,12 @@ class BatchScheduler:
             try:
                 self._resolve(loop.step(waiting=bool(self._waiting)))   # a hint: read without the lock
             except Exception as e:  # the round's state is unknown: end its requests, keep serving
-                self._resolve(loop.fail_all(e))
+                try:
+                    self._resolve(loop.fail_all(e))
+                except Exception as stuck:   # ... unless even that fails: stop, and say why to every caller
+                    self._stop(RuntimeError(f"{type(stuck).__name__}: {stuck} (ending a round that raised "
+                                            f"{type(e).__name__}: {e})"))
+                    return
         for _, fut in pending:
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(RuntimeError("the batch scheduler closed before this request ran"))

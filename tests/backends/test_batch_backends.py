@@ -138,6 +138,35 @@ def test_serve_max_batch_overlaps_and_equals_in_process(pair):
     assert s["concurrency_honoured"] is None  # a server's batching is not the client's to vouch for
 
 
+def test_a_batch_engine_that_cannot_recover_answers_errors_and_an_unhealthy_health_never_a_hang(pair):
+    """`serve --max-batch N` whose engine thread stops (a round raised and ending its requests raised too): the
+    request in flight gets a 500 with the reason, /health turns 503 with it (a load balancer stops sending), and
+    a later request is a 500 at once instead of waiting forever on a thread that is gone."""
+    src = EngineSource(pair, "ddtree", 16, "random", max_batch=2)
+
+    def boom(*a, **kw):
+        raise RuntimeError("device lost")
+
+    def stuck(error):
+        raise RuntimeError("cannot reset the slots")
+
+    loop = src._batch.loop
+    loop.step, loop.fail_all = boom, stuck
+    body = {"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0}
+    try:
+        with ThreadedServer(build_app(src)) as s:
+            assert requests.get(s.url + "/health", timeout=10).status_code == 200
+            first = requests.post(s.url + "/v1/completions", json=body, timeout=60)
+            assert first.status_code == 500 and "cannot reset the slots" in first.json()["error"]["message"]
+            health = requests.get(s.url + "/health", timeout=10)
+            msg = health.json()["error"]["message"]
+            assert health.status_code == 503 and "batch engine stopped" in msg and "device lost" in msg
+            later = requests.post(s.url + "/v1/completions", json=body, timeout=20)
+            assert later.status_code == 500 and "could not recover" in later.json()["error"]["message"]
+    finally:
+        src.close()
+
+
 def test_a_serial_server_at_concurrency_4_is_flagged(pair):
     recs, info = serve_records(pair, 1, 4)
     assert info["max_batch"] == 1 and all(r.ok for r in recs)
