@@ -10,7 +10,8 @@
 # (the folder whose ddtree_bench package runs, default the repo: an A/B against another copy of the package).
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_serve_http.sh
 set -u
-OUT=${OUT:?set OUT}
+source "$(dirname "$0")/serve_lib.sh"
+OUT=${OUT:?set OUT}; mkdir -p "$OUT"
 B=${BUDGET:-16}; N=${MAX_BATCH:-4}; M=${METHOD:-ddtree}; REPS=${REPS:-2}; DEV=${DEVICE:-cuda}
 GRAPHS=(); [ "${DEV#cuda}" != "$DEV" ] && GRAPHS=(--cuda-graphs)
 export PYTHONPATH=${CODE:-.}${PYTHONPATH:+:$PYTHONPATH}
@@ -20,14 +21,9 @@ for r in $(seq 1 "$REPS"); do
     python3 -m ddtree_bench serve --model toy --method "$M" --budget "$B" --device "$DEV" --dtype "${DTYPE:-float32}" \
       "${GRAPHS[@]}" --max-batch "$mb" --port 0 > "$log" 2>&1 &
     srv=$!
-    port=""
-    for _ in $(seq 1 120); do
-      port=$(grep -o "ready at http://127.0.0.1:[0-9]*" "$log" | grep -o "[0-9]*$")
-      [ -n "$port" ] && break
-      kill -0 "$srv" 2> /dev/null || break
-      sleep 1
-    done
-    if [ -z "$port" ]; then echo "server (max-batch $mb) did not come up:"; tail -5 "$log"; kill "$srv" 2> /dev/null; exit 1; fi
+    if ! port=$(wait_ready "$log" "$srv"); then
+      echo "server (max-batch $mb) did not come up:"; tail -5 "$log"; kill "$srv" 2> /dev/null; exit 1
+    fi
     python3 -m ddtree_bench run --backend standalone --url "http://127.0.0.1:$port" --model toy --method "$M" \
       --budget "$B" --suite gsm8k --limit "${LIMIT:-16}" --max-new-tokens "${NEW:-256}" \
       --concurrency "${CONCURRENCY:-1}" --warmup 2 --out "$OUT/mb$mb-r$r" -q || echo "run (max-batch $mb) failed: $?"

@@ -11,7 +11,8 @@
 # for a smoke run, no graphs).
 # Run from the repo root:  OUT=/tmp/ab CODE_B=/tmp/old METHOD=ar MAX_BATCH=4 bash benchmarks/gpu_serve_http_ab.sh
 set -u
-OUT=${OUT:?set OUT}; CODE_B=${CODE_B:?set CODE_B to the other copy}
+source "$(dirname "$0")/serve_lib.sh"
+OUT=${OUT:?set OUT}; CODE_B=${CODE_B:?set CODE_B to the other copy}; mkdir -p "$OUT"
 A=${CODE_A:-.}; DEV=${DEVICE:-cuda}; M=${METHOD:-ar}
 GRAPHS=(); [ "${DEV#cuda}" != "$DEV" ] && GRAPHS=(--cuda-graphs)
 for i in $(seq 1 "${ROUNDS:-6}"); do
@@ -20,14 +21,10 @@ for i in $(seq 1 "${ROUNDS:-6}"); do
     d="$OUT/$side-$i"; mkdir -p "$d"
     PYTHONPATH="$code" python3 -m ddtree_bench serve --model "${MODEL:-toy}" --method "$M" --budget "${BUDGET:-16}" \
       --device "$DEV" --dtype "${DTYPE:-float32}" "${GRAPHS[@]}" --max-batch "${MAX_BATCH:-1}" --port 0 > "$d/serve.log" 2>&1 &
-    srv=$!; port=""
-    for _ in $(seq 1 240); do
-      port=$(grep -o "ready at http://127.0.0.1:[0-9]*" "$d/serve.log" | grep -o "[0-9]*$")
-      [ -n "$port" ] && break
-      kill -0 "$srv" 2> /dev/null || break
-      sleep 0.5
-    done
-    if [ -z "$port" ]; then echo "server $side-$i did not come up:"; tail -5 "$d/serve.log"; kill "$srv" 2> /dev/null; exit 1; fi
+    srv=$!
+    if ! port=$(wait_ready "$d/serve.log" "$srv"); then
+      echo "server $side-$i did not come up:"; tail -5 "$d/serve.log"; kill "$srv" 2> /dev/null; exit 1
+    fi
     PYTHONPATH="$code" python3 -m ddtree_bench run --backend standalone --url "http://127.0.0.1:$port" --model "${MODEL:-toy}" \
       --method "$M" --budget "${BUDGET:-16}" --suite gsm8k --limit "${LIMIT:-16}" --max-new-tokens "${NEW:-256}" \
       --concurrency 1 --warmup 2 --out "$d/run" -q > "$d/run.log" 2>&1 || { echo "run $side-$i failed:"; tail -3 "$d/run.log"; }
