@@ -9,8 +9,9 @@ engine thread (callers hop back to their own loop, e.g. `loop.call_soon_threadsa
 inside a round (not attributable to one request) fails every request of that round and the
 thread goes on with the next ones; if the loop cannot even end that round's requests (`fail_all`
 raised), nothing it runs can be trusted: every request in flight or waiting fails with that error
-and later `submit`s raise it, rather than waiting forever on a thread that is gone. Idle, the thread sleeps on a condition; `close()` ends it
-after the requests in flight (queued ones fail with `RuntimeError`).
+and later `submit`s raise it, rather than waiting forever on a thread that is gone (`broken`).
+Idle, the thread sleeps on a condition; `close()` ends it after the requests in flight (queued ones
+fail with `RuntimeError`).
 
 `stats` is the loop's `BatchStats` (rounds and how full each was), read by the backends for
 summary.json. Knows the loop's API; nothing of HTTP or records.
@@ -39,11 +40,6 @@ class BatchScheduler:
     @property
     def stats(self) -> BatchStats:
         return self.loop.stats
-
-    @property
-    def broken(self) -> BaseException | None:
-        """Why the engine thread stopped for good (its loop could not end a failed round's requests), else None."""
-        return self._broken
 
     @property
     def broken(self) -> BaseException | None:
