@@ -268,6 +268,13 @@ class BatchFastLoop:
         self._settle()
         return self._rounds
 
+    def _time_later(self, laps: Laps, n: int, bucket: int, members: list[_Slot]) -> None:
+        """A finished round of n requests (`members`) over `bucket`: its marks wait for _settle, which runs now only
+        once SETTLE_ROUNDS rounds wait."""
+        self._untimed.append((laps, n, bucket, members))
+        if len(self._untimed) >= SETTLE_ROUNDS:
+            self._settle()
+
     def _settle(self) -> None:
         """Read the stage marks of the rounds finished so far (their CUDA events, the last commit's waited for) into
         `rounds` and each request's stage_ns. Not between one round's result and the next round's queueing, where
@@ -677,9 +684,7 @@ class BatchFastLoop:
             st.batch_sizes.append(n)
         rnd = self._solo_round(self.active[0]) if b == 1 and self.solo is not None else self._batched_round(b)
         self._finish_round(rnd, time.perf_counter_ns())
-        self._untimed.append((rnd.laps, n, b, list(self.active)))
-        if len(self._untimed) >= SETTLE_ROUNDS:
-            self._settle()
+        self._time_later(rnd.laps, n, b, list(self.active))
         return self._retire()
 
     def _ar_step(self, waiting: bool) -> list[Retired]:
@@ -713,11 +718,9 @@ class BatchFastLoop:
             n = len(members)
             self.stats.batch_sizes.append(n)
             self._finish_round(_Round(res, 1, None, q.logits, q.laps), now, members)
-            self._untimed.append((q.laps, n, q.bucket, [st for st, _ in members]))
             for st, _ in members:
                 st.batch_sizes.append(n)
-            if len(self._untimed) >= SETTLE_ROUNDS:
-                self._settle()
+            self._time_later(q.laps, n, q.bucket, [st for st, _ in members])
         done = self._retire()
         if not self.active:
             self._inflight.clear()   # rounds queued for requests that all stopped: nothing in them to read
