@@ -10,7 +10,8 @@ inside a round (not attributable to one request) fails every request of that rou
 thread goes on with the next ones; if the loop cannot even end that round's requests (`fail_all`
 raised), nothing it runs can be trusted: every request in flight or waiting fails with that error
 and later `submit`s raise it, rather than waiting forever on a thread that is gone (`broken`).
-Idle, the thread sleeps on a condition; `close()` ends it after the requests in flight (queued ones
+The engine thread runs in torch's inference mode throughout (the loops' state is made in it; a step
+would otherwise enter it every round). Idle, the thread sleeps on a condition; `close()` ends it after the requests in flight (queued ones
 fail with `RuntimeError`).
 
 `stats` is the loop's `BatchStats` (rounds and how full each was), read by the backends for
@@ -22,6 +23,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 from concurrent.futures import Future
+
+import torch
 
 from ddtree_bench.engine.batch import BatchLoop, BatchRequest, BatchStats
 
@@ -94,6 +97,10 @@ class BatchScheduler:
                 fut.set_result(r.generation)
 
     def _run(self) -> None:
+        with torch.inference_mode():   # once for the thread: the loops' step then skips entering it every round
+            self._serve()
+
+    def _serve(self) -> None:
         loop = self.loop
         while True:
             with self._cv:

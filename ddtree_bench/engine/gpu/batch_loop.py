@@ -445,7 +445,9 @@ class BatchFastLoop:
 
     def _retire(self, only: Sequence[_Slot] | None = None) -> list[Retired]:
         retired, self.active = split_retired(self.active, self.spec, only)
-        if retired and self._ahead_bucket == 1:   # the solo draft; a batched one moves with its slots (_queue_draft)
+        if not retired:   # the slots are packed already (admission takes slot n)
+            return []
+        if self._ahead_bucket == 1:   # the solo draft; a batched one moves with its slots (_queue_draft)
             self._ahead = None
         for st, _ in retired:
             self.live[st.slot].fill_(0)
@@ -669,10 +671,17 @@ class BatchFastLoop:
                 raise ValueError(f"the batched fast loop needs drafts of {self.L} depths, the proposer gave {dl.shape[0]}")
             self.dlogits[st.slot].copy_(dl)
 
-    @torch.inference_mode()
     def step(self, waiting: bool = False) -> list[Retired]:
         """One round over every active request; returns the requests that retired after it. `waiting`: requests wait
-        for a free slot (AR then queues no round ahead, so that they join the next round, as in BatchLoop)."""
+        for a free slot (AR then queues no round ahead, so that they join the next round, as in BatchLoop). Runs in
+        inference mode, entered here unless the calling thread is in it already (the scheduler's engine thread
+        enters it once: ~1.5 us a round saved, which shows where the host is the bottleneck)."""
+        if torch.is_inference_mode_enabled():
+            return self._step(waiting)
+        with torch.inference_mode():
+            return self._step(waiting)
+
+    def _step(self, waiting: bool) -> list[Retired]:
         if not self.active:
             return []
         if not self.spec:
@@ -708,7 +717,7 @@ class BatchFastLoop:
         res = q.ticket.take()
         now = time.perf_counter_ns()
         if self.pipeline_ar and not self._inflight and self._lone_continues(q, res, waiting):
-            self._inflight.append(self._queue_ar())
+            self._inflight.append(self._queue_ar(after=q.laps))
         if q.t_cold is not None:
             self.cold_s[q.bucket] = time.perf_counter() - q.t_cold
             cold_notice(f"ar batch {'1' if q.bucket == 1 else f'bucket {q.bucket}'}", self.cold_s[q.bucket], self.device)
@@ -737,13 +746,15 @@ class BatchFastLoop:
             return False
         return res[i] not in st.stream.stops and _may_continue(st)
 
-    def _queue_ar(self) -> _Queued:
+    def _queue_ar(self, after: Laps | None = None) -> _Queued:
         """Queue one AR round over every active request (a bucket of one: FastLoop's stages on slot 0) and the copy of
-        its picks to the host; nothing waits."""
+        its picks to the host; nothing waits. `after`: the marks of the round queued just before this one, with
+        nothing on the stream between them (a lone request's next round): this round's first stage is timed from
+        that round's last mark, as the single loop times its rounds, instead of from a mark of its own."""
         n = len(self.active)
         b = next(x for x in self.buckets if x >= n)
         laps = Laps(self.device, self.spent_events)
-        laps.mark("begin")
+        laps.begin(after)
         t_cold = time.perf_counter()
         if b == 1 and self.solo is not None:
             st, fl = self.active[0], self.solo

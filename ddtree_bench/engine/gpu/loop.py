@@ -102,6 +102,17 @@ class Laps:
         self.stream = stream_now(device) if self.cuda else None
         self.pool = pool if pool is not None else []
         self.marks: list[tuple[str, Any]] = []
+        self.handed_on = False   # its last mark also began another Laps, which gives that event back to the pool
+
+    def begin(self, after: "Laps | None" = None) -> None:
+        """The 'begin' mark: `after`'s last mark when the caller knows nothing was queued on the stream since it (one
+        record fewer; that Laps no longer gives its last event back), else a new mark; a new mark too when `after`
+        has none left (read already) or handed its last one on before."""
+        if after is not None and after.marks and not after.handed_on:
+            self.marks.append(("begin", after.marks[-1][1]))
+            after.handed_on = True
+        else:
+            self.mark("begin")
 
     def mark(self, name: str) -> None:
         if self.cuda:
@@ -125,7 +136,8 @@ class Laps:
                 out.append(cur)
                 cur = {}
         if self.cuda:
-            self.pool.extend(ev for _, ev in self.marks[: max(0, SPENT_EVENTS_MAX - len(self.pool))])
+            mine = self.marks[:-1] if self.handed_on else self.marks
+            self.pool.extend(ev for _, ev in mine[: max(0, SPENT_EVENTS_MAX - len(self.pool))])
         self.marks = []
         return out
 

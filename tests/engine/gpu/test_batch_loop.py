@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 from batch_support import (  # noqa: F401
     FlakySlotted,
     KeyedRigged,
@@ -230,11 +231,13 @@ def test_ar_alone_queues_the_next_round_before_its_token_goes_out(rnd, monkeypat
     """One request alone (no other active, none waiting): once a round is read, the round after it is queued before
     that round's token is emitted - the single loop's order (FastLoop.generate), so the GPU computes while the host
     hands tokens out - except after its last round (a stop id or max_new_tokens): no round runs that is never read.
-    Each request of requests_with_stops runs alone through two slots (one stops inside on a greedy stop id, one runs
-    to max_new_tokens, one needs no round) and equals batch 1 and BatchLoop."""
+    Such a round is timed from the last mark of the round before it (Laps.begin: one mark fewer a round, as the
+    single loop times its rounds), so only the first round makes a "begin" mark and every round still has its
+    stages. Each request of requests_with_stops runs alone through two slots (one stops inside on a greedy stop id,
+    one runs to max_new_tokens, one needs no round) and equals batch 1 and BatchLoop."""
     from ddtree_bench.engine.batch import _Active
     from ddtree_bench.engine.gpu import loop as single
-    from ddtree_bench.engine.gpu.loop import Ticket
+    from ddtree_bench.engine.gpu.loop import Laps, Ticket
 
     calls = count_forwards(monkeypatch, bl, "target_forward_batch", "draft_forward_batch")
     solo = count_forwards(monkeypatch, single, "target_forward", "draft_forward")
@@ -249,11 +252,19 @@ def test_ar_alone_queues_the_next_round_before_its_token_goes_out(rnd, monkeypat
         ahead_at_emit.append(calls["target"] + solo["target"] - reads[0])
         return emit(st, tokens, now)
 
+    begins, mark = [0], Laps.mark
+
+    def counted_mark(laps, name):
+        begins[0] += name == "begin"
+        return mark(laps, name)
+
     monkeypatch.setattr(Ticket, "take", counted)
     monkeypatch.setattr(_Active, "emit", spy)
+    monkeypatch.setattr(Laps, "mark", counted_mark)
     reasons = set()
     for r in requests_with_stops(rnd, T, seed=1):
         ahead_at_emit.clear()
+        begins[0] = 0
         queued0, read0 = calls["target"] + solo["target"], reads[0]
         loop = BatchFastLoop(rnd.target, None, "ar", 0, 2)
         (g,) = loop.run([r])
@@ -261,6 +272,7 @@ def test_ar_alone_queues_the_next_round_before_its_token_goes_out(rnd, monkeypat
         rounds = len(loop.rounds)
         assert calls["target"] + solo["target"] - queued0 == reads[0] - read0 == rounds   # none queued past the last
         assert ahead_at_emit == [0] + ([1] * (rounds - 1) + [0] if rounds else []), (rounds, ahead_at_emit)
+        assert begins[0] == min(rounds, 1) and all({"verify", "commit"} <= set(x) for x in loop.rounds)
         reasons.add(g.finish_reason)
         _count("ar-alone", 1)
     assert "length" in reasons and (T > 0 or "stop" in reasons)
@@ -342,6 +354,9 @@ def test_ar_with_requests_waiting_queues_nothing_ahead(rnd, monkeypatch):
 def test_scheduler_runs_the_fast_loop_with_mid_flight_arrivals(rnd, method, budget):
     """Requests arrive while rounds run (AR: while the next one is queued, so they join the one after)."""
     reqs = make_requests(64, 0.8, seed=8)
+    modes = set()   # the engine thread runs in inference mode (entered once for the thread, not by every step)
+    for r in reqs:
+        r.on_chunk = lambda toks: modes.add(torch.is_inference_mode_enabled())
     sched = BatchScheduler(BatchFastLoop(rnd.target, rnd.proposer if method != "ar" else None, method, budget, 3))
     try:
         futs = []
@@ -353,7 +368,7 @@ def test_scheduler_runs_the_fast_loop_with_mid_flight_arrivals(rnd, method, budg
         sched.close()
     for r, g in zip(reqs, got):
         assert_same(g, alone(rnd, method, budget, r), ("scheduler", method, r.key))
-    assert sched.stats.max_batch_size >= 2 and sched.stats.admitted == len(reqs)
+    assert sched.stats.max_batch_size >= 2 and sched.stats.admitted == len(reqs) and modes == {True}
     _count("scheduler", len(reqs))
 
 

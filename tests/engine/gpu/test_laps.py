@@ -23,6 +23,56 @@ def test_laps_on_a_cpu_split_rounds_at_commit_and_read_once():
     assert laps.rounds() == [] and laps.marks == []   # read once: the marks are gone
 
 
+def test_a_laps_that_begins_after_another_times_its_first_stage_from_that_ones_last_mark():
+    cpu = torch.device("cpu")
+    first = Laps(cpu)
+    first.begin()                      # no `after`: a mark of its own
+    first.mark("verify")
+    first.mark("commit")
+    second = Laps(cpu)
+    second.begin(first)                # one round right after the other: first's commit is second's begin
+    assert second.marks[0] == ("begin", first.marks[-1][1]) and first.handed_on
+    second.mark("verify")
+    second.mark("commit")
+    third = Laps(cpu)
+    third.begin(first)                 # first's last mark is handed on already: a mark of its own
+    assert third.marks[0][1] >= second.marks[-1][1] and third.marks[0][1] != first.marks[-1][1]
+    fourth = Laps(cpu)
+    first.rounds()
+    fourth.begin(first)                # first is read (no marks left): a mark of its own
+    assert len(fourth.marks) == 1 and fourth.marks[0][0] == "begin"
+    t_begin, t_verify = second.marks[0][1], second.marks[1][1]
+    (r,) = second.rounds()
+    assert set(r) == {"verify", "commit"} and r["verify"] == (t_verify - t_begin) / 1e6
+
+
+@pytest.mark.gpu
+@cuda
+def test_a_handed_on_event_goes_back_to_the_pool_once_from_the_laps_that_began_with_it():
+    dev = torch.device("cuda")
+    pool: list = []
+    first = Laps(dev, pool)
+    first.begin()
+    first.mark("verify")
+    first.mark("commit")
+    shared = first.marks[-1][1]
+    second = Laps(dev, pool)
+    second.begin(first)
+    x = torch.ones(1 << 22, device=dev)
+    for _ in range(20):
+        x.mul_(1.0001)   # the second round's work, after the shared mark
+    second.mark("verify")
+    second.mark("commit")
+    (r1,) = first.rounds()
+    assert all(id(e) != id(shared) for e in pool) and len(pool) == 2   # first keeps its handed-on event out
+    third = Laps(dev, pool)   # marks taken from the pool now must not overwrite the shared event
+    third.begin()
+    third.mark("commit")
+    (r2,) = second.rounds()
+    assert r2["verify"] > 0 and [id(e) for e in pool].count(id(shared)) == 1   # given back once, by second
+    assert set(r1) == {"verify", "commit"}
+
+
 @pytest.mark.gpu
 @cuda
 def test_laps_reuse_their_events_through_the_pool():
