@@ -403,6 +403,7 @@ class BatchLoop:
 
     # ------------------------------------------------------------------ offline
 
+    @torch.inference_mode()   # once for the whole run: the fast loop's step then skips entering it every round
     def run(self, requests: Sequence[BatchRequest]) -> list[Generation]:
         """Every request to completion, admitting in order as slots free up; results in request
         order. The first request error is raised after the batch drains."""
