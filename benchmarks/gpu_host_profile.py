@@ -22,6 +22,7 @@ bookkeeping makes: CUDA events, stream lookups, inference_mode, a Condition hand
     python benchmarks/gpu_host_profile.py --method ar --micro --cprofile
     python benchmarks/gpu_host_profile.py --method dflash --requests 4 --new 128
     python benchmarks/gpu_host_profile.py --method ar --consumer-us 100
+    python benchmarks/gpu_host_profile.py --method ar --consumer-us 100 --trace   # where a token's us go
     python benchmarks/gpu_host_profile.py --device cpu --requests 2 --new 8   # a CPU smoke run (no events)
 """
 
@@ -56,7 +57,12 @@ def main(argv=None) -> int:
     ap.add_argument("--consumer-us", type=float, default=0.0,
                     help="stream every chunk to an asyncio thread that spends this many us of Python on it, as "
                          "serve's handler does (single then runs on a worker thread, as serve runs it)")
+    ap.add_argument("--trace", action="store_true",
+                    help="with --consumer-us: a timeline per path (where a token's microseconds go between the "
+                         "engine thread and the consumer)")
     a = ap.parse_args(argv)
+    if a.trace and a.consumer_us <= 0:
+        ap.error("--trace needs --consumer-us")
 
     from ddtree_bench.engine.batch import BatchRequest
     from ddtree_bench.engine.batch_scheduler import BatchScheduler
@@ -95,18 +101,27 @@ def main(argv=None) -> int:
         return (g.t_done_ns - g.t_first_token_ns) / 1e6 / max(1, len(g.output_ids) - 1)
 
     times: dict[str, list[float]] = {k: [] for k in paths}
+    timeline = Timeline(consumer) if a.trace else None
     try:
         for i, p in enumerate(prompts):
             for name, run in paths.items():
+                if timeline is not None:
+                    timeline.start()
                 g = run(p)
                 if i:   # prompt 0 warms up (compiles, captures)
                     times[name].append(decode_ms(g))
+                    if timeline is not None:
+                        consumer.drain()
+                        timeline.keep(name)
         base = statistics.median(times["single"])
         for name, v in times.items():
             m = statistics.median(v)
             clock = f"; {clocks[name].summary()}" if name in clocks else ""
             print(f"{a.method:7s} {name:6s} decode ms/token {m:.4f} = {m / base:.3f}x single  "
                   f"(runs {' '.join(f'{x:.4f}' for x in v)}){clock}", flush=True)
+        if timeline is not None:
+            for name in paths:
+                print(f"trace   {name:6s} {timeline.summary(name)}", flush=True)
         if a.cprofile:
             for name, run in paths.items():
                 print(f"\n## cProfile, {name} ({len(prompts) - 1} requests; own time, top {a.top})")
@@ -148,12 +163,15 @@ class Consumer:
 
         self.ns = int(us * 1e3)
         self.handled = 0
+        self.timeline: Timeline | None = None
         self.loop = asyncio.new_event_loop()
         self.r, self.w = os.pipe()
         os.set_blocking(self.r, False)
         threading.Thread(target=self.loop.run_forever, daemon=True, name="consumer").start()
 
     def on_chunk(self, tokens) -> None:
+        if self.timeline is not None:
+            self.timeline.emits.append(time.perf_counter_ns())
         self.loop.call_soon_threadsafe(self._handle, list(tokens))
 
     def drain(self) -> int:
@@ -168,7 +186,8 @@ class Consumer:
     def _handle(self, tokens) -> None:
         import os
 
-        end, x = time.perf_counter_ns() + self.ns, 0
+        t0 = time.perf_counter_ns()
+        end, x = t0 + self.ns, 0
         while time.perf_counter_ns() < end:
             x += len(tokens)
         self.handled += 1
@@ -177,6 +196,62 @@ class Consumer:
             os.read(self.r, 4096)
         except BlockingIOError:
             pass
+        if self.timeline is not None:
+            self.timeline.spans.append((t0, time.perf_counter_ns()))
+
+
+class Timeline:
+    """With a consumer thread: per request, when the engine thread waited for each round's result (Ticket.take, entered
+    and returned), when each chunk was handed over (on_chunk) and when the consumer began and ended it. Per path it
+    reports medians over rounds, in us: `engine` - from one result's return to the next wait (the engine thread's own
+    work a round, the GIL held but for its CUDA calls); `wait` - inside take (the GPU's round, or the GIL held by the
+    consumer when the round is done); `wake` - from a chunk's hand-over to the consumer starting on it; `handle` - the
+    consumer's work; `regain` - from the consumer's end to the engine's return from take, in rounds where the
+    consumer ended inside that wait (the engine waiting for the GIL, then for the OS to run it); and `late` - the
+    share of rounds whose wait the consumer's work ended in."""
+
+    def __init__(self, consumer: "Consumer"):
+        from ddtree_bench.engine.gpu.loop import Ticket
+
+        self.takes: list[tuple[int, int]] = []
+        self.emits: list[int] = []
+        self.spans: list[tuple[int, int]] = []
+        self.kept: dict[str, list[tuple]] = {}
+        take = Ticket.take
+
+        def timed_take(ticket):
+            t0 = time.perf_counter_ns()
+            try:
+                return take(ticket)
+            finally:
+                self.takes.append((t0, time.perf_counter_ns()))
+
+        Ticket.take = timed_take
+        consumer.timeline = self
+
+    def start(self) -> None:
+        self.takes, self.emits, self.spans = [], [], []
+
+    def keep(self, name: str) -> None:
+        self.kept.setdefault(name, []).append((list(self.takes), list(self.emits), list(self.spans)))
+
+    def summary(self, name: str) -> str:
+        engine, wait, wake, handle, regain, late, rounds = [], [], [], [], [], 0, 0
+        for takes, emits, spans in self.kept.get(name, []):
+            wait += [(b - a) / 1e3 for a, b in takes]
+            engine += [(c - b) / 1e3 for (_, b), (c, _) in zip(takes, takes[1:])]
+            wake += [(s - e) / 1e3 for e, (s, _) in zip(emits, spans)]
+            handle += [(b - a) / 1e3 for a, b in spans]
+            ends = sorted(b for _, b in spans)
+            for a, b in takes:
+                rounds += 1
+                inside = [e for e in ends if a <= e <= b]
+                if inside:
+                    late += 1
+                    regain.append((b - inside[-1]) / 1e3)
+        med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+        return (f"us a round: engine {med(engine):.1f}, wait {med(wait):.1f}, wake {med(wake):.1f}, handle "
+                f"{med(handle):.1f}, regain {med(regain):.1f}; late {late}/{rounds} rounds")
 
 
 class StepClock:
