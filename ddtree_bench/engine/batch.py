@@ -145,29 +145,11 @@ class _Active:
     stage_ns: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STAGES})
     batch_sizes: list[int] = field(default_factory=list)
     error: BaseException | None = None
-    held: list[int] | None = None   # a chunk emitted with hold=True, not yet handed to on_chunk
 
-    def emit(self, tokens: list[int], now: int, hold: bool = False) -> None:
-        """The round's tokens into the stream; on_chunk gets them now, or with `hold` at `hand_over()` (the fast
-        loop's lone AR round: right before it waits for the next round). Nothing more after an on_chunk error."""
-        if self.error is not None:
-            return
+    def emit(self, tokens: list[int], now: int) -> None:
         try:
-            take = self.stream.emit(tokens, now, hand_over=not hold)
+            self.stream.emit(tokens, now)
         except Exception as e:  # the caller's on_chunk (e.g. a client that went away): only this request ends
-            self.error = e
-            return
-        if hold and take and self.stream.on_chunk is not None:
-            self.held = take
-
-    def hand_over(self) -> None:
-        """Give on_chunk the chunk held by emit(hold=True), if any (an error ends the request as in emit)."""
-        take, self.held = self.held, None
-        if take is None or self.error is not None:
-            return
-        try:
-            self.stream.on_chunk(take)
-        except Exception as e:
             self.error = e
 
     def generation(self, t_done_ns: int | None = None) -> BatchGeneration:

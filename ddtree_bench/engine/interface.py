@@ -70,18 +70,15 @@ class OutputStream:
                 return take[: i + 1]
         return take
 
-    def emit(self, tokens: list[int], now_ns: int, hand_over: bool = True) -> list[int]:
-        """Append the visible part of `tokens` (returned) as one chunk emitted at now_ns and, unless `hand_over` is
-        False (the caller then hands it to on_chunk itself, later), pass it to on_chunk."""
+    def emit(self, tokens: list[int], now_ns: int) -> None:
         take = self.visible(tokens)
         self.stopped = self.stopped or any(t in self.stops for t in tokens)
         if take:
             self.out.extend(take)
             self.chunk_times_ns.append(now_ns)
             self.chunk_tokens.append(len(take))
-            if hand_over and self.on_chunk is not None:
+            if self.on_chunk is not None:
                 self.on_chunk(take)
-        return take
 
     @property
     def finish_reason(self) -> str:

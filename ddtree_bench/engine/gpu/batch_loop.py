@@ -241,7 +241,6 @@ class BatchFastLoop:
         self._ahead_bucket = 0            # ... for this bucket (1: the solo loop's draft; b: the batched draft of b slots)
         self._inflight: deque[_Queued] = deque()   # AR rounds queued, not yet read (at most ResultRing.DEPTH)
         self.pipeline_ar = True           # AR keeps two rounds in flight (_ar_step); False: one (A/B timing)
-        self._held: list[_Slot] = []      # requests whose last chunk waits for _hand_over (a lone AR round's)
         self._last: Ticket | None = None  # the ticket of the batched round queued last
         self.cold_s: dict[int, float] = {}   # bucket -> s from its new stages to its first result (bucket 1: solo's)
         self.active: list[_Slot] = []
@@ -399,7 +398,6 @@ class BatchFastLoop:
         self.check(req)
         if self.free_slots <= 0:
             raise RuntimeError("no free slot in the batch")
-        self._hand_over()   # a held chunk goes out before this prefill, not after it
         dev = self.device
         P = len(req.prompt_ids)
         self._ensure(P + req.max_new_tokens + max(self.width, self.block_size) + self.block_size + 1)
@@ -485,7 +483,6 @@ class BatchFastLoop:
     @torch.inference_mode()   # it zeroes slot buffers made in inference mode; the scheduler calls it outside step
     def fail_all(self, error: BaseException) -> list[Retired]:
         """End every active request with `error` (a round that raised: its state is unknown)."""
-        self._hand_over()   # the round before the failed one was read: its tokens go out first
         out = [Retired(st.req, None, error) for st in self.active]
         self._ahead = None
         self._inflight.clear()
@@ -717,11 +714,9 @@ class BatchFastLoop:
                 and any(_may_continue(st) for st in self.active)):
             self._inflight.append(self._queue_ar())
         q = self._inflight.popleft()
-        self._hand_over()   # a lone request's chunk held from the round before: right before this thread waits
         res = q.ticket.take()
         now = time.perf_counter_ns()
-        lone = self.pipeline_ar and not self._inflight and self._lone_continues(q, res, waiting)
-        if lone:
+        if self.pipeline_ar and not self._inflight and self._lone_continues(q, res, waiting):
             self._inflight.append(self._queue_ar(after=q.laps))
         if q.t_cold is not None:
             self.cold_s[q.bucket] = time.perf_counter() - q.t_cold
@@ -731,7 +726,7 @@ class BatchFastLoop:
         if members:
             n = len(members)
             self.stats.batch_sizes.append(n)
-            self._finish_round(_Round(res, 1, None, q.logits, q.laps), now, members, hold=lone)
+            self._finish_round(_Round(res, 1, None, q.logits, q.laps), now, members)
             for st, _ in members:
                 st.batch_sizes.append(n)
             self._time_later(q.laps, n, q.bucket, [st for st, _ in members])
@@ -921,11 +916,10 @@ class BatchFastLoop:
     def _what(self) -> str:
         return self.method + (f" B={self.budget}" if self.method == "ddtree" else "")
 
-    def _finish_round(self, rnd: _Round, now: int, members: list[tuple[_Slot, int]] | None = None,
-                      hold: bool = False) -> None:
+    def _finish_round(self, rnd: _Round, now: int, members: list[tuple[_Slot, int]] | None = None) -> None:
         """Per request of the round (`members`: request and its slot in the round; default every active one at its
         slot): read its walk result (it may end with the certificate flag, already acted on: not read), record the
-        round, move its host state on, emit its tokens (`hold`: into the stream now, to on_chunk at _hand_over)."""
+        round, move its host state on, emit its tokens."""
         res, size, W, tree_of, logits = rnd.res, rnd.stride, self.width, rnd.tree_of, rnd.logits
         members = [(st, st.slot) for st in self.active] if members is None else members
         news = []
@@ -947,21 +941,7 @@ class BatchFastLoop:
             st.draft_len, st.start, st.a, st.bonus = st.start, st.start + a, a, toks[-1]
             news.append(toks)
         for (st, _), toks in zip(members, news):
-            st.emit(toks, now, hold)
-            if st.held is not None:
-                self._held.append(st)
-
-    def _hand_over(self) -> None:
-        """Give on_chunk the chunks held back (_finish_round's `hold`): a lone AR request's round, whose next round is
-        queued, hands its tokens over right before the engine thread waits for that round, not before the
-        bookkeeping and the scheduler's step between them. Through `serve` on_chunk wakes the event loop's thread,
-        which then waits for the GIL; held back, it finds the GIL free at once instead of waiting out that Python,
-        or taking the GIL at a CUDA call in it (docs/gpu-performance.md, "Late evening"). Also before an
-        admission's prefill and when a round fails, so a chunk never waits behind either."""
-        if self._held:
-            held, self._held = self._held, []
-            for st in held:
-                st.hand_over()
+            st.emit(toks, now)
 
     # ------------------------------------------------------------------ offline
 

@@ -248,9 +248,9 @@ def test_ar_alone_queues_the_next_round_before_its_token_goes_out(rnd, monkeypat
         reads[0] += 1
         return take(ticket)
 
-    def spy(st, tokens, now, hold=False):   # rounds queued and not yet read when a token goes out
+    def spy(st, tokens, now):   # rounds queued and not yet read when a token goes out
         ahead_at_emit.append(calls["target"] + solo["target"] - reads[0])
-        return emit(st, tokens, now, hold)
+        return emit(st, tokens, now)
 
     begins, mark = [0], Laps.mark
 
@@ -278,97 +278,6 @@ def test_ar_alone_queues_the_next_round_before_its_token_goes_out(rnd, monkeypat
     assert "length" in reasons and (T > 0 or "stop" in reasons)
 
 
-def _stepped(monkeypatch) -> list[int]:
-    """Counts BatchFastLoop.step calls (entered) in [0]."""
-    steps, step = [0], BatchFastLoop.step
-
-    def counted(loop, *a, **kw):
-        steps[0] += 1
-        return step(loop, *a, **kw)
-
-    monkeypatch.setattr(BatchFastLoop, "step", counted)
-    return steps
-
-
-@pytest.mark.parametrize("T", [0.0, 0.8], ids=["T0", "T0.8"])
-def test_a_lone_ar_round_hands_its_chunk_over_in_the_next_step_right_before_the_wait(rnd, monkeypatch, T):
-    """A lone AR request whose next round is queued holds its round's chunk back (`_hand_over`): on_chunk gets it in
-    the next step, right before that step waits for the next round, not in the step that read it; its last round's
-    chunk goes out at once. The chunks still add up to the output, in order, the output equals batch 1, and a chunk
-    is handed over exactly once (checked on the old code: every chunk in its own step, so this fails there)."""
-    from ddtree_bench.engine.gpu.loop import Ticket
-
-    steps = _stepped(monkeypatch)
-    waits, take = [0], Ticket.take
-
-    def counted(ticket):
-        waits[0] += 1
-        return take(ticket)
-
-    monkeypatch.setattr(Ticket, "take", counted)
-    for r in requests_with_stops(rnd, T, seed=2):
-        got = []   # (tokens, steps entered, waits entered) at each hand-over
-        r.on_chunk = lambda toks: got.append((list(toks), steps[0], waits[0]))
-        steps[0] = waits[0] = 0
-        (g,) = BatchFastLoop(rnd.target, None, "ar", 0, 2).run([r])
-        assert_same(g, alone(rnd, "ar", 0, r), ("ar-hand-over", T))
-        assert [t for toks, _, _ in got for t in toks] == g.output_ids
-        R = len(g.accept_lengths)
-        assert [s for _, s, _ in got] == [0] + list(range(2, R + 1)) + ([R] if R else []), (R, got)
-        assert [w for _, _, w in got] == [0] + list(range(1, R + 1)), (R, got)   # before the wait of its step
-        _count("ar-hand-over", 1)
-
-
-def test_a_held_chunk_goes_out_before_an_admission_and_before_a_failure_and_not_after_an_error(rnd, monkeypatch):
-    """The held chunk never waits behind a prefill (an admission hands it over first) or a failed round (fail_all
-    hands it over, then ends the request); an on_chunk that raises ends its request, and on_chunk is not called
-    again after it (no later chunk, held or not). Outputs of the survivors equal batch 1."""
-    a, b = make_requests(24, 0.0, seed=13)[:2]
-    a.stop_ids, b.stop_ids = [], []
-    log = []
-    a.on_chunk = lambda toks: log.append(("a", list(toks)))
-    b.on_chunk = lambda toks: log.append(("b", list(toks)))
-    loop = BatchFastLoop(rnd.target, None, "ar", 0, 2)
-    with torch.inference_mode():
-        assert loop.admit(a) is None
-        assert loop.step() == [] and log == [("a", log[0][1])]   # round 1 read, its chunk held (round 2 queued)
-        assert loop.admit(b) is None
-        assert [w for w, _ in log] == ["a", "a", "b"]            # a's round-1 chunk before b's prefill token
-        done = []
-        while loop.active:
-            done += loop.step()
-    by = {id(x.request): x.generation for x in done}
-    for r, who in ((a, "a"), (b, "b")):
-        assert [t for w, toks in log if w == who for t in toks] == by[id(r)].output_ids
-        assert_same(by[id(r)], alone(rnd, "ar", 0, r), ("held-admission", who))
-
-    c = make_requests(24, 0.0, seed=14)[0]
-    c.stop_ids, seen = [], []
-    c.on_chunk = lambda toks: seen.append(list(toks))
-    loop = BatchFastLoop(rnd.target, None, "ar", 0, 2)
-    with torch.inference_mode():
-        loop.admit(c)
-        loop.step()
-        loop.step()
-        assert len(seen) == 2   # the prefill token and round 1; round 2's chunk held
-        (failed,) = loop.fail_all(RuntimeError("the round broke"))
-    assert len(seen) == 3 and isinstance(failed.error, RuntimeError) and not loop.active
-
-    calls = []
-
-    def bad(toks):
-        calls.append(list(toks))
-        if len(calls) == 3:
-            raise ConnectionError("client went away")
-
-    d = make_requests(24, 0.0, seed=15)[0]
-    d.stop_ids, d.on_chunk = [], bad
-    with pytest.raises(ConnectionError):
-        BatchFastLoop(rnd.target, None, "ar", 0, 2).run([d])
-    assert len(calls) == 3   # nothing handed over after the error, held chunks included
-    _count("held", 3)
-
-
 @pytest.mark.parametrize("method,budget", [("ar", 0), ("ddtree", 16)])
 def test_stage_marks_are_read_after_the_last_token_and_add_up(rnd, monkeypatch, method, budget):
     """A round's stage marks are not read between its result and the next round's queueing (BatchFastLoop._settle):
@@ -382,9 +291,9 @@ def test_stage_marks_are_read_after_the_last_token_and_add_up(rnd, monkeypatch, 
     emitted, read_at = [0], []
     emit, read = _Active.emit, Laps.rounds
 
-    def spy_emit(st, tokens, now, hold=False):
+    def spy_emit(st, tokens, now):
         emitted[0] += 1
-        return emit(st, tokens, now, hold)
+        return emit(st, tokens, now)
 
     def spy_read(laps):
         read_at.append(emitted[0])
