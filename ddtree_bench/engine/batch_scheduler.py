@@ -11,8 +11,8 @@ thread goes on with the next ones; if the loop cannot even end that round's requ
 raised), nothing it runs can be trusted: every request in flight or waiting fails with that error
 and later `submit`s raise it, rather than waiting forever on a thread that is gone (`broken`).
 The engine thread runs in torch's inference mode throughout (the loops' state is made in it; a step
-would otherwise enter it every round). Idle, the thread sleeps on a condition; `close()` ends it after the requests in flight (queued ones
-fail with `RuntimeError`).
+would otherwise enter it every round). Idle, the thread sleeps on a condition; `close()` ends it
+after the requests in flight (queued ones fail with `RuntimeError`).
 
 `stats` is the loop's `BatchStats` (rounds and how full each was), read by the backends for
 summary.json. Knows the loop's API; nothing of HTTP or records.
