@@ -7,7 +7,8 @@
 # and their best TPOT (one stalled run moves a median of two), and whether every request's output ids are the same
 # under both (greedy: they must be). BUDGET (16), MAX_BATCH (4), METHOD (ddtree), LIMIT (16 prompts of gsm8k), NEW
 # (256 tokens), REPS (2), DTYPE (float32), CONCURRENCY (1), DEVICE (cuda; cpu for a smoke run, no graphs), CODE
-# (the folder whose ddtree_bench package runs, default the repo: an A/B against another copy of the package).
+# (the folder whose ddtree_bench package runs, default the repo: an A/B against another copy of the package), TIME_S
+# (unset; else no repetition starts that would end past TIME_S s from the start: the ones that ran are summarised).
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_serve_http.sh
 set -u
 source "$(dirname "$0")/serve_lib.sh"
@@ -15,7 +16,12 @@ OUT=${OUT:?set OUT}; mkdir -p "$OUT"
 B=${BUDGET:-16}; N=${MAX_BATCH:-4}; M=${METHOD:-ddtree}; REPS=${REPS:-2}; DEV=${DEVICE:-cuda}
 GRAPHS=(); [ "${DEV#cuda}" != "$DEV" ] && GRAPHS=(--cuda-graphs)
 export PYTHONPATH=${CODE:-.}${PYTHONPATH:+:$PYTHONPATH}
+t0=$(date +%s); last=0; ran=0
 for r in $(seq 1 "$REPS"); do
+  if ! room_for_another "$t0" "$last"; then
+    echo "TIME_S=$TIME_S: stopping after $ran of $REPS repetitions (another would end past it)"; break
+  fi
+  ts=$(date +%s)
   for mb in 1 "$N"; do
     log="$OUT/serve-mb$mb-r$r.log"
     python3 -m ddtree_bench serve --model toy --method "$M" --budget "$B" --device "$DEV" --dtype "${DTYPE:-float32}" \
@@ -29,8 +35,10 @@ for r in $(seq 1 "$REPS"); do
       --concurrency "${CONCURRENCY:-1}" --warmup 2 --out "$OUT/mb$mb-r$r" -q || echo "run (max-batch $mb) failed: $?"
     kill "$srv"; wait "$srv" 2> /dev/null
   done
+  last=$(( $(date +%s) - ts )); ran=$r
 done
-python3 - "$OUT" "$N" "$REPS" <<'EOF'
+[ "$ran" -ge 1 ] || { echo "no repetition ran (TIME_S=${TIME_S:-})"; exit 1; }
+python3 - "$OUT" "$N" "$ran" <<'EOF'
 import json, statistics, sys
 out, n, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def load(mb, r):

@@ -8,14 +8,20 @@
 # between the sides (greedy: they must, unless the change meant to change them). CODE_A (default the repo) and
 # CODE_B (required): folders holding a `ddtree_bench` package, put first on PYTHONPATH; MODEL (toy), METHOD (ar),
 # BUDGET (16), MAX_BATCH (1), LIMIT (16 prompts of gsm8k), NEW (256 tokens), DTYPE (float32), DEVICE (cuda; cpu
-# for a smoke run, no graphs).
+# for a smoke run, no graphs), TIME_S (unset; else no round starts that would end past TIME_S s from the start:
+# the rounds that ran are summarised).
 # Run from the repo root:  OUT=/tmp/ab CODE_B=/tmp/old METHOD=ar MAX_BATCH=4 bash benchmarks/gpu_serve_http_ab.sh
 set -u
 source "$(dirname "$0")/serve_lib.sh"
 OUT=${OUT:?set OUT}; CODE_B=${CODE_B:?set CODE_B to the other copy}; mkdir -p "$OUT"
 A=${CODE_A:-.}; DEV=${DEVICE:-cuda}; M=${METHOD:-ar}
 GRAPHS=(); [ "${DEV#cuda}" != "$DEV" ] && GRAPHS=(--cuda-graphs)
+t0=$(date +%s); last=0; ran=0
 for i in $(seq 1 "${ROUNDS:-6}"); do
+  if ! room_for_another "$t0" "$last"; then
+    echo "TIME_S=$TIME_S: stopping after $ran of ${ROUNDS:-6} rounds (another would end past it)"; break
+  fi
+  ts=$(date +%s)
   for side in A B; do
     code=$A; [ $side = B ] && code=$CODE_B
     d="$OUT/$side-$i"; mkdir -p "$d"
@@ -30,8 +36,10 @@ for i in $(seq 1 "${ROUNDS:-6}"); do
       --concurrency 1 --warmup 2 --out "$d/run" -q > "$d/run.log" 2>&1 || { echo "run $side-$i failed:"; tail -3 "$d/run.log"; }
     kill "$srv"; wait "$srv" 2> /dev/null
   done
+  last=$(( $(date +%s) - ts )); ran=$i
 done
-python3 - "$OUT" "${ROUNDS:-6}" <<'EOF'
+[ "$ran" -ge 1 ] || { echo "no round ran (TIME_S=${TIME_S:-})"; exit 1; }
+python3 - "$OUT" "$ran" <<'EOF'
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 def load(side, i):

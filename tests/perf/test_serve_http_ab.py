@@ -29,3 +29,19 @@ def test_without_the_other_copy_it_says_so_and_starts_nothing(tmp_path):
     r = subprocess.run(["bash", "benchmarks/gpu_serve_http_ab.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode != 0 and "CODE_B" in r.stderr and not list(tmp_path.iterdir())
+
+
+def test_time_s_stops_between_rounds_and_summarises_the_ones_that_ran(tmp_path):
+    """Under TIME_S no round starts that would end past it (judged by the round before), and the rounds that ran are
+    summarised, as a device call's limit needs (the first always runs: nothing tells its length before it); with
+    nothing run, the script says so instead of summarising."""
+    env = {**os.environ, "OUT": str(tmp_path), "CODE_B": str(ROOT), "CODE_A": str(ROOT), "DEVICE": "cpu",
+           "ROUNDS": "3", "LIMIT": "1", "NEW": "4", "TIME_S": "1"}   # a round (two servers) takes seconds
+    r = subprocess.run(["bash", "benchmarks/gpu_serve_http_ab.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "TIME_S=1: stopping after 1 of 3 rounds" in r.stdout
+    assert re.search(r"^B: TPOT median [\d.]+ ms over 1 servers", r.stdout, re.M) and not (tmp_path / "A-2").exists()
+    none = subprocess.run(["bash", "benchmarks/gpu_serve_http.sh"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**env, "OUT": str(tmp_path / "none"), "REPS": "0"})
+    assert none.returncode == 1 and "no repetition ran" in none.stdout   # no summary of nothing
