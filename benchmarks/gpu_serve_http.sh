@@ -15,7 +15,8 @@ source "$(dirname "$0")/serve_lib.sh"
 OUT=${OUT:?set OUT}; mkdir -p "$OUT"
 B=${BUDGET:-16}; N=${MAX_BATCH:-4}; M=${METHOD:-ddtree}; REPS=${REPS:-2}; DEV=${DEVICE:-cuda}
 GRAPHS=(); [ "${DEV#cuda}" != "$DEV" ] && GRAPHS=(--cuda-graphs)
-export PYTHONPATH=${CODE:-.}${PYTHONPATH:+:$PYTHONPATH}
+CODE=$(use_package "${CODE:-.}") || exit 1; echo "runs $CODE/ddtree_bench"
+export PYTHONPATH=$CODE${PYTHONPATH:+:$PYTHONPATH}
 t0=$(date +%s); last=0; ran=0
 for r in $(seq 1 "$REPS"); do
   if ! room_for_another "$t0" "$last"; then

@@ -6,7 +6,8 @@
 # and prints per run the median TPOT, TTFT, end-to-end ms and output tok/s (summary.json), then per side the
 # median and range of the runs' TPOTs, B / A over the medians, and whether every request's output ids matched
 # between the sides (greedy: they must, unless the change meant to change them). CODE_A (default the repo) and
-# CODE_B (required): folders holding a `ddtree_bench` package, put first on PYTHONPATH; MODEL (toy), METHOD (ar),
+# CODE_B (required): folders holding a `ddtree_bench` package, put first on PYTHONPATH with PYTHONSAFEPATH=1 and
+# checked to be the package that runs (serve_lib.sh `use_package`; each side's folder is printed); MODEL (toy), METHOD (ar),
 # BUDGET (16), MAX_BATCH (1), LIMIT (16 prompts of gsm8k), NEW (256 tokens), DTYPE (float32), DEVICE (cuda; cpu
 # for a smoke run, no graphs), TIME_S (unset; else no round starts that would end past TIME_S s from the start:
 # the rounds that ran are summarised).
@@ -14,7 +15,9 @@
 set -u
 source "$(dirname "$0")/serve_lib.sh"
 OUT=${OUT:?set OUT}; CODE_B=${CODE_B:?set CODE_B to the other copy}; mkdir -p "$OUT"
-A=${CODE_A:-.}; DEV=${DEVICE:-cuda}; M=${METHOD:-ar}
+A=$(use_package "${CODE_A:-.}") || exit 1; CODE_B=$(use_package "$CODE_B") || exit 1
+echo "A runs $A/ddtree_bench; B runs $CODE_B/ddtree_bench"
+DEV=${DEVICE:-cuda}; M=${METHOD:-ar}
 GRAPHS=(); [ "${DEV#cuda}" != "$DEV" ] && GRAPHS=(--cuda-graphs)
 t0=$(date +%s); last=0; ran=0
 for i in $(seq 1 "${ROUNDS:-6}"); do

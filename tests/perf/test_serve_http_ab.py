@@ -1,18 +1,37 @@
-"""benchmarks/gpu_serve_http_ab.sh on a CPU: two servers (the same package on both sides here), one run each through
-HTTP, a line per run, each side's median TPOT, B / A and the output-ids check; without CODE_B it refuses to start."""
+"""benchmarks/gpu_serve_http_ab.sh on a CPU: two servers, one run each through HTTP, a line per run, each side's median
+TPOT, B / A and the output-ids check; each side runs its own copy of the package (from the repo root, where
+`python3 -m` would put the repo's package first); without CODE_B, or with a folder that holds no package, it refuses
+to start."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 from pathlib import Path
 
+import ddtree_bench
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _copy_with_version(dest: Path, version: str) -> Path:
+    """A copy of the package in dest/ddtree_bench (links to the repo's files) whose __version__ is `version`."""
+    pkg = dest / "ddtree_bench"
+    pkg.mkdir(parents=True)
+    for entry in (ROOT / "ddtree_bench").iterdir():
+        if entry.name not in ("__init__.py", "__pycache__"):
+            (pkg / entry.name).symlink_to(entry)
+    text = (ROOT / "ddtree_bench" / "__init__.py").read_text()
+    (pkg / "__init__.py").write_text(re.sub(r'__version__ = "[^"]*"', f'__version__ = "{version}"', text))
+    return dest
+
+
 def test_two_sides_one_server_each_with_their_figures_and_equal_outputs(tmp_path):
-    env = {**os.environ, "OUT": str(tmp_path), "CODE_B": str(ROOT), "CODE_A": str(ROOT), "DEVICE": "cpu",
+    code_b = _copy_with_version(tmp_path / "code-b", "0.0.0+side-b")
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "CODE_B": str(code_b), "CODE_A": str(ROOT), "DEVICE": "cpu",
            "ROUNDS": "1", "LIMIT": "2", "NEW": "6"}
     r = subprocess.run(["bash", "benchmarks/gpu_serve_http_ab.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
@@ -21,7 +40,19 @@ def test_two_sides_one_server_each_with_their_figures_and_equal_outputs(tmp_path
     assert [x[0] for x in rows] == ["A", "B"] and all(float(v) > 0 for x in rows for v in x[1:]), r.stdout
     assert re.search(r"^A: TPOT median [\d.]+ ms over 1 servers", r.stdout, re.M)
     assert re.search(r"^B / A: TPOT [\d.]+x; output ids identical request by request$", r.stdout, re.M), r.stdout
-    assert (tmp_path / "B-1" / "run" / "records.jsonl").stat().st_size > 0
+    assert (out / "B-1" / "run" / "records.jsonl").stat().st_size > 0
+    assert f"B runs {code_b}/ddtree_bench" in r.stdout
+    versions = {side: json.loads((out / f"{side}-1" / "run" / "run.json").read_text())["backend"]["server_version"]
+                for side in "AB"}
+    assert versions == {"A": ddtree_bench.__version__, "B": "0.0.0+side-b"}   # each side's servers ran its own copy
+
+
+def test_a_folder_without_the_package_is_refused_before_any_server_starts(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "CODE_B": str(tmp_path), "DEVICE": "cpu"}
+    r = subprocess.run(["bash", "benchmarks/gpu_serve_http_ab.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and f"does not run the ddtree_bench package in {tmp_path}" in r.stderr
+    assert not list((tmp_path / "out").iterdir())
 
 
 def test_without_the_other_copy_it_says_so_and_starts_nothing(tmp_path):
