@@ -68,44 +68,52 @@ TOKENIZER_MARGIN = 4  # a token may cover up to 4x its own UTF-8 length of input
 class IncrementalText:
     """Text deltas of a growing id sequence whose concatenation equals `decode(all ids)`.
 
-    Each `add` decodes only a window, not every id so far (which made a 8k-token stream cost
-    seconds of event-loop time): the text of ids[:base] is committed once a cut at `base` is seen
-    to split the decoding, decode(ids[a:n]) == decode(ids[a:cut]) + decode(ids[cut:n]) with the
-    left part ending in a whole character; a cut that does not split cleanly (inside a UTF-8
-    character, a decoder that strips a leading space) is simply not taken. Text is held back only
-    while it ends in an incomplete character. `flush` returns the rest against one full decode.
+    Each `add` decodes only a window, ids[base:], and compares only that window's text (an 8k-token
+    stream once cost seconds of event-loop time decoding every id so far): the text of ids[:base] is
+    committed once a cut at `base` is seen to split the decoding, decode(ids[a:n]) == decode(ids[a:cut]) +
+    decode(ids[cut:n]), with the left part ending in a whole character and already sent; a cut that does not
+    split cleanly (inside a UTF-8 character, a decoder that strips a leading space) is simply not taken.
+    Text is held back only while it ends in an incomplete character. `flush` returns the rest against one
+    full decode; `sent` is everything handed out so far.
     """
 
-    WINDOW = 64  # ids past `base` before a commit is tried
-    KEEP = 16    # ids left after the cut, as context for the next decodes
+    WINDOW = 32  # ids past `base` before a commit is tried
+    KEEP = 8     # ids left after the cut, as context for the next decodes
 
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.ids: list[int] = []
-        self.base = 0
-        self.base_text = ""
-        self.sent = ""
+        self.base = 0                      # ids[:base]: committed, their text final and sent
+        self.committed: list[str] = []     # that text, in pieces (joined only by `sent`)
+        self.pending = ""                  # what was sent of the text of ids[base:]
+
+    @property
+    def sent(self) -> str:
+        return "".join(self.committed) + self.pending
 
     def add(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        stable = (self.base_text + self.tok.decode(self.ids[self.base:])).rstrip("\ufffd")  # hold back a partial char
+        window = self.tok.decode(self.ids[self.base:])
+        stable = window.rstrip("\ufffd")  # hold back a partial character
         delta = ""
-        if stable.startswith(self.sent):
-            delta, self.sent = stable[len(self.sent):], stable
+        if stable.startswith(self.pending):
+            delta, self.pending = stable[len(self.pending):], stable
         if len(self.ids) - self.base > self.WINDOW:
-            self._commit(len(self.ids) - self.KEEP)
+            self._commit(len(self.ids) - self.KEEP, window)
         return delta
 
-    def _commit(self, cut: int) -> None:
-        left, right = self.tok.decode(self.ids[self.base:cut]), self.tok.decode(self.ids[cut:])
-        if left + right == self.tok.decode(self.ids[self.base:]) and not left.endswith("\ufffd"):
-            self.base_text += left
+    def _commit(self, cut: int, window: str) -> None:
+        left = self.tok.decode(self.ids[self.base:cut])
+        if (not left.endswith("\ufffd") and self.pending.startswith(left)
+                and left + self.tok.decode(self.ids[cut:]) == window):
+            self.committed.append(left)
+            self.pending = self.pending[len(left):]
             self.base = cut
 
     def flush(self) -> str:
-        text = self.tok.decode(self.ids)
-        delta = text[len(self.sent):] if text.startswith(self.sent) else ""
-        self.sent = text
+        text, sent = self.tok.decode(self.ids), self.sent
+        delta = text[len(sent):] if text.startswith(sent) else ""
+        self.committed, self.pending, self.base = [text], "", len(self.ids)
         return delta
 
 
@@ -178,8 +186,11 @@ class _ClientGone(Exception):
     """A write to the client failed or stalled past the read timeout."""
 
 
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(obj, ensure_ascii=False) builds one a call
+
+
 def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + _ENCODE(obj).encode() + b"\n\n"
 
 
 def _error(status: int, message: str, type_: str = "invalid_request_error") -> web.Response:
@@ -349,9 +360,20 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         raise
 
 
-async def _write(st: ServerState, resp: web.StreamResponse, data: bytes) -> None:
+async def _write(st: ServerState, request: web.Request, resp: web.StreamResponse, data: bytes) -> None:
+    """Write to a stream; one that stalls past the read timeout means the client stopped reading.
+
+    aiohttp's write waits only in its drain, and only while the transport is paused: writing more than the
+    high-water mark of unsent bytes pauses it, and it stays paused until they fall to the low-water mark. With
+    nothing unsent (so not paused) a write no longer than that mark cannot stall, so it goes without a timer
+    (wait_for's task costs an event-loop pass a chunk on Python < 3.12, and each pass polls the selector,
+    handing the GIL to the engine thread)."""
+    tr = request.transport
     try:
-        await asyncio.wait_for(resp.write(data), st.read_timeout_s)
+        if tr is not None and tr.get_write_buffer_size() == 0 and len(data) <= tr.get_write_buffer_limits()[1]:
+            await resp.write(data)
+        else:
+            await asyncio.wait_for(resp.write(data), st.read_timeout_s)
     except (asyncio.TimeoutError, ConnectionError, RuntimeError) as e:  # RuntimeError: aiohttp's closed transport
         raise _ClientGone(type(e).__name__) from None
 
@@ -391,7 +413,7 @@ async def _run(request: web.Request, st: ServerState, req: ServeRequest, job: Jo
                     chunk = stream_chunk(req, delta, ev.tokens, first=first, prompt_ids=job.prompt_ids,
                                          usage_now=usage(P, len(out_ids)) if req.continuous_usage else None,
                                          logprobs=lp_text.body(ev.logprobs))
-                    await _write(st, resp, _sse(chunk))
+                    await _write(st, request, resp, _sse(chunk))
                 now = time.perf_counter_ns()  # the tokens are on their way (streaming) or buffered
                 if t_last is None:
                     st.metrics.observe("time_to_first_token_seconds", (now - t_arrival) / 1e9)
@@ -413,8 +435,8 @@ async def _run(request: web.Request, st: ServerState, req: ServeRequest, job: Jo
         if resp is None:
             return _error(500, f"engine error: {done.error}", "server_error")
         try:
-            await _write(st, resp, _sse(error_body(500, f"engine error: {done.error}", "server_error")))
-            await _write(st, resp, b"data: [DONE]\n\n")
+            await _write(st, request, resp, _sse(error_body(500, f"engine error: {done.error}", "server_error")))
+            await _write(st, request, resp, b"data: [DONE]\n\n")
         except _ClientGone:
             pass
         return resp
@@ -433,11 +455,11 @@ async def _run(request: web.Request, st: ServerState, req: ServeRequest, job: Jo
     try:
         if resp is None:  # nothing was generated (cannot happen with max_tokens >= 1, but stay well-formed)
             resp = await _open_stream(request)
-        await _write(st, resp, _sse(stream_chunk(req, tail, [], finish_reason=done.finish_reason, first=not out_ids,
+        await _write(st, request, resp, _sse(stream_chunk(req, tail, [], finish_reason=done.finish_reason, first=not out_ids,
                                                  prompt_ids=job.prompt_ids, usage_now=u if req.continuous_usage else None)))
         if req.include_usage:
-            await _write(st, resp, _sse(final_usage_chunk(req, u, spec)))
-        await _write(st, resp, b"data: [DONE]\n\n")
+            await _write(st, request, resp, _sse(final_usage_chunk(req, u, spec)))
+        await _write(st, request, resp, b"data: [DONE]\n\n")
     except _ClientGone:
         pass
     return resp

@@ -247,7 +247,7 @@ def test_incremental_text_concatenates_to_the_decoded_ids():
     rng = random.Random(0)
     alphabet = list(range(256)) + [0xE4, 0xB8, 0xAD, 0xF0, 0x9F, 0x98, 0x80] * 20  # lead/continuation-heavy
     for _ in range(300):
-        ids = [rng.choice(alphabet) for _ in range(rng.randint(1, 40))]
+        ids = [rng.choice(alphabet) for _ in range(rng.randint(1, 120))]  # past the window: commits happen
         inc, parts, i = IncrementalText(tok), [], 0
         while i < len(ids):
             k = rng.randint(1, 5)
@@ -255,6 +255,24 @@ def test_incremental_text_concatenates_to_the_decoded_ids():
             i += k
         parts.append(inc.flush())
         assert "".join(parts) == tok.decode(ids)
+        assert inc.sent == tok.decode(ids)
+
+
+def test_incremental_text_decodes_a_bounded_window_on_a_long_stream():
+    """Each add decodes only the ids past the last commit: on a long stream of text with multi-byte characters
+    the window stays within WINDOW + a few chunks (a cut inside a character waits for the next add; without
+    commits every chunk would re-decode the whole output, ~3,000 ids here), and the deltas still add up to
+    decode(ids), chunk by chunk."""
+    tok = NullSource().tokenizer
+    ids = list("Grüße, 世界! The quick brown fox 🦊 jumps. ".encode()) * 60
+    inc, parts, widest = IncrementalText(tok), [], 0
+    for i in range(0, len(ids), 3):
+        parts.append(inc.add(ids[i:i + 3]))
+        widest = max(widest, len(inc.ids) - inc.base)
+        assert tok.decode(ids[:i + 3]).startswith("".join(parts))
+    parts.append(inc.flush())
+    assert "".join(parts) == tok.decode(ids)
+    assert widest <= IncrementalText.WINDOW + 4 * 3 and inc.base == len(ids)
 
 
 def test_busy_port_and_unknown_method_exit_2(capsys):
