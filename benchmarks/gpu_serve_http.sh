@@ -33,7 +33,8 @@ for r in $(seq 1 "$REPS"); do
     fi
     python3 -m ddtree_bench run --backend standalone --url "http://127.0.0.1:$port" --model toy --method "$M" \
       --budget "$B" --suite gsm8k --limit "${LIMIT:-16}" --max-new-tokens "${NEW:-256}" \
-      --concurrency "${CONCURRENCY:-1}" --warmup 2 --out "$OUT/mb$mb-r$r" -q || echo "run (max-batch $mb) failed: $?"
+      --concurrency "${CONCURRENCY:-1}" --warmup 2 --out "$OUT/mb$mb-r$r" -q \
+      || { echo "run (max-batch $mb) failed ($?), stopping"; kill "$srv"; wait "$srv" 2> /dev/null; exit 1; }
     kill "$srv"; wait "$srv" 2> /dev/null
   done
   last=$(( $(date +%s) - ts )); ran=$r

@@ -36,7 +36,9 @@ for i in $(seq 1 "${ROUNDS:-6}"); do
     fi
     PYTHONPATH="$code" python3 -m ddtree_bench run --backend standalone --url "http://127.0.0.1:$port" --model "${MODEL:-toy}" \
       --method "$M" --budget "${BUDGET:-16}" --suite gsm8k --limit "${LIMIT:-16}" --max-new-tokens "${NEW:-256}" \
-      --concurrency 1 --warmup 2 --out "$d/run" -q > "$d/run.log" 2>&1 || { echo "run $side-$i failed:"; tail -3 "$d/run.log"; }
+      --concurrency 1 --warmup 2 --out "$d/run" -q > "$d/run.log" 2>&1 \
+      || { echo "run $side-$i failed, stopping (the rounds after it would fail alike):"; tail -3 "$d/run.log"
+           kill "$srv"; wait "$srv" 2> /dev/null; exit 1; }
     kill "$srv"; wait "$srv" 2> /dev/null
   done
   last=$(( $(date +%s) - ts )); ran=$i

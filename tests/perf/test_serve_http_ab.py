@@ -76,3 +76,18 @@ def test_time_s_stops_between_rounds_and_summarises_the_ones_that_ran(tmp_path):
     none = subprocess.run(["bash", "benchmarks/gpu_serve_http.sh"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={**env, "OUT": str(tmp_path / "none"), "REPS": "0"})
     assert none.returncode == 1 and "no repetition ran" in none.stdout   # no summary of nothing
+
+
+def test_a_failed_run_stops_the_script_at_once(tmp_path):
+    """A run that fails (here: NEW=0, which `run` refuses) stops the script at the first round, saying so, instead of
+    spending a device call on rounds that fail alike and a summary that crashes; gpu_serve_http.sh the same."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "CODE_B": str(ROOT), "DEVICE": "cpu", "ROUNDS": "3", "LIMIT": "1", "NEW": "0"}
+    r = subprocess.run(["bash", "benchmarks/gpu_serve_http_ab.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 1 and "run A-1 failed, stopping" in r.stdout, r.stdout + r.stderr
+    assert not (out / "B-1").exists() and "Traceback" not in r.stdout + r.stderr
+    r = subprocess.run(["bash", "benchmarks/gpu_serve_http.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**env, "OUT": str(tmp_path / "http"), "REPS": "2", "METHOD": "ar"})
+    assert r.returncode == 1 and "run (max-batch 1) failed (2), stopping" in r.stdout, r.stdout + r.stderr
+    assert not list((tmp_path / "http").glob("serve-mb4-*")) and "Traceback" not in r.stdout + r.stderr
