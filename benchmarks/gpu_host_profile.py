@@ -105,7 +105,8 @@ def main(argv=None) -> int:
     try:
         for i, p in enumerate(prompts):
             for name, run in paths.items():
-                if timeline is not None:
+                if timeline is not None:   # chunks of an earlier run (the warm-up's too) handled first, not traced
+                    consumer.drain()
                     timeline.start()
                 g = run(p)
                 if i:   # prompt 0 warms up (compiles, captures)

@@ -43,11 +43,11 @@ def test_the_trace_splits_each_path_s_rounds_between_engine_and_consumer():
     r = subprocess.run(ARGS + ["--consumer-us", "50", "--trace"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     traces = dict(re.findall(r"^trace\s+(\w+)\s+(.*)$", r.stdout, re.M))
-    assert list(traces) == ["single", "sched"]
+    assert list(traces) == ["single", "sched"], r.stdout
     for line in traces.values():   # 2 timed requests x 5 rounds each; the consumer's work at least its 50 us
         m = re.fullmatch(r"us a round: engine ([\d.]+), wait ([\d.]+), wake ([\d.]+), handle ([\d.]+), "
                          r"regain (\S+); late (\d+)/(\d+) rounds", line)
-        assert m, line
-        assert float(m.group(4)) >= 50 and int(m.group(7)) == 10 and int(m.group(6)) <= 10
+        assert m, r.stdout
+        assert float(m.group(4)) >= 50 and int(m.group(7)) == 10 and int(m.group(6)) <= 10, r.stdout
     bad = subprocess.run(ARGS + ["--trace"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--trace needs --consumer-us" in bad.stderr
