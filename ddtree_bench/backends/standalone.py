@@ -369,8 +369,9 @@ async def _write(st: ServerState, request: web.Request, resp: web.StreamResponse
     (wait_for's task costs an event-loop pass a chunk on Python < 3.12, and each pass polls the selector,
     handing the GIL to the engine thread)."""
     tr = request.transport
+    limits = getattr(tr, "get_write_buffer_limits", None)   # asyncio's transports have it; another may not
     try:
-        if tr is not None and tr.get_write_buffer_size() == 0 and len(data) <= tr.get_write_buffer_limits()[1]:
+        if limits is not None and tr.get_write_buffer_size() == 0 and len(data) <= limits()[1]:
             await resp.write(data)
         else:
             await asyncio.wait_for(resp.write(data), st.read_timeout_s)
