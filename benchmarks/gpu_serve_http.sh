@@ -9,6 +9,7 @@
 # (256 tokens), REPS (2), DTYPE (float32), CONCURRENCY (1), DEVICE (cuda; cpu for a smoke run, no graphs), CODE
 # (the folder whose ddtree_bench package runs, default the repo: an A/B against another copy of the package), TIME_S
 # (unset; else no repetition starts that would end past TIME_S s from the start: the ones that ran are summarised).
+# The summary ends with a paired sign-flip test over the repetitions (serve_ab_summary.py: p < 0.05 = beyond the spread).
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_serve_http.sh
 set -u
 source "$(dirname "$0")/serve_lib.sh"
@@ -40,8 +41,12 @@ for r in $(seq 1 "$REPS"); do
   last=$(( $(date +%s) - ts )); ran=$r
 done
 [ "$ran" -ge 1 ] || { echo "no repetition ran (TIME_S=${TIME_S:-})"; exit 1; }
-python3 - "$OUT" "$N" "$ran" <<'EOF'
-import json, statistics, sys
+python3 - "$OUT" "$N" "$ran" "$(dirname "$0")" <<'EOF'
+import importlib.util, json, math, statistics, sys
+spec = importlib.util.spec_from_file_location("serve_ab_summary", f"{sys.argv[4]}/serve_ab_summary.py")
+summary = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(summary)
+sign_flip_p = summary.sign_flip_p
 out, n, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def load(mb, r):
     d = f"{out}/mb{mb}-r{r}"
@@ -65,4 +70,8 @@ print(f"max-batch {n} / max-batch 1 (medians over {reps} runs each): tok/s {many
       f"output ids {'identical' if same else 'DIFFER'} request by request")
 lo = {mb: min(x[1] for x in rows[mb]) for mb in ("1", n)}   # the runs' best TPOT: robust to one stalled run
 print(f"best TPOT over the runs: max-batch {n} {lo[n]:.3f} ms, max-batch 1 {lo['1']:.3f} ms ({lo[n] / lo['1']:.3f}x)")
+logs = [math.log(b[1] / a[1]) for a, b in zip(rows["1"], rows[n])]   # repetition r ran 1 then N back to back
+p = sign_flip_p(logs)
+print(f"paired sign-flip test over {reps} repetitions: p = {p:.3f} ({'beyond' if p < 0.05 else 'within'} what one "
+      f"server's repetitions spread; mean TPOT ratio {math.exp(sum(logs) / len(logs)):.3f}x)")
 EOF

@@ -4,8 +4,10 @@
 # host-bound rounds (the GIL traffic between the engine thread and the server's event loop; docs/gpu-performance.md
 # "Evening (H200, 2026-12-04)"), so two runs a side decide nothing: this runs ROUNDS (6) servers a side, alternating,
 # and prints per run the median TPOT, TTFT, end-to-end ms and output tok/s (summary.json), then per side the
-# median and range of the runs' TPOTs, B / A over the medians, and whether every request's output ids matched
-# between the sides (greedy: they must, unless the change meant to change them). CODE_A (default the repo) and
+# median and range of the runs' TPOTs, B / A over the medians, whether every request's output ids matched
+# between the sides (greedy: they must, unless the change meant to change them), and a paired sign-flip test over the
+# rounds (serve_ab_summary.py: p < 0.05 is a difference beyond the spread of one code, which through HTTP reached
+# 5-12% between medians of 5-6 servers a side on host-bound AR rounds; 6 rounds are the fewest that can reach it). CODE_A (default the repo) and
 # CODE_B (required): folders holding a `ddtree_bench` package, put first on PYTHONPATH with PYTHONSAFEPATH=1 and
 # checked to be the package that runs (serve_lib.sh `use_package`; each side's folder is printed); MODEL (toy), METHOD (ar),
 # BUDGET (16), MAX_BATCH (1), LIMIT (16 prompts of gsm8k), NEW (256 tokens), DTYPE (float32), DEVICE (cuda; cpu
@@ -44,26 +46,4 @@ for i in $(seq 1 "${ROUNDS:-6}"); do
   last=$(( $(date +%s) - ts )); ran=$i
 done
 [ "$ran" -ge 1 ] || { echo "no round ran (TIME_S=${TIME_S:-})"; exit 1; }
-python3 - "$OUT" "$ran" <<'EOF'
-import json, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
-def load(side, i):
-    d = f"{out}/{side}-{i}/run"
-    s = json.load(open(f"{d}/summary.json"))
-    ids = {(x["prompt_id"], x["turn"]): x["output_ids"] for x in map(json.loads, open(f"{d}/records.jsonl"))}
-    return s, ids
-print("run    tpot ms  ttft ms   e2e ms    tok/s")
-tpot, same, ref = {"A": [], "B": []}, True, None
-for i in range(1, rounds + 1):
-    for side in "AB":
-        s, ids = load(side, i)
-        p50 = lambda k: s[k]["p50"]
-        tpot[side].append(p50("tpot_ms"))
-        print(f"{side}-{i:<3} {p50('tpot_ms'):7.4f}  {p50('ttft_ms'):7.2f}  {p50('e2e_ms'):7.1f}  {s['output_throughput_tok_s']:7.1f}")
-        ref = ids if ref is None else ref
-        same &= ids == ref
-med = {k: statistics.median(v) for k, v in tpot.items()}
-for k in "AB":
-    print(f"{k}: TPOT median {med[k]:.4f} ms over {rounds} servers, range {min(tpot[k]):.4f}-{max(tpot[k]):.4f}")
-print(f"B / A: TPOT {med['B'] / med['A']:.3f}x; output ids {'identical' if same else 'DIFFER'} request by request")
-EOF
+python3 "$(dirname "$0")/serve_ab_summary.py" "$OUT" "$ran"

@@ -40,6 +40,7 @@ def test_two_sides_one_server_each_with_their_figures_and_equal_outputs(tmp_path
     assert [x[0] for x in rows] == ["A", "B"] and all(float(v) > 0 for x in rows for v in x[1:]), r.stdout
     assert re.search(r"^A: TPOT median [\d.]+ ms over 1 servers", r.stdout, re.M)
     assert re.search(r"^B / A: TPOT [\d.]+x; output ids identical request by request$", r.stdout, re.M), r.stdout
+    assert re.search(r"^paired sign-flip test over 1 rounds: p = 1\.000 \(within .*\)$", r.stdout, re.M), r.stdout
     assert (out / "B-1" / "run" / "records.jsonl").stat().st_size > 0
     assert f"B runs {code_b}/ddtree_bench" in r.stdout
     versions = {side: json.loads((out / f"{side}-1" / "run" / "run.json").read_text())["backend"]["server_version"]
@@ -91,3 +92,50 @@ def test_a_failed_run_stops_the_script_at_once(tmp_path):
                        env={**env, "OUT": str(tmp_path / "http"), "REPS": "2", "METHOD": "ar"})
     assert r.returncode == 1 and "run (max-batch 1) failed (2), stopping" in r.stdout, r.stdout + r.stderr
     assert not list((tmp_path / "http").glob("serve-mb4-*")) and "Traceback" not in r.stdout + r.stderr
+
+
+def _load_summary():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serve_ab_summary", ROOT / "benchmarks" / "serve_ab_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_paired_test_reads_a_consistent_lean_as_beyond_the_spread_and_a_mixed_one_as_within():
+    p = _load_summary().sign_flip_p
+    assert p([0.1] * 6) == 2 / 64                          # every round B slower: only it and its mirror
+    assert p([0.1] * 5) == 2 / 32 > 0.05                   # five rounds can never reach 0.05
+    assert p([0.1, -0.1, 0.1, -0.1, 0.1, -0.1]) == 1.0     # a wash
+    assert 0.05 < p([0.12, -0.05, 0.08, 0.03, -0.09, 0.10]) < 1.0
+    assert p([]) == 1.0
+
+
+def test_the_summary_of_six_rounds_where_b_is_always_slower(tmp_path, capsys):
+    for i in range(1, 7):
+        for side, tpot in (("A", 0.30 + 0.01 * i), ("B", 0.33 + 0.01 * i)):
+            d = tmp_path / f"{side}-{i}" / "run"
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps({"tpot_ms": {"p50": tpot}, "ttft_ms": {"p50": 9.0},
+                                                        "e2e_ms": {"p50": 70.0}, "output_throughput_tok_s": 3000.0}))
+            (d / "records.jsonl").write_text(json.dumps({"prompt_id": "p", "turn": 0, "output_ids": [1, 2]}) + "\n")
+    _load_summary().main(str(tmp_path), 6)
+    out = capsys.readouterr().out
+    assert "A: TPOT median 0.3350 ms over 6 servers, range 0.3100-0.3600" in out
+    assert "output ids identical request by request" in out
+    assert "paired sign-flip test over 6 rounds: p = 0.031 (beyond what one code's rounds spread; mean B / A" in out
+
+
+def test_max_batch_against_one_summarises_with_its_paired_test(tmp_path):
+    """benchmarks/gpu_serve_http.sh on a CPU, one repetition: `--max-batch 1` then `--max-batch 2`, each run's line, the
+    ratios with the output-ids check, and the paired test's line (one repetition: p = 1, within the spread)."""
+    env = {**os.environ, "OUT": str(tmp_path), "DEVICE": "cpu", "REPS": "1", "LIMIT": "1", "NEW": "4", "METHOD": "ar",
+           "MAX_BATCH": "2"}
+    r = subprocess.run(["bash", "benchmarks/gpu_serve_http.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"runs {ROOT}/ddtree_bench" in r.stdout
+    assert re.search(r"^mb1\s+r1 ", r.stdout, re.M) and re.search(r"^mb2\s+r1 ", r.stdout, re.M), r.stdout
+    assert re.search(r"^max-batch 2 / max-batch 1 \(medians over 1 runs each\): .*output ids identical", r.stdout, re.M)
+    assert re.search(r"^paired sign-flip test over 1 repetitions: p = 1\.000 \(within ", r.stdout, re.M), r.stdout
