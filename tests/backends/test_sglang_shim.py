@@ -5,22 +5,19 @@ its module, only when switched on. No SGLang needed: the shim is loaded from the
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import torch
+from file_module_support import load_file
 
 SHIM = Path(__file__).resolve().parents[2] / "scripts" / "sglang_cpu_shim"
 
 
 def _ops():
-    spec = importlib.util.spec_from_file_location("shim_torch_ops", SHIM / "sgl_kernel" / "torch_ops.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file("shim_torch_ops", SHIM / "sgl_kernel" / "torch_ops.py")
 
 
 def test_req_to_token_pool_and_extend_cache_locs_are_inverse_packings():

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import ddtree_bench
+from file_module_support import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,12 +96,7 @@ def test_a_failed_run_stops_the_script_at_once(tmp_path):
 
 
 def _load_summary():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("serve_ab_summary", ROOT / "benchmarks" / "serve_ab_summary.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file("serve_ab_summary", ROOT / "benchmarks" / "serve_ab_summary.py")
 
 
 def test_the_paired_test_reads_a_consistent_lean_as_beyond_the_spread_and_a_mixed_one_as_within():

@@ -135,15 +135,13 @@ def test_the_gemm_tuner_times_o_proj_and_down_with_the_norm_that_reads_them(dtyp
     add + RMSNorm, a split Triton GEMM's partials summed inside that norm (no reduce kernel, which the tuner used to
     time and the forward does not run); q/k/v, gate/up and lm_head as the GEMM alone. cuBLAS's arm and the Triton
     arm give the same values."""
-    import importlib.util
     from pathlib import Path
+
+    from file_module_support import load_file
 
     from ddtree_bench.engine.gpu.kernels.warm import record
 
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_gemm_tune.py"
-    spec = importlib.util.spec_from_file_location("gpu_gemm_tune", path)
-    tune = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tune)
+    tune = load_file("gpu_gemm_tune", Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_gemm_tune.py")
     assert tune.RESIDUAL == ("o_proj", "down")
     dt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(3)
