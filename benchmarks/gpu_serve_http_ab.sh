@@ -13,6 +13,7 @@
 # BUDGET (16), MAX_BATCH (1), LIMIT (16 prompts of gsm8k), NEW (256 tokens), DTYPE (float32), DEVICE (cuda; cpu
 # for a smoke run, no graphs), TIME_S (unset; else no round starts that would end past TIME_S s from the start:
 # the rounds that ran are summarised).
+# A copy at another revision: benchmarks/ab_copy.sh (make it here, fill it on the device).
 # Run from the repo root:  OUT=/tmp/ab CODE_B=/tmp/old METHOD=ar MAX_BATCH=4 bash benchmarks/gpu_serve_http_ab.sh
 set -u
 source "$(dirname "$0")/serve_lib.sh"
