@@ -73,8 +73,8 @@ class IncrementalText:
     committed once a cut at `base` is seen to split the decoding, decode(ids[a:n]) == decode(ids[a:cut]) +
     decode(ids[cut:n]), with the left part ending in a whole character and already sent; a cut that does not
     split cleanly (inside a UTF-8 character, a decoder that strips a leading space) is simply not taken.
-    Text is held back only while it ends in an incomplete character. `flush` returns the rest against one
-    full decode; `sent` is everything handed out so far.
+    Text is held back only while it ends in an incomplete character. `hold` takes ids without a delta;
+    `flush` returns the rest against one full decode; `sent` is everything handed out so far.
     """
 
     WINDOW = 32  # ids past `base` before a commit is tried
@@ -101,6 +101,10 @@ class IncrementalText:
         if len(self.ids) - self.base > self.WINDOW:
             self._commit(len(self.ids) - self.KEEP, window)
         return delta
+
+    def hold(self, ids: list[int]) -> None:
+        """Take ids without decoding any delta (a non-streaming request reads only `flush`)."""
+        self.ids.extend(ids)
 
     def _commit(self, cut: int, window: str) -> None:
         left = self.tok.decode(self.ids[self.base:cut])
@@ -406,8 +410,10 @@ async def _run(request: web.Request, st: ServerState, req: ServeRequest, job: Jo
                     continue
                 out_ids.extend(ev.tokens)
                 lp_all.extend(ev.logprobs or [])
-                delta = text.add(ev.tokens)
-                if req.stream:
+                if not req.stream:   # one body at the end: no deltas to decode on the way
+                    text.hold(ev.tokens)
+                else:
+                    delta = text.add(ev.tokens)
                     first = resp is None
                     if first:
                         resp = await _open_stream(request)

@@ -258,6 +258,16 @@ def test_incremental_text_concatenates_to_the_decoded_ids():
         assert inc.sent == tok.decode(ids)
 
 
+def test_held_ids_decode_once_at_the_flush():
+    """A non-streaming request holds its ids: no delta on the way, the whole text at the flush and in `sent`."""
+    tok = NullSource().tokenizer
+    ids = list("Grüße, 世界 🦊".encode()) * 3
+    inc = IncrementalText(tok)
+    for i in range(0, len(ids), 4):
+        assert inc.hold(ids[i:i + 4]) is None
+    assert inc.flush() == tok.decode(ids) == inc.sent
+
+
 def test_incremental_text_decodes_a_bounded_window_on_a_long_stream():
     """Each add decodes only the ids past the last commit: on a long stream of text with multi-byte characters
     the window stays within WINDOW + a few chunks (a cut inside a character waits for the next add; without
