@@ -5,9 +5,8 @@
 # repetitions and still summarises the ones that ran, instead of being cut mid-run with no summary.
 # use_package CODE: checks that `python3 -m ddtree_bench` under PYTHONPATH=CODE runs CODE's package and prints
 # that folder; fails with a line saying which package runs instead. `python3 -m` puts the working directory first
-# on sys.path, so from the repo root every copy named on PYTHONPATH lost to the repo's own package (the HTTP
-# A/Bs of 2026-12-04 evening and late evening ran the repo's code on both sides): the scripts export
-# PYTHONSAFEPATH=1 (Python >= 3.11), which leaves it out, and check.
+# on sys.path, so from the repo root any copy named on PYTHONPATH would lose to the repo's own package: the scripts
+# export PYTHONSAFEPATH=1 (Python >= 3.11), which leaves it out, and check (on an older Python the check fails).
 export PYTHONSAFEPATH=1
 wait_ready() {
   local log=$1 pid=$2 port=""
