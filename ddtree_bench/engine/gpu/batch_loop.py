@@ -675,7 +675,7 @@ class BatchFastLoop:
         """One round over every active request; returns the requests that retired after it. `waiting`: requests wait
         for a free slot (AR then queues no round ahead, so that they join the next round, as in BatchLoop). Runs in
         inference mode, entered here unless the calling thread is in it already (the scheduler's engine thread
-        enters it once: ~1.5 us a round saved, which shows where the host is the bottleneck)."""
+        enters it once; docs/gpu-performance.md has what that saves)."""
         if torch.is_inference_mode_enabled():
             return self._step(waiting)
         with torch.inference_mode():
