@@ -5,9 +5,11 @@ For each budget and each Triton builder (builders.KERNELS; the one-block kernel 
 prints the builder's replayed-graph time, the top-K alone (kernels/topk.py), and the kernels seen by
 torch.profiler over 10 graph replays: name, launches per build, device ms per build. The gap
 between the replay time and the summed kernel time is launch latency and idle SMs between
-dependent launches. First the top-K's two selections at K = 16 / 32 / 64 (replay time). Then the grid builders' replay time at 16 / 32 / 64 rows per counting program
-(each checked equal to the PyTorch builder), the top-K with both survivor merges, and the walk's
-argmax over the verify logits ([B+1, V] bf16).
+dependent launches. First the top-K's two selections at K = 16 / 32 / 64 (replay time). Then the
+grid builders' replay time at 8 / 16 / 32 rows per counting program and at the column widths and
+reductions of WIDTHS (each checked equal to the PyTorch builder), with the kernel table of the
+fastest of them, the top-K with both survivor merges, and the walk's argmax over the verify logits
+([B+1, V] bf16).
 Run: python benchmarks/gpu_probe_build.py [budgets...] (default 64 128 256)
 """
 
@@ -27,6 +29,9 @@ dev = torch.device("cuda")
 L, V = 15, 151936
 REPS = 10
 ROWS = (8, 16, 32)  # GridTreeBuilder rows per counting program, compared by replay time
+# (columns a step of the counting loops, of the lex loop, one reduction after the loop), at 8 rows a program
+WIDTHS = ((128, 64, True), (256, 64, False), (256, 64, True), (512, 128, False), (512, 128, True), (1024, 256, True),
+          (2048, 256, True))
 
 
 def kernel_table(fn):
@@ -53,6 +58,17 @@ def kernel_table(fn):
             acc[e.name][1] += t / 1000
     del g
     return {k: (n / REPS, ms / REPS) for k, (n, ms) in acc.items()}
+
+
+def grid_point(B, x, ref, **knobs):
+    """One grid builder at `knobs` (_probe.grid_builder's), checked equal to the PyTorch builder: (its replay ms, inf
+    where its tree differs; its label; the builder)."""
+    gb = _probe.grid_builder(L, V, B, dev, **knobs)
+    same = all(torch.equal(a, b) for a, b in zip(gb(x), ref)) and gb.flag.item() == 0
+    what = ", ".join(f"{k} = {v}" for k, v in knobs.items() if k != "keys_first")
+    ms = replay_ms(lambda: gb(x))
+    print(f"  {gb.name} {what}: replay {ms:.4f} ms{'' if same else ' (DIFFERS)'}", flush=True)
+    return (ms if same else float("inf")), f"{gb.name} {what}", gb
 
 
 def show(title, fn):
@@ -85,11 +101,14 @@ for B in budgets:
             continue
         show(f"{kind} (K = {tb.K}, N = {tb.N}{f', rows = {tb.rows}' if kind != 'block' else ''})", lambda: tb(x))
     ref = StaticTreeBuilder(L, V, B, dev)(x)
+    points = []
     for keys in (False, True):
         for rows in ROWS:
-            gb = _probe.grid_builder(L, V, B, dev, keys_first=keys, rows=rows)
-            same = all(torch.equal(a, b) for a, b in zip(gb(x), ref)) and gb.flag.item() == 0
-            print(f"  {gb.name} rows = {rows}: replay {replay_ms(lambda: gb(x)):.4f} ms{'' if same else ' (DIFFERS)'}")
+            points.append(grid_point(B, x, ref, keys_first=keys, rows=rows))
+        for bj, lex_bj, once in WIDTHS:
+            points.append(grid_point(B, x, ref, keys_first=keys, bj=bj, lex_bj=lex_bj, once=once))
+    ms, what, best = min(points, key=lambda p: p[0])
+    show(f"fastest grid point: {what}", lambda: best(x))
     show(f"top-K alone (K = {tb.K})", lambda: topk_logprobs_fused(x, tb.K))
     if tb.K > 32:
         show(f"top-K alone, torch merge (K = {tb.K})", lambda: _probe.topk(x, tb.K, merge="torch"))

@@ -70,6 +70,30 @@ def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel, shape
             assert got == [heap.token_ids.tolist(), heap.parents.tolist(), heap.depths.tolist()]
 
 
+WIDTHS = [(16, 16, True), (128, 64, True), (512, 256, False), (1024, 128, True)]   # (bj, lex_bj, once)
+PROBE_CASES = ([((4, 3, 50), w) for w in WIDTHS] + [((15, 272, 64), (128, 64, True))] if INTERPRETED else
+               [(shape, w) for shape in [(15, 272, 64), (15, 151936, 256), (15, 151936, 512)] for w in WIDTHS])
+
+
+@pytest.mark.parametrize("shape, widths", PROBE_CASES,
+                         ids=[f"{_shape_id(sh)}-bj{w[0]}-lex{w[1]}{'-once' if w[2] else ''}" for sh, w in PROBE_CASES])
+@pytest.mark.parametrize("keys_first", [False, True])
+def test_grid_builds_at_the_probe_widths_equal_the_pytorch_builder(shape, widths, keys_first):
+    """The grid build's counting and lex loops at the column widths and reductions gpu_probe_build.py times
+    (_probe.grid_builder: from 16 columns, many steps a loop, to 1,024, one step; ONCE, one reduction after the
+    loop): the same tree as the PyTorch builder, so any of them can become the default on its time alone."""
+    from ddtree_bench.engine.gpu import _probe
+
+    L, V, budget = shape
+    bj, lex_bj, once = widths
+    for kind in ("random", "coarse"):
+        logits = tree_logits(kind, L, V, 3).to(DEV)
+        gb = _probe.grid_builder(L, V, budget, DEV, keys_first=keys_first, bj=bj, lex_bj=lex_bj, once=once)
+        got = [t.tolist() for t in gb(logits)]
+        assert gb.flag.item() == 0
+        assert got == [t.tolist() for t in StaticTreeBuilder(L, V, budget, DEV)(logits)], (shape, kind)
+
+
 SLOT_SHAPES = ([(4, 3, 50), (6, 5, 7)] if INTERPRETED else
                [(4, 3, 50), (6, 5, 7), (15, 272, 16), (15, 272, 64), (15, 151936, 16), (15, 151936, 256)])
 

@@ -42,6 +42,23 @@ if triton is not None:
         _sizes_and_preorder
 
     @triton.jit
+    def _count_smaller(acc, kj, key, ONCE: tl.constexpr):
+        """acc + which of the column keys kj are smaller than each row's key: per row ([BI]), or with ONCE per
+        (row, column) ([BI, BJ], no reduction inside the loop: `_counted` sums it once at the end)."""
+        smaller = (kj[None, :] < key[:, None]).to(tl.int32)
+        if ONCE:
+            return acc + smaller
+        else:
+            return acc + tl.sum(smaller, axis=1)
+
+    @triton.jit
+    def _counted(acc, ONCE: tl.constexpr):
+        if ONCE:
+            return tl.sum(acc, axis=1)
+        else:
+            return acc
+
+    @triton.jit
     def _init_kernel(lp_ptr, ks_ptr, kl_ptr, lpar_ptr, lr_ptr, ls_ptr, size_ptr, L: tl.constexpr, K: tl.constexpr,
                      KP: tl.constexpr, BP: tl.constexpr):
         # every kernel here: program (i, c) works on slot c, whose inputs [L, K], scratch [L, BP] (ckey [RP],
@@ -68,10 +85,11 @@ if triton is not None:
     @triton.jit
     def _rank_kernel(regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, bndf_ptr, bndr_ptr, ktie_ptr, flag_ptr, ckey_ptr, d, Fd,
                      L: tl.constexpr, K: tl.constexpr, RP: tl.constexpr, BP: tl.constexpr, TB: tl.constexpr,
-                     BI: tl.constexpr, BJ: tl.constexpr, KEYS: tl.constexpr):
+                     BI: tl.constexpr, BJ: tl.constexpr, KEYS: tl.constexpr, ONCE: tl.constexpr = False):
         """Depth d: each candidate's rank = number of smaller keys; the first Fd are kept, in key order.
         The keys compared against are rebuilt per column block from the tables, or (KEYS) read from the
-        buffer _keys_kernel wrote."""
+        buffer _keys_kernel wrote. ONCE: the comparisons add up elementwise and reduce after the loop
+        (`_count_smaller`)."""
         c = tl.program_id(1)
         ks_ptr += c * (L * BP)
         kl_ptr += c * (L * BP)
@@ -80,14 +98,15 @@ if triton is not None:
         ckey_ptr += c * RP
         i = tl.program_id(0) * BI + tl.arange(0, BI)
         key, score, tie, valid = _candidates(d, i, regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K, RP, BP, TB)
-        rank = tl.zeros([BI], tl.int32)
+        acc = tl.zeros([BI, BJ] if ONCE else [BI], tl.int32)
         for j0 in range(0, RP, BJ):
             j = j0 + tl.arange(0, BJ)
             if KEYS:
                 kj = tl.load(ckey_ptr + j, mask=j < RP, other=9223372036854775807)
             else:
                 kj, _, _, _ = _candidates(d, j, regf_ptr, regr_ptr, ks_ptr, kl_ptr, lp_ptr, K, RP, BP, TB)
-            rank += tl.sum((kj[None, :] < key[:, None]).to(tl.int32), axis=1)
+            acc = _count_smaller(acc, kj, key, ONCE)
+        rank = _counted(acc, ONCE)
         kept = valid & (rank < Fd)
         tl.store(ks_ptr + d * BP + rank, score, mask=kept)
         tl.store(ktie_ptr + d * BP + rank, tie, mask=kept)
@@ -155,8 +174,9 @@ if triton is not None:
     @triton.jit
     def _select_kernel(cnt_ptr, ls_ptr, pre_ptr, node_of_ptr, inv_ptr, gkey_ptr,
                        L: tl.constexpr, BP: tl.constexpr, GB: tl.constexpr, N: tl.constexpr,
-                       BI: tl.constexpr, BJ: tl.constexpr, KEYS: tl.constexpr):
-        """Every kept node's rank by (score, pre-order); the best N get node numbers 1..N in pop order."""
+                       BI: tl.constexpr, BJ: tl.constexpr, KEYS: tl.constexpr, ONCE: tl.constexpr = False):
+        """Every kept node's rank by (score, pre-order); the best N get node numbers 1..N in pop order (ONCE: as
+        _rank_kernel's)."""
         c = tl.program_id(1)
         S = L * BP
         ls_ptr += c * S
@@ -166,14 +186,15 @@ if triton is not None:
         inv_ptr += c * N
         g = tl.program_id(0) * BI + tl.arange(0, BI)
         key, valid = _gkey(g, cnt_ptr, ls_ptr, pre_ptr, L, BP, GB)
-        rank = tl.zeros([BI], tl.int32)
+        acc = tl.zeros([BI, BJ] if ONCE else [BI], tl.int32)
         for h0 in range(0, L * BP, BJ):
             h = h0 + tl.arange(0, BJ)
             if KEYS:
                 kh = tl.load(gkey_ptr + h, mask=h < L * BP, other=9223372036854775807)
             else:
                 kh, _ = _gkey(h, cnt_ptr, ls_ptr, pre_ptr, L, BP, GB)
-            rank += tl.sum((kh[None, :] < key[:, None]).to(tl.int32), axis=1)
+            acc = _count_smaller(acc, kh, key, ONCE)
+        rank = _counted(acc, ONCE)
         chosen = valid & (rank < N)
         tl.store(node_of_ptr + g, rank + 1, mask=chosen)
         tl.store(inv_ptr + rank, g, mask=chosen)
@@ -206,6 +227,7 @@ def _grid_scratch(b, L: int, V: int, budget: int, device, keys_first: bool, slot
     BP, lead = b.BP, ((slots,) if slots else ())
     b.keys_first, b._rows = keys_first, ROWS
     b.bj = BJ_KEYS if keys_first else BJ
+    b._lex_bj, b._once = BJ, False   # the lex loop's column width; the counting loops' ONCE (gpu/_probe.py varies them)
     b.ktie = torch.zeros(*lead, L, BP, dtype=torch.long, device=device)
     b.node_of = torch.zeros(*lead, L * BP, dtype=torch.int32, device=device)
     b.inv = torch.zeros(*lead, b.N, dtype=torch.int32, device=device)
@@ -219,7 +241,7 @@ def _launch_grid(b, C: int, lp, tok, tok_out, par_out, dep_out) -> None:
     own scratch and [N] outputs (C = 1: the single build)."""
     L, K, BP, RP, TB = b.L, b.K, b.BP, b.RP, b.TB
     launch(_init_kernel, (1, C), lp, b.ks, b.kl, b.lpar, b.lr, b.ls, b.size, L=L, K=K, KP=_pow2(K), BP=BP)
-    keys, bj, rows = b.keys_first, b.bj, b._rows
+    keys, bj, rows, once = b.keys_first, b.bj, b._rows, b._once
     for d in range(1, L):
         R, Fd = b.R[d], b.counts[d]
         if keys:
@@ -227,15 +249,15 @@ def _launch_grid(b, C: int, lp, tok, tok_out, par_out, dep_out) -> None:
                    L=L, K=K, RP=RP, BP=BP, TB=TB, BI=BI)
         launch(_rank_kernel, (triton.cdiv(R, rows), C), b.regf, b.regr, b.ks, b.kl, lp, b.bndf,
                b.bndr, b.ktie, b.flag, b.ckey, d, Fd, L=L, K=K, RP=RP, BP=BP, TB=TB,
-               BI=rows, BJ=bj, KEYS=keys)
+               BI=rows, BJ=bj, KEYS=keys, ONCE=once)
         launch(_lex_kernel, (triton.cdiv(Fd, rows), C), b.ks, b.ktie, b.kl, b.lpar, b.lr, b.ls,
-               b.size, d, Fd, L=L, K=K, BP=BP, BI=rows, BJ=BJ)
+               b.size, d, Fd, L=L, K=K, BP=BP, BI=rows, BJ=b._lex_bj)
     launch(_preorder_kernel, (1, C), b.cnt, b.lpar, b.size, b.pre, L=L, BP=BP, num_warps=b.pre_warps)
     G = L * BP
     if keys:
         launch(_gkeys_kernel, (triton.cdiv(G, BI), C), b.cnt, b.ls, b.pre, b.gkey, L=L, BP=BP, GB=b.GB, BI=BI)
     launch(_select_kernel, (triton.cdiv(G, rows), C), b.cnt, b.ls, b.pre, b.node_of, b.inv, b.gkey,
-           L=L, BP=BP, GB=b.GB, N=b.N, BI=rows, BJ=bj, KEYS=keys)
+           L=L, BP=BP, GB=b.GB, N=b.N, BI=rows, BJ=bj, KEYS=keys, ONCE=once)
     launch(_emit_kernel, (triton.cdiv(b.N, BI), C), b.inv, b.node_of, b.lpar, b.lr, tok, tok_out,
            par_out, dep_out, L=L, K=K, BP=BP, N=b.N, BI=BI)
 
