@@ -6,7 +6,8 @@ interpreter test and failed to compile on the GPU. This script runs the compiler
 back end (to PTX) for every tree kernel, with the argument types and compile-time constants the
 engine's own builders derive for the Qwen3-8B shape (bf16 logits; budgets 64 and 256), so that
 class of error shows up before device time is spent. It checks that each kernel compiles, not what
-it computes (the interpreter tests do that). Needs Triton importable, no GPU:
+it computes (the interpreter tests do that), and prints each binary's registers a thread and spilled
+(local) bytes where Triton's cuobjdump is at hand. Needs Triton importable, no GPU:
     PYTHONPATH=/tmp/tsite:. python benchmarks/triton_ptx_check.py [--only topk,tree,verify,attention,layer]
 """
 
@@ -53,11 +54,29 @@ def check(kernel, args: dict, consts: dict, options: dict | None = None, mma: bo
         if os.environ.get("PTX_DUMP"):   # a folder: each compilation's instructions (no debug lines), to diff a refactor
             _dump(name, consts, options, compiled.asm["ptx"])
         tc = f" [wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}]" if mma else ""
-        print(f"ok    {name} {consts}{f' {options}' if options else ''}{tc}")
+        print(f"ok    {name} {consts}{f' {options}' if options else ''}{tc}{_resources(compiled.asm.get('cubin'))}")
         return True
     except Exception as e:  # noqa: BLE001 - report every kernel, then fail
         print(f"FAIL  {name} {consts}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
         return False
+
+
+def _resources(cubin: bytes | None) -> str:
+    """' [REG r, LOCAL l]': registers a thread and local (spilled) bytes of the sm_90 binary, read by the cuobjdump
+    that comes with Triton's ptxas (both run without a GPU); '' where either is missing."""
+    import re
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not cubin or not os.path.exists(tool):
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+).*LOCAL:(\d+)", out)
+    return f" [REG {m.group(1)}, LOCAL {m.group(2)}]" if m else ""
 
 
 _DUMPED: dict[str, int] = {}
@@ -148,17 +167,21 @@ if want("tree"):
                                                  size_ptr=i32), dict(L=L, K=g.K, KP=_pow2(g.K), BP=g.BP)))
     ok.append(check(tree_grid._keys_kernel, dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, ckey_ptr=i64,
                                                  d=3), dict(L=L, K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=BI)))
-    for keys, bj, rows in ((False, tree_grid.BJ, 16), (True, tree_grid.BJ_KEYS, tree_grid.ROWS)):
+    # the defaults, then the widest probe widths gpu_probe_build.py times (bj, lex_bj, ONCE: _probe.grid_builder)
+    R = tree_grid.ROWS
+    for keys, bj, rows, lex_bj, once in ((False, tree_grid.BJ, 16, tree_grid.BJ, False),
+                                         (True, tree_grid.BJ_KEYS, R, tree_grid.BJ, False),
+                                         (True, 1024, R, 256, True), (False, 512, R, 256, True)):
         ok.append(check(tree_grid._rank_kernel,
                         dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, bndf_ptr=i32, bndr_ptr=i32,
                              ktie_ptr=i64, flag_ptr=i32, ckey_ptr=i64, d=3, Fd=256),
-                        dict(L=L, K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=rows, BJ=bj, KEYS=keys)))
+                        dict(L=L, K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=rows, BJ=bj, KEYS=keys, ONCE=once)))
         ok.append(check(tree_grid._select_kernel,
                         dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, node_of_ptr=i32, inv_ptr=i32, gkey_ptr=i64),
-                        dict(L=L, BP=g.BP, GB=g.GB, N=g.N, BI=rows, BJ=bj, KEYS=keys)))
+                        dict(L=L, BP=g.BP, GB=g.GB, N=g.N, BI=rows, BJ=bj, KEYS=keys, ONCE=once)))
         ok.append(check(tree_grid._lex_kernel, dict(ks_ptr=f32, ktie_ptr=i64, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32,
                                                     ls_ptr=f32, size_ptr=i32, d=3, Fd=256),
-                        dict(L=L, K=g.K, BP=g.BP, BI=rows, BJ=tree_grid.BJ)))
+                        dict(L=L, K=g.K, BP=g.BP, BI=rows, BJ=lex_bj)))
     ok.append(check(tree_grid._preorder_kernel, dict(cnt_ptr=i32, lpar_ptr=i32, size_ptr=i32, pre_ptr=i32), dict(L=L, BP=g.BP)))
     ok.append(check(tree_grid._gkeys_kernel, dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, gkey_ptr=i64),
                     dict(L=L, BP=g.BP, GB=g.GB, BI=BI)))
