@@ -176,7 +176,7 @@ if want("tree"):
                         dict(regf_ptr=i32, regr_ptr=i32, ks_ptr=f32, kl_ptr=i32, lp_ptr=f32, bndf_ptr=i32, bndr_ptr=i32,
                              ktie_ptr=i64, flag_ptr=i32, ckey_ptr=i64, d=3, Fd=256),
                         dict(L=L, K=g.K, RP=g.RP, BP=g.BP, TB=g.TB, BI=rows, BJ=bj, KEYS=keys, ONCE=once)))
-        ok.append(check(tree_grid._select_kernel,
+        ok.append(check(tree_grid._pop_rank_kernel,
                         dict(cnt_ptr=i32, ls_ptr=f32, pre_ptr=i32, node_of_ptr=i32, inv_ptr=i32, gkey_ptr=i64),
                         dict(L=L, BP=g.BP, GB=g.GB, N=g.N, BI=rows, BJ=bj, KEYS=keys, ONCE=once)))
         ok.append(check(tree_grid._lex_kernel, dict(ks_ptr=f32, ktie_ptr=i64, kl_ptr=i32, lpar_ptr=i32, lr_ptr=i32,

@@ -172,7 +172,7 @@ if triton is not None:
         tl.store(gkey_ptr + g, key, mask=g < L * BP)
 
     @triton.jit
-    def _select_kernel(cnt_ptr, ls_ptr, pre_ptr, node_of_ptr, inv_ptr, gkey_ptr,
+    def _pop_rank_kernel(cnt_ptr, ls_ptr, pre_ptr, node_of_ptr, inv_ptr, gkey_ptr,
                        L: tl.constexpr, BP: tl.constexpr, GB: tl.constexpr, N: tl.constexpr,
                        BI: tl.constexpr, BJ: tl.constexpr, KEYS: tl.constexpr, ONCE: tl.constexpr = False):
         """Every kept node's rank by (score, pre-order); the best N get node numbers 1..N in pop order (ONCE: as
@@ -256,7 +256,7 @@ def _launch_grid(b, C: int, lp, tok, tok_out, par_out, dep_out) -> None:
     G = L * BP
     if keys:
         launch(_gkeys_kernel, (triton.cdiv(G, BI), C), b.cnt, b.ls, b.pre, b.gkey, L=L, BP=BP, GB=b.GB, BI=BI)
-    launch(_select_kernel, (triton.cdiv(G, rows), C), b.cnt, b.ls, b.pre, b.node_of, b.inv, b.gkey,
+    launch(_pop_rank_kernel, (triton.cdiv(G, rows), C), b.cnt, b.ls, b.pre, b.node_of, b.inv, b.gkey,
            L=L, BP=BP, GB=b.GB, N=b.N, BI=rows, BJ=bj, KEYS=keys, ONCE=once)
     launch(_emit_kernel, (triton.cdiv(b.N, BI), C), b.inv, b.node_of, b.lpar, b.lr, tok, tok_out,
            par_out, dep_out, L=L, K=K, BP=BP, N=b.N, BI=BI)
