@@ -7,7 +7,8 @@ torch.profiler over 10 graph replays: name, launches per build, device ms per bu
 between the replay time and the summed kernel time is launch latency and idle SMs between
 dependent launches. First the top-K's two selections at K = 16 / 32 / 64 (replay time). Then the
 grid builders' replay time at 8 / 16 / 32 rows per counting program and at the column widths and
-reductions of WIDTHS (each checked equal to the PyTorch builder), with the kernel table of the
+reductions of WIDTHS (each checked equal to the PyTorch builder; without precomputed keys only up to
+the budget where builders.auto_kernel still picks that builder), with the kernel table of the
 fastest of them, the top-K with both survivor merges, and the walk's argmax over the verify logits
 ([B+1, V] bf16).
 Run: python benchmarks/gpu_probe_build.py [budgets...] (default 64 128 256)
@@ -102,7 +103,7 @@ for B in budgets:
         show(f"{kind} (K = {tb.K}, N = {tb.N}{f', rows = {tb.rows}' if kind != 'block' else ''})", lambda: tb(x))
     ref = StaticTreeBuilder(L, V, B, dev)(x)
     points = []
-    for keys in (False, True):
+    for keys in ((False, True) if B <= builders.AUTO_GRID_MAX_BUDGET else (True,)):   # what auto_kernel may pick
         for rows in ROWS:
             points.append(grid_point(B, x, ref, keys_first=keys, rows=rows))
         for bj, lex_bj, once in WIDTHS:
