@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Issue 35 item 4 (the single loop's per-round overhead at B = 255 / 256, 5.0-5.3% of the round, is mostly the
-# grid-keys tree build), one device call: the tree kernels' GPU tests (the grid build at the probe's widths at the
-# Qwen3 vocabulary, B = 256 / 512, and the grid builds against the PyTorch builder and the heap), the build probe (benchmarks/gpu_probe_build.py: every builder's
-# replay time and kernel table; the grid build at 8 / 16 / 32 rows a counting program and at the column widths and
-# one-reduction loops of its WIDTHS, each checked equal to the PyTorch builder), then bench-engine's rounds at
-# BUDGETS (255,256) on the Qwen3-8B shape with the overhead column, the baseline any faster build is read against
-# (a build's saving is the round's: the build runs between the draft and the verify). PROBE_BUDGETS (64 256 512),
-# BUDGETS (255,256) and TAU (their paper tau, for the cost model's lines) move the points.
+# grid-keys tree build), one device call: the tree kernels' GPU tests (the grid builds against the PyTorch builder
+# and the heap, and at the probe's widths at the Qwen3 vocabulary, B = 256 / 512), the build probe
+# (benchmarks/gpu_probe_build.py: every builder's replay time and kernel table; the grid build at 8 / 16 / 32 rows
+# a counting program and at the column widths and one-reduction loops of its WIDTHS, each checked equal to the
+# PyTorch builder), then bench-engine's rounds at BUDGETS (255,256) on the Qwen3-8B shape with the overhead column,
+# the baseline any faster build is read against (a build's saving is the round's: the build runs between the draft
+# and the verify). PROBE_BUDGETS (64 256 512), BUDGETS (255,256) and TAU (their paper tau, for the cost model's
+# lines) move the points.
 # Files under $OUT: session.txt, tests.txt, probe.txt, probe.log, bench.{json,txt,log}.
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_tree_build.sh
 source "$(dirname "$0")/gpu_lib.sh"
