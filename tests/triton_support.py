@@ -1,6 +1,6 @@
-"""Shared by the Triton kernel tests: where the kernels can run (CUDA, or a CPU under Triton's
-interpreter with TRITON_INTERPRET=1), the skip mark for everywhere else, and the logits families the
-tree tests draw from (random, near-all-ties one-hot, coarse with ties across depths)."""
+"""Shared by the Triton kernel tests: whether Triton is installed (a dev dependency), where the kernels can run
+(CUDA, or a CPU under Triton's interpreter with TRITON_INTERPRET=1), the skip mark for everywhere else, and the
+logits families the tree tests draw from (random, near-all-ties one-hot, coarse with ties across depths)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import torch
 from ddtree_bench.engine.gpu import fused
 
 
+HAVE_TRITON = fused.triton is not None
+
+
 def _triton_device() -> str | None:
-    if fused.triton is None:
+    if not HAVE_TRITON:
         return None
     if torch.cuda.is_available():
         return "cuda"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from triton_support import HAVE_TRITON
 
 ROOT = Path(__file__).resolve().parents[3]
 FILES = ["tests/engine/gpu/test_tree_kernels_triton.py", "tests/engine/gpu/test_fused_triton.py",
@@ -29,15 +30,7 @@ FILES = ["tests/engine/gpu/test_tree_kernels_triton.py", "tests/engine/gpu/test_
          "tests/engine/gpu/test_gemm_triton.py", "tests/engine/gpu/test_normalisers_triton.py"]
 
 
-def _have_triton() -> bool:
-    try:
-        import triton  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _have_triton(), reason="triton is not installed (pip install -e '.[dev]')")
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed (pip install -e '.[dev]')")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the kernel tests run directly")
 def test_every_triton_kernel_matches_its_twin_under_the_interpreter():
     """The kernel files in two child processes at once (attention, the longest, beside the other three), since the
