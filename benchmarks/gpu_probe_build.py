@@ -108,7 +108,7 @@ for B in budgets:
             points.append(grid_point(B, x, ref, keys_first=keys, rows=rows))
         for bj, lex_bj, once in WIDTHS:
             points.append(grid_point(B, x, ref, keys_first=keys, bj=bj, lex_bj=lex_bj, once=once))
-    ms, what, best = min(points, key=lambda p: p[0])
+    _, what, best = min(points, key=lambda p: p[0])
     show(f"fastest grid point: {what}", lambda: best(x))
     show(f"top-K alone (K = {tb.K})", lambda: topk_logprobs_fused(x, tb.K))
     if tb.K > 32:

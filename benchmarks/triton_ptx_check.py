@@ -12,7 +12,10 @@ it computes (the interpreter tests do that), and prints each binary's registers 
 """
 
 import os
+import re
+import subprocess
 import sys
+import tempfile
 
 import torch
 import triton
@@ -64,10 +67,6 @@ def check(kernel, args: dict, consts: dict, options: dict | None = None, mma: bo
 def _resources(cubin: bytes | None) -> str:
     """' [REG r, LOCAL l]': registers a thread and local (spilled) bytes of the sm_90 binary, read by the cuobjdump
     that comes with Triton's ptxas (both run without a GPU); '' where either is missing."""
-    import re
-    import subprocess
-    import tempfile
-
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not cubin or not os.path.exists(tool):
         return ""
