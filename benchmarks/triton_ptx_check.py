@@ -9,6 +9,7 @@ class of error shows up before device time is spent. It checks that each kernel 
 it computes (the interpreter tests do that), and prints each binary's registers a thread and spilled
 (local) bytes where Triton's cuobjdump is at hand. Needs Triton importable, no GPU:
     PYTHONPATH=/tmp/tsite:. python benchmarks/triton_ptx_check.py [--only topk,tree,verify,attention,layer]
+Each line ends with the compile time (seconds; a fresh TRITON_CACHE_DIR makes it a cold compile, not a cache hit).
 """
 
 import os
@@ -16,6 +17,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 import triton
@@ -52,12 +54,15 @@ def check(kernel, args: dict, consts: dict, options: dict | None = None, mma: bo
     sig.update({n: "constexpr" for n in consts})
     name = kernel.fn.__name__
     try:
+        t0 = time.perf_counter()
         compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=TARGET, options=options)
+        compile_s = time.perf_counter() - t0
         ptx = compiled.asm["ptx"] if mma else ""
         if os.environ.get("PTX_DUMP"):   # a folder: each compilation's instructions (no debug lines), to diff a refactor
             _dump(name, consts, options, compiled.asm["ptx"])
         tc = f" [wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}]" if mma else ""
-        print(f"ok    {name} {consts}{f' {options}' if options else ''}{tc}{_resources(compiled.asm.get('cubin'))}")
+        print(f"ok    {name} {consts}{f' {options}' if options else ''}{tc}{_resources(compiled.asm.get('cubin'))} "
+              f"{compile_s:.2f} s")
         return True
     except Exception as e:  # noqa: BLE001 - report every kernel, then fail
         print(f"FAIL  {name} {consts}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
@@ -85,6 +90,7 @@ def _dump(name: str, consts: dict, options: dict | None, ptx: str) -> None:
     """PTX_DUMP/<kernel>.<n>.ptx: the PTX without its debug sections, comments, .loc / .file lines and labels, numbered by
     the order of compilation, so two checkouts' dumps diff by instructions only."""
     n = _DUMPED[name] = _DUMPED.get(name, -1) + 1
+    os.makedirs(os.environ["PTX_DUMP"], exist_ok=True)
     ptx = ptx.split(".section\t.debug")[0].split(".section .debug")[0]
     keep = [ln for ln in ptx.splitlines() if not ln.lstrip().startswith(("//", ".loc", ".file", "$L__", ".section"))]
     with open(os.path.join(os.environ["PTX_DUMP"], f"{name}.{n}.ptx"), "w") as f:
