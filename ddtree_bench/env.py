@@ -72,10 +72,11 @@ def environment(device: str | None = None) -> dict[str, Any]:
 
 def engine_knobs() -> dict[str, str]:
     """The environment variables that change which GPU kernels the engine runs, as set (unset ones left out):
-    DDTREE_GPU_EXPERIMENTAL (kernels/experimental.py) and DDTREE_GEMM_TABLE (kernels/gemm.py), so that two results
-    files made with different kernels say so."""
+    DDTREE_GPU_EXPERIMENTAL and every A/B knob DDTREE_<KNOB> (kernels/experimental.py), and DDTREE_GEMM_TABLE
+    (kernels/gemm.py), so that two results files made with different kernels say so."""
     import os
 
     from ddtree_bench.engine.gpu.kernels import experimental   # Triton-free: names only, no kernel module
 
-    return {name: os.environ[name] for name in (experimental.ENV, experimental.GEMM_TABLE_ENV) if os.environ.get(name)}
+    names = (experimental.ENV, *(f"DDTREE_{k}" for k in experimental.KNOBS), experimental.GEMM_TABLE_ENV)
+    return {name: os.environ[name] for name in names if os.environ.get(name)}

@@ -35,12 +35,14 @@ def _root(
 
 def _check_engine_environment() -> None:
     """The GPU path's environment knobs, read deep inside a forward, checked before any work: an unknown
-    DDTREE_GPU_EXPERIMENTAL feature or an unreadable DDTREE_GEMM_TABLE is exit 2 here, not a failed request."""
+    DDTREE_GPU_EXPERIMENTAL feature, an A/B knob that is not a positive integer or an unreadable DDTREE_GEMM_TABLE
+    is exit 2 here, not a failed request."""
     import os
 
     from ddtree_bench.engine.gpu.kernels import experimental
 
     experimental.requested()
+    experimental.check_knobs()
     if os.environ.get("DDTREE_GEMM_TABLE"):
         from ddtree_bench.engine.gpu.kernels import gemm
 

@@ -353,7 +353,8 @@ def test_gate_and_compare_use_the_same_near_tie_default_for_a_server_baseline(tm
 
 
 @pytest.mark.parametrize("env,said", [("DDTREE_GPU_EXPERIMENTAL", "unknown feature(s) turbo"),
-                                      ("DDTREE_GEMM_TABLE", "cannot read it as JSON")])
+                                      ("DDTREE_GEMM_TABLE", "cannot read it as JSON"),
+                                      ("DDTREE_TREE_RANGES", "must be a positive integer, got 'turbo'")])
 def test_a_bad_gpu_knob_is_exit_2_before_any_work(env, said, capsys, monkeypatch, tmp_path):
     """The GPU path reads these deep inside a forward; the CLI checks them first, so a typo is one line and
     exit 2 on every command, not a run whose requests all failed."""
@@ -361,7 +362,7 @@ def test_a_bad_gpu_knob_is_exit_2_before_any_work(env, said, capsys, monkeypatch
 
     bad = tmp_path / "table.json"
     bad.write_bytes(b"\x89PNG\x00")
-    monkeypatch.setenv(env, "turbo" if env == "DDTREE_GPU_EXPERIMENTAL" else str(bad))
+    monkeypatch.setenv(env, str(bad) if env == "DDTREE_GEMM_TABLE" else "turbo")
     res = cli_in_process(capsys, "suites", check=False)
     assert res.returncode == 2 and said in res.stderr and len(res.stderr.strip().splitlines()) <= 2
     assert "Traceback" not in res.stderr

@@ -63,6 +63,13 @@ def knob(name: str, default: int, choices: tuple[int, ...] = ()) -> int:
     return int(raw)
 
 
+def check_knobs() -> None:
+    """Every DDTREE_<KNOB> that is set is a positive integer (UsageError otherwise): what can be checked before a
+    kernel reads it (the sizes a kernel can tile are checked where it reads them, `knob`'s choices)."""
+    for name in KNOBS:
+        knob(name, 1)
+
+
 def requested() -> frozenset[str]:
     """The features DDTREE_GPU_EXPERIMENTAL names (checked against FEATURES); parsed once per value, since
     every kernel launch asks."""
