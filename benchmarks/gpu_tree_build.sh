@@ -7,8 +7,10 @@
 # PyTorch builder), then bench-engine's rounds at BUDGETS (255,256) on the Qwen3-8B shape with the overhead column,
 # the baseline any faster build is read against (a build's saving is the round's: the build runs between the draft
 # and the verify). PROBE_BUDGETS (64 256 512), BUDGETS (255,256) and TAU (their paper tau, for the cost model's
-# lines) move the points.
-# Files under $OUT: session.txt, tests.txt, probe.txt, probe.log, bench.{json,txt,log}.
+# lines) move the points. Last, whole rounds in one process (benchmarks/gpu_batch_ab.py, batch 1) at B = 255 / 256 with
+# the default widths against WIDE arms set through the A/B knobs (DDTREE_GRID_KEYS_BJ, DDTREE_GRID_LEX_BJ, the
+# grid-once feature): what a width the probe favours buys a round. AB=0 leaves it out.
+# Files under $OUT: session.txt, tests.txt, probe.txt, probe.log, bench.{json,txt,log}, ab.txt (8: what a device call returns).
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_tree_build.sh
 source "$(dirname "$0")/gpu_lib.sh"
 step gpu tests
@@ -25,4 +27,13 @@ timeout ${BENCH_TIMEOUT:-150} python3 -m ddtree_bench bench-engine --shape qwen3
   --tau ${TAU:-255:10.4,256:10.4} \
   --out "$OUT/bench.json" 2> "$OUT/bench.log" | grep -v '^{' > "$OUT/bench.txt"
 echo "bench exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+if [ "${AB:-1}" = 1 ]; then
+  step round ab
+  timeout ${AB_TIMEOUT:-150} python3 benchmarks/gpu_batch_ab.py --points ddtree:255,ddtree:256 --batches 1 \
+    --arm default \
+    --arm "w1024 DDTREE_GRID_KEYS_BJ=1024 DDTREE_GRID_LEX_BJ=256 DDTREE_GPU_EXPERIMENTAL=grid-once" \
+    --arm "w512 DDTREE_GRID_KEYS_BJ=512 DDTREE_GRID_LEX_BJ=128 DDTREE_GPU_EXPERIMENTAL=grid-once" \
+    > "$OUT/ab.txt" 2>&1
+  echo "ab exit $?" | tee -a "$LOG"
+fi
 step done

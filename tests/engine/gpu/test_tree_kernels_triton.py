@@ -94,6 +94,45 @@ def test_grid_builds_at_the_probe_widths_equal_the_pytorch_builder(shape, widths
         assert got == [t.tolist() for t in StaticTreeBuilder(L, V, budget, DEV)(logits)], (shape, kind)
 
 
+def test_the_grid_width_knobs_reach_the_single_and_slotted_builds(monkeypatch):
+    """DDTREE_GRID_KEYS_BJ / DDTREE_GRID_LEX_BJ and the grid-once feature (an A/B's arms in benchmarks/gpu_batch_ab.py,
+    whole rounds at the probe's widths) set what the builds launch, single and slotted, and their trees stay the
+    PyTorch builder's; unset, the constants; a width the loops cannot step by is bad input."""
+    from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder
+    from ddtree_bench.engine.gpu.kernels import tree_grid
+    from ddtree_bench.engine.gpu.kernels.warm import record
+    from ddtree_bench.errors import UsageError
+
+    L, V, budget = 4, 3, 50
+    logits = torch.stack([tree_logits("random", L, V, s) for s in (1, 2)]).to(DEV)
+
+    def counting_launches(b, x):
+        return {(la.kernel.fn.__name__, la.kwargs.get("BJ"), la.kwargs.get("ONCE")) for la in record(lambda: b(x))
+                if la.kernel.fn.__name__ in ("_rank_kernel", "_pop_rank_kernel", "_lex_kernel")}
+
+    for env in ({}, {"DDTREE_GRID_KEYS_BJ": "1024", "DDTREE_GRID_LEX_BJ": "256", "DDTREE_GPU_EXPERIMENTAL": "grid-once"}):
+        for name in ("DDTREE_GRID_KEYS_BJ", "DDTREE_GRID_LEX_BJ", "DDTREE_GPU_EXPERIMENTAL"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        bj, lex, once = (1024, 256, True) if env else (tree_grid.BJ_KEYS, tree_grid.BJ, False)
+        single = tree_grid.GridTreeBuilder(L, V, budget, DEV, keys_first=True)
+        slotted = tree_grid.SlottedGridBuilder(L, V, budget, DEV, slots=2, keys_first=True)
+        want = {("_rank_kernel", bj, once), ("_pop_rank_kernel", bj, once), ("_lex_kernel", lex, None)}
+        assert counting_launches(single, logits[0]) == want
+        assert counting_launches(slotted, logits) == want
+        exact = BatchTreeBuilder(L, V, budget, DEV)(logits)
+        got = slotted(logits)
+        assert slotted.flag.item() == 0
+        assert [t.tolist() for t in (got.token_ids, got.parents, got.depths)] == \
+            [t.tolist() for t in (exact.token_ids, exact.parents, exact.depths)], env
+        assert [t.tolist() for t in single(logits[0])] == \
+            [t.tolist() for t in StaticTreeBuilder(L, V, budget, DEV)(logits[0])], env
+    monkeypatch.setenv("DDTREE_GRID_KEYS_BJ", "96")
+    with pytest.raises(UsageError, match="DDTREE_GRID_KEYS_BJ"):
+        tree_grid.GridTreeBuilder(L, V, budget, DEV, keys_first=True)
+
+
 SLOT_SHAPES = ([(4, 3, 50), (6, 5, 7)] if INTERPRETED else
                [(4, 3, 50), (6, 5, 7), (15, 272, 16), (15, 272, 64), (15, 151936, 16), (15, 151936, 256)])
 

@@ -23,6 +23,7 @@ FEATURES = {
     "pdl": "programmatic dependent launch, with the weight GEMM's L2 prefetch (kernels/pdl.py)",
     "split-cap": "live attention's split-KV ranges capped on the device so their partials never outweigh the K/V (kernels/attention.py)",
     "tree-fold": "the tree kernel's split-KV combine folded into its launch (kernels/tree_attention.py)",
+    "grid-once": "the grid tree build's counting loops add their comparisons up elementwise and reduce once after the loop, not every step (kernels/tree_grid.py)",
 }
 
 
@@ -44,6 +45,8 @@ KNOBS = {
     "TREE_MIN_ROWS": "folded rows from which a tree verify takes the tree kernel (kernels/tree_attention.py)",
     "SLOT_TREE_MIN_ROWS": "the same over 2+ slots only (default: TREE_MIN_ROWS's; kernels/tree_attention.py)",
     "TREE_SLOT_RANGES": "prefix ranges a launch of small trees spreads over its 2+ slots (kernels/tree_attention.py)",
+    "GRID_KEYS_BJ": "columns a step of the grid tree build's counting loops with precomputed keys, the large budgets' build (kernels/tree_grid.py)",
+    "GRID_LEX_BJ": "columns a step of the grid tree build's lex loop (kernels/tree_grid.py)",
 }
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from ddtree_bench.engine.gpu.kernels import experimental
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 from ddtree_bench.engine.gpu.kernels.tree_pruned import pruned_inputs, pruned_scratch, slotted_exact, slotted_inputs
 from ddtree_bench.engine.gpu.kernels.warm import launch
@@ -35,6 +36,8 @@ BI = 64  # items per program of the one-pass kernels (keys, emit)
 ROWS = 8  # items ranked per program of the counting kernels (rank, lex, select): fewer rows, more programs (docs/gpu-performance.md)
 BJ = 64  # columns (items compared against) per inner step
 BJ_KEYS = 128  # the same, reading precomputed keys (keys_first)
+KEYS_WIDTHS = (64, 128, 256, 512, 1024, 2048)  # the BJ_KEYS an A/B may set (DDTREE_GRID_KEYS_BJ)
+LEX_WIDTHS = (64, 128, 256)  # the lex loop's (DDTREE_GRID_LEX_BJ)
 
 if triton is not None:
     from ddtree_bench.engine.gpu.kernels.common import _desc
@@ -226,8 +229,11 @@ def _grid_scratch(b, L: int, V: int, budget: int, device, keys_first: bool, slot
         raise ValueError(f"budget {budget} is too large for the grid tree kernels")
     BP, lead = b.BP, ((slots,) if slots else ())
     b.keys_first, b._rows = keys_first, ROWS
-    b.bj = BJ_KEYS if keys_first else BJ
-    b._lex_bj, b._once = BJ, False   # the lex loop's column width; the counting loops' ONCE (gpu/_probe.py varies them)
+    # the counting loops' columns a step, the lex loop's, and ONCE: constants unless an A/B names them
+    # (kernels/experimental.py); gpu/_probe.py sets them on a builder
+    b.bj = experimental.knob("GRID_KEYS_BJ", BJ_KEYS, KEYS_WIDTHS) if keys_first else BJ
+    b._lex_bj = experimental.knob("GRID_LEX_BJ", BJ, LEX_WIDTHS)
+    b._once = experimental.enabled("grid-once")
     b.ktie = torch.zeros(*lead, L, BP, dtype=torch.long, device=device)
     b.node_of = torch.zeros(*lead, L * BP, dtype=torch.int32, device=device)
     b.inv = torch.zeros(*lead, b.N, dtype=torch.int32, device=device)
