@@ -67,7 +67,7 @@ def probe(name, tokens):
             except Exception as e:  # the profile is a bonus; the replay time above is the measurement
                 print(f"   (profiler failed: {type(e).__name__}: {e})")
             del g
-    del target, cache
+    target = cache = None   # free them before the next pair loads (a del would leave the lambdas above unbound names)
     torch.cuda.empty_cache()
 
 
