@@ -100,7 +100,7 @@ for B in budgets:
         if tb is None:
             print(f"  {kind}: unusable here")
             continue
-        show(f"{kind} (K = {tb.K}, N = {tb.N}{f', rows = {tb.rows}' if kind != 'block' else ''})", lambda: tb(x))
+        show(f"{kind} (K = {tb.K}, N = {tb.N}{f', rows = {tb._rows}' if kind != 'block' else ''})", lambda: tb(x))
     ref = StaticTreeBuilder(L, V, B, dev)(x)
     points = []
     for keys in ((False, True) if B <= builders.AUTO_GRID_MAX_BUDGET else (True,)):   # what auto_kernel may pick
