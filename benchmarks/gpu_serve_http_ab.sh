@@ -10,8 +10,7 @@
 # 5-12% between medians of 5-6 servers a side on host-bound AR rounds; 6 rounds are the fewest that can reach it). CODE_A (default the repo) and
 # CODE_B (required): folders holding a `ddtree_bench` package, put first on PYTHONPATH with PYTHONSAFEPATH=1 and
 # checked to be the package that runs (serve_lib.sh `use_package`; each side's folder is printed); MODEL (toy), METHOD (ar),
-# BUDGET (16), MAX_BATCH (1; MAX_BATCH_B, if set, for side B only: CODE_B=. with MAX_BATCH_B=4 asks whether
-# `--max-batch 4` serves one request at a time as fast as `--max-batch 1`, issue 35 item 1), LIMIT (16 prompts of gsm8k), NEW (256 tokens), DTYPE (float32), DEVICE (cuda; cpu
+# BUDGET (16), MAX_BATCH (1), LIMIT (16 prompts of gsm8k), NEW (256 tokens), DTYPE (float32), DEVICE (cuda; cpu
 # for a smoke run, no graphs), TIME_S (unset; else no round starts that would end past TIME_S s from the start:
 # the rounds that ran are summarised).
 # A copy at another revision: benchmarks/ab_copy.sh (make it here, fill it on the device).
@@ -20,7 +19,7 @@ set -u
 source "$(dirname "$0")/serve_lib.sh"
 OUT=${OUT:?set OUT}; CODE_B=${CODE_B:?set CODE_B to the other copy}; mkdir -p "$OUT"
 A=$(use_package "${CODE_A:-.}") || exit 1; CODE_B=$(use_package "$CODE_B") || exit 1
-echo "A runs $A/ddtree_bench --max-batch ${MAX_BATCH:-1}; B runs $CODE_B/ddtree_bench --max-batch ${MAX_BATCH_B:-${MAX_BATCH:-1}}"
+echo "A runs $A/ddtree_bench; B runs $CODE_B/ddtree_bench"
 DEV=${DEVICE:-cuda}; M=${METHOD:-ar}
 GRAPHS=(); [ "${DEV#cuda}" != "$DEV" ] && GRAPHS=(--cuda-graphs)
 t0=$(date +%s); last=0; ran=0
@@ -30,10 +29,10 @@ for i in $(seq 1 "${ROUNDS:-6}"); do
   fi
   ts=$(date +%s)
   for side in A B; do
-    code=$A; mb=${MAX_BATCH:-1}; [ $side = B ] && code=$CODE_B && mb=${MAX_BATCH_B:-$mb}
+    code=$A; [ $side = B ] && code=$CODE_B
     d="$OUT/$side-$i"; mkdir -p "$d"
     PYTHONPATH="$code" python3 -m ddtree_bench serve --model "${MODEL:-toy}" --method "$M" --budget "${BUDGET:-16}" \
-      --device "$DEV" --dtype "${DTYPE:-float32}" "${GRAPHS[@]}" --max-batch "$mb" --port 0 > "$d/serve.log" 2>&1 &
+      --device "$DEV" --dtype "${DTYPE:-float32}" "${GRAPHS[@]}" --max-batch "${MAX_BATCH:-1}" --port 0 > "$d/serve.log" 2>&1 &
     srv=$!
     if ! port=$(wait_ready "$d/serve.log" "$srv"); then
       echo "server $side-$i did not come up:"; tail -5 "$d/serve.log"; kill "$srv" 2> /dev/null; exit 1
