@@ -8,7 +8,10 @@ request, through:
 
 * single  - `Engine(cuda_graphs=True).generate` (what `serve --max-batch 1` runs);
 * loop    - `BatchFastLoop(max_batch=--slots).run([request])`, one request per call, on this thread;
-* sched   - a `BatchScheduler` over such a loop: submit, wait for the result (the engine thread's hand-off).
+* sched   - a `BatchScheduler` over such a loop with its lone path off (`lone=False`: every round a batched
+            step): submit, wait for the result (the engine thread's hand-off);
+* lone    - the `BatchScheduler` as `serve --max-batch N` makes it: a request alone runs through the single loop
+            (`BatchFastLoop.run_alone`), on the engine thread.
 
 Prints, per path, the median decode ms per token ((t_done - t_first) / (tokens - 1): rounds, not prefill), the
 paths interleaved request by request so that a drifting clock hits all three alike, and for loop and sched the
@@ -77,7 +80,8 @@ def main(argv=None) -> int:
     prompts = [[random.Random(i).randrange(V) for _ in range(a.prefix_len)] for i in range(a.requests + 1)]
     proposer = eng.proposer if a.method != "ar" else None
     loop = BatchFastLoop(eng.target, proposer, a.method, a.budget, a.slots)
-    sched = BatchScheduler(BatchFastLoop(eng.target, proposer, a.method, a.budget, a.slots))
+    sched = BatchScheduler(BatchFastLoop(eng.target, proposer, a.method, a.budget, a.slots), lone=False)
+    lone = BatchScheduler(BatchFastLoop(eng.target, proposer, a.method, a.budget, a.slots))
     clocks = {"loop": StepClock(loop), "sched": StepClock(sched.loop)}
     if a.consumer_us > 0:   # serve's shape: engine on a worker thread, every chunk handed to an asyncio thread
         from concurrent.futures import ThreadPoolExecutor
@@ -88,6 +92,7 @@ def main(argv=None) -> int:
             "single": lambda p: worker.submit(eng.generate, p, a.method, a.budget, a.new,
                                               on_chunk=consumer.on_chunk).result(timeout=600),
             "sched": lambda p: sched.submit(req(p)).result(timeout=600),
+            "lone": lambda p: lone.submit(req(p)).result(timeout=600),
         }
     else:
         req = lambda p: BatchRequest(p, a.new)  # noqa: E731
@@ -95,6 +100,7 @@ def main(argv=None) -> int:
             "single": lambda p: eng.generate(p, a.method, a.budget, a.new),
             "loop": lambda p: loop.run([req(p)])[0],
             "sched": lambda p: sched.submit(req(p)).result(timeout=600),
+            "lone": lambda p: lone.submit(req(p)).result(timeout=600),
         }
 
     def decode_ms(g) -> float:
@@ -142,6 +148,7 @@ def main(argv=None) -> int:
                 print("\n".join(line for line in buf.getvalue().splitlines() if line.strip()), flush=True)
     finally:
         sched.close()
+        lone.close()
     handled = f" ({consumer.drain()} handled)" if a.consumer_us > 0 else ""
     if a.micro and dev.type == "cuda":
         micro()

@@ -207,6 +207,7 @@ class BatchLoop:
     as `PlainLoop` does (None: vectorised walk; vectorised build on CUDA only)."""
 
     kind = "plain"   # which batched loop ran (run.json / summary.json say it)
+    can_run_alone = False   # no single-loop path for a lone request (the fast twin's run_alone); every round is batched
 
     def __init__(self, target: Target, proposer, method: str, budget: int, max_batch: int, fast: bool | None = None,
                  sync_stages: bool = True):

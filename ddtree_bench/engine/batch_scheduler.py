@@ -14,6 +14,12 @@ The engine thread runs in torch's inference mode throughout (the loops' state is
 would otherwise enter it every round). Idle, the thread sleeps on a condition; `close()` ends it
 after the requests in flight (queued ones fail with `RuntimeError`).
 
+A request that finds the batch empty and nobody else waiting runs through the loop's single-loop path when it has
+one (`loop.run_alone`, BatchFastLoop's: `serve --max-batch 1`'s loop, without the batch's per-round bookkeeping),
+which asks after every round whether others wait; when they do it hands the request over to the batch between two
+rounds and the thread admits them and steps as above. So one client at a time is served as `--max-batch 1` serves
+it, and a second one joins after at most one round of the first. `lone=False` turns that off (every round batched).
+
 `stats` is the loop's `BatchStats` (rounds and how full each was), read by the backends for
 summary.json. Knows the loop's API; nothing of HTTP or records.
 """
@@ -30,8 +36,11 @@ from ddtree_bench.engine.batch import BatchLoop, BatchRequest, BatchStats
 
 
 class BatchScheduler:
-    def __init__(self, loop: BatchLoop, name: str = "ddtree-batch"):
+    def __init__(self, loop: BatchLoop, name: str = "ddtree-batch", lone: bool = True):
         self.loop = loop
+        self.lone = lone and getattr(loop, "can_run_alone", False)   # a lone request takes loop.run_alone
+        # ... and hands over when others wait, unless the batch has no room for them (max_batch 1: it runs to its end)
+        self._yield_to = self._others_wait if loop.max_batch > 1 else (lambda: False)
         self._cv = threading.Condition()
         self._waiting: deque[tuple[BatchRequest, Future]] = deque()
         self._futures: dict[int, Future] = {}
@@ -86,6 +95,10 @@ class BatchScheduler:
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(err)
 
+    def _others_wait(self) -> bool:
+        """Asked by a lone request's loop after each round (read without the lock: a deque's length under the GIL)."""
+        return bool(self._waiting)
+
     def _resolve(self, retired) -> None:
         for r in retired:
             fut = self._futures.pop(id(r.request), None)
@@ -113,12 +126,13 @@ class BatchScheduler:
                 admit = []
                 while self._waiting and len(admit) < loop.free_slots:
                     admit.append(self._waiting.popleft())
+                alone = self.lone and len(admit) == 1 and not self._waiting and not loop.active
             for req, fut in admit:
                 if not fut.set_running_or_notify_cancel():
                     continue
                 self._futures[id(req)] = fut
                 try:
-                    done = loop.admit(req)
+                    done = loop.run_alone(req, self._yield_to) if alone else loop.admit(req)
                 except Exception as e:  # its prefill failed: only this request ends
                     self._futures.pop(id(req), None)
                     fut.set_exception(e)

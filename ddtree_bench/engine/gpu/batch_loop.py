@@ -73,12 +73,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Callable
 
 import torch
 
-from ddtree_bench.engine.batch import BatchLoop, BatchRequest, BatchStats, Cancelled, ProposeRow, Retired, _Active, split_retired
+from ddtree_bench.engine.batch import BatchGeneration, BatchLoop, BatchRequest, BatchStats, Cancelled, ProposeRow, Retired, _Active, split_retired
 from ddtree_bench.engine.cache import KVCache
 from ddtree_bench.engine.gpu import builders
 from ddtree_bench.engine.gpu.batch_forward import draft_forward_batch, target_forward_batch
@@ -86,7 +86,7 @@ from ddtree_bench.engine.gpu.batch_tree import BatchTreeBuilder, BatchTrees
 from ddtree_bench.engine.gpu.forward import StaticKV, draft_forward, draft_visible, group_size, visible_bias
 from ddtree_bench.engine.gpu.fused import merge_projections, ops_for
 from ddtree_bench.engine.gpu.graphs import Pool, Stage
-from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN, FastLoop, HostState, Laps, ResultRing, Ticket, cold_notice
+from ddtree_bench.engine.gpu.loop import CAPACITY_ALIGN, FOLD, FastLoop, HostState, Laps, ResultRing, Suspended, Ticket, cold_notice
 from ddtree_bench.engine.gpu.tree_ops import ancestors, commit_static, verify_visible, walk_static
 from ddtree_bench.engine.interface import METHODS, OutputStream, RoundTrace, WalkLayout, logit_gaps
 from ddtree_bench.engine.proposer import DFlashProposer
@@ -95,8 +95,6 @@ from ddtree_bench.engine.verify import GREEDY_EPS, pick, request_generator
 __all__ = ["BatchFastLoop", "buckets_for", "Cancelled"]
 
 SETTLE_ROUNDS = 1024   # rounds whose stage marks may wait unread (_settle): at most a few ms of reading at once
-FOLD = {"draft": "draft", "tree_build": "tree_build", "tree_compile": "tree_build", "verify": "verify",
-        "walk": "commit", "commit": "commit"}   # round stages -> interface.STAGES, as FastLoop folds them
 
 
 def buckets_for(max_batch: int) -> tuple[int, ...]:
@@ -427,6 +425,57 @@ class BatchFastLoop:
         self.active.append(st)
         done = self._retire(only=[st])
         return done[0] if done else None
+
+    @property
+    def can_run_alone(self) -> bool:
+        """Whether `run_alone` can serve a request (AR, or the plain DFlash drafter: the solo loop exists)."""
+        return self.solo is not None
+
+    @torch.inference_mode()
+    def run_alone(self, req: BatchRequest, yield_to: Callable[[], bool]) -> Retired | None:
+        """Serve `req` on an empty batch through the single loop itself (`FastLoop.generate` on slot 0's buffers, what
+        `serve --max-batch 1` runs, with none of the batch's per-round bookkeeping) until it ends - its Retired - or
+        until `yield_to()` says, after a round, that others wait: then it stops between rounds and joins the batch
+        as slot 0 (None; the caller admits the others and steps). The hand-over moves no data: the single loop ran
+        on slot 0's caches and frontier buffers, so the request goes on exactly as after a solo round (its queued
+        draft, if any, is recomputed by the next round, as after any admission). Its rounds so far count in `stats`
+        and `rounds` as rounds of one. A cancellation (`req.cancelled`) is seen before each chunk goes out; an
+        error (its on_chunk's, the engine's) ends this request only, as an admission's prefill error does."""
+        self.check(req)
+        if self.active or self.solo is None:
+            raise RuntimeError("run_alone needs an empty batch and the solo loop")
+        P = len(req.prompt_ids)
+        solo_width = 1 + self.budget if self.method == "ddtree" else self.width   # what FastLoop.generate asks room for
+        self._ensure(P + req.max_new_tokens + max(self.width, solo_width, self.block_size) + self.block_size + 1)
+        self._ahead = None
+        on_chunk, cancelled = req.on_chunk, req.cancelled
+        if cancelled is not None:
+            def on_chunk(tokens: list[int], emit=req.on_chunk) -> None:
+                if cancelled():
+                    raise Cancelled()
+                if emit is not None:
+                    emit(tokens)
+        self.stats.admitted += 1
+        try:
+            out = self.solo.generate(req.prompt_ids, self.method, self.budget, req.max_new_tokens, req.temperature,
+                                     req.top_p, req.seed, req.stop_ids, on_chunk=on_chunk, record_trees=req.record_trees,
+                                     return_logit_gaps=req.return_logit_gaps, yield_to=yield_to)
+        except Exception as e:
+            return Retired(req, None, e)
+        n = len(out.accept_lengths)
+        self.stats.batch_sizes.extend([1] * n)
+        self._settle()   # rounds stay in order
+        self._rounds.extend({"batch": 1, "bucket": 1, **stage_ms} for stage_ms in self.solo.rounds)
+        if not isinstance(out, Suspended):
+            return Retired(req, BatchGeneration(**{f.name: getattr(out, f.name) for f in fields(out)}, batch_sizes=[1] * n))
+        h = out.host
+        st = _Slot(req, None, self.pcache[0], out.gen, out.stream, out.t_start_ns, t_first=out.t_first_token_ns,
+                   bonus=h.bonus, start=h.start, draft_len=h.draft_len, accept_lengths=out.accept_lengths,
+                   trees=out.trees, gaps=out.gaps, stage_ns=out.stage_ns, batch_sizes=[1] * n, slot=0, a=h.a,
+                   settle=self._settle)
+        self.live[0].fill_(1)
+        self.active.append(st)
+        return None
 
     def _draft_context(self, i: int, hidden: torch.Tensor, P: int) -> None:
         """Write the prompt's drafter context (positions 0..P-1) into slot i's drafter region: the

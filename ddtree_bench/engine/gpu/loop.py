@@ -245,6 +245,39 @@ class HostState:
 
 
 @dataclass
+class Suspended:
+    """A generation that `FastLoop.generate` stopped between two rounds because its `yield_to` said so: its last round
+    read, committed and emitted, nothing of the next queued (a draft queued ahead may still run; it reads and writes
+    only this generation's buffers and is recomputed by whoever goes on). What the batched loop needs to go on with
+    the request in the slot whose buffers it ran on: the host state, the output stream, the generator, and what the
+    rounds so far recorded (stage_ns: the prefill and the rounds' folded stage times, as a Generation's; the rounds'
+    own stage times are in FastLoop.rounds, as after a whole generation)."""
+
+    host: HostState
+    stream: OutputStream
+    gen: torch.Generator | None
+    accept_lengths: list[int]
+    trees: list[RoundTrace] | None
+    gaps: list[float]
+    stage_ns: dict[str, int]
+    t_start_ns: int
+    t_first_token_ns: int
+
+
+FOLD = {"draft": "draft", "tree_build": "tree_build", "tree_compile": "tree_build", "verify": "verify",
+        "walk": "commit", "commit": "commit"}   # round stages -> interface.STAGES
+
+
+def stage_totals(prefill_ns: int, rounds: list[dict[str, float]]) -> dict[str, int]:
+    """A generation's stage_ns (interface.STAGES) from its prefill ns and its rounds' stage ms (FOLD)."""
+    totals = {"prefill": prefill_ns, "draft": 0, "tree_build": 0, "verify": 0, "commit": 0}
+    for stage_ms in rounds:
+        for k, ms in stage_ms.items():
+            totals[FOLD[k]] += int(ms * 1e6)
+    return totals
+
+
+@dataclass
 class _Bucket:
     """The stages and buffers of one (method, budget, greedy) combination."""
 
@@ -601,7 +634,11 @@ class FastLoop:
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], method: str, budget: int, max_new_tokens: int, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, stop_ids=(), on_chunk: Callable[[list[int]], None] | None = None,
-                 record_trees: bool = False, return_logit_gaps: bool = False) -> Generation:
+                 record_trees: bool = False, return_logit_gaps: bool = False,
+                 yield_to: Callable[[], bool] | None = None) -> Generation | Suspended:
+        """One request to its end (a Generation). With `yield_to`, asked after each round that another round would
+        follow, before that round is queued: True stops the generation there and returns it as `Suspended` (the
+        batched loop hands a request running alone over to a batch that way: batch_loop.BatchFastLoop.run_alone)."""
         dev = self.device
         P = len(prompt_ids)
         spec = method != "ar"
@@ -677,18 +714,18 @@ class FastLoop:
             stopped = stream.stopped or any(t in stream.stops for t in new_tokens)
             emitted = len(out) + len(stream.visible(new_tokens))
             pending = wants_round(emitted, stopped, len(accept_lengths), max_new_tokens, spec)
+            if pending and yield_to is not None and yield_to():
+                stream.emit(new_tokens, now)
+                self.rounds = laps.rounds()
+                return Suspended(host, stream, gen, accept_lengths, trees, gaps, stage_totals(prefill_ns, self.rounds),
+                                 t_start, t_first)
             if pending:  # queue the next round before handing tokens out, so callbacks overlap the GPU
                 drafted = self._launch(b, False, drafted, ahead(emitted, stopped), host, laps, temperature, top_p, gen)
             stream.emit(new_tokens, now)
         t_done = time.perf_counter_ns()   # (a draft queued ahead of a stop token may still be running)
 
         self.rounds = laps.rounds()
-        totals = {"prefill": prefill_ns, "draft": 0, "tree_build": 0, "verify": 0, "commit": 0}
-        fold = {"draft": "draft", "tree_build": "tree_build", "tree_compile": "tree_build", "verify": "verify",
-                "walk": "commit", "commit": "commit"}
-        for stage_ms in self.rounds:
-            for k, ms in stage_ms.items():
-                totals[fold[k]] += int(ms * 1e6)
+        totals = stage_totals(prefill_ns, self.rounds)
         return Generation(
             output_ids=out,
             accept_lengths=accept_lengths,
