@@ -146,3 +146,28 @@ def test_one_request_at_a_time_runs_the_single_fast_loop_bit_for_bit_bf16(method
         assert got.output_ids == want.output_ids and got.accept_lengths == want.accept_lengths, (method, budget, r.key)
     assert loop.rounds and {r["bucket"] for r in loop.rounds} == {1} and not loop._stages
     assert loop.solo is not None and loop.solo.buckets
+
+
+@pytest.mark.parametrize("T", [0.0, 0.8], ids=["T0", "T0.8"])
+def test_a_lone_request_hands_over_to_a_captured_batch_fp32(T):
+    """serve --max-batch N's lone path on a GPU (BatchFastLoop.run_alone: the single loop's captured graphs on slot 0's
+    buffers): a request runs alone for three rounds, is handed over, three more join it; every request equals batch
+    1, the lone rounds ran no batched stage and the rounds after them were captured batched rounds."""
+    target, drafter = random_pair(seed=0, vocab_size=VOCAB, dtype="float32", device="cuda")
+    plain = Engine(target, drafter)
+    for method, budget in POINTS:
+        reqs = requests(VOCAB, T)
+        first, others = reqs[2], [reqs[0], reqs[1], reqs[3]]
+        loop = BatchFastLoop(plain.target, plain.proposer if method != "ar" else None, method, budget, 4)
+        asked = []
+        assert loop.run_alone(first, lambda: asked.append(1) or len(asked) == 3) is None
+        assert not loop._stages and loop.stats.rounds == 3
+        for r in others:
+            assert loop.admit(r) is None
+        done = {}
+        while loop.active:
+            done.update({d.request.key: d.generation for d in loop.step()})
+        for r in [first] + others:
+            same_generation(done[r.key], alone(plain, method, budget, r))
+        assert done[first.key].batch_sizes[:3] == [1, 1, 1] and max(done[first.key].batch_sizes) == 4
+        assert_captured(loop)
