@@ -7,7 +7,8 @@ finish reason, stage times), "error" or "cancelled".
 * `EngineSource` runs `engine.generate.Engine` (batch size 1) on one dedicated worker thread; the
   server runs one job at a time (`serial = True`). With `max_batch` N > 1 (`serve --max-batch N`)
   it runs the batched engine instead (`engine.batch_scheduler.BatchScheduler`: continuous
-  batching, up to N jobs in one batch, each with its own seed) and the server runs up to N jobs at
+  batching, up to N jobs in one batch, each with its own seed; over the batched fast loop a job that is
+  alone runs through the single loop until another arrives) and the server runs up to N jobs at
   once (`serial = N`). Setting `job.cancelled` stops the generation at its next round (the
   `on_chunk` callback raises; batched, the job also leaves the batch between rounds), so a
   vanished client or a shutdown frees the engine (or its place in the batch) within one round.

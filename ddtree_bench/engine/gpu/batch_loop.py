@@ -16,7 +16,9 @@ Same API and same tokens as `batch.BatchLoop` (its slow obvious twin), organised
   live-slot and tree attention kernels, the fused compile / walk / commit, and the next round's draft
   queued before the host reads the walk result - so a batched server that sees one request at a time
   runs batch 1's loop, kernel for kernel (the plain DFlash drafter and AR; other proposers take the
-  batched stages below at every bucket);
+  batched stages below at every bucket); and a request that finds the batch empty can run through FastLoop's
+  `generate` itself on those buffers (`run_alone`, what a scheduler does for a lone request), handed over to the
+  batch between two rounds when others arrive;
 * a round over a bucket of two or more is FastLoop's six stages over the bucket, each a fixed-shape
   function captured lazily as one CUDA graph per (bucket, budget) on its first use (graphs.Stage):
   draft - ONE drafter forward over every slot (batch_forward.draft_forward_batch); tree_build - every
