@@ -4,7 +4,9 @@
 For each method point (AR, DFlash, DDTree at --budgets) it runs --requests prompts of --prefix-len random tokens,
 one after another, --new tokens each, through (a) the single fast loop (`Engine(cuda_graphs=True).generate`) and
 (b) a `BatchScheduler` over `BatchFastLoop(max_batch=--slots)` (submit, wait for the result: the engine thread's
-hand-off included), after one warmup request each. Per path: the median decode ms per emitted token
+hand-off included), after one warmup request each. Since the scheduler's lone path, (b) runs a request that is alone
+through the single loop (`BatchFastLoop.run_alone`); `--batched` turns that off (`lone=False`: every round a batched
+step, the comparison this script made before). Per path: the median decode ms per emitted token
 ((t_done - t_first) / (tokens - 1): the rounds, not the prefill) and the median wall ms per request
 (submit to result), and b / a for both. Random weights accept ~nothing, so every round emits ~1 token: the
 figures compare round costs, not speedups.
@@ -42,6 +44,8 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--prefix-len", type=int, default=1024)
     ap.add_argument("--concurrency", type=int, default=1, help="requests sent together (groups of this many)")
+    ap.add_argument("--batched", action="store_true",
+                    help="the scheduler's lone path off: a request alone runs batched steps too (lone=False)")
     a = ap.parse_args(argv)
     if a.concurrency > 1:
         return concurrent(a)
@@ -65,7 +69,8 @@ def main(argv=None) -> int:
             if i:   # prompt 0 warms up (compiles, captures)
                 single.append(decode_ms(g))
                 single_wall.append((time.perf_counter() - t0) * 1e3)
-        sched = BatchScheduler(BatchFastLoop(eng.target, eng.proposer if method != "ar" else None, method, budget, a.slots))
+        sched = BatchScheduler(BatchFastLoop(eng.target, eng.proposer if method != "ar" else None, method, budget, a.slots),
+                               lone=not a.batched)
         batched, batched_wall = [], []
         try:
             for i, p in enumerate(prompts):
@@ -142,7 +147,7 @@ def concurrent(a) -> int:
     for method, budget in points:
         stats = {}
         sched = BatchScheduler(BatchFastLoop(eng.target, eng.proposer if method != "ar" else None, method, budget,
-                                             max(a.slots, C)))
+                                             max(a.slots, C)), lone=not a.batched)
         try:
             for path, run in (("single", lambda g: serial(g, method, budget)), ("batched", lambda g: together(sched, g))):
                 mean_ms, makespan_ms, tok_s = [], [], []
