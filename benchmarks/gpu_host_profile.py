@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     loop = BatchFastLoop(eng.target, proposer, a.method, a.budget, a.slots)
     sched = BatchScheduler(BatchFastLoop(eng.target, proposer, a.method, a.budget, a.slots), lone=False)
     lone = BatchScheduler(BatchFastLoop(eng.target, proposer, a.method, a.budget, a.slots))
-    clocks = {"loop": StepClock(loop), "sched": StepClock(sched.loop)}
+    clocks = {"loop": StepClock(loop), "sched": StepClock(sched.loop), "lone": StepClock(lone.loop, "run_alone")}
     if a.consumer_us > 0:   # serve's shape: engine on a worker thread, every chunk handed to an asyncio thread
         from concurrent.futures import ThreadPoolExecutor
 
@@ -263,12 +263,13 @@ class Timeline:
 
 
 class StepClock:
-    """Wraps a batched loop's `step` (on whatever thread runs it): each step's enter and exit times, and, while
-    `prof` is set, a cProfile enabled around each step (cProfile sees only the thread that enables it)."""
+    """Wraps a batched loop's `step` - or, with method="run_alone", its lone path: one call a request - (on whatever
+    thread runs it): each call's enter and exit times, and, while `prof` is set, a cProfile enabled around each call
+    (cProfile sees only the thread that enables it)."""
 
-    def __init__(self, loop):
-        self.step, self.spans, self.prof = loop.step, [], None
-        loop.step = self
+    def __init__(self, loop, method: str = "step"):
+        self.method, self.step, self.spans, self.prof = method, getattr(loop, method), [], None
+        setattr(loop, method, self)
 
     def __call__(self, *args, **kw):
         t0 = time.perf_counter_ns()
@@ -283,6 +284,8 @@ class StepClock:
 
     def summary(self) -> str:
         """Median us inside a step and between one step's end and the next one's start (within a request)."""
+        if self.method != "step":
+            return f"{len(self.spans)} calls of {self.method}, no step"
         inside = [(b - a) / 1e3 for a, b in self.spans]
         gaps = [(c - b) / 1e3 for (_, b), (c, _) in zip(self.spans, self.spans[1:]) if c - b < 5e6]
         return (f"step {statistics.median(inside):.1f} us inside, {statistics.median(gaps) if gaps else 0:.1f} us "

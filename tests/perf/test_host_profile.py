@@ -1,6 +1,7 @@
 """benchmarks/gpu_host_profile.py end to end on a CPU (eager rounds, perf_counter marks): one line per path with its
-decode ms a token against the single loop, the batched paths' step clock, cProfile tables read inside the engine
-thread, and the consumer-thread form (serve's shape) that leaves the calling-thread path out."""
+decode ms a token against the single loop, the batched paths' step clock (the scheduler's lone path makes no step:
+its requests run through the single loop), cProfile tables read inside the engine thread, and the consumer-thread
+form (serve's shape) that leaves the calling-thread path out."""
 
 from __future__ import annotations
 
@@ -17,33 +18,35 @@ def _paths(out: str) -> dict[str, str]:
     return {m.group(1): m.group(0) for m in re.finditer(r"^ar\s+(\w+)\s+decode ms/token .*$", out, re.M)}
 
 
-def test_three_paths_each_timed_against_the_single_loop_with_profiles():
+def test_four_paths_each_timed_against_the_single_loop_with_profiles():
     r = subprocess.run(ARGS + ["--cprofile", "--top", "5"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     paths = _paths(r.stdout)
-    assert list(paths) == ["single", "loop", "sched"]
+    assert list(paths) == ["single", "loop", "sched", "lone"]
     assert "= 1.000x single" in paths["single"]
     for name in ("loop", "sched"):   # the step clock: its steps counted (5 new tokens: 5 rounds a request, 2 requests)
         m = re.search(r"step [\d.]+ us inside, [\d.]+ us between steps \((\d+) steps\)", paths[name])
         assert m and int(m.group(1)) >= 10, paths[name]
+    assert "3 calls of run_alone, no step" in paths["lone"]   # every request (1 warms up) ran alone, no batched step
     tables = re.findall(r"## cProfile, (\w+) .*\n\s+(\d+) function calls", r.stdout)
-    assert [t[0] for t in tables] == ["single", "loop", "sched"] and all(int(t[1]) > 100 for t in tables)
-    assert "target_forward" in r.stdout.split("## cProfile, sched")[1]   # the engine thread's steps were seen
+    assert [t[0] for t in tables] == ["single", "loop", "sched", "lone"] and all(int(t[1]) > 100 for t in tables)
+    for name in ("sched", "lone"):   # the engine thread's work was seen
+        assert "target_forward" in r.stdout.split(f"## cProfile, {name}")[1].split("## cProfile")[0], name
 
 
 def test_a_consumer_thread_takes_every_chunk_and_the_calling_thread_path_is_left_out():
     r = subprocess.run(ARGS + ["--consumer-us", "50"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert list(_paths(r.stdout)) == ["single", "sched"]
+    assert list(_paths(r.stdout)) == ["single", "sched", "lone"]
     # 3 requests a path (1 warms up), each its first token and 5 AR rounds' tokens: 6 chunks, all handled there
-    assert "chunks to a 50 us consumer thread (36 handled)" in r.stderr, r.stderr
+    assert "chunks to a 50 us consumer thread (54 handled)" in r.stderr, r.stderr
 
 
 def test_the_trace_splits_each_path_s_rounds_between_engine_and_consumer():
     r = subprocess.run(ARGS + ["--consumer-us", "50", "--trace"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     traces = dict(re.findall(r"^trace\s+(\w+)\s+(.*)$", r.stdout, re.M))
-    assert list(traces) == ["single", "sched"], r.stdout
+    assert list(traces) == ["single", "sched", "lone"], r.stdout
     for line in traces.values():   # 2 timed requests x 5 rounds each; the consumer's work at least its 50 us
         m = re.fullmatch(r"us a round: engine ([\d.]+), wait ([\d.]+), wake ([\d.]+), handle ([\d.]+), "
                          r"regain (\S+); late (\d+)/(\d+) rounds", line)
