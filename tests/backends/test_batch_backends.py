@@ -5,7 +5,8 @@
   lengths, chunks), and summary.json says concurrency_honoured true with the batch fullness.
 * `--cuda-graphs` at C > 1 runs the batched fast loop (gpu/batch_loop.py, without capture on a
   CPU): the requests overlap, equal the concurrency-1 run's records, run.json says batch_loop fast;
-  `serve --max-batch 2 --cuda-graphs` starts the same loop; `--max-batch 0` exits 2.
+  `serve --max-batch 2 --cuda-graphs` starts the same loop; `--max-batch 0` exits 2; through HTTP, a request
+  alone runs through the single loop and hands over to the batch when others arrive, outputs unchanged.
 * `serve --max-batch N`: concurrent HTTP requests overlap on the server and equal the in-process
   outputs; /server_info reports max_batch; a serial server (max-batch 1) at concurrency 4 is
   detected from its records (no two requests decoding at once) and flagged not honoured.
@@ -136,6 +137,30 @@ def test_serve_max_batch_overlaps_and_equals_in_process(pair):
     assert metrics.max_decode_overlap(recs) >= 2
     s = metrics.concurrency_summary(recs, 4, None, None)
     assert s["concurrency_honoured"] is None  # a server's batching is not the client's to vouch for
+
+
+def test_serve_cuda_graphs_serves_a_lone_request_through_the_single_loop_and_batches_the_rest(monkeypatch):
+    """`serve --max-batch 3 --cuda-graphs`: one client at a time, every request runs through the single loop
+    (BatchFastLoop.run_alone, once a request); three at once overlap in the batch (a request alone hands over when
+    the others arrive). Outputs and acceptance lengths equal the single loop's either way."""
+    from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
+
+    fast = load_pair("random", None, "ddtree", cuda_graphs=True)
+    calls, real = [], BatchFastLoop.run_alone
+    monkeypatch.setattr(BatchFastLoop, "run_alone", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    ref = by_key(run_inprocess(fast, "ddtree", 16, 1)[0])   # the single fast loop (batch 1 in process)
+    for c in (1, 3):
+        calls.clear()
+        recs, info = serve_records(fast, 3, c)
+        assert info["max_batch"] == 3 and info["batch_loop"] == "fast"
+        for r in recs:
+            w = ref[(r.prompt_id, r.turn)]
+            assert r.ok, r.error
+            assert r.output_ids == w.output_ids and r.accept_lengths == w.accept_lengths, (c, r.prompt_id)
+        if c == 1:
+            assert len(calls) == len(PROMPTS) and metrics.max_decode_overlap(recs) == 1
+        else:
+            assert metrics.max_decode_overlap(recs) >= 2
 
 
 def test_a_batch_engine_that_cannot_recover_answers_errors_and_an_unhealthy_health_never_a_hang(pair):
