@@ -400,7 +400,7 @@ class BatchFastLoop:
             raise RuntimeError("no free slot in the batch")
         dev = self.device
         P = len(req.prompt_ids)
-        self._ensure(P + req.max_new_tokens + max(self.width, self.block_size) + self.block_size + 1)
+        self._ensure(self._room(req))
         i = len(self.active)   # live slots are 0..n-1
         self._ahead = None     # the next round is another bucket: its draft recomputes slot 0's
         gen = request_generator(dev, req.temperature, req.seed)   # batch 1's seeding, so batch 1's draws
@@ -428,6 +428,12 @@ class BatchFastLoop:
         done = self._retire(only=[st])
         return done[0] if done else None
 
+    def _room(self, req: BatchRequest) -> int:
+        """Cache slots a request needs in its region: prompt, tokens, the widest verify (the batch's width, or FastLoop's
+        B + 1 where a lone request runs FastLoop.generate: `run_alone`) and a draft queued ahead."""
+        widest = max(self.width, 1 + self.budget if self.method == "ddtree" else 0, self.block_size)
+        return len(req.prompt_ids) + req.max_new_tokens + widest + self.block_size + 1
+
     @property
     def can_run_alone(self) -> bool:
         """Whether `run_alone` can serve a request (AR, or the plain DFlash drafter: the solo loop exists)."""
@@ -446,9 +452,7 @@ class BatchFastLoop:
         self.check(req)
         if self.active or self.solo is None:
             raise RuntimeError("run_alone needs an empty batch and the solo loop")
-        P = len(req.prompt_ids)
-        solo_width = 1 + self.budget if self.method == "ddtree" else self.width   # what FastLoop.generate asks room for
-        self._ensure(P + req.max_new_tokens + max(self.width, solo_width, self.block_size) + self.block_size + 1)
+        self._ensure(self._room(req))
         self._ahead = None
         on_chunk, cancelled = req.on_chunk, req.cancelled
         if cancelled is not None:
