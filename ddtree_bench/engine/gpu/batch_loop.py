@@ -447,8 +447,9 @@ class BatchFastLoop:
         as slot 0 (None; the caller admits the others and steps). The hand-over moves no data: the single loop ran
         on slot 0's caches and frontier buffers, so the request goes on exactly as after a solo round (its queued
         draft, if any, is recomputed by the next round, as after any admission). Its rounds so far count in `stats`
-        and `rounds` as rounds of one. A cancellation (`req.cancelled`) is seen before each chunk goes out; an
-        error (its on_chunk's, the engine's) ends this request only, as an admission's prefill error does."""
+        and `rounds` as rounds of one. A cancellation (`req.cancelled`) is seen before each chunk goes out; an error
+        (its on_chunk's, the engine's) ends this request only, as an admission's prefill error does, its rounds
+        before the error counted as a batched request's are."""
         self.check(req)
         if self.active or self.solo is None:
             raise RuntimeError("run_alone needs an empty batch and the solo loop")
@@ -467,11 +468,10 @@ class BatchFastLoop:
                                      req.top_p, req.seed, req.stop_ids, on_chunk=on_chunk, record_trees=req.record_trees,
                                      return_logit_gaps=req.return_logit_gaps, yield_to=yield_to)
         except Exception as e:
+            self._count_alone(len(self.solo.rounds))   # the rounds it ran before the error (FastLoop.rounds)
             return Retired(req, None, e)
         n = len(out.accept_lengths)
-        self.stats.batch_sizes.extend([1] * n)
-        self._settle()   # rounds stay in order
-        self._rounds.extend({"batch": 1, "bucket": 1, **stage_ms} for stage_ms in self.solo.rounds)
+        self._count_alone(n)
         if not isinstance(out, Suspended):
             return Retired(req, BatchGeneration(**{f.name: getattr(out, f.name) for f in fields(out)}, batch_sizes=[1] * n))
         h = out.host
@@ -482,6 +482,13 @@ class BatchFastLoop:
         self.live[0].fill_(1)
         self.active.append(st)
         return None
+
+    def _count_alone(self, n: int) -> None:
+        """Count the solo loop's last `n` rounds (one request's, run by FastLoop.generate) as rounds of one in `stats`,
+        with their stage times (FastLoop.rounds) in `rounds`."""
+        self.stats.batch_sizes.extend([1] * n)
+        self._settle()   # rounds stay in order
+        self._rounds.extend({"batch": 1, "bucket": 1, **stage_ms} for stage_ms in self.solo.rounds)
 
     def _draft_context(self, i: int, hidden: torch.Tensor, P: int) -> None:
         """Write the prompt's drafter context (positions 0..P-1) into slot i's drafter region: the

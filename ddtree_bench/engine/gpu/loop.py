@@ -638,8 +638,11 @@ class FastLoop:
                  yield_to: Callable[[], bool] | None = None) -> Generation | Suspended:
         """One request to its end (a Generation). With `yield_to`, asked after each round that another round would
         follow, before that round is queued: True stops the generation there and returns it as `Suspended` (the
-        batched loop hands a request running alone over to a batch that way: batch_loop.BatchFastLoop.run_alone)."""
+        batched loop hands a request running alone over to a batch that way: batch_loop.BatchFastLoop.run_alone).
+        `self.rounds` then holds the stage times of the rounds whose results were read - also when it raised (an
+        on_chunk's error, a cancellation), so a caller can count the rounds a failed request ran."""
         dev = self.device
+        self.rounds = []   # this generation's, even if it fails before its first round
         P = len(prompt_ids)
         spec = method != "ar"
         bs = self.proposer.block_size if spec else 1
@@ -683,48 +686,52 @@ class FastLoop:
 
         pending = wants_round(len(out), stream.stopped, 0, max_new_tokens, spec)
         drafted = False
-        if pending:
-            drafted = self._launch(b, True, False, ahead(len(out), stream.stopped), host, laps, temperature, top_p, gen)
-        while pending:
-            res = self._result(b)
-            if cold:
-                cold = False
-                self.note_cold(method, budget, time.perf_counter() - t_cold)
-            done = b   # the bucket whose stages produced this round's committed result
-            if spec and b.layout.read(res).flagged:  # the pruned build could not certify its tree: redo exactly
-                done, res = self._redo(b, temperature, top_p, gen)
-                drafted = False
-            now = time.perf_counter_ns()
-            if spec:
-                walk = done.layout.read(res)
-                a, new_tokens = walk.a, walk.new_tokens
-                if trees is not None:
-                    t = done.out.tree
-                    trees.append(RoundTrace(t.tok.tolist(), t.par.tolist(), t.dep.tolist(), walk.accepted))
-                if return_logit_gaps:
-                    keep = torch.tensor(walk.accepted, device=dev)
-                    gaps.extend(logit_gaps(done.out.verified.logits.index_select(0, keep)))
-            else:
-                a = 1
-                new_tokens = [res[0]]
-                if return_logit_gaps:
-                    gaps.extend(logit_gaps(b.out.verified.logits))
-            accept_lengths.append(a)
-            host = HostState(prefill_hidden=None, bonus=new_tokens[-1], start=host.start + a, draft_len=host.start, a=a)
-            stopped = stream.stopped or any(t in stream.stops for t in new_tokens)
-            emitted = len(out) + len(stream.visible(new_tokens))
-            pending = wants_round(emitted, stopped, len(accept_lengths), max_new_tokens, spec)
-            if pending and yield_to is not None and yield_to():
+        suspended = False
+        try:
+            if pending:
+                drafted = self._launch(b, True, False, ahead(len(out), stream.stopped), host, laps, temperature, top_p, gen)
+            while pending:
+                res = self._result(b)
+                if cold:
+                    cold = False
+                    self.note_cold(method, budget, time.perf_counter() - t_cold)
+                done = b   # the bucket whose stages produced this round's committed result
+                if spec and b.layout.read(res).flagged:  # the pruned build could not certify its tree: redo exactly
+                    done, res = self._redo(b, temperature, top_p, gen)
+                    drafted = False
+                now = time.perf_counter_ns()
+                if spec:
+                    walk = done.layout.read(res)
+                    a, new_tokens = walk.a, walk.new_tokens
+                    if trees is not None:
+                        t = done.out.tree
+                        trees.append(RoundTrace(t.tok.tolist(), t.par.tolist(), t.dep.tolist(), walk.accepted))
+                    if return_logit_gaps:
+                        keep = torch.tensor(walk.accepted, device=dev)
+                        gaps.extend(logit_gaps(done.out.verified.logits.index_select(0, keep)))
+                else:
+                    a = 1
+                    new_tokens = [res[0]]
+                    if return_logit_gaps:
+                        gaps.extend(logit_gaps(b.out.verified.logits))
+                accept_lengths.append(a)
+                host = HostState(prefill_hidden=None, bonus=new_tokens[-1], start=host.start + a, draft_len=host.start, a=a)
+                stopped = stream.stopped or any(t in stream.stops for t in new_tokens)
+                emitted = len(out) + len(stream.visible(new_tokens))
+                pending = wants_round(emitted, stopped, len(accept_lengths), max_new_tokens, spec)
+                if pending and yield_to is not None and yield_to():
+                    stream.emit(new_tokens, now)
+                    suspended = True
+                    break
+                if pending:  # queue the next round before handing tokens out, so callbacks overlap the GPU
+                    drafted = self._launch(b, False, drafted, ahead(emitted, stopped), host, laps, temperature, top_p, gen)
                 stream.emit(new_tokens, now)
-                self.rounds = laps.rounds()
-                return Suspended(host, stream, gen, accept_lengths, trees, gaps, stage_totals(prefill_ns, self.rounds),
-                                 t_start, t_first)
-            if pending:  # queue the next round before handing tokens out, so callbacks overlap the GPU
-                drafted = self._launch(b, False, drafted, ahead(emitted, stopped), host, laps, temperature, top_p, gen)
-            stream.emit(new_tokens, now)
-        t_done = time.perf_counter_ns()   # (a draft queued ahead of a stop token may still be running)
-
-        self.rounds = laps.rounds()
+            t_done = time.perf_counter_ns()   # (a draft queued ahead of a stop token may still be running)
+        finally:   # the rounds read so far, on every way out (a round queued ahead of the end, or of an error, is not)
+            self.rounds = laps.rounds()[: len(accept_lengths)]
+        if suspended:
+            return Suspended(host, stream, gen, accept_lengths, trees, gaps, stage_totals(prefill_ns, self.rounds),
+                             t_start, t_first)
         totals = stage_totals(prefill_ns, self.rounds)
         return Generation(
             output_ids=out,

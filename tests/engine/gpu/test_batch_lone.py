@@ -6,7 +6,8 @@ sampled, a request runs alone for three rounds, is handed over, and three more j
 finish reason, acceptance lengths and accepted nodes must equal its batch-1 run (`Engine.generate`, the plain loop),
 and the rounds it ran alone count as rounds of one. Through `BatchScheduler` the same happens with the arrivals made
 by the lone request's own third chunk, with the lone path on and off (its twin: every round batched). A lone request
-whose client goes away (its on_chunk raises) or that is cancelled ends alone; the next one is served.
+whose client goes away (its on_chunk raises) or that is cancelled ends alone, the rounds it ran counted; the next
+one is served.
 """
 
 from __future__ import annotations
@@ -149,3 +150,7 @@ def test_a_lone_request_that_fails_or_is_cancelled_ends_alone_and_the_next_is_se
     finally:
         sched.close()
     assert not sched.loop.active and torch.equal(sched.loop.live, torch.zeros_like(sched.loop.live))
+    # rounds that ran count, a failed request's too: reqs[0] read two rounds before its third chunk raised (the
+    # round queued ahead of that chunk was never read), reqs[2] one before its cancellation was seen
+    served = sum(len(alone(rnd, "ddtree", 16, r).accept_lengths) for r in (reqs[1], reqs[3]))
+    assert sched.loop.stats.rounds == len(sched.loop.rounds) == 2 + 1 + served
