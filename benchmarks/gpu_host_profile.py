@@ -13,6 +13,10 @@ request, through:
 * lone    - the `BatchScheduler` as `serve --max-batch N` makes it: a request alone runs through the single loop
             (`BatchFastLoop.run_alone`), on the engine thread.
 
+With --with-short N every request but single's is sent together with a short one of N new tokens: after the short
+one ends, the measured request goes on alone in the batch - in batched steps of one (loop, sched) or back in the
+single loop (lone: `BatchFastLoop.resume_alone`); its decode time is then mostly that tail.
+
 Prints, per path, the median decode ms per token ((t_done - t_first) / (tokens - 1): rounds, not prefill), the
 paths interleaved request by request so that a drifting clock hits all three alike, and for loop and sched the
 median host time inside one `step` and between steps. With --consumer-us Y every chunk goes to an asyncio thread
@@ -27,6 +31,7 @@ bookkeeping makes: CUDA events, stream lookups, inference_mode, a Condition hand
     python benchmarks/gpu_host_profile.py --method ar --consumer-us 100
     python benchmarks/gpu_host_profile.py --method ar --consumer-us 100 --trace   # where a token's us go
     python benchmarks/gpu_host_profile.py --device cpu --requests 2 --new 8   # a CPU smoke run (no events)
+    python benchmarks/gpu_host_profile.py --method ar --with-short 4   # the tail after a batch-mate ended
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", action="store_true",
                     help="with --consumer-us: a timeline per path (where a token's microseconds go between the "
                          "engine thread and the consumer)")
+    ap.add_argument("--with-short", type=int, default=0, metavar="N",
+                    help="send each request (but single's) with a short one of N new tokens: the tail alone in a batch")
     a = ap.parse_args(argv)
     if a.trace and a.consumer_us <= 0:
         ap.error("--trace needs --consumer-us")
@@ -82,7 +89,8 @@ def main(argv=None) -> int:
     loop = BatchFastLoop(eng.target, proposer, a.method, a.budget, a.slots)
     sched = BatchScheduler(BatchFastLoop(eng.target, proposer, a.method, a.budget, a.slots), lone=False)
     lone = BatchScheduler(BatchFastLoop(eng.target, proposer, a.method, a.budget, a.slots))
-    clocks = {"loop": StepClock(loop), "sched": StepClock(sched.loop), "lone": StepClock(lone.loop, "run_alone")}
+    clocks = {"loop": StepClock(loop), "sched": StepClock(sched.loop),
+              "lone": StepClock(lone.loop, "step" if a.with_short else "run_alone")}
     if a.consumer_us > 0:   # serve's shape: engine on a worker thread, every chunk handed to an asyncio thread
         from concurrent.futures import ThreadPoolExecutor
 
@@ -91,17 +99,26 @@ def main(argv=None) -> int:
         paths = {
             "single": lambda p: worker.submit(eng.generate, p, a.method, a.budget, a.new,
                                               on_chunk=consumer.on_chunk).result(timeout=600),
-            "sched": lambda p: sched.submit(req(p)).result(timeout=600),
-            "lone": lambda p: lone.submit(req(p)).result(timeout=600),
+            "sched": lambda p: with_short(sched, p),
+            "lone": lambda p: with_short(lone, p),
         }
     else:
         req = lambda p: BatchRequest(p, a.new)  # noqa: E731
         paths = {
             "single": lambda p: eng.generate(p, a.method, a.budget, a.new),
-            "loop": lambda p: loop.run([req(p)])[0],
-            "sched": lambda p: sched.submit(req(p)).result(timeout=600),
-            "lone": lambda p: lone.submit(req(p)).result(timeout=600),
+            "loop": lambda p: loop.run([req(p)] + short(p))[0],
+            "sched": lambda p: with_short(sched, p),
+            "lone": lambda p: with_short(lone, p),
         }
+
+    def short(p) -> list:
+        return [BatchRequest(p[::-1], a.with_short)] if a.with_short else []
+
+    def with_short(s, p):
+        fut, others = s.submit(req(p)), [s.submit(r) for r in short(p)]
+        for f in others:
+            f.result(timeout=600)
+        return fut.result(timeout=600)
 
     def decode_ms(g) -> float:
         return (g.t_done_ns - g.t_first_token_ns) / 1e6 / max(1, len(g.output_ids) - 1)
@@ -154,7 +171,8 @@ def main(argv=None) -> int:
         micro()
     print(f"# random pair {a.dtype} on {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
           f"{a.method}{f' B={a.budget}' if a.method == 'ddtree' else ''}, {a.requests} requests of {a.new} tokens "
-          f"after {a.prefix_len}, one at a time, {a.slots} slots"
+          f"after {a.prefix_len}, one at a time{f' (each with a short one of {a.with_short})' if a.with_short else ''}, "
+          f"{a.slots} slots"
           f"{f', chunks to a {a.consumer_us:g} us consumer thread{handled}' if a.consumer_us > 0 else ''}; medians",
           file=sys.stderr)
     return 0

@@ -18,7 +18,9 @@ A request that finds the batch empty and nobody else waiting runs through the lo
 one (`loop.run_alone`, BatchFastLoop's: `serve --max-batch 1`'s loop, without the batch's per-round bookkeeping),
 which asks after every round whether others wait; when they do it hands the request over to the batch between two
 rounds and the thread admits them and steps as above. So one client at a time is served as `--max-batch 1` serves
-it, and a second one joins after at most one round of the first. `lone=False` turns that off (every round batched).
+it, and a second one joins after at most one round of the first. When a step leaves one request and nobody waits,
+it goes back to the single loop the same way (`loop.resume_alone`), so a request whose batch-mates ended is not
+left paying the batch's step for its remaining rounds. `lone=False` turns both off (every round batched).
 
 `stats` is the loop's `BatchStats` (rounds and how full each was), read by the backends for
 summary.json. Knows the loop's API; nothing of HTTP or records.
@@ -39,6 +41,8 @@ class BatchScheduler:
     def __init__(self, loop: BatchLoop, name: str = "ddtree-batch", lone: bool = True):
         self.loop = loop
         self.lone = lone and getattr(loop, "can_run_alone", False)   # a lone request takes loop.run_alone
+        if self.lone:   # ... and one whose batch-mates ended goes back to it: loop.resume_alone after a step
+            loop.lone_resumes = True
         # ... and hands over when others wait, unless the batch has no room for them (max_batch 1: it runs to its end)
         self._yield_to = self._others_wait if loop.max_batch > 1 else (lambda: False)
         self._cv = threading.Condition()
@@ -139,8 +143,14 @@ class BatchScheduler:
                     continue
                 if done is not None:
                     self._resolve([done])
+            if alone and loop.active:   # handed over because others wait: admit them before the next round
+                continue
             try:
                 self._resolve(loop.step(waiting=bool(self._waiting)))   # a hint: read without the lock
+                if self.lone and not self._waiting and loop.can_resume_alone:
+                    done = loop.resume_alone(self._yield_to)
+                    if done is not None:
+                        self._resolve([done])
             except Exception as e:  # the round's state is unknown: end its requests, keep serving
                 try:
                     self._resolve(loop.fail_all(e))

@@ -54,3 +54,15 @@ def test_the_trace_splits_each_path_s_rounds_between_engine_and_consumer():
         assert float(m.group(4)) >= 50 and int(m.group(7)) == 10 and int(m.group(6)) <= 10, r.stdout
     bad = subprocess.run(ARGS + ["--trace"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--trace needs --consumer-us" in bad.stderr
+
+
+def test_with_a_short_batch_mate_the_lone_path_finishes_in_the_single_loop():
+    """--with-short: each request shares its first round with a short one; afterwards sched and loop step it alone in
+    the batch, while the lone path hands it back to the single loop (resume_alone): few steps there, all in sched."""
+    r = subprocess.run(ARGS[:-4] + ["--new", "12", "--prefix-len", "12", "--with-short", "2"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    paths = _paths(r.stdout)
+    assert list(paths) == ["single", "loop", "sched", "lone"] and "each with a short one of 2" in r.stderr
+    steps = {name: int(re.search(r"\((\d+) steps\)", paths[name]).group(1)) for name in ("loop", "sched", "lone")}
+    assert steps["sched"] >= 30 and steps["lone"] <= steps["sched"] / 3, steps   # 3 requests x 11 rounds

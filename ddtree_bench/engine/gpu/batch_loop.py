@@ -171,6 +171,22 @@ class _Round:
     laps: Laps
 
 
+def _cancellable(req: BatchRequest) -> Callable[[list[int]], None] | None:
+    """`req.on_chunk`, raising Cancelled before a chunk once `req.cancelled()` says so, for a request run by the solo
+    loop (run_alone / resume_alone), which has no batch step between rounds to see it (batch.retirement)."""
+    cancelled, emit = req.cancelled, req.on_chunk
+    if cancelled is None:
+        return emit
+
+    def on_chunk(tokens: list[int]) -> None:
+        if cancelled():
+            raise Cancelled()
+        if emit is not None:
+            emit(tokens)
+
+    return on_chunk
+
+
 def _may_continue(st: _Slot) -> bool:
     """Whether a round after the next one could still emit for `st`: not stopped, and its next token leaves room
     below max_new_tokens (the next round's own token not yet known)."""
@@ -241,6 +257,8 @@ class BatchFastLoop:
         self._ahead_bucket = 0            # ... for this bucket (1: the solo loop's draft; b: the batched draft of b slots)
         self._inflight: deque[_Queued] = deque()   # AR rounds queued, not yet read (at most ResultRing.DEPTH)
         self.pipeline_ar = True           # AR keeps two rounds in flight (_ar_step); False: one (A/B timing)
+        self.lone_resumes = False         # a scheduler takes a lone request back to the solo loop after each step
+        #                                   (resume_alone): AR then queues no round ahead of one request alone
         self._last: Ticket | None = None  # the ticket of the batched round queued last
         self.cold_s: dict[int, float] = {}   # bucket -> s from its new stages to its first result (bucket 1: solo's)
         self.active: list[_Slot] = []
@@ -455,29 +473,62 @@ class BatchFastLoop:
             raise RuntimeError("run_alone needs an empty batch and the solo loop")
         self._ensure(self._room(req))
         self._ahead = None
-        on_chunk, cancelled = req.on_chunk, req.cancelled
-        if cancelled is not None:
-            def on_chunk(tokens: list[int], emit=req.on_chunk) -> None:
-                if cancelled():
-                    raise Cancelled()
-                if emit is not None:
-                    emit(tokens)
+        on_chunk = _cancellable(req)
         self.stats.admitted += 1
+        return self._alone(req, [], lambda: self.solo.generate(
+            req.prompt_ids, self.method, self.budget, req.max_new_tokens, req.temperature, req.top_p, req.seed,
+            req.stop_ids, on_chunk=on_chunk, record_trees=req.record_trees, return_logit_gaps=req.return_logit_gaps,
+            yield_to=yield_to))
+
+    @property
+    def can_resume_alone(self) -> bool:
+        """Whether `resume_alone` can take the batch's only request: the solo loop exists, the request (slot 0) has run
+        its first round and nothing of it is in flight but a draft (an AR round queued ahead is not: `lone_resumes`)."""
+        return (self.solo is not None and len(self.active) == 1 and not self._inflight and self.active[0].slot == 0
+                and self.active[0].prefill_hidden is None and self.active[0].error is None)
+
+    @torch.inference_mode()
+    def resume_alone(self, yield_to: Callable[[], bool]) -> Retired | None:
+        """run_alone's reverse: the batch's only request (slot 0: live requests are packed down) goes on through the
+        single loop (`FastLoop.resume` on slot 0's buffers) from its next round, with the draft the last solo round
+        queued for it taken as that round's; returns as run_alone does (None: others waited again after a round,
+        and it is slot 0 of the batch once more). Nothing moves: the batch's rounds of one already ran FastLoop's
+        stages on those buffers. What a scheduler runs after a step leaves one request (`lone_resumes`), so that a
+        request whose batch-mates ended goes on as `--max-batch 1` would serve it."""
+        if not self.can_resume_alone:
+            raise RuntimeError("resume_alone needs one request in the batch, in slot 0, with nothing of it in flight")
+        st = self.active[0]
+        self._settle()   # its batched rounds' stage times, into st.stage_ns
+        drafted = self._ahead if self._ahead is not None and self._ahead_bucket == 1 else None
+        self._ahead = None
+        self.active = []
+        self.live[0].fill_(0)
+        st.stream.on_chunk = _cancellable(st.req)
+        state = Suspended(HostState(None, st.bonus, st.start, st.draft_len, st.a), st.stream, st.gen, st.accept_lengths,
+                          st.trees, st.gaps, st.stage_ns, st.t_start, st.t_first)
+        r = st.req
+        return self._alone(r, st.batch_sizes, lambda: self.solo.resume(
+            state, self.method, self.budget, r.max_new_tokens, r.temperature, r.top_p, r.return_logit_gaps,
+            len(r.prompt_ids), yield_to, drafted))
+
+    def _alone(self, req: BatchRequest, sizes: list[int], go: Callable[[], Any]) -> Retired | None:
+        """Run `go` (the solo loop's generate or resume for `req`, on slot 0's buffers) and take what it gives: its
+        rounds counted as rounds of one after `sizes` (the request's batch sizes so far), then its Retired (its
+        Generation, or the error that ended it), or - Suspended - the request made slot 0 of the batch."""
         try:
-            out = self.solo.generate(req.prompt_ids, self.method, self.budget, req.max_new_tokens, req.temperature,
-                                     req.top_p, req.seed, req.stop_ids, on_chunk=on_chunk, record_trees=req.record_trees,
-                                     return_logit_gaps=req.return_logit_gaps, yield_to=yield_to)
+            out = go()
         except Exception as e:
             self._count_alone(len(self.solo.rounds))   # the rounds it ran before the error (FastLoop.rounds)
             return Retired(req, None, e)
-        n = len(out.accept_lengths)
+        n = len(out.accept_lengths) - len(sizes)
         self._count_alone(n)
+        sizes = sizes + [1] * n
         if not isinstance(out, Suspended):
-            return Retired(req, BatchGeneration(**{f.name: getattr(out, f.name) for f in fields(out)}, batch_sizes=[1] * n))
+            return Retired(req, BatchGeneration(**{f.name: getattr(out, f.name) for f in fields(out)}, batch_sizes=sizes))
         h = out.host
         st = _Slot(req, None, self.pcache[0], out.gen, out.stream, out.t_start_ns, t_first=out.t_first_token_ns,
                    bonus=h.bonus, start=h.start, draft_len=h.draft_len, accept_lengths=out.accept_lengths,
-                   trees=out.trees, gaps=out.gaps, stage_ns=out.stage_ns, batch_sizes=[1] * n, slot=0, a=h.a,
+                   trees=out.trees, gaps=out.gaps, stage_ns=out.stage_ns, batch_sizes=sizes, slot=0, a=h.a,
                    settle=self._settle)
         self.live[0].fill_(1)
         self.active.append(st)
@@ -767,8 +818,9 @@ class BatchFastLoop:
         foreseen; max_new_tokens can, and no round is queued past it). One request alone queues nothing before its
         round is read - a round queued ahead of its stop token would run for nothing and hold up the next admission's
         prefill - but once read, the round after it is queued before this one's token goes out (_lone_continues), as
-        the single loop orders it (FastLoop.generate), so the GPU runs while the host emits. A request admitted while
-        a round is in flight joins the next one queued."""
+        the single loop orders it (FastLoop.generate), so the GPU runs while the host emits - unless `lone_resumes`: a
+        scheduler then hands that request back to the solo loop (resume_alone), which queues it there. A request
+        admitted while a round is in flight joins the next one queued."""
         if not self._inflight:
             self._inflight.append(self._queue_ar())
         if (self.pipeline_ar and len(self._inflight) == 1 and len(self.active) >= 2 and not waiting
@@ -778,7 +830,7 @@ class BatchFastLoop:
         q = self._inflight.popleft()
         res = q.ticket.take()
         now = time.perf_counter_ns()
-        if self.pipeline_ar and not self._inflight and self._lone_continues(q, res, waiting):
+        if self.pipeline_ar and not self._inflight and not self.lone_resumes and self._lone_continues(q, res, waiting):
             self._inflight.append(self._queue_ar(after=q.laps))
         if q.t_cold is not None:
             self.cold_s[q.bucket] = time.perf_counter() - q.t_cold

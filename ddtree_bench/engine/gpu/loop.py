@@ -246,12 +246,13 @@ class HostState:
 
 @dataclass
 class Suspended:
-    """A generation that `FastLoop.generate` stopped between two rounds because its `yield_to` said so: its last round
-    read, committed and emitted, nothing of the next queued (a draft queued ahead may still run; it reads and writes
-    only this generation's buffers and is recomputed by whoever goes on). What the batched loop needs to go on with
-    the request in the slot whose buffers it ran on: the host state, the output stream, the generator, and what the
-    rounds so far recorded (stage_ns: the prefill and the rounds' folded stage times, as a Generation's; the rounds'
-    own stage times are in FastLoop.rounds, as after a whole generation)."""
+    """A generation between two rounds: its last round read, committed and emitted, nothing of the next queued (a
+    draft queued ahead may still run; it reads and writes only this generation's buffers and is recomputed by whoever
+    goes on). `FastLoop.generate` / `resume` return one when their `yield_to` says so, and `resume` goes on from one.
+    What the batched loop needs to go on with the request in the slot whose buffers it ran on (and what it hands
+    back): the host state, the output stream, the generator, and what the rounds so far recorded (stage_ns: the
+    prefill and the rounds' folded stage times, as a Generation's; the last run's own stage times are in
+    FastLoop.rounds, as after a whole generation)."""
 
     host: HostState
     stream: OutputStream
@@ -658,7 +659,6 @@ class FastLoop:
         t_start = time.perf_counter_ns()
         gaps: list[float] = []
         stream = OutputStream(max_new_tokens, stop_ids, on_chunk)
-        out = stream.out
 
         # prefill (plain forward into the same cache storage)
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=dev)
@@ -671,30 +671,60 @@ class FastLoop:
         self.start.fill_(P)
         self.ctx_start.fill_(0)
         t_first = time.perf_counter_ns()
-        prefill_ns = t_first - t_start
         stream.emit([bonus], t_first)
+        state = Suspended(HostState(prefill_hidden=hidden, bonus=bonus, start=P), stream, gen, [],
+                          [] if record_trees else None, gaps, stage_totals(t_first - t_start, []), t_start, t_first)
+        return self._rounds_of(state, b, method, budget, max_new_tokens, temperature, top_p, return_logit_gaps, P,
+                               yield_to, t_cold if cold else None, None)
 
-        accept_lengths: list[int] = []
-        trees: list[RoundTrace] | None = [] if record_trees else None
-        host = HostState(prefill_hidden=hidden, bonus=bonus, start=P)
-        laps = Laps(dev, self.spent_events)
-        laps.mark("begin")
+    @torch.inference_mode()
+    def resume(self, state: Suspended, method: str, budget: int, max_new_tokens: int, temperature: float, top_p: float,
+               return_logit_gaps: bool, num_prompt_tokens: int, yield_to: Callable[[], bool] | None = None,
+               drafted: Laps | None = None) -> Generation | Suspended:
+        """Go on with a generation stopped between two rounds, from its next round, as `generate` would have gone on:
+        `state` is this loop's own Suspended, or a batched request's state on the buffers this loop runs on (the
+        batched loop hands its last request back that way: batch_loop.BatchFastLoop.resume_alone). `drafted`: the
+        stage marks of that round's draft when it is queued already (it reads only device state), else the round
+        drafts first. Returns as generate does; the Generation's lists are `state`'s, grown, its stage_ns
+        `state.stage_ns` plus this run's rounds, and `self.rounds` this run's rounds only."""
+        self.rounds = []
+        b = self._bucket(method, budget, temperature < GREEDY_EPS)
+        return self._rounds_of(state, b, method, budget, max_new_tokens, temperature, top_p, return_logit_gaps,
+                               num_prompt_tokens, yield_to, None, drafted)
+
+    def _rounds_of(self, state: Suspended, b: _Bucket, method: str, budget: int, max_new_tokens: int,
+                   temperature: float, top_p: float, return_logit_gaps: bool, P: int,
+                   yield_to: Callable[[], bool] | None, t_cold: float | None, drafted_laps: Laps | None
+                   ) -> Generation | Suspended:
+        """The rounds of generate / resume, from `state` to the end or to a suspension (t_cold: when a new bucket was
+        set up, for its cold-start notice)."""
+        dev = self.device
+        spec = method != "ar"
+        host, stream, gen, trees, gaps = state.host, state.stream, state.gen, state.trees, state.gaps
+        accept_lengths = state.accept_lengths
+        out = stream.out
+        n0 = len(accept_lengths)
+        drafted = drafted_laps is not None
+        laps = drafted_laps
+        if laps is None:
+            laps = Laps(dev, self.spent_events)
+            laps.mark("begin")
 
         def ahead(emitted: int, stopped: bool) -> bool:
             """The round after the one being queued may run (the queued one emits at least one token)."""
             return spec and not stopped and emitted + 1 < max_new_tokens
 
-        pending = wants_round(len(out), stream.stopped, 0, max_new_tokens, spec)
-        drafted = False
+        pending = wants_round(len(out), stream.stopped, n0, max_new_tokens, spec)
         suspended = False
         try:
             if pending:
-                drafted = self._launch(b, True, False, ahead(len(out), stream.stopped), host, laps, temperature, top_p, gen)
+                drafted = self._launch(b, host.prefill_hidden is not None, drafted, ahead(len(out), stream.stopped), host,
+                                       laps, temperature, top_p, gen)
             while pending:
                 res = self._result(b)
-                if cold:
-                    cold = False
+                if t_cold is not None:
                     self.note_cold(method, budget, time.perf_counter() - t_cold)
+                    t_cold = None
                 done = b   # the bucket whose stages produced this round's committed result
                 if spec and b.layout.read(res).flagged:  # the pruned build could not certify its tree: redo exactly
                     done, res = self._redo(b, temperature, top_p, gen)
@@ -728,19 +758,19 @@ class FastLoop:
                 stream.emit(new_tokens, now)
             t_done = time.perf_counter_ns()   # (a draft queued ahead of a stop token may still be running)
         finally:   # the rounds read so far, on every way out (a round queued ahead of the end, or of an error, is not)
-            self.rounds = laps.rounds()[: len(accept_lengths)]
+            self.rounds = laps.rounds()[: len(accept_lengths) - n0]
+        totals = {k: ns + state.stage_ns.get(k, 0) for k, ns in stage_totals(0, self.rounds).items()}
         if suspended:
-            return Suspended(host, stream, gen, accept_lengths, trees, gaps, stage_totals(prefill_ns, self.rounds),
-                             t_start, t_first)
-        totals = stage_totals(prefill_ns, self.rounds)
+            return Suspended(host, stream, gen, accept_lengths, trees, gaps, totals, state.t_start_ns,
+                             state.t_first_token_ns)
         return Generation(
             output_ids=out,
             accept_lengths=accept_lengths,
             finish_reason=stream.finish_reason,
             num_prompt_tokens=P,
             stage_ns=totals,
-            t_start_ns=t_start,
-            t_first_token_ns=t_first,
+            t_start_ns=state.t_start_ns,
+            t_first_token_ns=state.t_first_token_ns,
             t_done_ns=t_done,
             chunk_times_ns=stream.chunk_times_ns,
             chunk_tokens=stream.chunk_tokens,

@@ -171,3 +171,34 @@ def test_a_lone_request_hands_over_to_a_captured_batch_fp32(T):
             same_generation(done[r.key], alone(plain, method, budget, r))
         assert done[first.key].batch_sizes[:3] == [1, 1, 1] and max(done[first.key].batch_sizes) == 4
         assert_captured(loop)
+
+
+@pytest.mark.parametrize("T", [0.0, 0.8], ids=["T0", "T0.8"])
+def test_the_last_request_of_a_captured_batch_goes_back_to_the_single_loop_fp32(T):
+    """BatchFastLoop.resume_alone on a GPU (what the scheduler runs when a step leaves one request): a long and a short
+    request in captured batched rounds; once the short one has ended, the long one goes on in the single loop's
+    captured graphs on slot 0's buffers (FastLoop.resume, with the draft its last round of one queued) for two rounds,
+    hands over again, a third joins, and it ends batched; every request equals batch 1."""
+    target, drafter = random_pair(seed=0, vocab_size=VOCAB, dtype="float32", device="cuda")
+    plain = Engine(target, drafter)
+    for method, budget in POINTS:
+        reqs = requests(VOCAB, T)
+        long_, short, third = reqs[2], reqs[1], reqs[3]   # 64, 20 and 33 new tokens
+        loop = BatchFastLoop(plain.target, plain.proposer if method != "ar" else None, method, budget, 4)
+        loop.lone_resumes = True
+        for r in (long_, short):
+            assert loop.admit(r) is None
+        done = {}
+        while loop.active and (len(loop.active) > 1 or not loop.can_resume_alone):
+            done.update({d.request.key: d.generation for d in loop.step()})
+        assert short.key in done and len(loop.active) == 1
+        before = len(loop.active[0].batch_sizes)
+        asked = []
+        assert loop.resume_alone(lambda: asked.append(1) or len(asked) == 2) is None
+        assert loop.active[0].batch_sizes[before:] == [1, 1]
+        assert loop.admit(third) is None
+        while loop.active:
+            done.update({d.request.key: d.generation for d in loop.step()})
+        for r in (long_, short, third):
+            same_generation(done[r.key], alone(plain, method, budget, r))
+        assert_captured(loop)
