@@ -104,7 +104,7 @@ def main() -> None:
             r = requests.post(f"{url}/v1/completions", stream=True, timeout=600, json={
                 "model": "null", "prompt": "x", "max_tokens": a.chunks, "stream": True, "ignore_eos": True})
             n = sum(1 for line in r.iter_lines() if line.startswith(b"data: {"))
-            c1, l1, t1 = cpu_s(srv.pid), cpu_s(srv.pid, srv.pid), time.perf_counter()
+            l1, c1, t1 = cpu_s(srv.pid, srv.pid), cpu_s(srv.pid), time.perf_counter()   # the loop window inside the process one
             rows.append({"chunks": n, "server_cpu_us_per_chunk": (c1 - c0) / n * 1e6,
                          "loop_cpu_us_per_chunk": (l1 - l0) / n * 1e6, "wall_us_per_chunk": (t1 - t0) / n * 1e6})
             print(f"request {i}: {n} chunks, server CPU {rows[-1]['server_cpu_us_per_chunk']:.1f} us a chunk (event "
