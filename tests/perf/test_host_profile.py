@@ -1,7 +1,8 @@
 """benchmarks/gpu_host_profile.py end to end on a CPU (eager rounds, perf_counter marks): one line per path with its
 decode ms a token against the single loop, the batched paths' step clock (the scheduler's lone path makes no step:
 its requests run through the single loop), cProfile tables read inside the engine thread, and the consumer-thread
-form (serve's shape) that leaves the calling-thread path out."""
+form (serve's shape) that leaves the calling-thread path out; with a short batch-mate, the lone path's steps are only
+the rounds shared with it (the rest back in the single loop)."""
 
 from __future__ import annotations
 
