@@ -178,8 +178,9 @@ def test_the_last_request_of_a_batch_goes_back_to_the_single_loop(rnd, monkeypat
     """A long and a short request batched; once the short one has ended, the long one goes on through FastLoop.resume
     (the solo loop, no batched step), hands over again when asked after two rounds, a third request joins, and the
     rest is batched: every output equals batch 1, the long one's rounds alone count as rounds of one, every round
-    is counted once. DFlash / DDTree resume with the draft the batch's last round of one queued for them."""
-    reqs = make_requests(RANDOM_VOCAB, T, seed=16)
+    is counted once, logit gaps included. DFlash / DDTree resume with the draft the batch's last round of one queued
+    for them."""
+    reqs = make_requests(RANDOM_VOCAB, T, seed=16, gaps=True)
     long_, short, third = reqs[2], reqs[1], reqs[3]   # 31, 9 and 17 new tokens
     calls = []
     real = FastLoop.resume
@@ -206,7 +207,9 @@ def test_the_last_request_of_a_batch_goes_back_to_the_single_loop(rnd, monkeypat
     while loop.active:
         done.update({d.request.key: d for d in loop.step()})
     for r in (long_, short, third):
-        assert_same(done[r.key].generation, alone(rnd, method, budget, r), ("resumed", method, T, r.key))
+        g, ref = done[r.key].generation, alone(rnd, method, budget, r)
+        assert_same(g, ref, ("resumed", method, T, r.key))
+        assert g.logit_gaps == pytest.approx(ref.logit_gaps, abs=1e-4), ("gaps", method, T, r.key)
     sizes = done[long_.key].generation.batch_sizes
     assert 2 in sizes[:before] and sizes[before : before + 2] == [1, 1] and max(sizes[before + 2 :]) == 2
     assert loop.stats.rounds == len(loop.rounds)
