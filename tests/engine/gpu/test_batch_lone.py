@@ -48,6 +48,23 @@ def _spy(monkeypatch, cls, name: str) -> list:
     return calls
 
 
+def _first_then_others(sched: BatchScheduler, first, others) -> list:
+    """Submit `first`; its own chunk after LONE_ROUNDS rounds submits `others` (from the engine thread, as a server's
+    event loop would between two rounds). Their Generations, first's first; the scheduler closed after."""
+    futs, chunks = [], []
+
+    def arrive(tokens):
+        chunks.append(tokens)
+        if len(chunks) == 1 + LONE_ROUNDS:   # the prefill's token, then one chunk a round
+            futs.extend(sched.submit(r) for r in others)
+
+    first.on_chunk = arrive
+    try:
+        return [sched.submit(first).result(timeout=120)] + [f.result(timeout=120) for f in futs]
+    finally:
+        sched.close()
+
+
 @pytest.mark.parametrize("method,budget,T", CASES, ids=IDS)
 def test_a_lone_request_runs_the_single_loop_then_joins_the_batch(rnd, monkeypatch, method, budget, T):
     reqs = make_requests(RANDOM_VOCAB, T, seed=12)
@@ -107,19 +124,7 @@ def test_the_scheduler_hands_a_lone_request_over_when_others_arrive(rnd, monkeyp
     first, others = reqs[2], [reqs[0], reqs[1], reqs[3]]
     alones = _spy(monkeypatch, BatchFastLoop, "run_alone")
     sched = BatchScheduler(_loop(rnd, method, budget), lone=lone)
-    futs, chunks = [], []
-
-    def arrive(tokens):
-        chunks.append(tokens)
-        if len(chunks) == 1 + LONE_ROUNDS:   # the prefill's token, then one chunk a round
-            futs.extend(sched.submit(r) for r in others)
-
-    first.on_chunk = arrive
-    try:
-        got = [sched.submit(first).result(timeout=120)]
-        got += [f.result(timeout=120) for f in futs]
-    finally:
-        sched.close()
+    got = _first_then_others(sched, first, others)
     for r, g in zip([first] + others, got):
         assert_same(g, alone(rnd, method, budget, r), ("scheduler-lone", method, lone, r.key))
     assert len(alones) == (1 if lone else 0)
@@ -257,19 +262,7 @@ def test_the_scheduler_takes_the_last_request_back_to_the_single_loop(rnd, monke
     sched = BatchScheduler(_loop(rnd, method, budget), lone=lone)
     real_step = sched.loop.step
     sched.loop.step = lambda *a, **k: steps.append(len(sched.loop.active)) or real_step(*a, **k)
-    futs, chunks = [], []
-
-    def arrive(tokens):
-        chunks.append(tokens)
-        if len(chunks) == 1 + LONE_ROUNDS:
-            futs.extend(sched.submit(r) for r in others)
-
-    first.on_chunk = arrive
-    try:
-        got = [sched.submit(first).result(timeout=120)]
-        got += [f.result(timeout=120) for f in futs]
-    finally:
-        sched.close()
+    got = _first_then_others(sched, first, others)
     for r, g in zip([first] + others, got):
         assert_same(g, alone(rnd, method, budget, r), ("scheduler-resume", method, lone, r.key))
     sizes = got[0].batch_sizes
