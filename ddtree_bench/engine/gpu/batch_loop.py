@@ -535,8 +535,8 @@ class BatchFastLoop:
         return None
 
     def _count_alone(self, n: int) -> None:
-        """Count the solo loop's last `n` rounds (one request's, run by FastLoop.generate) as rounds of one in `stats`,
-        with their stage times (FastLoop.rounds) in `rounds`."""
+        """Count the solo loop's last `n` rounds (one request's, run by FastLoop.generate or resume) as rounds of one in
+        `stats`, with their stage times (FastLoop.rounds) in `rounds`."""
         self.stats.batch_sizes.extend([1] * n)
         self._settle()   # rounds stay in order
         self._rounds.extend({"batch": 1, "bucket": 1, **stage_ms} for stage_ms in self.solo.rounds)
