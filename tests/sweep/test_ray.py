@@ -36,8 +36,12 @@ from process_support import csv_rows, members, wait_for  # noqa: E402
 from sweep_support import GRID, results, serial  # noqa: E402,F401 (fixture)
 
 pytestmark = pytest.mark.slow
+# RAY_AUTH_MODE: Ray 2.60 turns token authentication on for a new cluster once ~/.ray/auth_token exists (left by an
+# earlier Ray run on the machine), and refuses drivers without RAY_AUTH_MODE=token; this cluster is the test's own,
+# so explicitly without it
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "500",
-           "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000"}
+           "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000",
+           "RAY_AUTH_MODE": "disabled"}
 CLI = [sys.executable, "-m", "ddtree_bench", "sweep"]
 
 
