@@ -133,9 +133,13 @@ def dry_run(grid, sweep_dir=None, api_key: str | None = None) -> list[str]:
         sdir.read()  # a sweep directory (exit 2 otherwise)
     executor = None
     if grid.executor == "ray":
+        from ddtree_bench.sweep.ray_address import host_port, resolve
         from ddtree_bench.sweep.ray_executor import import_ray
 
         import_ray()
+        where = resolve(grid.ray_address)
+        if where.address:
+            host_port(where.address)  # its form only (exit 2 for a dashboard URL, a missing port)
     prep = prepare(grid, api_key)
     if grid.executor != "ray":
         executor = make_executor(grid, prep.points)

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from ddtree_bench import defaults as D
 from ddtree_bench.errors import UsageError
+from ddtree_bench.sweep import ray_address as RA
 from ddtree_bench.sweep.executors import Absorber, GroupDone, GroupJob, needs_gpu, run_group
 from ddtree_bench.sweep.grid import GridSpec
 
@@ -101,16 +102,18 @@ class RayExecutor:
         self._device: str | None = None
 
     def connect(self) -> None:
+        """Join the cluster (or start a local Ray); exit 2, quickly, where nothing answers (`ray_address.py`)."""
         ray = self.ray
         if ray.is_initialized():
             return
-        address = self.grid.ray_address or os.environ.get("RAY_ADDRESS") or None
+        where = RA.resolve(self.grid.ray_address)
+        RA.check(where)
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False,
-                     include_dashboard=False if address is None else None)
+            ray.init(address=where.address, logging_level="ERROR", log_to_driver=False, configure_logging=False,
+                     include_dashboard=False if where.address is None else None)
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise UsageError(f"cannot reach the Ray cluster at {address or '(a new local one)'}: {e}",
+            raise UsageError(f"cannot reach the Ray cluster at {where.describe()}: {e}",
                              hint="start one with: ray start --head, and pass --ray-address HOST:PORT") from None
 
     def external_device(self) -> str:
@@ -124,7 +127,7 @@ class RayExecutor:
         return self._device
 
     def describe(self) -> list[str]:
-        where = self.grid.ray_address or os.environ.get("RAY_ADDRESS") or "a local Ray instance"
+        where = RA.resolve(self.grid.ray_address).address or "a local Ray instance"
         res = f", resources {self.grid.ray_resources}" if self.grid.ray_resources else ""
         return [f"ray: one task per server group on {where} (num_gpus {self.grid.gpus_per_point} for CUDA points, "
                 f"num_cpus {D.SWEEP_RAY_CPUS_PER_POINT}{res}); as many at once as the cluster's resources allow"]

@@ -6,6 +6,7 @@ The module starts a head (`--num-cpus 1`) and a second node (`--num-cpus 2`, res
 * a sweep over in-process and `ddtree-bench serve` groups, one Ray task per group, gives the results
   of a local serial sweep (ids, statuses, outputs, tau, files), each point recording the Ray node it
   ran on, the server logs and paths landing in the driver's sweep directory;
+* the head's GCS passes `sweep/ray_address.py`'s check (the cases that fail it: test_ray_address.py);
 * the node running the tasks is killed mid-point (its raylet and workers SIGKILLed after the first
   request of a point was written): its points are failed with Ray's reason, the sweep exits 1, and
   `--resume` (on the head) completes them with whole records.
@@ -120,6 +121,12 @@ def cluster(tmp_path_factory):
         yield c
     finally:
         c.stop()
+
+
+def test_a_real_gcs_passes_the_address_check(cluster):
+    from ddtree_bench.sweep import ray_address as RA
+
+    RA.check(RA.RayAddress(cluster.address, "--ray-address"))  # TCP + the HTTP/2 preface answered (no UsageError)
 
 
 def test_a_ray_sweep_over_two_nodes_writes_the_serial_results(cluster, serial, tmp_path):
