@@ -55,7 +55,10 @@ class Server:
                 if not self.reply:
                     c.close()
 
-    def close(self) -> None:
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
         for c in self.conns:
             c.close()
         self.sock.close()
@@ -118,30 +121,19 @@ def test_an_http_server_is_named_as_one(http_port):
 
 
 def test_a_port_that_never_answers_times_out():
-    srv = Server(None)
-    try:
-        with pytest.raises(UsageError, match="no answer within 0.5 s"):
-            RA.check(RA.RayAddress(f"127.0.0.1:{srv.port}", "--ray-address"), timeout_s=0.5)
-    finally:
-        srv.close()
+    with Server(None) as srv, pytest.raises(UsageError, match="no answer within 0.5 s"):
+        RA.check(RA.RayAddress(f"127.0.0.1:{srv.port}", "--ray-address"), timeout_s=0.5)
 
 
 def test_a_server_closing_without_a_word_is_not_grpc():
-    srv = Server(b"")
-    try:
-        with pytest.raises(UsageError, match="is something that is not a gRPC server"):
-            RA.check(RA.RayAddress(f"127.0.0.1:{srv.port}", "--ray-address"), timeout_s=2)
-    finally:
-        srv.close()
+    with Server(b"") as srv, pytest.raises(UsageError, match="is something that is not a gRPC server"):
+        RA.check(RA.RayAddress(f"127.0.0.1:{srv.port}", "--ray-address"), timeout_s=2)
 
 
 def test_a_peer_answering_the_http2_preface_passes():
     settings = bytes([0, 0, 6, 4, 0, 0, 0, 0, 0]) + bytes([0, 3, 0, 0, 0, 100])  # SETTINGS, MAX_CONCURRENT_STREAMS
-    srv = Server(settings)
-    try:
+    with Server(settings) as srv:
         RA.check(RA.RayAddress(f"127.0.0.1:{srv.port}", "--ray-address"), timeout_s=2)
-    finally:
-        srv.close()
 
 
 # --------------------------------------------------------------------------- the CLI
