@@ -200,30 +200,63 @@ def greedy_continue(target: Target, ctx: torch.Tensor, n_new: int, pad_left: tor
     return torch.stack(out, dim=1)
 
 
-def draft_forward(drafter: DFlashDrafter, target: Target, feats: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """DFlash training forward for k blocks per sequence.
+def draft_visibility(drafter: DFlashDrafter, T: int, anchors: torch.Tensor) -> list[torch.Tensor]:
+    """Per drafter layer, [B, 1, k*bs, T + k*bs] bool: which context and block keys each block query sees.
 
-    feats [B, T, n*H] target hidden states; ids [B, T]; anchors [B, k] (block j = [ids[a_j], mask x 15]
-    at positions a_j .. a_j+15). Block j's queries see context positions < a_j and all of block j.
-    Returns draft logits [B, k, bs-1, V] for positions a_j+1 .. a_j+bs-1."""
+    Block j's query at position p = a_j + i sees context positions c < a_j and its own block's keys;
+    in a causal layer only keys at positions <= p; with a sliding window W only keys with p - k < W
+    (and k - p < W in a non-causal layer): the engine's `DFlashDrafter.layer_mask`, batched."""
+    B, k = anchors.shape
+    bs = drafter.block_size
+    dev = anchors.device
+    offs = torch.arange(bs, device=dev)
+    qpos = (anchors[:, :, None] + offs).view(B, k * bs)                       # [B, k*bs]
+    a_of_q = anchors.repeat_interleave(bs, dim=1)                              # [B, k*bs]
+    cpos = torch.arange(T, device=dev)
+    blk = torch.arange(k * bs, device=dev) // bs
+    same_blk = (blk[:, None] == blk[None, :])                                   # [k*bs, k*bs]
+    kpos_blk = qpos                                                             # block keys sit at the query positions
+    masks: dict[tuple[bool, int | None], torch.Tensor] = {}
+    out = []
+    for causal, window in zip(drafter.cfg.layer_causal, drafter.cfg.layer_window):
+        key = (causal, window)
+        if key not in masks:
+            see_ctx = cpos[None, None, :] < a_of_q[:, :, None]                  # [B, k*bs, T]
+            see_blk = same_blk[None].expand(B, -1, -1)
+            dq_ctx = qpos[:, :, None] - cpos[None, None, :]
+            dq_blk = qpos[:, :, None] - kpos_blk[:, None, :]
+            if causal:
+                see_blk = see_blk & (dq_blk >= 0)
+            if window is not None:
+                see_ctx = see_ctx & (dq_ctx < window)
+                see_blk = see_blk & (dq_blk < window)
+                if not causal:
+                    see_blk = see_blk & (-dq_blk < window)
+            masks[key] = torch.cat([see_ctx, see_blk], dim=2)[:, None]
+        out.append(masks[key])
+    return out
+
+
+def draft_forward(drafter: DFlashDrafter, embed, lm_head, feats: torch.Tensor, ids: torch.Tensor,
+                  anchors: torch.Tensor) -> torch.Tensor:
+    """DFlash training forward for k blocks per sequence, with per-layer (sliding / full) visibility.
+
+    feats [B, T, n*H] target features; ids [B, T]; anchors [B, k]: block j = [ids[a_j], mask x 15] at
+    positions a_j .. a_j+15. Returns draft logits [B, k, bs-1, V] for positions a_j+1 .. a_j+bs-1."""
     B, T, _ = feats.shape
     k = anchors.shape[1]
     bs = drafter.block_size
     dev = ids.device
-    ctx = drafter.hidden_norm(drafter.fc(feats))                         # [B, T, H]
+    ctx = drafter.hidden_norm(drafter.fc(feats))                               # [B, T, H]
     block_ids = torch.full((B, k, bs), drafter.mask_token_id, dtype=torch.long, device=dev)
     block_ids[:, :, 0] = torch.gather(ids, 1, anchors)
-    x = target.model.embed_tokens(block_ids).view(B, k * bs, -1)        # [B, k*bs, H]
+    x = embed(block_ids).view(B, k * bs, -1)
     bpos = (anchors[:, :, None] + torch.arange(bs, device=dev)).view(B, k * bs)
     cpos = torch.arange(T, device=dev).expand(B, T)
     ccos, csin = _rope_tables(drafter.rotary, cpos, x.dtype)
     bcos, bsin = _rope_tables(drafter.rotary, bpos, x.dtype)
-    # visibility [B, 1, k*bs, T + k*bs]
-    see_ctx = cpos[:, None, :] < anchors.repeat_interleave(bs, dim=1)[:, :, None]
-    blk = torch.arange(k * bs, device=dev) // bs
-    see_blk = (blk[:, None] == blk[None, :]).expand(B, -1, -1)
-    mask = torch.cat([see_ctx, see_blk], dim=2)[:, None]
-    for layer in drafter.layers:
+    masks = draft_visibility(drafter, T, anchors)
+    for layer, mask in zip(drafter.layers, masks):
         a = layer.self_attn
         h = layer.input_layernorm(x)
         q = apply_rope(a.q_norm(_heads(a.q_proj(h), a.n_heads, a.head_dim)), bcos, bsin)
@@ -235,10 +268,7 @@ def draft_forward(drafter: DFlashDrafter, target: Target, feats: torch.Tensor, i
         x = x + a.o_proj(o.transpose(1, 2).reshape(B, k * bs, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     x = drafter.norm(x).view(B, k, bs, -1)[:, :, 1:]
-    return target.lm_head(x)
-
-
-# ---------------------------------------------------------------------------- data sampling
+    return lm_head(x)
 
 
 class Sampler:
@@ -403,7 +433,7 @@ def train_drafter(r: Recipe, target: Target, seqs: torch.Tensor, starts: torch.T
         with torch.no_grad(), _autocast(device):
             _, feats = lm_forward(target, ids, hidden_layers=r.target_layer_ids)
         with _autocast(device):
-            logits = draft_forward(drafter, target, feats, ids, anchors)  # [B, k, L, V]
+            logits = draft_forward(drafter, target.model.embed_tokens, target.lm_head, feats, ids, anchors)  # [B, k, L, V]
         labels = torch.gather(ids, 1, (anchors[:, :, None] + torch.arange(1, bs, device=device)).view(r.draft_batch, -1))
         labels = labels.view(r.draft_batch, r.anchors_per_seq, L)
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")

@@ -46,11 +46,10 @@ import torch.nn.functional as F
 
 from ddtree_bench.engine.config import parse_draft_config
 from ddtree_bench.engine.draft import DFlashDrafter
-from ddtree_bench.engine.layers import apply_rope
 from ddtree_bench.engine.loading import save_hf
 from ddtree_bench.errors import UsageError
 from ddtree_bench.toy import tokenizer as btok
-from ddtree_bench.toy.train import Recipe, Sampler, _autocast, _heads, _rope_tables, continue_rows, lr_at
+from ddtree_bench.toy.train import Recipe, Sampler, _autocast, continue_rows, draft_forward, lr_at
 
 BUDGET_SHARES = {"target": 0.40, "distill": 0.15, "drafter": 0.45}  # of the time left after the corpus
 SAVE_RESERVE_S = 15.0            # kept back from the budget for saving and the record
@@ -214,77 +213,6 @@ def greedy_continue(model, ctx: torch.Tensor, n_new: int, pad_left: torch.Tensor
         nxt = out.logits[:, -1].argmax(-1)
         toks.append(nxt)
     return torch.stack(toks, dim=1)
-
-
-def draft_visibility(drafter: DFlashDrafter, T: int, anchors: torch.Tensor) -> list[torch.Tensor]:
-    """Per drafter layer, [B, 1, k*bs, T + k*bs] bool: which context and block keys each block query sees.
-
-    Block j's query at position p = a_j + i sees context positions c < a_j and its own block's keys;
-    in a causal layer only keys at positions <= p; with a sliding window W only keys with p - k < W
-    (and k - p < W in a non-causal layer): the engine's `DFlashDrafter.layer_mask`, batched."""
-    B, k = anchors.shape
-    bs = drafter.block_size
-    dev = anchors.device
-    offs = torch.arange(bs, device=dev)
-    qpos = (anchors[:, :, None] + offs).view(B, k * bs)                       # [B, k*bs]
-    a_of_q = anchors.repeat_interleave(bs, dim=1)                              # [B, k*bs]
-    cpos = torch.arange(T, device=dev)
-    blk = torch.arange(k * bs, device=dev) // bs
-    same_blk = (blk[:, None] == blk[None, :])                                   # [k*bs, k*bs]
-    kpos_blk = qpos                                                             # block keys sit at the query positions
-    masks: dict[tuple[bool, int | None], torch.Tensor] = {}
-    out = []
-    for causal, window in zip(drafter.cfg.layer_causal, drafter.cfg.layer_window):
-        key = (causal, window)
-        if key not in masks:
-            see_ctx = cpos[None, None, :] < a_of_q[:, :, None]                  # [B, k*bs, T]
-            see_blk = same_blk[None].expand(B, -1, -1)
-            dq_ctx = qpos[:, :, None] - cpos[None, None, :]
-            dq_blk = qpos[:, :, None] - kpos_blk[:, None, :]
-            if causal:
-                see_blk = see_blk & (dq_blk >= 0)
-            if window is not None:
-                see_ctx = see_ctx & (dq_ctx < window)
-                see_blk = see_blk & (dq_blk < window)
-                if not causal:
-                    see_blk = see_blk & (-dq_blk < window)
-            masks[key] = torch.cat([see_ctx, see_blk], dim=2)[:, None]
-        out.append(masks[key])
-    return out
-
-
-def draft_forward(drafter: DFlashDrafter, embed, lm_head, feats: torch.Tensor, ids: torch.Tensor,
-                  anchors: torch.Tensor) -> torch.Tensor:
-    """DFlash training forward for k blocks per sequence, with per-layer (sliding / full) visibility.
-
-    feats [B, T, n*H] target features; ids [B, T]; anchors [B, k]: block j = [ids[a_j], mask x 15] at
-    positions a_j .. a_j+15. Returns draft logits [B, k, bs-1, V] for positions a_j+1 .. a_j+bs-1."""
-    B, T, _ = feats.shape
-    k = anchors.shape[1]
-    bs = drafter.block_size
-    dev = ids.device
-    ctx = drafter.hidden_norm(drafter.fc(feats))                               # [B, T, H]
-    block_ids = torch.full((B, k, bs), drafter.mask_token_id, dtype=torch.long, device=dev)
-    block_ids[:, :, 0] = torch.gather(ids, 1, anchors)
-    x = embed(block_ids).view(B, k * bs, -1)
-    bpos = (anchors[:, :, None] + torch.arange(bs, device=dev)).view(B, k * bs)
-    cpos = torch.arange(T, device=dev).expand(B, T)
-    ccos, csin = _rope_tables(drafter.rotary, cpos, x.dtype)
-    bcos, bsin = _rope_tables(drafter.rotary, bpos, x.dtype)
-    masks = draft_visibility(drafter, T, anchors)
-    for layer, mask in zip(drafter.layers, masks):
-        a = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = apply_rope(a.q_norm(_heads(a.q_proj(h), a.n_heads, a.head_dim)), bcos, bsin)
-        kc = apply_rope(a.k_norm(_heads(a.k_proj(ctx), a.n_kv, a.head_dim)), ccos, csin)
-        kb = apply_rope(a.k_norm(_heads(a.k_proj(h), a.n_kv, a.head_dim)), bcos, bsin)
-        vc, vb = _heads(a.v_proj(ctx), a.n_kv, a.head_dim), _heads(a.v_proj(h), a.n_kv, a.head_dim)
-        o = F.scaled_dot_product_attention(q, torch.cat([kc, kb], 2), torch.cat([vc, vb], 2), attn_mask=mask,
-                                           enable_gqa=a.n_heads != a.n_kv)
-        x = x + a.o_proj(o.transpose(1, 2).reshape(B, k * bs, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    x = drafter.norm(x).view(B, k, bs, -1)[:, :, 1:]
-    return lm_head(x)
 
 
 # ---------------------------------------------------------------------------- wall-time budget

@@ -67,7 +67,7 @@ def test_draft_forward_equals_engine_drafter():
     with torch.no_grad():
         _, feats = lm_forward(target, ids, hidden_layers=TINY.target_layer_ids)
         anchors = torch.tensor([[5, 23, 40]])
-        got = draft_forward(drafter, target, feats, ids, anchors)[0]  # [k, 15, V]
+        got = draft_forward(drafter, target.model.embed_tokens, target.lm_head, feats, ids, anchors)[0]  # [k, 15, V]
         prop = DFlashProposer(drafter, target)
         for j, a in enumerate(anchors[0].tolist()):
             ref = prop.propose(feats[0, :a], int(ids[0, a]), drafter.new_cache(128), 0, a)
