@@ -206,6 +206,36 @@ def sweep_killing_the_ar_server(cmd: list[str], engine: str, metric: str, env: d
     return KilledSweep(rc, "".join(lines), killed)
 
 
+@dataclass
+class KilledPoint:
+    """What `assert_the_killed_point_failed_alone` read: summary.csv's rows by method, the DFlash point's
+    directory, its server.json and counters.json."""
+    rows: dict[str, dict]
+    dflash_dir: Path
+    server: dict
+    counters: dict
+
+
+def assert_the_killed_point_failed_alone(killed: KilledSweep, out: Path, ddtree_pr: str) -> KilledPoint:
+    """After `sweep_killing_the_ar_server` over ar / dflash / ddtree: exit 1 (one point failed, the sweep went
+    on), no process left on the killed port, AR failed naming the server, DFlash ok with its server files and
+    a counters cross-check that agrees, DDTree unsupported naming the engine's open PR."""
+    assert killed.port is not None, killed.log
+    assert killed.rc == 1, killed.log
+    assert not pids_with_port(killed.port)
+    rows = {r["method"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    assert "ar" in rows, killed.log
+    assert rows["ar"]["status"] == "failed" and "server" in rows["ar"]["error"], rows["ar"]
+    assert rows["dflash"]["status"] == "ok" and float(rows["dflash"]["acceptance_length_mean"]) > 1.5
+    assert rows["ddtree"]["status"] == "unsupported" and ddtree_pr in rows["ddtree"]["error"]
+    dflash_dir = out / "points" / rows["dflash"]["point_id"]
+    for name in ("server.json", "metrics_before.prom", "metrics_after.prom", "counters.json", "server.log"):
+        assert (dflash_dir / name).is_file(), name
+    counters = json.loads((dflash_dir / "counters.json").read_text())
+    assert counters["crosscheck"]["agree"] is True
+    return KilledPoint(rows, dflash_dir, json.loads((dflash_dir / "server.json").read_text()), counters)
+
+
 def assert_resume_reruns_only_the_failed_point(resumed: subprocess.CompletedProcess, out: Path, engine: str,
                                                dflash_records: bytes, dflash_dir: Path) -> dict[str, dict]:
     """After `sweep --resume` (resumed) of a sweep whose AR point failed: exit 0, only the AR server started

@@ -30,8 +30,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from process_support import assert_resume_reruns_only_the_failed_point, pids_with_port, run_cli, \
-    sweep_killing_the_ar_server
+from process_support import assert_resume_reruns_only_the_failed_point, assert_the_killed_point_failed_alone, \
+    run_cli, sweep_killing_the_ar_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "ddtree_bench"]
@@ -213,28 +213,17 @@ def test_sweep_launches_sglang_survives_a_killed_server_and_resumes(tmp_path):
             "--no-report", "-q"]
     # SGLang adds a request's tokens when it finishes: past the warmup, one measured request is done
     killed = sweep_killing_the_ar_server(CLI + args, "sglang", C.SGL_GEN_TOKENS, ENV, ROOT)
-    assert killed.port is not None, killed.log
-    assert killed.rc == 1, killed.log                  # one point failed: exit 1, the sweep went on
-    assert not pids_with_port(killed.port)
-    rows = {r["method"]: r for r in csv.DictReader((out / "summary.csv").open())}
-    assert "ar" in rows, killed.log                    # the sweep recorded the killed point (and went on)
-    assert rows["ar"]["status"] == "failed" and "server" in rows["ar"]["error"], rows["ar"]
-    assert rows["dflash"]["status"] == "ok" and float(rows["dflash"]["acceptance_length_mean"]) > 1.5
-    assert rows["ddtree"]["status"] == "unsupported" and "29907" in rows["ddtree"]["error"]
-    dflash_dir = out / "points" / rows["dflash"]["point_id"]
-    for name in ("server.json", "metrics_before.prom", "metrics_after.prom", "counters.json", "server.log"):
-        assert (dflash_dir / name).is_file(), name
-    server = json.loads((dflash_dir / "server.json").read_text())
-    assert server["version"] == "0.5.23" and "sglang.launch_server" in server["command"]
-    assert server["env"]["SGLANG_USE_CPU_ENGINE"] == "1" and server["env"]["DDTREE_BENCH_SGLANG_CPU_SHIM"] == "1"
-    assert "p6_input_embeds_in_model_dtype" in server["cpu_shim"]     # the server ran with the shim, fp32 fix too
-    counters = json.loads((dflash_dir / "counters.json").read_text())
-    assert counters["crosscheck"]["server_source"] == "counters" and counters["crosscheck"]["agree"] is True
-    dflash_records = (dflash_dir / "records.jsonl").read_bytes()
+    point = assert_the_killed_point_failed_alone(killed, out, "29907")
+    assert point.server["version"] == "0.5.23" and "sglang.launch_server" in point.server["command"]
+    env = point.server["env"]
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["DDTREE_BENCH_SGLANG_CPU_SHIM"] == "1"
+    assert "p6_input_embeds_in_model_dtype" in point.server["cpu_shim"]     # the server ran with the shim, fp32 fix too
+    assert point.counters["crosscheck"]["server_source"] == "counters"
+    dflash_records = (point.dflash_dir / "records.jsonl").read_bytes()
 
     p = subprocess.run(CLI + ["sweep", "--resume", str(out), "--no-report", "-q"], capture_output=True, text=True,
                        env=ENV, timeout=900, cwd=ROOT)
-    assert_resume_reruns_only_the_failed_point(p, out, "sglang", dflash_records, dflash_dir)
+    assert_resume_reruns_only_the_failed_point(p, out, "sglang", dflash_records, point.dflash_dir)
 
 
 def test_sweep_records_a_hybrid_target_on_cpu_as_unsupported_naming_the_missing_op(tmp_path):
