@@ -6,7 +6,8 @@ ends the whole process from C++ ("Failed to connect to GCS ... The program will 
 exception to catch. So before `ray.init` the address is checked here, within
 `D.RAY_CONNECT_TIMEOUT_S`: HOST:PORT (or ray://HOST:PORT, the Ray Client's) must accept a TCP
 connection and answer an HTTP/2 connection preface with a SETTINGS frame, as every gRPC server
-does. Anything else is exit 2 with one line naming the address and where it came from.
+does (with RAY_USE_TLS=1 the cluster speaks TLS first, so only the TCP connection is checked).
+Anything else is exit 2 with one line naming the address and where it came from.
 
 Knows the address forms Ray's `init` takes (HOST:PORT, ray://HOST[:PORT], "auto", "local", none);
 passes "auto", "local" and none through to Ray (it finds or starts a local cluster itself). Does
@@ -82,8 +83,11 @@ def check(where: RayAddress, timeout_s: float = D.RAY_CONNECT_TIMEOUT_S) -> None
     if hp is None:
         return
     host, port = hp
+    tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")   # Ray's own switch; its handshake is Ray's
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as s:
+            if tls:
+                return
             s.settimeout(timeout_s)
             s.sendall(_H2_PREFACE)
             head = _read(s, 9)

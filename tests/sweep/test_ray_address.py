@@ -130,6 +130,14 @@ def test_a_server_closing_without_a_word_is_not_grpc():
         RA.check(RA.RayAddress(f"127.0.0.1:{srv.port}", "--ray-address"), timeout_s=2)
 
 
+def test_with_ray_tls_only_the_tcp_connection_is_checked(monkeypatch, http_port):
+    monkeypatch.setenv("RAY_USE_TLS", "1")   # a TLS cluster answers a plaintext preface with an alert, not SETTINGS
+    RA.check(RA.RayAddress(f"127.0.0.1:{http_port}", "--ray-address"), timeout_s=2)
+    port = closed_port()
+    with pytest.raises(UsageError, match="[Rr]efused"):
+        RA.check(RA.RayAddress(f"127.0.0.1:{port}", "--ray-address"), timeout_s=2)
+
+
 def test_a_peer_answering_the_http2_preface_passes():
     settings = bytes([0, 0, 6, 4, 0, 0, 0, 0, 0]) + bytes([0, 3, 0, 0, 0, 100])  # SETTINGS, MAX_CONCURRENT_STREAMS
     with Server(settings) as srv:
