@@ -20,7 +20,9 @@ def _paths(out: str) -> dict[str, str]:
 
 
 def test_four_paths_each_timed_against_the_single_loop_with_profiles():
-    r = subprocess.run(ARGS + ["--cprofile", "--top", "5"], capture_output=True, text=True, timeout=300)
+    # --top 1000: every function profiled is listed, so the check below does not hang on own-time ranks, which move
+    # with the load (a run with rotate_half above target_forward in the lone path's top 5 failed in CI, b1d7803)
+    r = subprocess.run(ARGS + ["--cprofile", "--top", "1000"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     paths = _paths(r.stdout)
     assert list(paths) == ["single", "loop", "sched", "lone"]
