@@ -15,11 +15,14 @@ from ddtree_bench.sweep.grid import GridSpec, Point
 
 def make_executor(grid: GridSpec, points: list[Point], echo: Callable[[str], None] = print) -> Executor | None:
     """None = the serial loop. Raises UsageError (exit 2) for a layout this host cannot give, or
-    `--executor ray` without ray installed."""
+    `--executor ray` without ray installed or with no cluster answering (it connects here, before a sweep
+    writes anything)."""
     if grid.executor == "ray":
         from ddtree_bench.sweep.ray_executor import RayExecutor
 
-        return RayExecutor(grid, echo)
+        ex = RayExecutor(grid, echo)
+        ex.connect()
+        return ex
     if grid.workers <= 1:
         return None
     slots = assign_slots(grid.workers, grid.gpus_per_point, needs_gpu(points), visible_devices(), available_cores())

@@ -25,7 +25,7 @@ from ddtree_bench.errors import UsageError
 
 RAY_CLIENT_PORT = 10001  # ray://HOST without a port: the Ray Client server's default
 GCS_PORT = 6379          # what `ray start --head` listens on unless told otherwise
-_HINT = f"start one with: ray start --head (it prints the address, HOST:{GCS_PORT} by default), and pass --ray-address HOST:PORT"
+HINT = f"start one with: ray start --head (it prints the address, HOST:{GCS_PORT} by default), and pass --ray-address HOST:PORT"
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
 _SETTINGS = 4
 
@@ -73,7 +73,7 @@ def host_port(address: str) -> tuple[str, int] | None:
     if not port_s and scheme == "ray":
         port_s = str(RAY_CLIENT_PORT)
     if not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
-        raise UsageError(f"--executor ray: {address} is not HOST:PORT", hint=_HINT)
+        raise UsageError(f"--executor ray: {address} is not HOST:PORT", hint=HINT)
     return host, int(port_s)
 
 
@@ -93,13 +93,13 @@ def check(where: RayAddress, timeout_s: float = D.RAY_CONNECT_TIMEOUT_S) -> None
             head = _read(s, 9)
     except socket.timeout:
         raise UsageError(f"cannot reach the Ray cluster at {where.describe()}: no answer within {timeout_s:g} s",
-                         hint=_HINT) from None
+                         hint=HINT) from None
     except OSError as e:
-        raise UsageError(f"cannot reach the Ray cluster at {where.describe()}: {e.strerror or e}", hint=_HINT) from None
+        raise UsageError(f"cannot reach the Ray cluster at {where.describe()}: {e.strerror or e}", hint=HINT) from None
     if len(head) < 9 or head[3] != _SETTINGS:
         http1 = head.startswith(b"HTTP/") or head.startswith(b"<")  # a status line, or HTML with none (HTTP/0.9 style)
         what = "an HTTP/1 server (the dashboard?)" if http1 else "something that is not a gRPC server"
-        raise UsageError(f"cannot use the Ray cluster at {where.describe()}: {host}:{port} is {what}", hint=_HINT)
+        raise UsageError(f"cannot use the Ray cluster at {where.describe()}: {host}:{port} is {what}", hint=HINT)
 
 
 def _read(s: socket.socket, n: int) -> bytes:

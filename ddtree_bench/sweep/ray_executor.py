@@ -113,8 +113,7 @@ class RayExecutor:
             ray.init(address=where.address, logging_level="ERROR", log_to_driver=False, configure_logging=False,
                      include_dashboard=False if where.address is None else None)
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise UsageError(f"cannot reach the Ray cluster at {where.describe()}: {e}",
-                             hint="start one with: ray start --head, and pass --ray-address HOST:PORT") from None
+            raise UsageError(f"cannot reach the Ray cluster at {where.describe()}: {e}", hint=RA.HINT) from None
 
     def external_device(self) -> str:
         if self._device is None:

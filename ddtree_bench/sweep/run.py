@@ -169,9 +169,7 @@ def _run_locked(grid: GridSpec, out: Path, sdir: SweepDir, resume: bool, api_key
         baseline = read_baseline(baseline_path)
         K.check_baseline_model(baseline, grid.models, allow_model_mismatch)
     prep = prepare(grid, api_key, RX.external_device_fn(grid))
-    executor = make_executor(grid, prep.points, echo)  # exit 2 for a layout this host cannot give
-    if isinstance(executor, RX.RayExecutor):
-        executor.connect()  # exit 2 for a cluster nobody serves, before sweep.json is written
+    executor = make_executor(grid, prep.points, echo)  # exit 2 for a layout this host cannot give, or no Ray cluster
     auto_ar = "ar" not in grid.methods
     if resume:
         stored = [pt["id"] for pt in info["points"]]
