@@ -21,7 +21,6 @@ import json
 
 import pytest
 import requests
-import torch
 
 from ddtree_bench import metrics
 from ddtree_bench.backends.client import HTTPBackend

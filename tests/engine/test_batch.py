@@ -28,9 +28,8 @@ from ddtree_bench.engine import batch as batch_mod
 from ddtree_bench.engine.batch import BatchRequest
 from ddtree_bench.engine.batch_scheduler import BatchScheduler
 from ddtree_bench.engine.generate import Engine
-from batch_support import (N_REQ, alone, assert_lengths_and_stops, assert_same, count_forwards, make_requests,  # noqa: F401
-                           one_fails_one_cancelled, plain_batch, requests_with_stops, rigged_alone, rigged_plain, rnd,
-                           toy)
+from batch_support import (N_REQ, alone, assert_lengths_and_stops, assert_same, count_forwards, make_requests,
+                           one_fails_one_cancelled, plain_batch, requests_with_stops, rigged_alone, rigged_plain)
 from engine_support import one_torch_thread  # noqa: F401 (fixture)
 
 METHODS = [("ar", 0), ("dflash", 0), ("ddtree", 1), ("ddtree", 16), ("ddtree", 48)]

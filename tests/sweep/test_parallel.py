@@ -30,7 +30,7 @@ import pytest
 from ddtree_bench.sweep.executors import assign_slots
 from ddtree_bench.sweep.layout import COLUMNS
 from process_support import run_cli, csv_rows, alive, wait_for
-from sweep_support import GRID, results, serial  # noqa: F401 (fixture)
+from sweep_support import GRID, results
 
 FAKE_GPUS = "5,7,9,11"
 

@@ -34,7 +34,7 @@ pytest.importorskip("ray", reason='ray is not installed (pip install "ddtree-ben
 
 from ddtree_bench.results import read_records  # noqa: E402
 from process_support import csv_rows, members, wait_for  # noqa: E402
-from sweep_support import GRID, results, serial  # noqa: E402,F401 (fixture)
+from sweep_support import GRID, results  # noqa: E402
 
 pytestmark = pytest.mark.slow
 # RAY_AUTH_MODE: Ray 2.60 turns token authentication on for a new cluster once ~/.ray/auth_token exists (left by an

@@ -19,7 +19,7 @@ import threading
 
 import pytest
 import torch
-from batch_support import RANDOM_VOCAB, alone, assert_same, make_requests, rnd  # noqa: F401 (fixture)
+from batch_support import RANDOM_VOCAB, alone, assert_same, make_requests
 from engine_support import one_torch_thread  # noqa: F401 (fixture)
 
 from ddtree_bench.engine.batch import Cancelled

@@ -28,7 +28,7 @@ import time
 
 import pytest
 import torch
-from batch_support import (  # noqa: F401
+from batch_support import (
     FlakySlotted,
     KeyedRigged,
     alone,
@@ -41,8 +41,6 @@ from batch_support import (  # noqa: F401
     requests_with_stops,
     rigged_alone,
     rigged_plain,
-    rnd,
-    toy,
 )
 from engine_support import one_torch_thread  # noqa: F401 (fixture)
 

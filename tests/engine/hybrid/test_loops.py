@@ -8,7 +8,6 @@ the batched plain loop equals batch 1; Qwen3-MoE (no GDN) loops equal transforme
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine_support import RiggedProposer
 from hybrid_support import CONFIGS

@@ -7,7 +7,6 @@ bundled in this checkout."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from ddtree_bench.engine.generate import Engine
 from ddtree_bench.pair import PACKAGE_DIR
