@@ -265,6 +265,20 @@ class Suspended:
     t_first_token_ns: int
 
 
+@dataclass(frozen=True)
+class Ask:
+    """What a request asks of its rounds, fixed from its first round to its last: `generate` makes it, `resume` is
+    given its fields back (a batched request's), and `_rounds_of` reads it."""
+
+    method: str
+    budget: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    return_logit_gaps: bool
+    num_prompt_tokens: int
+
+
 FOLD = {"draft": "draft", "tree_build": "tree_build", "tree_compile": "tree_build", "verify": "verify",
         "walk": "commit", "commit": "commit"}   # round stages -> interface.STAGES
 
@@ -674,8 +688,8 @@ class FastLoop:
         stream.emit([bonus], t_first)
         state = Suspended(HostState(prefill_hidden=hidden, bonus=bonus, start=P), stream, gen, [],
                           [] if record_trees else None, gaps, stage_totals(t_first - t_start, []), t_start, t_first)
-        return self._rounds_of(state, b, method, budget, max_new_tokens, temperature, top_p, return_logit_gaps, P,
-                               yield_to, t_cold if cold else None, None)
+        ask = Ask(method, budget, max_new_tokens, temperature, top_p, return_logit_gaps, P)
+        return self._rounds_of(state, b, ask, yield_to, t_cold if cold else None, None)
 
     @torch.inference_mode()
     def resume(self, state: Suspended, method: str, budget: int, max_new_tokens: int, temperature: float, top_p: float,
@@ -689,16 +703,16 @@ class FastLoop:
         `state.stage_ns` plus this run's rounds, and `self.rounds` this run's rounds only."""
         self.rounds = []
         b = self._bucket(method, budget, temperature < GREEDY_EPS)
-        return self._rounds_of(state, b, method, budget, max_new_tokens, temperature, top_p, return_logit_gaps,
-                               num_prompt_tokens, yield_to, None, drafted)
+        ask = Ask(method, budget, max_new_tokens, temperature, top_p, return_logit_gaps, num_prompt_tokens)
+        return self._rounds_of(state, b, ask, yield_to, None, drafted)
 
-    def _rounds_of(self, state: Suspended, b: _Bucket, method: str, budget: int, max_new_tokens: int,
-                   temperature: float, top_p: float, return_logit_gaps: bool, P: int,
-                   yield_to: Callable[[], bool] | None, t_cold: float | None, drafted_laps: Laps | None
-                   ) -> Generation | Suspended:
+    def _rounds_of(self, state: Suspended, b: _Bucket, ask: Ask, yield_to: Callable[[], bool] | None,
+                   t_cold: float | None, drafted_laps: Laps | None) -> Generation | Suspended:
         """The rounds of generate / resume, from `state` to the end or to a suspension (t_cold: when a new bucket was
         set up, for its cold-start notice)."""
         dev = self.device
+        method, budget, max_new_tokens = ask.method, ask.budget, ask.max_new_tokens
+        temperature, top_p, return_logit_gaps = ask.temperature, ask.top_p, ask.return_logit_gaps
         spec = method != "ar"
         host, stream, gen, trees, gaps = state.host, state.stream, state.gen, state.trees, state.gaps
         accept_lengths = state.accept_lengths
@@ -767,7 +781,7 @@ class FastLoop:
             output_ids=out,
             accept_lengths=accept_lengths,
             finish_reason=stream.finish_reason,
-            num_prompt_tokens=P,
+            num_prompt_tokens=ask.num_prompt_tokens,
             stage_ns=totals,
             t_start_ns=state.t_start_ns,
             t_first_token_ns=state.t_first_token_ns,
