@@ -94,13 +94,26 @@ def background_sweep(*args: str, out: Path, cwd: Path):
 def started_together(starters: dict):
     """Start every server of `starters` (name -> a no-argument function returning an object with
     `wait_ready()` and `stop()`), wait until all are ready, yield {name: server}; stop them all on the way
-    out, also when a start or a wait fails (the ones already started are stopped)."""
+    out, also when a start or a wait fails (the ones already started are stopped). A server that failed only
+    because a port was taken while it started (server.port_clash: two SGLang servers started together can race
+    for their torch.distributed ports) is started again, as a sweep does, D.SERVER_PORT_CLASH_RETRIES times."""
+    from ddtree_bench import defaults as D
+    from ddtree_bench.sweep.server import ServerError, port_clash
+
     servers = {}
     try:
         for name, start in starters.items():
             servers[name] = start()
-        for srv in servers.values():
-            srv.wait_ready()
+        for name, start in starters.items():
+            for clashes in range(D.SERVER_PORT_CLASH_RETRIES + 1):
+                try:
+                    servers[name].wait_ready()
+                    break
+                except ServerError as e:
+                    if clashes == D.SERVER_PORT_CLASH_RETRIES or not port_clash(e):
+                        raise
+                    servers[name].stop()
+                    servers[name] = start()
         yield servers
     finally:
         for srv in servers.values():

@@ -32,7 +32,7 @@ def launched_server(model: str, draft: str | None, method: str, dtype: str = D.D
     from ddtree_bench.backends.llamacpp_gguf import ConversionRefused, find_server, gguf_pair
     from ddtree_bench.pair import model_dirs
     from ddtree_bench.sweep.profiles import build_command, load_profile, point_params
-    from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port
+    from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port, start_ready
 
     if method == "ddtree":
         raise UsageError("llama-server cannot serve DDTree (it verifies chains only)", hint="use --method ar or dflash")
@@ -47,20 +47,23 @@ def launched_server(model: str, draft: str | None, method: str, dtype: str = D.D
     except ConversionRefused as e:
         raise UsageError(f"llama.cpp cannot serve {model}: {e}") from None
     prof = load_profile("llamacpp")
-    port = free_port(D.HOST)
-    params = point_params(prof, model=str(pair.target), draft=str(pair.draft) if pair.draft else None, method=method,
-                          budget=None, spec_tokens=None, dtype=dtype, device=device, host=D.HOST, port=port,
-                          server_bin=binary, max_batch=max_batch)
-    cmd = build_command(prof, params)
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="ddtree-bench-llamacpp-"))
-    srv = ServerProcess(cmd.argv, port=port, log_path=logs / "llama-server.log", health_path=prof.health_path,
-                        env=cmd.env, startup_timeout_s=prof.startup_timeout_s or D.SERVER_STARTUP_TIMEOUT_S)
+    cmds = []
+
+    def make() -> ServerProcess:
+        port = free_port(D.HOST)
+        params = point_params(prof, model=str(pair.target), draft=str(pair.draft) if pair.draft else None,
+                              method=method, budget=None, spec_tokens=None, dtype=dtype, device=device, host=D.HOST,
+                              port=port, server_bin=binary, max_batch=max_batch)
+        cmds.append(build_command(prof, params))
+        return ServerProcess(cmds[-1].argv, port=port, log_path=logs / "llama-server.log", health_path=prof.health_path,
+                             env=cmds[-1].env, startup_timeout_s=prof.startup_timeout_s or D.SERVER_STARTUP_TIMEOUT_S)
+
     try:
-        srv.start()
-        srv.wait_ready()
+        srv = start_ready(make)   # again on fresh ports if its port was taken while it started
     except ServerError as e:
-        srv.stop()
-        raise UsageError(f"llama-server did not start: {e}", hint=f"its log: {srv.log_path}") from None
+        raise UsageError(f"llama-server did not start: {e}", hint=f"its log: {logs / 'llama-server.log'}") from None
+    cmd = cmds[-1]
     try:
         yield LaunchedServer(srv.url, cmd.display(), srv.log_path)
     finally:

@@ -43,7 +43,7 @@ from ddtree_bench.sweep import order as O
 from ddtree_bench.sweep.grid import GridSpec, Point, server_id, to_spec
 from ddtree_bench.sweep.layout import SweepDir, ar_index
 from ddtree_bench.sweep.prepare import Prepared, server_command
-from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port
+from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port, start_ready
 
 
 def _shim_patches(log: bytes) -> list[str] | None:
@@ -202,20 +202,30 @@ class SweepLoop:
 
     # ------------------------------------------------------------------ servers
 
-    def _start_server(self, p: Point, restarts: int) -> tuple[ServerProcess, dict[str, Any]]:
+    def _start_server(self, p: Point, restarts: int) -> tuple[ServerProcess, dict[str, Any], int]:
+        """The point's server, started, ready and warmed up, with its info (server.json); started again on fresh ports
+        when a port was taken while it started (server.start_ready), each try with its own log
+        (<server>-<restarts>.log). Returns the server, its info and the restart count it reached."""
         profile = self.prep.profiles[p.backend]
-        port = free_port(D.HOST)
-        cmd = server_command(profile, p, self.grid, port=port, api_key=self.prep.api_key,
-                       server_python=self.prep.server_pythons.get(p.backend))
-        log = self.sdir.servers_dir / f"{server_id(p)}-{restarts}.log"
         timeout = self.grid.startup_timeout_s or profile.startup_timeout_s or D.SERVER_STARTUP_TIMEOUT_S
-        srv = ServerProcess(cmd.argv, port=port, log_path=log, health_path=profile.health_path, env=cmd.env,
-                            startup_timeout_s=timeout, api_key=self.prep.api_key)
-        srv.record_dir = self.sdir.servers_dir  # pid + start time, so a later --resume can reap it if we die
-        self._write(f"starting {p.backend} server for {self._label(p).split(' [')[0]} on port {port} (log: {log})")
-        srv.start()
+        cmds = []   # each try's command
+
+        def make() -> ServerProcess:
+            if cmds:
+                self._write(f"{p.backend} server: a port was taken while it started; starting it again on fresh ports")
+            port = free_port(D.HOST)
+            cmds.append(server_command(profile, p, self.grid, port=port, api_key=self.prep.api_key,
+                                       server_python=self.prep.server_pythons.get(p.backend)))
+            log = self.sdir.servers_dir / f"{server_id(p)}-{restarts + len(cmds) - 1}.log"
+            srv = ServerProcess(cmds[-1].argv, port=port, log_path=log, health_path=profile.health_path,
+                                env=cmds[-1].env, startup_timeout_s=timeout, api_key=self.prep.api_key)
+            srv.record_dir = self.sdir.servers_dir  # pid + start time, so a later --resume can reap it if we die
+            self._write(f"starting {p.backend} server for {self._label(p).split(' [')[0]} on port {port} (log: {log})")
+            return srv
+
+        srv = start_ready(make)
+        cmd, restarts = cmds[-1], restarts + len(cmds) - 1
         try:
-            srv.wait_ready()
             version = None
             if profile.version:
                 obj = C.fetch_json(srv.url, profile.version["path"], D.SERVER_HEALTH_TIMEOUT_S, self.prep.api_key)
@@ -230,7 +240,7 @@ class SweepLoop:
                 self._warmup(p, srv)
             except (UsageError, RunFailed, OSError) as e:
                 raise ServerError(f"warmup failed: {e}", srv.log_tail()) from None
-            return srv, info
+            return srv, info, restarts
         except BaseException:
             srv.stop()
             raise
@@ -277,7 +287,7 @@ class SweepLoop:
                         restarts += 1
                     log_pos = 0
                     try:
-                        srv, info = self._start_server(p, restarts)
+                        srv, info, restarts = self._start_server(p, restarts)
                     except ServerError as e:
                         srv = None
                         for q in todo[i:]:  # a server that cannot start fails its whole group, once

@@ -19,7 +19,11 @@
   (same boot, same start time; or the leader gone but its group still alive, which Linux never
   lets a new process join), so a pid reused by an unrelated process is never signalled.
 
-`free_port()` picks a free TCP port on the host. Knows nothing of profiles, grids or results.
+`free_port()` picks a free TCP port on the host. A port free when it was picked can be taken before the
+server binds it (by another server starting at the same moment; SGLang also picks its own torch.distributed port
+itself, from 22000-29999, and its scheduler binds it seconds later): `port_clash(err)` tells such a failed start
+from the others by its log tail, and callers start it again on fresh ports (`D.SERVER_PORT_CLASH_RETRIES` times).
+Knows nothing of profiles, grids or results.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import atexit
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,7 +42,7 @@ import urllib.error
 import urllib.request
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ddtree_bench import defaults as D
 
@@ -53,6 +58,16 @@ class ServerError(RuntimeError):
 
     def full(self) -> str:
         return f"{self}\n--- server log (tail) ---\n{self.log_tail}" if self.log_tail else str(self)
+
+
+# what Python, uvicorn, torch.distributed (c10d's EADDRINUSE), ZMQ and llama.cpp print when a port they bind is taken
+_PORT_CLASH = re.compile(r"address already in use|EADDRINUSE|\[Errno 98\]|couldn't bind HTTP server socket", re.I)
+
+
+def port_clash(err: ServerError) -> bool:
+    """Whether a server failed to start because a port it was to bind was taken by then (its log tail says so): a race
+    that a start on fresh ports does not repeat, unlike a bad flag or a model that does not load."""
+    return bool(_PORT_CLASH.search(err.log_tail or ""))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -103,6 +118,7 @@ class ServerProcess:
         self._record: Path | None = None
         self._watchdog: tuple[subprocess.Popen, int] | None = None   # (process, write end of its pipe)
         self._log = None
+        self._log_start = 0
         self.started_at: float | None = None
         self.ready_after_s: float | None = None
 
@@ -119,6 +135,7 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
+        self._log_start = self._log.tell()   # log_tail reads this start's lines only (a retry appends to the same log)
         self._log.write(f"$ {' '.join(self.argv)}\n".encode())
         self._log.flush()
         try:
@@ -250,7 +267,7 @@ class ServerProcess:
     def log_tail(self, lines: int = 40, max_bytes: int = 16384) -> str:
         try:
             with open(self.log_path, "rb") as f:
-                f.seek(max(0, self.log_size() - max_bytes))
+                f.seek(max(self._log_start, self.log_size() - max_bytes))
                 text = f.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
@@ -281,6 +298,22 @@ class ServerProcess:
 
 
 # --------------------------------------------------------------------------- dying with the launcher
+
+
+def start_ready(make: Callable[[], ServerProcess], retries: int = D.SERVER_PORT_CLASH_RETRIES) -> ServerProcess:
+    """`make()` a server (on ports it picks itself), start it and wait until it is ready; when it failed only because a
+    port was taken meanwhile (port_clash), stop it and do it all again with a new `make()`, up to `retries` times.
+    Returns the ready server; raises the last ServerError (the failed server stopped)."""
+    clashes = 0
+    while True:
+        srv = make()
+        try:
+            return srv.start().wait_ready()
+        except BaseException as e:   # Ctrl-C while it loads too: nothing is left running
+            srv.stop()
+            if clashes >= retries or not (isinstance(e, ServerError) and port_clash(e)):
+                raise
+            clashes += 1
 
 
 def _die_with_parent():

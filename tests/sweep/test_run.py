@@ -230,3 +230,36 @@ def test_standalone_sweep_survives_a_killed_server_and_resume_completes_it(tmp_p
             if b"serve" in cmd and any(port.encode() in cmd for port in ports):
                 leftovers.append(int(proc.name))
     assert not leftovers
+
+
+def test_a_server_whose_port_was_taken_as_it_started_is_started_again(tmp_path, monkeypatch):
+    """The port the sweep picked for a server is taken before the server binds it (as a second SGLang server's
+    torch.distributed port was, in CI on 2026-12-05: both servers of a group failed before they were ready): the real
+    `ddtree-bench serve` fails with "address already in use", the sweep starts it again on a fresh port, and the
+    group runs. The failed try keeps its own log; server.json counts the restart."""
+    import socket
+
+    import ddtree_bench.sweep.loop as loop_mod
+
+    real_free_port = loop_mod.free_port
+    picked: list[int] = []
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+
+        def first_taken(host):
+            picked.append(holder.getsockname()[1] if not picked else real_free_port(host))
+            return picked[-1]
+
+        monkeypatch.setattr(loop_mod, "free_port", first_taken)
+        out = tmp_path / "sw"
+        assert run_cli(["sweep", "--backends", "standalone", "--models", "random", "--suites", "smoke", "--methods",
+                        "ar", "--limit", "1", "--max-new-tokens", "4", "--out", str(out), "--no-report", "-q"]) == 0
+    assert len(picked) == 2
+    (row,) = csv_rows(out)
+    assert row["status"] == "ok"
+    logs = sorted((out / "servers").glob("*.log"))
+    assert [p.name[-6:] for p in logs] == ["-0.log", "-1.log"]
+    assert "address already in use" in logs[0].read_text() and "address already in use" not in logs[1].read_text()
+    server = json.loads((out / "points" / row["point_id"] / "server.json").read_text())
+    assert server["restarts"] == 1 and f"--port {picked[1]}" in server["command"]

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port, http_get
+from ddtree_bench import defaults as D
+from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port, http_get, port_clash, start_ready
 
 FAKE_SERVER = textwrap.dedent(r'''
     """A fake inference server. argv: MODE PORT PIDFILE. It starts a grandchild (`sleep`) in its
@@ -150,6 +151,84 @@ def test_a_server_that_never_becomes_ready_times_out_and_is_killed(fake, tmp_pat
         srv.start().wait_ready()
     pids = wait_file(pidfile)
     assert not alive(pids["pid"]) and not alive(pids["grandchild"])
+
+
+@pytest.fixture
+def taken():
+    """A port something else listens on for the test's length."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield sock.getsockname()[1]
+
+
+# what a server prints when it lost its port: SGLang's scheduler (c10d, its own torch.distributed port; CI,
+# 2026-12-05), uvicorn (vLLM, `ddtree-bench serve`), llama.cpp's llama-server
+CLASHES = [
+    "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
+    "port: 25275, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use",
+    "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use",
+    "main: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080",
+]
+
+
+@pytest.mark.parametrize("line", CLASHES, ids=["sglang-c10d", "uvicorn", "llama-server"])
+def test_a_lost_port_is_told_from_other_failures_by_the_log_tail(line):
+    assert port_clash(ServerError("server exited with code -9 before it was ready", f"loading\n{line}\nbye"))
+    for other in ("RuntimeError: CUDA out of memory", "ValueError: unknown model type qwen3_next", ""):
+        assert not port_clash(ServerError("server exited with code 1 before it was ready", other))
+
+
+def test_a_start_that_lost_its_port_is_started_again_on_a_fresh_one(fake, tmp_path, taken):
+    """A real clash: the first try is given a port another socket holds, so the server dies binding it (Python's
+    [Errno 98]); start_ready starts it again from scratch (a new port) and returns that one, ready. Both tries share
+    one log, and the ready server's log_tail holds its own start only."""
+    ports = [taken, free_port()]
+    made = []
+
+    def make():
+        made.append(ServerProcess([sys.executable, str(fake), "ready", str(ports[len(made)]), str(tmp_path / "p.json")],
+                                  port=ports[len(made)], log_path=tmp_path / "one.log", poll_interval_s=0.1))
+        return made[-1]
+
+    srv = start_ready(make)
+    try:
+        assert srv is made[1] and srv.port == ports[1] and srv.alive()
+        assert made[0].returncode not in (None, 0) and not made[0].alive()
+        log = srv.log_path.read_text()
+        assert "Address already in use" in log and log.count("fake server ready") == 2
+        tail = srv.log_tail()
+        assert "Address already in use" not in tail and f"fake server ready on {ports[1]}" in tail
+    finally:
+        srv.stop()
+
+
+def test_a_start_that_failed_otherwise_is_not_started_again(fake, tmp_path):
+    made = []
+
+    def make():
+        made.append(_server(fake, tmp_path, "crash", startup_timeout_s=30)[0])
+        return made[-1]
+
+    with pytest.raises(ServerError, match="exited with code 3"):
+        start_ready(make)
+    assert len(made) == 1 and not made[0].alive()
+
+
+def test_a_port_that_stays_taken_is_tried_a_bounded_number_of_times(fake, tmp_path, taken):
+    made = []
+
+    def make():
+        made.append(ServerProcess([sys.executable, str(fake), "ready", str(taken), str(tmp_path / "p.json")],
+                                  port=taken, log_path=tmp_path / f"try{len(made)}.log", poll_interval_s=0.1))
+        return made[-1]
+
+    with pytest.raises(ServerError) as e:
+        start_ready(make)
+    assert port_clash(e.value) and len(made) == D.SERVER_PORT_CLASH_RETRIES + 1
+    assert not any(m.alive() for m in made)
 
 
 def test_missing_executable_is_a_server_error(tmp_path):
