@@ -286,9 +286,12 @@ class ServerProcess:
                 "ready_after_s": self.ready_after_s}
 
     def __enter__(self) -> "ServerProcess":
-        self.start()
+        """Start (unless started already: `with start_ready(make) as srv:` takes the ready server as it is), wait until
+        ready; stopped on leaving the block."""
+        if self.proc is None:
+            self.start()
         try:
-            return self.wait_ready()
+            return self.wait_ready() if self.ready_after_s is None else self
         except BaseException:
             self.stop()
             raise

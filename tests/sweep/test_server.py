@@ -193,16 +193,14 @@ def test_a_start_that_lost_its_port_is_started_again_on_a_fresh_one(fake, tmp_pa
                                   port=ports[len(made)], log_path=tmp_path / "one.log", poll_interval_s=0.1))
         return made[-1]
 
-    srv = start_ready(make)
-    try:
+    with start_ready(make) as srv:   # the ready server as it is, not started a second time
         assert srv is made[1] and srv.port == ports[1] and srv.alive()
         assert made[0].returncode not in (None, 0) and not made[0].alive()
         log = srv.log_path.read_text()
-        assert "Address already in use" in log and log.count("fake server ready") == 2
+        assert "Address already in use" in log and log.count("fake server ready") == 2 and log.count("$ ") == 2
         tail = srv.log_tail()
         assert "Address already in use" not in tail and f"fake server ready on {ports[1]}" in tail
-    finally:
-        srv.stop()
+    assert not srv.alive()
 
 
 def test_a_start_that_failed_otherwise_is_not_started_again(fake, tmp_path):
