@@ -300,9 +300,6 @@ class ServerProcess:
         self.stop()
 
 
-# --------------------------------------------------------------------------- dying with the launcher
-
-
 def start_ready(make: Callable[[], ServerProcess], retries: int = D.SERVER_PORT_CLASH_RETRIES) -> ServerProcess:
     """`make()` a server (on ports it picks itself), start it and wait until it is ready; when it failed only because a
     port was taken meanwhile (port_clash), stop it and do it all again with a new `make()`, up to `retries` times.
@@ -317,6 +314,9 @@ def start_ready(make: Callable[[], ServerProcess], retries: int = D.SERVER_PORT_
             if clashes >= retries or not (isinstance(e, ServerError) and port_clash(e)):
                 raise
             clashes += 1
+
+
+# --------------------------------------------------------------------------- dying with the launcher
 
 
 def _die_with_parent():
