@@ -92,28 +92,20 @@ def background_sweep(*args: str, out: Path, cwd: Path):
 
 @contextmanager
 def started_together(starters: dict):
-    """Start every server of `starters` (name -> a no-argument function returning an object with
-    `wait_ready()` and `stop()`), wait until all are ready, yield {name: server}; stop them all on the way
+    """Start every server of `starters` (name -> a no-argument function returning a started
+    ServerProcess), wait until all are ready, yield {name: server}; stop them all on the way
     out, also when a start or a wait fails (the ones already started are stopped). A server that failed only
-    because a port was taken while it started (server.port_clash: two SGLang servers started together can race
-    for their torch.distributed ports) is started again, as a sweep does, D.SERVER_PORT_CLASH_RETRIES times."""
-    from ddtree_bench import defaults as D
-    from ddtree_bench.sweep.server import ServerError, port_clash
+    because a port was taken while it started (two SGLang servers started together can race for their
+    torch.distributed ports) is started again, as a sweep does (server.start_ready)."""
+    from ddtree_bench.sweep.server import start_ready
 
     servers = {}
     try:
         for name, start in starters.items():
             servers[name] = start()
         for name, start in starters.items():
-            for clashes in range(D.SERVER_PORT_CLASH_RETRIES + 1):
-                try:
-                    servers[name].wait_ready()
-                    break
-                except ServerError as e:
-                    if clashes == D.SERVER_PORT_CLASH_RETRIES or not port_clash(e):
-                        raise
-                    servers[name].stop()
-                    servers[name] = start()
+            first = [servers[name]]   # started above: start_ready waits for it, and makes a new one only on a clash
+            servers[name] = start_ready(lambda: first.pop() if first else start())
         yield servers
     finally:
         for srv in servers.values():

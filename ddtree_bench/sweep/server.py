@@ -301,14 +301,16 @@ class ServerProcess:
 
 
 def start_ready(make: Callable[[], ServerProcess], retries: int = D.SERVER_PORT_CLASH_RETRIES) -> ServerProcess:
-    """`make()` a server (on ports it picks itself), start it and wait until it is ready; when it failed only because a
-    port was taken meanwhile (port_clash), stop it and do it all again with a new `make()`, up to `retries` times.
-    Returns the ready server; raises the last ServerError (the failed server stopped)."""
+    """`make()` a server (on ports it picks itself), start it (unless make started it) and wait until it is ready; when
+    it failed only because a port was taken meanwhile (port_clash), stop it and do it all again with a new `make()`, up
+    to `retries` times. Returns the ready server; raises the last ServerError (the failed server stopped)."""
     clashes = 0
     while True:
         srv = make()
         try:
-            return srv.start().wait_ready()
+            if srv.proc is None:
+                srv.start()
+            return srv.wait_ready()
         except BaseException as e:   # Ctrl-C while it loads too: nothing is left running
             srv.stop()
             if clashes >= retries or not (isinstance(e, ServerError) and port_clash(e)):
