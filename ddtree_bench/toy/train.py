@@ -307,6 +307,37 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def draft_anchors(starts: torch.Tensor, ends: torch.Tensor, block_size: int, per_row: int, gen: torch.Generator,
+                  device: torch.device) -> torch.Tensor:
+    """`per_row` block anchors a per row, uniform over [max(start - 1, 1), end - block_size]: the anchor may be the
+    last context token (start - 1), and the labels a+1 .. a+block_size-1 stay inside the greedy part (< end).
+    `starts` / `ends` are the chosen rows' greedy spans; draws from the CPU generator `gen`. [rows, per_row]."""
+    lo = (starts - 1).clamp(min=1)
+    span = (ends - block_size) - lo
+    u = torch.rand(len(starts), per_row, generator=gen).to(device)
+    return lo[:, None] + (u * (span[:, None] + 1)).long().clamp(max=span[:, None])
+
+
+def draft_loss(logits: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor,
+               wdepth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The DFlash objective: cross-entropy of each block position d = 1..L (L = block_size - 1) against the token
+    at anchor + d, weighted by depth, loss = mean over blocks of sum_d w_d * CE_d / sum_d w_d. `logits` is
+    [rows, anchors, L, V]. Returns (loss, labels [rows, anchors, L])."""
+    rows, k, L = anchors.shape[0], anchors.shape[1], wdepth.shape[0]
+    offsets = torch.arange(1, L + 1, device=ids.device)
+    labels = torch.gather(ids, 1, (anchors[:, :, None] + offsets).view(rows, -1)).view(rows, k, L)
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    return (ce.view(-1, L) * wdepth).sum(-1).mean() / wdepth.sum(), labels
+
+
+def optimizer_step(opt: torch.optim.Optimizer, params: list[torch.Tensor], loss: torch.Tensor) -> None:
+    """One AdamW step on `loss`, gradients clipped to norm 1."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+
+
 def continue_rows(continue_fn: Callable, model, rows: list[np.ndarray], n_new: int, seq_len: int,
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedily continue contexts of different lengths in one batch: left-pad them with ENDOFTEXT, run
@@ -359,10 +390,7 @@ def train_target(r: Recipe, sampler: Sampler, device: torch.device, log: Callabl
         with _autocast(device):
             logits, _ = lm_forward(target, batch[:, :-1])
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        optimizer_step(opt, params, loss)
         if step % 100 == 0 or step == r.target_steps - 1:
             log(f"target step {step:5d}/{r.target_steps} loss {loss.item():.4f} ({time.time() - t0:.0f}s)")
     return target.eval()
@@ -426,22 +454,13 @@ def train_drafter(r: Recipe, target: Target, seqs: torch.Tensor, starts: torch.T
             g["lr"] = lr_at(step, r.draft_steps, r.draft_lr, r.warmup_steps)
         rows = torch.randint(0, N, (r.draft_batch,), generator=gen).to(device)
         ids = seqs[rows]
-        lo = (starts[rows] - 1).clamp(min=1)  # the anchor may be the last context token
-        span = (ends[rows] - bs) - lo          # labels a+1..a+bs-1 stay inside the greedy part
-        u = torch.rand(r.draft_batch, r.anchors_per_seq, generator=gen).to(device)
-        anchors = lo[:, None] + (u * (span[:, None] + 1)).long().clamp(max=span[:, None])
+        anchors = draft_anchors(starts[rows], ends[rows], bs, r.anchors_per_seq, gen, device)
         with torch.no_grad(), _autocast(device):
             _, feats = lm_forward(target, ids, hidden_layers=r.target_layer_ids)
         with _autocast(device):
             logits = draft_forward(drafter, target.model.embed_tokens, target.lm_head, feats, ids, anchors)  # [B, k, L, V]
-        labels = torch.gather(ids, 1, (anchors[:, :, None] + torch.arange(1, bs, device=device)).view(r.draft_batch, -1))
-        labels = labels.view(r.draft_batch, r.anchors_per_seq, L)
-        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
-        loss = (ce.view(-1, L) * wdepth).sum(-1).mean() / wdepth.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        loss, labels = draft_loss(logits, ids, anchors, wdepth)
+        optimizer_step(opt, params, loss)
         if step % 100 == 0 or step == r.draft_steps - 1:
             with torch.no_grad():
                 acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))

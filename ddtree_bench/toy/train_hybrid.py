@@ -49,7 +49,8 @@ from ddtree_bench.engine.draft import DFlashDrafter
 from ddtree_bench.engine.loading import save_hf
 from ddtree_bench.errors import UsageError
 from ddtree_bench.toy import tokenizer as btok
-from ddtree_bench.toy.train import Recipe, Sampler, _autocast, continue_rows, draft_forward, lr_at
+from ddtree_bench.toy.train import (Recipe, Sampler, _autocast, continue_rows, draft_anchors, draft_forward, draft_loss,
+                                    lr_at, optimizer_step)
 
 BUDGET_SHARES = {"target": 0.40, "distill": 0.15, "drafter": 0.45}  # of the time left after the corpus
 SAVE_RESERVE_S = 15.0            # kept back from the budget for saving and the record
@@ -290,10 +291,7 @@ def train_target(r: HybridRecipe, sampler: Sampler, device: torch.device, log: C
         with _autocast(device):
             logits = model(input_ids=batch[:, :-1], use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        optimizer_step(opt, params, loss)
         fixed = clock.calibrate(step, total, r.warmup_steps)
         if fixed is not None:
             log(f"target: {fixed} steps fit the budget of {budget_s:.0f}s")
@@ -412,10 +410,7 @@ def train_drafter(r: HybridRecipe, model, seqs: torch.Tensor, starts: torch.Tens
         rows = torch.randint(0, N, (r.draft_batch,), generator=gen).to(device)
         T = int(ends[rows].max())
         ids = seqs[rows, :T]
-        lo = (starts[rows] - 1).clamp(min=1)    # the anchor may be the last context token
-        span = (ends[rows] - bs) - lo            # labels a+1..a+bs-1 stay inside the greedy part
-        u = torch.rand(r.draft_batch, r.anchors_per_seq, generator=gen).to(device)
-        anchors = lo[:, None] + (u * (span[:, None] + 1)).long().clamp(max=span[:, None])
+        anchors = draft_anchors(starts[rows], ends[rows], bs, r.anchors_per_seq, gen, device)
         if feats_all is not None:
             feats = feats_all[rows, :T]
         else:
@@ -423,14 +418,8 @@ def train_drafter(r: HybridRecipe, model, seqs: torch.Tensor, starts: torch.Tens
                 feats = target_features(model, ids, r.target_layer_ids)
         with _autocast(device):
             logits = draft_forward(drafter, embed, lm_head, feats, ids, anchors)   # [B, k, L, V]
-        labels = torch.gather(ids, 1, (anchors[:, :, None] + torch.arange(1, bs, device=device)).view(r.draft_batch, -1))
-        labels = labels.view(r.draft_batch, r.anchors_per_seq, L)
-        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
-        loss = (ce.view(-1, L) * wdepth).sum(-1).mean() / wdepth.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        loss, labels = draft_loss(logits, ids, anchors, wdepth)
+        optimizer_step(opt, params, loss)
         fixed = clock.calibrate(step, total, r.warmup_steps)
         if fixed is not None:
             log(f"drafter: {fixed} steps fit the budget of {budget_s:.0f}s")

@@ -95,3 +95,19 @@ def test_tiny_training_run_writes_a_loadable_pair(tmp_path):
     a = pair.engine.generate(prompt, "ar", max_new_tokens=20, stop_ids=pair.stop_ids)
     d = pair.engine.generate(prompt, "ddtree", budget=16, max_new_tokens=20, stop_ids=pair.stop_ids)
     assert a.output_ids == d.output_ids
+
+
+def test_draft_anchors_keep_every_label_inside_the_greedy_part_and_the_loss_reads_them():
+    from ddtree_bench.toy.train import draft_anchors, draft_loss
+
+    starts, ends, bs = torch.tensor([1, 5, 30]), torch.tensor([40, 21, 46]), 16
+    a = draft_anchors(starts, ends, bs, 64, torch.Generator().manual_seed(0), torch.device("cpu"))
+    assert a.shape == (3, 64)
+    assert bool((a >= (starts - 1).clamp(min=1)[:, None]).all()) and bool((a + bs - 1 < ends[:, None]).all())
+    assert {int(a[1].min()), int(a[1].max())} == {4, 5}     # a one-token-wide span: both ends are drawn
+    ids = torch.arange(3 * 48).view(3, 48)
+    logits = torch.full((3, 64, bs - 1, 3 * 48), -30.0)
+    loss, labels = draft_loss(logits, ids, a, torch.ones(bs - 1))
+    assert bool((labels == ids.gather(1, a)[:, :, None] + torch.arange(1, bs)).all())
+    logits.scatter_(-1, labels[..., None], 30.0)            # every label predicted with near certainty
+    assert float(draft_loss(logits, ids, a, torch.ones(bs - 1))[0]) < 1e-6 < float(loss)
