@@ -29,6 +29,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from live_support import assert_greedy_record, baseline_entries, records
 from process_support import cli_process, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,14 +91,6 @@ def run_llamacpp(url: str, method: str, out: Path, *extra: str, model: str = "to
     return out
 
 
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip()]
-
-
-def baseline_entries(path: Path) -> dict[str, dict]:
-    return {e["prompt_id"]: e for e in map(json.loads, path.read_text().splitlines()[1:])}
-
-
 @pytest.fixture(scope="module")
 def dflash_run(llamacpp_servers, tmp_path_factory):
     """One streamed DFlash run on the toy server, its /metrics scraped just before and after."""
@@ -118,13 +111,9 @@ def test_every_endpoint_and_shape_parses_and_matches_greedy(llamacpp_servers, re
                        "--stream" if stream else "--no-stream", limit=4, tokens=32)
     base = baseline_entries(reference)
     for r in records(run):
-        assert r["error"] is None, r["error"]
+        ref = assert_greedy_record(r, base, 32)       # whole, and greedy parity token for token
         n = r["num_output_tokens"]
-        assert n == len(r["output_ids"]) and 0 < n <= 32
-        assert r["finish_reason"] in ("length", "stop")
-        assert sum(r["chunk_tokens"]) == n
-        assert r["num_prompt_tokens"] == len(base[r["prompt_id"]]["prompt_ids"])  # same chat rendering, same ids
-        assert r["output_ids"] == base[r["prompt_id"]]["output_ids"][:n]           # greedy parity, token for token
+        assert r["num_prompt_tokens"] == len(ref["prompt_ids"])  # same chat rendering, same ids
         stats = r["server_stats"] or {}
         if method == "dflash":
             assert stats.get("source") == "llamacpp" and stats["draft_n"] > 0
@@ -164,7 +153,7 @@ def test_raw_rounds_differ_from_the_reference_only_where_drafts_were_shortened(d
     same = shortened = 0
     recs = records(dflash_run.run)
     for r in recs:
-        ref_rounds = base[r["prompt_id"]]["accept_lengths"]
+        ref_rounds = base[(r["prompt_id"], r.get("turn", 0))]["accept_lengths"]
         rule = shorten_to_budget(ref_rounds, TOKENS)
         same += r["accept_lengths"] == rule
         shortened += r["accept_lengths"] == rule != ref_rounds

@@ -19,7 +19,6 @@ servers. Without SGLang these tests skip with the reason; under CI=true they fai
 from __future__ import annotations
 
 import csv
-import json
 import os
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from live_support import assert_greedy_record, baseline_entries, records
 from process_support import assert_resume_reruns_only_the_failed_point, assert_the_killed_point_failed_alone, \
     run_cli, sweep_killing_the_ar_server
 
@@ -70,15 +70,6 @@ def run_sglang(url: str, method: str, out: Path, *extra: str, suite: str = "gsm8
     return out
 
 
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip()]
-
-
-def baseline_entries(path: Path) -> dict[tuple[str, int], dict]:
-    lines = path.read_text().splitlines()[1:]
-    return {(e["prompt_id"], e.get("turn", 0)): e for e in map(json.loads, lines)}
-
-
 def record_reference(out: Path, suite: str, limit: int, tokens: int) -> Path:
     """The reference engine's fp32 baseline with DFlash's per-round acceptance (`--accept-method dflash`)."""
     rc = run_cli(["baseline", "record", "--model", "toy", "--suite", suite, "--limit", str(limit), "--max-new-tokens",
@@ -97,16 +88,10 @@ def test_every_endpoint_and_shape_parses_and_matches_greedy(sglang_servers, tmp_
     recs = records(run)
     assert len(recs) == 2
     for r in recs:
-        assert r["error"] is None, r["error"]
+        ref = assert_greedy_record(r, base, 32)       # whole, and greedy parity token for token
         n = r["num_output_tokens"]
-        assert n == len(r["output_ids"]) and 0 < n <= 32
-        assert r["finish_reason"] in ("length", "stop")
-        assert sum(r["chunk_tokens"]) == n          # the stream parser credits every token exactly once
-        assert len(r["chunk_times_ns"]) == len(r["chunk_tokens"])
-        ref = base[(r["prompt_id"], 0)]
         # chat: SGLang rendered the template; its prompt ids equal the reference engine's rendering
         assert r["prompt_ids"] == ref["prompt_ids"]
-        assert r["output_ids"] == ref["output_ids"][:n]   # greedy parity, token for token
         if method == "dflash":
             if stream:
                 assert max(r["chunk_tokens"]) > 1      # speculative chunks carry several tokens

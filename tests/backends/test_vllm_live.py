@@ -16,7 +16,6 @@ process (it is killed mid-point and resumed).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import xml.etree.ElementTree as ET
@@ -25,6 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from live_support import assert_greedy_record, baseline_entries, records
 from process_support import assert_resume_reruns_only_the_failed_point, assert_the_killed_point_failed_alone, \
     cli_process, run_cli, sweep_killing_the_ar_server
 
@@ -62,36 +62,22 @@ def dflash_run(vllm_dflash, tmp_path_factory):
     return SimpleNamespace(run=run, before=before, before_text=text, after=after)
 
 
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip()]
-
-
-def baseline_entries() -> dict[str, dict]:
-    lines = BASELINE.read_text().splitlines()[1:]
-    return {e["prompt_id"]: e for e in map(json.loads, lines)}
-
-
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "no-stream"])
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 @pytest.mark.parametrize("method", ["ar", "dflash"])
 def test_every_endpoint_and_shape_parses_and_matches_greedy(vllm_servers, tmp_path, method, endpoint, stream):
     run = run_vllm(vllm_servers[method].url, method, tmp_path / "run", "--endpoint", endpoint,
                    "--stream" if stream else "--no-stream", limit=4, tokens=32)
-    base = baseline_entries()
+    base = baseline_entries(BASELINE)
     recs = records(run)
     assert len(recs) == 4
     for r in recs:
-        assert r["error"] is None, r["error"]
+        ref = assert_greedy_record(r, base, 32)       # whole, and greedy parity token for token
         n = r["num_output_tokens"]
-        assert n == len(r["output_ids"]) and 0 < n <= 32
-        assert r["finish_reason"] in ("length", "stop")
-        assert sum(r["chunk_tokens"]) == n          # the stream parser credits every token exactly once
-        assert len(r["chunk_times_ns"]) == len(r["chunk_tokens"])
         if stream and method == "dflash":
             assert max(r["chunk_tokens"]) > 1         # speculative chunks carry several tokens
         # chat: the server rendered the template; its prompt ids equal the reference engine's rendering
-        assert r["prompt_ids"] == base[r["prompt_id"]]["prompt_ids"]
-        assert r["output_ids"] == base[r["prompt_id"]]["output_ids"][:n]  # greedy parity, token for token
+        assert r["prompt_ids"] == ref["prompt_ids"]
         if method == "dflash":
             a = r["accept_lengths"]
             assert a and all(1 <= x <= 16 for x in a)
