@@ -3,7 +3,8 @@
 # On the H200 image pytest-xdist and pytest-timeout are not installed: carry them as wheels in $WHL (default
 # .whl-speed: pytest_xdist, execnet, pytest_timeout; see the device README's Notes) and this installs them under
 # /tmp. With xdist, WORKERS processes (default 8) share the one GPU: the suite's time is mostly Triton compiling
-# kernels on the CPU (16 cores there), one process compiles one kernel at a time between its tests. With
+# kernels on the CPU (16 cores there), one process compiles one kernel at a time between its tests; tests marked
+# with one xdist_group (those that compile the same tree kernel) run on one worker, so it is compiled once. With
 # pytest-timeout, one test that runs past TEST_TIMEOUT s (default 240) fails alone and the rest still run;
 # SUITE_TIMEOUT (default 480) bounds the whole run. Prints pytest's summary, the 25 slowest tests, and
 # "gpu suite: exit RC in S s" last.
@@ -16,7 +17,7 @@ if ls "$WHL"/*.whl > /dev/null 2>&1; then
 fi
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 DDTREE_TESTS_INSTAFAIL=1
 args=()
-python3 -c "import xdist" 2> /dev/null && args+=(-n "${WORKERS:-8}")
+python3 -c "import xdist" 2> /dev/null && args+=(-n "${WORKERS:-8}" --dist loadgroup)
 python3 -c "import pytest_timeout" 2> /dev/null && args+=(--timeout "${TEST_TIMEOUT:-240}")
 echo "gpu suite: $(python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA")') ${args[*]}"
 t0=$(date +%s)

@@ -45,9 +45,18 @@ def _shape_id(shape) -> str:
     return "L{}xV{}xB{}".format(*shape)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)   # one test per shape: xdist spreads the kernels' compiles
+def _kernel_shapes(shapes) -> list:
+    """(kernel, shape) parameters, one test per shape so that xdist spreads the kernels' compiles, and each pair in
+    an xdist group of its own (`benchmarks/gpu_suite.sh` runs `--dist loadgroup`): the tests that compile one kernel
+    at one shape run on one worker, one after another, the first compiling it and the rest reading Triton's cache.
+    Spread over workers they compiled it at once, each again (the two B = 1024 one-block tests 95-99 s each on
+    the H200, where the third, run later, took under 13 s)."""
+    return [pytest.param(k, s, id=f"{k}-{_shape_id(s)}", marks=pytest.mark.xdist_group(f"tree-{k}-{_shape_id(s)}"))
+            for k in ("block", "grid", "grid-keys") for s in shapes]
+
+
 @pytest.mark.parametrize("kind", ["random", "onehot", "coarse"])
-@pytest.mark.parametrize("kernel", ["block", "grid", "grid-keys"])
+@pytest.mark.parametrize("kernel, shape", _kernel_shapes(SHAPES))
 def test_tree_kernels_equal_the_pytorch_builder_and_the_heap(kind, kernel, shape):
     """Against the exact PyTorch builder on the same device (same fp32 log-probabilities), and against
     the heap where no exact cross-depth ties can hinge on one ulp: the heap takes its log-probabilities
@@ -156,8 +165,7 @@ def _slotted(kernel: str):
                           lambda *a: GridTreeBuilder(*a, keys_first=True))}[kernel]
 
 
-@pytest.mark.parametrize("shape", SLOT_SHAPES, ids=_shape_id)   # one test per shape: xdist spreads the compiles
-@pytest.mark.parametrize("kernel", ["block", "grid", "grid-keys"])
+@pytest.mark.parametrize("kernel, shape", _kernel_shapes(SLOT_SHAPES))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("C", [1, 2, 3])
 def test_slotted_kernels_equal_the_exact_builder_per_slot(C, dtype, kernel, shape):
