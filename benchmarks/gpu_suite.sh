@@ -6,8 +6,9 @@
 # kernels on the CPU (16 cores there), one process compiles one kernel at a time between its tests; tests marked
 # with one xdist_group (those that compile the same tree kernel) run on one worker, so it is compiled once. With
 # pytest-timeout, one test that runs past TEST_TIMEOUT s (default 240) fails alone and the rest still run;
-# SUITE_TIMEOUT (default 480) bounds the whole run. Prints pytest's summary, the 25 slowest tests, and
-# "gpu suite: exit RC in S s" last.
+# SUITE_TIMEOUT (default 480) bounds the whole run: at it pytest gets a Ctrl-C (SIGINT), so a cut run still prints
+# how many passed and failed and the slowest tests (killed 30 s later if it does not stop). Prints pytest's summary,
+# the 25 slowest tests, and "gpu suite: exit RC in S s" last.
 # Run from the repo root:  WHL=.whl-speed bash benchmarks/gpu_suite.sh
 set -u
 WHL=${WHL:-.whl-speed}
@@ -21,8 +22,9 @@ python3 -c "import xdist" 2> /dev/null && args+=(-n "${WORKERS:-8}" --dist loadg
 python3 -c "import pytest_timeout" 2> /dev/null && args+=(--timeout "${TEST_TIMEOUT:-240}")
 echo "gpu suite: $(python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA")') ${args[*]}"
 t0=$(date +%s)
-timeout "${SUITE_TIMEOUT:-480}" python3 -m pytest -p no:cacheprovider -m gpu -q -rfEs --durations=25 "${args[@]}" \
+timeout -s INT -k 30 "${SUITE_TIMEOUT:-480}" python3 -m pytest -p no:cacheprovider -m gpu -q -rfEs --durations=25 "${args[@]}" \
   tests/engine/gpu tests/perf
 rc=$?
+[ "$rc" = 124 ] && echo "gpu suite: cut at SUITE_TIMEOUT=${SUITE_TIMEOUT:-480} s; the counts above are the tests that ran"
 echo "gpu suite: exit $rc in $(( $(date +%s) - t0 )) s"
 exit $rc
