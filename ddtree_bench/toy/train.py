@@ -318,6 +318,11 @@ def draft_anchors(starts: torch.Tensor, ends: torch.Tensor, block_size: int, per
     return lo[:, None] + (u * (span[:, None] + 1)).long().clamp(max=span[:, None])
 
 
+def depth_weights(block_size: int, depth_decay: float, device: torch.device) -> torch.Tensor:
+    """Loss weight of block position d = 1..block_size-1: w_d = exp(-(d - 1) / depth_decay), fp32 [block_size - 1]."""
+    return torch.exp(-torch.arange(block_size - 1, device=device, dtype=torch.float32) / depth_decay)
+
+
 def draft_loss(logits: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor,
                wdepth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The DFlash objective: cross-entropy of each block position d = 1..L (L = block_size - 1) against the token
@@ -444,8 +449,7 @@ def train_drafter(r: Recipe, target: Target, seqs: torch.Tensor, starts: torch.T
         p.requires_grad_(False)
     params = list(drafter.parameters())
     opt = torch.optim.AdamW(params, lr=r.draft_lr, betas=(0.9, 0.95), weight_decay=0.0, fused=device.type == "cuda")
-    bs, L = r.block_size, r.block_size - 1
-    wdepth = torch.exp(-torch.arange(L, device=device, dtype=torch.float32) / r.depth_decay)
+    bs, wdepth = r.block_size, depth_weights(r.block_size, r.depth_decay, device)
     gen = torch.Generator(device="cpu").manual_seed(r.seed + 2)
     N, T = seqs.shape
     t0 = time.time()

@@ -49,8 +49,8 @@ from ddtree_bench.engine.draft import DFlashDrafter
 from ddtree_bench.engine.loading import save_hf
 from ddtree_bench.errors import UsageError
 from ddtree_bench.toy import tokenizer as btok
-from ddtree_bench.toy.train import (Recipe, Sampler, _autocast, continue_rows, draft_anchors, draft_forward, draft_loss,
-                                    lr_at, optimizer_step)
+from ddtree_bench.toy.train import (Recipe, Sampler, _autocast, continue_rows, depth_weights, draft_anchors, draft_forward,
+                                    draft_loss, lr_at, optimizer_step)
 
 BUDGET_SHARES = {"target": 0.40, "distill": 0.15, "drafter": 0.45}  # of the time left after the corpus
 SAVE_RESERVE_S = 15.0            # kept back from the budget for saving and the record
@@ -394,8 +394,7 @@ def train_drafter(r: HybridRecipe, model, seqs: torch.Tensor, starts: torch.Tens
     embed, lm_head = model.model.embed_tokens, model.lm_head
     params = list(drafter.parameters())
     opt = torch.optim.AdamW(params, lr=r.draft_lr, betas=(0.9, 0.95), weight_decay=0.0, fused=device.type == "cuda")
-    bs, L = r.block_size, r.block_size - 1
-    wdepth = torch.exp(-torch.arange(L, device=device, dtype=torch.float32) / r.depth_decay)
+    bs, wdepth = r.block_size, depth_weights(r.block_size, r.depth_decay, device)
     gen = torch.Generator(device="cpu").manual_seed(r.seed + 2)
     N = seqs.shape[0]
     clock = StageClock(budget_s, device)
