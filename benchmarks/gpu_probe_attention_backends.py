@@ -34,7 +34,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-HQ, HKV, D, L, V = 32, 8, 128, 15, 4096
+from gpu_attention_tune import D, HKV, HQ, L, tree_for   # the tune's 8B attention shape and DDTree-shaped trees
+
 BACKENDS = ("flash", "cudnn", "efficient")
 
 
@@ -78,7 +79,6 @@ def sdpa(q, k, v, backend: str, bias=None):
 def main() -> None:
     from ddtree_bench.engine.gpu.kernels import tree_attention as tree
     from ddtree_bench.engine.gpu.kernels.tree_verify import compile_tree
-    from ddtree_bench.engine.tree_vector import StaticTreeBuilder
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", default="64,128,256,512")
@@ -109,8 +109,7 @@ def main() -> None:
     cols = ["tree", "tree-only"] + [f"prefix/{b}" for b in BACKENDS] + [f"whole/{b}" for b in BACKENDS]
     print(f"{'n':>5} " + " ".join(f"{c:>15}" for c in cols) + "   split(best) vs tree", flush=True)
     for n in ns:
-        logits = torch.randn(L, V, generator=torch.Generator().manual_seed(n)).to(dev) * a.scale
-        tok, par, dep = StaticTreeBuilder(L, V, n - 1, dev)(logits)
+        tok, par, dep = tree_for(n, a.scale, dev)
         root = torch.zeros(1, dtype=torch.long, device=dev)
         _, pos, _, bias, path = compile_tree(root, tok, par, dep, start, cap, dt, g, L)
         _, pos0, _, _, path0 = compile_tree(root, tok, par, dep, zero, cap, dt, g, L)

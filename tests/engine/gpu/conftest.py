@@ -17,18 +17,17 @@ import sys
 FIRST_FROM_BUDGET = 256   # tree-kernel groups of this budget and above are collected first
 
 
-def _group_budget(item) -> int:
-    """The budget B of a tree-kernel xdist group ("tree-<kernel>-L..xV..xB<B>"), else 0."""
+def _collection_rank(item) -> int:
+    """-B for a test in a tree-kernel xdist group ("tree-<kernel>-L..xV..xB<B>") of B >= FIRST_FROM_BUDGET, else 0."""
     mark = item.get_closest_marker("xdist_group")
-    name = (mark.args[0] if mark and mark.args else mark.kwargs.get("name", "")) if mark else ""
-    m = re.fullmatch(r"tree-.+xB(\d+)", str(name))
-    return int(m.group(1)) if m else 0
+    if mark is None:
+        return 0
+    m = re.fullmatch(r"tree-.+xB(\d+)", str(mark.args[0] if mark.args else mark.kwargs.get("name", "")))
+    return -int(m.group(1)) if m and int(m.group(1)) >= FIRST_FROM_BUDGET else 0
 
 
 def pytest_collection_modifyitems(config, items):
-    budgets = {id(item): _group_budget(item) for item in items}
-    # stable: each group's tests keep their order, the rest keep file order
-    items.sort(key=lambda item: -budgets[id(item)] if budgets[id(item)] >= FIRST_FROM_BUDGET else 0)
+    items.sort(key=_collection_rank)   # stable: each group's tests keep their order, the rest keep file order
 
 
 def pytest_runtest_logreport(report):
