@@ -57,16 +57,29 @@ def check(kernel, args: dict, consts: dict, options: dict | None = None, mma: bo
         t0 = time.perf_counter()
         compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=TARGET, options=options)
         compile_s = time.perf_counter() - t0
-        ptx = compiled.asm["ptx"] if mma else ""
+        ptx = compiled.asm["ptx"] if mma or consts.get("USE_GDC") else ""
         if os.environ.get("PTX_DUMP"):   # a folder: each compilation's instructions (no debug lines), to diff a refactor
             _dump(name, consts, options, compiled.asm["ptx"])
         tc = f" [wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}]" if mma else ""
-        print(f"ok    {name} {consts}{f' {options}' if options else ''}{tc}{_resources(compiled.asm.get('cubin'))} "
+        print(f"ok    {name} {consts}{f' {options}' if options else ''}{tc}{_gdc_at(ptx)}{_resources(compiled.asm.get('cubin'))} "
               f"{compile_s:.2f} s")
         return True
     except Exception as e:  # noqa: BLE001 - report every kernel, then fail
         print(f"FAIL  {name} {consts}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
         return False
+
+
+def _gdc_at(ptx: str) -> str:
+    """' [wait @a%, launch @b%]': where programmatic dependent launch's two instructions sit in the PTX's instruction
+    lines (kernels/pdl.py: "pdl-late" lets the next kernel in after the main loop, so its launch sits near the end);
+    '' without them."""
+    lines = [x.strip() for x in ptx.splitlines() if x.strip() and not x.strip().startswith(("//", ".", "$", "{", "}"))]
+    at = {k: next((i for i, x in enumerate(lines) if x.startswith(f"griddepcontrol.{k}")), None)
+          for k in ("wait", "launch_dependents")}
+    if not lines or all(v is None for v in at.values()):
+        return ""
+    pct = {k: "-" if v is None else f"{100 * v // len(lines)}%" for k, v in at.items()}
+    return f" [wait @{pct['wait']}, launch @{pct['launch_dependents']}]"
 
 
 def _resources(cubin: bytes | None) -> str:
@@ -282,54 +295,58 @@ if want("attention"):
 if want("layer"):
     from ddtree_bench.engine.gpu.kernels import gemm as gemm_triton, layer_ops as layer_ops_triton  # noqa: E402
 
-    for gdc in (False, True):
+    for gdc, late in ((False, False), (True, False), (True, True)):   # late: "pdl-late"'s launch after the loop
         for bm, bn, bk, sw, part in ((16, 64, 128, False, False), (16, 32, 128, True, True), (64, 64, 64, True, False),
                                      (32, 128, 128, False, True)):
             ok.append(check(gemm_triton._gemm_kernel,
                             dict(X=bf16, W=bf16, Y=f32 if part else bf16, M=17, N=4096, K=4096, k_per_split=1024,
                                  up_rows=4096 if sw else 0, sx=4096, sw=4096, sy=4096, s_split=17 * 4096, prefetch_k=512),
                             dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SWIGLU=sw, PARTIAL=part, EVEN_K=True, PRECISION="tf32",
-                                 USE_GDC=gdc, LINE=64)))
+                                 USE_GDC=gdc, GDC_LATE=late, LINE=64)))
         ok.append(check(gemm_triton._gemm_split_reduce, dict(P=f32, Y=bf16, N=4096, splits=3, up_rows=4096, s_split=17 * 8192,
-                                                           sp=8192, sy=4096), dict(SWIGLU=True, BLOCK=1024, USE_GDC=gdc)))
+                                                           sp=8192, sy=4096), dict(SWIGLU=True, BLOCK=1024, USE_GDC=gdc,
+                                                                                 GDC_LATE=late)))
         for parts in (False, True):   # parts: a split GEMM's fp32 partials summed by the norm ("fused-reduce")
             ok.append(check(layer_ops_triton._rmsnorm_kernel, dict(X=bf16, R=f32 if parts else bf16, W=bf16, Y=bf16, XO=bf16,
                                                                  N=4096, eps=1e-6, sx=4096, sr=4096, sy=4096, sxo=4096,
                                                                  n_parts=3, s_part=17 * 4096),
-                            dict(HAS_RES=True, BLOCK=4096, USE_GDC=gdc, PARTS=parts)))
+                            dict(HAS_RES=True, BLOCK=4096, USE_GDC=gdc, GDC_LATE=late, PARTS=parts)))
         ok.append(check(layer_ops_triton._silu_mul_kernel, dict(GU=bf16, Y=bf16, I=12288, sgu=24576, sy=12288),
-                        dict(BLOCK=1024, USE_GDC=gdc)))
+                        dict(BLOCK=1024, USE_GDC=gdc, GDC_LATE=late)))
         ok.append(check(layer_ops_triton._qkv_rope_kernel, dict(QKV=bf16, sqkv=6144, QW=bf16, KW=bf16, COS=bf16, SIN=bf16,
                                                               scs=128, Q=bf16, KC=bf16, VC=bf16, sch=2048 * 128, scs_slot=128,
                                                               START=i64, T=17, n_q=32, n_kv=8, eps=1e-6,
                                                               scc=8 * 2048 * 128),
-                        dict(HALF=64, HB=64, HAS_NORM=True, USE_GDC=gdc)))
+                        dict(HALF=64, HB=64, HAS_NORM=True, USE_GDC=gdc, GDC_LATE=late)))
         ok.append(check(layer_ops_triton._qkv_rope_tiles_kernel, dict(QKV=bf16, sqkv=6144, QW=bf16, KW=bf16, COS=bf16,
                                                                     SIN=bf16, scs=128, Q=bf16, KC=bf16, VC=bf16,
                                                                     sch=2048 * 128, scs_slot=128, START=i64, T=17, n_q=32,
                                                                     n_kv=8, eps=1e-6, scc=8 * 2048 * 128),
-                        dict(HALF=64, HB=64, HG=layer_ops_triton.ROPE_HEADS, HAS_NORM=True, USE_GDC=gdc)))
+                        dict(HALF=64, HB=64, HG=layer_ops_triton.ROPE_HEADS, HAS_NORM=True, USE_GDC=gdc,
+                             GDC_LATE=late)))
 
 # the attention kernels with programmatic dependent launch's wait / launch_dependents (kernels/pdl.py)
 if want("attention"):
-    ok.append(check(attention_triton._live_attn_kernel,
-                    dict(Q=bf16, K=bf16, V=bf16, BIAS=bf16, LIVE=i64, PREFIX=i64, O=bf16, PACC=f32, PM=f32, PL=f32, COUNT=i64,
-                         M=4 * 17, T=17, G=4, n_split=3, scale=0.088, sqh=17 * 4 * 128, sqm=128, skh=2112 * 128, skn=128,
-                         svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096, **LIVE_SLOTS),
-                    dict(D=128, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_PREFIX=True, SPLIT=True, IEEE=False, FOLD=False,
-                         USE_GDC=True)))
-    ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * 17, T=17, G=4,
-                                                         n_split=3, n_heads=8, sot=4096, **COMBINE_SLOTS),
-                    dict(D=128, BLOCK_D=128, SP=4, T_MAJOR=True, USE_GDC=True)))
-    ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * 129, T=129, G=4,
-                                                         n_split=5, n_heads=8, sot=4096, **COMBINE_SLOTS),   # 16 rows (n = 128)
-                    dict(D=128, BLOCK_D=128, SP=8, T_MAJOR=True, USE_GDC=False, ROWS=attention_triton.COMBINE_ROWS)))
-    ok.append(check(tree_attention_triton._tree_attn_kernel,
-                    dict(Q=bf16, K=bf16, V=bf16, PATH=i64, POS=i64, PREFIX=i64, O=bf16, PACC=bf16, PM=bf16, PL=bf16, COUNT=i64,
-                         M=4 * 257, T=257, G=4, n_split=1, qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128,
-                         svh=2112 * 128, svn=128, spath=16, sot=4096, **TREE_SLOTS),
-                    dict(D=128, L1P=16, BLOCK_M=32, BLOCK_N=64, SPLIT=False, IEEE=False, K_ROWS=False, TREE_DENSE=True, FOLD=False,
-                         USE_GDC=True)))
+    for late in (False, True):   # late: "pdl-late"'s launch after the main loop
+        ok.append(check(attention_triton._live_attn_kernel,
+                        dict(Q=bf16, K=bf16, V=bf16, BIAS=bf16, LIVE=i64, PREFIX=i64, O=bf16, PACC=f32, PM=f32, PL=f32, COUNT=i64,
+                             M=4 * 17, T=17, G=4, n_split=3, scale=0.088, sqh=17 * 4 * 128, sqm=128, skh=2112 * 128, skn=128,
+                             svh=2112 * 128, svn=128, sbm=2112, sbn=1, sot=4096, **LIVE_SLOTS),
+                        dict(D=128, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_PREFIX=True, SPLIT=True, IEEE=False, FOLD=False,
+                             USE_GDC=True, GDC_LATE=late)))
+        ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * 17, T=17, G=4,
+                                                             n_split=3, n_heads=8, sot=4096, **COMBINE_SLOTS),
+                        dict(D=128, BLOCK_D=128, SP=4, T_MAJOR=True, USE_GDC=True, GDC_LATE=late)))
+        ok.append(check(attention_triton._combine_kernel, dict(PACC=f32, PM=f32, PL=f32, O=bf16, LIVE=i64, M=4 * 129, T=129, G=4,
+                                                             n_split=5, n_heads=8, sot=4096, **COMBINE_SLOTS),   # 16 rows (n = 128)
+                        dict(D=128, BLOCK_D=128, SP=8, T_MAJOR=True, USE_GDC=late, GDC_LATE=late,
+                             ROWS=attention_triton.COMBINE_ROWS)))
+        ok.append(check(tree_attention_triton._tree_attn_kernel,
+                        dict(Q=bf16, K=bf16, V=bf16, PATH=i64, POS=i64, PREFIX=i64, O=bf16, PACC=bf16, PM=bf16, PL=bf16, COUNT=i64,
+                             M=4 * 257, T=257, G=4, n_split=1, qk_scale=0.127, sqh=257 * 128, skh=2112 * 128, skn=128,
+                             svh=2112 * 128, svn=128, spath=16, sot=4096, **TREE_SLOTS),
+                        dict(D=128, L1P=16, BLOCK_M=32, BLOCK_N=64, SPLIT=False, IEEE=False, K_ROWS=False, TREE_DENSE=True, FOLD=False,
+                             USE_GDC=True, GDC_LATE=late)))
     # a batched verify's slotted launches (batch_forward.target_forward_batch: 16 slots of a 2112-slot slotted cache,
     # B = 16 on the live kernel, B = 64 on the tree kernel with config's shape and its ranges spread over the slots,
     # the combine over 16 x 8 partial heads): slot strides as the batched loop's cache views give them

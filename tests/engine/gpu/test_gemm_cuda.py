@@ -50,9 +50,10 @@ def _eager_and_replayed(x, w, sw: bool, c: GemmConfig, g) -> None:
     torch.testing.assert_close(out.float(), twin(), rtol=2e-2, atol=3e-2, msg=lambda m: f"{c} replayed: {m}")
 
 
-def test_a_fused_forward_with_pdl_has_the_same_bits_as_without(monkeypatch):
-    """Programmatic dependent launch (kernels/pdl.py) only overlaps launches and weight prefetch: a captured
-    bf16 verify forward of the fused ops and GEMMs gives the same logits and cache, bit for bit."""
+@pytest.mark.parametrize("mode", ["pdl", "pdl-bare", "pdl-late"])
+def test_a_fused_forward_with_pdl_has_the_same_bits_as_without(monkeypatch, mode):
+    """Programmatic dependent launch (kernels/pdl.py), in each mode, only overlaps launches (and weight prefetch): a
+    captured bf16 verify forward of the fused ops and GEMMs gives the same logits and cache, bit for bit."""
     from ddtree_bench.engine.gpu import fused
     from ddtree_bench.engine.gpu.kernels import pdl
 
@@ -61,5 +62,5 @@ def test_a_fused_forward_with_pdl_has_the_same_bits_as_without(monkeypatch):
     if not pdl.SUPPORTED or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs sm_90+ and a Triton with launch_pdl")
     every = lambda M, N, K, dtype, device, swiglu=False: GemmConfig(16 if M <= 16 else 32, 32, 64, 2, 4, 3)  # noqa: E731
-    (l0, k0), (l1, k1) = (captured_verify(monkeypatch, flag, 5, fused.TritonOps(gemm_config=every)) for flag in ("", "pdl"))
+    (l0, k0), (l1, k1) = (captured_verify(monkeypatch, flag, 5, fused.TritonOps(gemm_config=every)) for flag in ("", mode))
     assert torch.equal(l0, l1) and torch.equal(k0, k1)

@@ -33,3 +33,21 @@ def test_an_unknown_feature_is_a_usage_error_naming_the_known_ones(monkeypatch):
     monkeypatch.setenv(experimental.ENV, "pdl,turbo")
     with pytest.raises(UsageError, match="unknown feature.*turbo.*known: pdl, split-cap, tree-fold"):
         experimental.enabled("pdl")
+
+
+@pytest.mark.parametrize("mode, prefetch, late", [("pdl", True, False), ("pdl-bare", False, False),
+                                                  ("pdl-late", False, True)])
+def test_each_mode_turns_pdl_on_with_its_own_prefetch_and_launch_point(monkeypatch, mode, prefetch, late):
+    """Only "pdl" prefetches weights into L2; only "pdl-late" lets the next kernel in after the main loop. Where PDL
+    cannot run (a CPU), the launch keywords keep every instruction out, whatever the mode."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv(experimental.ENV, mode)
+    assert pdl.requested() and pdl.late() is late
+    assert pdl.gdc_options("cpu") == {"USE_GDC": False, "GDC_LATE": False, "launch_pdl": False}
+    assert not pdl.prefetch("cpu")
+    monkeypatch.setattr(pdl, "SUPPORTED", True)
+    monkeypatch.setattr(pdl, "_sm90_or_newer", lambda device: device.startswith("cuda"))
+    assert pdl.gdc_options("cuda") == {"USE_GDC": True, "GDC_LATE": late, "launch_pdl": True}
+    assert pdl.prefetch("cuda") is prefetch
+    monkeypatch.setenv(experimental.ENV, "split-cap")
+    assert pdl.gdc_options("cuda") == {"USE_GDC": False, "GDC_LATE": False, "launch_pdl": False}

@@ -131,8 +131,9 @@ if triton is not None:
                           n_kv, sqc, skc, svc, sbc, soc,
                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                           HAS_PREFIX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                          FOLD: tl.constexpr = False, USE_GDC: tl.constexpr = False, CAP: tl.constexpr = False):
-        pdl.enter(USE_GDC)
+                          FOLD: tl.constexpr = False, USE_GDC: tl.constexpr = False, CAP: tl.constexpr = False,
+                          GDC_LATE: tl.constexpr = False):
+        pdl.enter(USE_GDC, GDC_LATE)
         c, h, hh = _slot_of(n_kv)   # slot c's region: every pointer below moves by its slot stride first
         c64 = c.to(tl.int64)
         Q += c64 * sqc
@@ -187,6 +188,7 @@ if triton is not None:
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
+        pdl.release(USE_GDC, GDC_LATE)
         if SPLIT:   # partials [n_split, C * n_kv, M, BLOCK_D]: program hh's rows
             base = (s_id * tl.num_programs(0) + hh) * M + rows
             smask = rows < tl.where(s_id < n_used, M, 0)   # a range past the cap stores nothing
@@ -212,13 +214,14 @@ if triton is not None:
     @triton.jit(do_not_specialize=["M", "T", "n_split"])
     def _combine_kernel(PACC, PM, PL, O, LIVE, M, T, G, n_split, n_heads, sot, n_kv, soc,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, SP: tl.constexpr, T_MAJOR: tl.constexpr = False,
-                        USE_GDC: tl.constexpr = False, CAP: tl.constexpr = False, ROWS: tl.constexpr = 1):
+                        USE_GDC: tl.constexpr = False, CAP: tl.constexpr = False, ROWS: tl.constexpr = 1,
+                        GDC_LATE: tl.constexpr = False):
         """One program per (slot, KV head, ROWS query rows): every range's (m, l, acc) reduced (CAP: only the ranges
         the capped launch used, from the slot's LIVE). ROWS = 1 loads every range at once; ROWS > 1 loads the ranges'
         maxima at once, then weighs and sums each range's (l, acc) in range order. Rows fold (query head in the
         group, t) g-major (row = g*T + t), or t-major (row = t*G + g: tree_attention.py). n_heads = C * n_kv
         partial heads (slot-major); slot c's output starts soc elements in."""
-        pdl.enter(USE_GDC)
+        pdl.enter(USE_GDC, GDC_LATE)
         c, h, hh = _slot_of(n_kv)
         O += c.to(tl.int64) * soc
         LIVE += c
@@ -251,6 +254,7 @@ if triton is not None:
                 den += tl.load(PL + base, mask=rmask, other=0.0) * w
                 acc += tl.load(PACC + base[:, None] * BLOCK_D + dims[None, :], mask=rmask[:, None], other=0.0) * w[:, None]
             out = acc / tl.where(rmask, den, 1.0)[:, None]
+        pdl.release(USE_GDC, GDC_LATE)
         if T_MAJOR:
             t = rows // G
             g = rows - t * G

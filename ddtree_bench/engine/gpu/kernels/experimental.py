@@ -23,6 +23,8 @@ FEATURES = {
     "pdl": "programmatic dependent launch, with the weight GEMM's L2 prefetch (kernels/pdl.py)",
     "split-cap": "live attention's split-KV ranges capped on the device so their partials never outweigh the K/V (kernels/attention.py)",
     "tree-fold": "the tree kernel's split-KV combine folded into its launch (kernels/tree_attention.py)",
+    "pdl-bare": "programmatic dependent launch without the L2 prefetch, the next kernel let in right after the wait (kernels/pdl.py)",
+    "pdl-late": "programmatic dependent launch without the L2 prefetch, the next kernel let in after the main loop (kernels/pdl.py)",
     "grid-once": "the grid tree build's counting loops add their comparisons up elementwise and reduce once after the loop, not every step (kernels/tree_grid.py)",
 }
 

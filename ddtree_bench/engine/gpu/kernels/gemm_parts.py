@@ -58,8 +58,8 @@ if triton is not None:
 
     @triton.jit
     def _gemm_split_reduce(P, Y, N, splits, up_rows, s_split, sp, sy, SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
-                           USE_GDC: tl.constexpr):
-        pdl.enter(USE_GDC)
+                           USE_GDC: tl.constexpr, GDC_LATE: tl.constexpr = False):
+        pdl.enter(USE_GDC, GDC_LATE)
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = cols < N
@@ -70,6 +70,7 @@ if triton is not None:
             acc += tl.load(base + s * s_split, mask=ok, other=0.0)
             if SWIGLU:
                 acc_up += tl.load(base + s * s_split + up_rows, mask=ok, other=0.0)
+        pdl.release(USE_GDC, GDC_LATE)
         if SWIGLU:
             tl.store(Y + row * sy + cols, _swiglu_epilogue(acc, acc_up, Y.dtype.element_ty), mask=ok)
         else:

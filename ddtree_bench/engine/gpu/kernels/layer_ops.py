@@ -25,8 +25,9 @@ if triton is not None:
 
     @triton.jit
     def _rmsnorm_kernel(X, R, W, Y, XO, N, eps, sx, sr, sy, sxo, n_parts, s_part, HAS_RES: tl.constexpr,
-                        BLOCK: tl.constexpr, USE_GDC: tl.constexpr, PARTS: tl.constexpr = False):
-        pdl.enter(USE_GDC)
+                        BLOCK: tl.constexpr, USE_GDC: tl.constexpr, PARTS: tl.constexpr = False,
+                        GDC_LATE: tl.constexpr = False):
+        pdl.enter(USE_GDC, GDC_LATE)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         m = cols < N
@@ -45,6 +46,7 @@ if triton is not None:
         var = tl.sum(h * h, axis=0) / N
         h = (h * tl.rsqrt(var + eps)).to(X.dtype.element_ty).to(tl.float32)
         w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
+        pdl.release(USE_GDC, GDC_LATE)
         tl.store(Y + row * sy + cols, (w * h).to(Y.dtype.element_ty), mask=m)
 
     @triton.jit
@@ -59,8 +61,9 @@ if triton is not None:
 
     @triton.jit
     def _qkv_rope_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, Q, KC, VC, sch, scs_slot, START, T, n_q, n_kv, eps, scc,
-                         HALF: tl.constexpr, HB: tl.constexpr, HAS_NORM: tl.constexpr, USE_GDC: tl.constexpr):
-        pdl.enter(USE_GDC)
+                         HALF: tl.constexpr, HB: tl.constexpr, HAS_NORM: tl.constexpr, USE_GDC: tl.constexpr,
+                         GDC_LATE: tl.constexpr = False):
+        pdl.enter(USE_GDC, GDC_LATE)
         tt = tl.program_id(0)              # row tt of C slots x T tokens: slot c = tt // T, its token t (C = 1: t = tt)
         h = tl.program_id(1)               # q heads 0..n_q-1, then k heads; k head h sits at column h*D too
         c = tt // T
@@ -84,6 +87,7 @@ if triton is not None:
         # x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]; each product and the sum round to dt
         o1 = ((f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)).to(dt)
         o2 = ((f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)).to(dt)
+        pdl.release(USE_GDC, GDC_LATE)
         if h < n_q:
             out = Q + ((c * n_q + h) * T + t) * (2 * HALF)
             tl.store(out + i, o1, mask=m)
@@ -101,10 +105,10 @@ if triton is not None:
     @triton.jit
     def _qkv_rope_tiles_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, Q, KC, VC, sch, scs_slot, START, T, n_q, n_kv, eps,
                                scc, HALF: tl.constexpr, HB: tl.constexpr, HG: tl.constexpr, HAS_NORM: tl.constexpr,
-                               USE_GDC: tl.constexpr):
+                               USE_GDC: tl.constexpr, GDC_LATE: tl.constexpr = False):
         """_qkv_rope_kernel's work for HG heads of one token per program (a [HG, HALF] tile per half): the
         same values, the token's cos/sin loaded once for its heads, and n_heads / HG times fewer programs."""
-        pdl.enter(USE_GDC)
+        pdl.enter(USE_GDC, GDC_LATE)
         tt = tl.program_id(0)              # row tt of C slots x T tokens (as _qkv_rope_kernel)
         c = tt // T
         t = tt - c * T
@@ -134,6 +138,7 @@ if triton is not None:
         s2 = tl.load(SIN + tt * scs + HALF + i, mask=cm, other=0.0).to(tl.float32)[None, :]
         o1 = ((f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)).to(dt)
         o2 = ((f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)).to(dt)
+        pdl.release(USE_GDC, GDC_LATE)
         qm = is_q[:, None] & m
         out = Q + ((c * n_q + heads[:, None]) * T + t) * (2 * HALF) + i[None, :]
         tl.store(out, o1, mask=qm)
@@ -148,8 +153,9 @@ if triton is not None:
         tl.store(VC + kv_off + HALF, tl.load(vrow + HALF, mask=km, other=0.0), mask=km)
 
     @triton.jit
-    def _silu_mul_kernel(GU, Y, I, sgu, sy, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
-        pdl.enter(USE_GDC)
+    def _silu_mul_kernel(GU, Y, I, sgu, sy, BLOCK: tl.constexpr, USE_GDC: tl.constexpr,
+                         GDC_LATE: tl.constexpr = False):
+        pdl.enter(USE_GDC, GDC_LATE)
         t = tl.program_id(0)
         j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = j < I
@@ -157,6 +163,7 @@ if triton is not None:
         u = tl.load(GU + t * sgu + I + j, mask=m, other=0.0).to(tl.float32)
         gf = g.to(tl.float32)
         s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)   # PyTorch's silu: fp32 math, one rounding
+        pdl.release(USE_GDC, GDC_LATE)
         tl.store(Y + t * sy + j, (s * u).to(Y.dtype.element_ty), mask=m)
 
 

@@ -11,11 +11,17 @@ it still runs. CUDA graphs keep these programmatic edges.
 The rule every kernel here follows (`enter`): nothing touches memory another kernel writes or reads
 before `gdc_wait`, so the overlap is only launch, scheduling and weight prefetch, and the order of
 every read and write stays the stream's (a kernel waits for its predecessor, which waited for its
-own, so completion is transitive). `enabled(device)`: only when DDTREE_GPU_EXPERIMENTAL names "pdl"
-(kernels/experimental.py: it has not run on a GPU yet), on CUDA with compute capability >= 9 and Triton
-not interpreting; elsewhere the kernels compile without the instructions. benchmarks/gpu_gemm.sh with
-EXPERIMENTAL=pdl runs its tests and measures it against the default. Knows nothing of what the kernels
-compute.
+own, so completion is transitive). Where a kernel lets its dependent launch is a scheduling choice
+only (`griddepcontrol.wait` waits for the whole previous grid and its writes, whenever it was let in):
+* "pdl": right after the wait (`enter`), and the weight GEMMs prefetch their weights into L2 first
+  (2026-12-02 and -04 on the H200: slower at every n);
+* "pdl-bare": right after the wait, no prefetch (the launch overlap alone);
+* "pdl-late": after the kernel's main loop, before its stores (`release`), no prefetch: the next kernel's
+  programs take SM slots only while this one drains, not for its whole run.
+`enabled(device)`: only when DDTREE_GPU_EXPERIMENTAL names one of these (kernels/experimental.py), on CUDA
+with compute capability >= 9 and Triton not interpreting; elsewhere the kernels compile without the
+instructions. benchmarks/gpu_gemm.sh with EXPERIMENTAL=pdl runs its tests and measures it against the
+default. Knows nothing of what the kernels compute.
 """
 
 from __future__ import annotations
@@ -42,11 +48,29 @@ def _supported() -> bool:
 SUPPORTED = triton is not None and _supported()
 
 
+MODES = ("pdl", "pdl-bare", "pdl-late")   # the experimental features that turn PDL on (module docstring)
+
+
+def requested() -> bool:
+    """Whether DDTREE_GPU_EXPERIMENTAL names a PDL mode (wherever it would run)."""
+    return any(experimental.enabled(m) for m in MODES)
+
+
 def enabled(device) -> bool:
-    """Whether kernels on `device` launch with PDL ("pdl" requested, sm_90+, a Triton that has it, not the interpreter)."""
-    if not experimental.enabled("pdl") or not SUPPORTED or os.environ.get("TRITON_INTERPRET") == "1":
+    """Whether kernels on `device` launch with PDL (a mode requested, sm_90+, a Triton that has it, not the interpreter)."""
+    if not requested() or not SUPPORTED or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     return _sm90_or_newer(str(device))
+
+
+def late() -> bool:
+    """The dependent is let in after the main loop ("pdl-late"), not right after the wait."""
+    return experimental.enabled("pdl-late")
+
+
+def prefetch(device) -> bool:
+    """The weight GEMMs prefetch their slice into L2 before the wait ("pdl" itself, where PDL runs)."""
+    return experimental.enabled("pdl") and enabled(device)
 
 
 @lru_cache(maxsize=None)
@@ -56,18 +80,26 @@ def _sm90_or_newer(device: str) -> bool:
 
 
 def gdc_options(device) -> dict:
-    """The launch keywords of a kernel that calls `enter(USE_GDC)`: USE_GDC and launch_pdl, on where enabled."""
+    """The launch keywords of a kernel that calls `enter(USE_GDC, GDC_LATE)` and `release`: USE_GDC and launch_pdl,
+    on where enabled, and GDC_LATE where the mode is "pdl-late"."""
     on = enabled(device)
-    return dict(USE_GDC=on, launch_pdl=on)
+    return dict(USE_GDC=on, GDC_LATE=on and late(), launch_pdl=on)
 
 
 if triton is not None:
 
     @triton.jit
-    def enter(USE_GDC: tl.constexpr):
-        """Wait for the previous kernel (its writes visible), then let the next one launch."""
+    def enter(USE_GDC: tl.constexpr, GDC_LATE: tl.constexpr):
+        """Wait for the previous kernel (its writes visible), then let the next one launch (unless GDC_LATE: `release`)."""
         if USE_GDC:
             tl.extra.cuda.gdc_wait()
+            if not GDC_LATE:
+                tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
+    def release(USE_GDC: tl.constexpr, GDC_LATE: tl.constexpr):
+        """GDC_LATE's point to let the next kernel launch: after the main loop, before the stores."""
+        if USE_GDC and GDC_LATE:
             tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit

@@ -221,8 +221,8 @@ if triton is not None:
                           D: tl.constexpr, L1P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           SPLIT: tl.constexpr, IEEE: tl.constexpr, K_ROWS: tl.constexpr,
                           TREE_DENSE: tl.constexpr = False, FOLD: tl.constexpr = False, USE_GDC: tl.constexpr = False,
-                          VIS_WORDS: tl.constexpr = False):
-        pdl.enter(USE_GDC)
+                          VIS_WORDS: tl.constexpr = False, GDC_LATE: tl.constexpr = False):
+        pdl.enter(USE_GDC, GDC_LATE)
         c, h, hh = _slot_of(n_kv)   # slot c's tree and region: every pointer below moves by its slot stride first
         c64 = c.to(tl.int64)
         Q += c64 * sqc
@@ -314,6 +314,7 @@ if triton is not None:
                         l_i = l_i * alpha + p
                         acc = acc * alpha[:, None] + p.to(v.dtype).to(tl.float32)[:, None] * v.to(tl.float32)
                         m_i = m_new
+        pdl.release(USE_GDC, GDC_LATE)
         if SPLIT:   # partials [ranges, C * n_kv, M, D]: program hh's rows
             base = (s_id * tl.num_programs(0) + hh) * M + rows
             tl.store(PM + base, m_i / 1.4426950408889634, mask=rmask)   # the combine works in natural-log units
