@@ -85,8 +85,9 @@ def test_merged_moves_only_the_rows_of_the_new_band():
     assert [gemm.lookup(table, m, *qkv) for m in (1, 64, 128, 129, 130, 131)] == [None] * 3 + [wide] * 2 + [None]
 
 
-def test_every_h200_table_entry_fits_an_sm_and_its_bands_rise():
-    for (n, k, swiglu), bands in gemm.H200_TABLE.items():
+@pytest.mark.parametrize("table", ["H200_TABLE", "H100_TABLE"])
+def test_every_builtin_table_entry_fits_an_sm_and_its_bands_rise(table):
+    for (n, k, swiglu), bands in getattr(gemm, table).items():
         rows = [r for r, _ in bands]
         assert rows == sorted(set(rows)) and rows[-1] <= gemm.GEMM_MAX_ROWS
         for _, c in bands:
@@ -156,3 +157,24 @@ def test_variant_key_groups_gemm_launches_as_tritons_binder_does():
     partition = lambda ks: sorted(sorted(i for i, k in enumerate(ks) if k == key) for key in set(ks))  # noqa: E731
     assert partition(ours) == partition(binder)
     assert len(set(ours)) == len(variants_of(launches)) > 4   # M = 1, 16/48 and the rest compile apart
+
+
+@pytest.mark.parametrize("name, capability, table", [
+    ("NVIDIA H100 80GB HBM3", (9, 0), "H100_TABLE"), ("NVIDIA H200", (9, 0), "H200_TABLE"),
+    ("NVIDIA H100 PCIe", (9, 0), "H200_TABLE"), ("NVIDIA A100-SXM4-80GB", (8, 0), None)])
+def test_each_card_takes_its_own_table(monkeypatch, name, capability, table):
+    """An H100 SXM runs the table tuned on one, every other sm_90 card the H200's (as before the H100's existed), and
+    other cards cuBLAS: the same 17-row down projection gets three answers."""
+    monkeypatch.delenv(gemm.TABLE_ENV, raising=False)
+    monkeypatch.setattr(gemm, "triton", object())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: name)
+    gemm.builtin_table.cache_clear()
+    try:
+        got = gemm.config(17, 4096, 12288, torch.bfloat16, "cuda:0")
+        want = None if table is None else gemm.lookup(getattr(gemm, table), 17, 4096, 12288, False)
+        assert got == want
+        assert (gemm.builtin_table("cuda:0") is getattr(gemm, table)) if table else gemm.builtin_table("cuda:0") is None
+    finally:
+        gemm.builtin_table.cache_clear()
+    assert gemm.lookup(gemm.H100_TABLE, 17, 4096, 12288, False) != gemm.lookup(gemm.H200_TABLE, 17, 4096, 12288, False)

@@ -20,9 +20,9 @@ PyTorch rounds it: ops.TorchOps.silu_mul on the GEMM's rounded output), so the [
 and the separate SiLU kernel are gone.
 
 Twins: F.linear, and ops.TorchOps.silu_mul(F.linear(x, gate_up)); results agree up to fp32 summation
-order before the one rounding to the activation dtype. Launch shapes come from an H200 tuning table
-(`config`, measured by benchmarks/gpu_gemm_tune.py; docs/gpu-performance.md); shapes the table does not
-name run cuBLAS (`config` returns None). bf16 / fp16 only (fp32 keeps cuBLAS's IEEE products).
+order before the one rounding to the activation dtype. Launch shapes come from a tuning table per card (`config`:
+an H200's, an H100 SXM's; measured by benchmarks/gpu_gemm_tune.py; docs/gpu-performance.md); shapes the table does
+not name, and cards no table was tuned for outside sm_90, run cuBLAS (`config` returns None). bf16 / fp16 only (fp32 keeps cuBLAS's IEEE products).
 The launch shape, the SwiGLU epilogue and the split-K partials and their reduce live in kernels/gemm_parts.py.
 Knows nothing of models: only x [M, K] (last dim contiguous) and a row-major weight [N, K].
 """
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import lru_cache
 
 import torch
 
@@ -198,7 +199,29 @@ H200_TABLE: Table = {
                             (32, GemmConfig(32, 128, 128, 1, 4, 4))),                               # lm_head
 }
 
-TUNED_CAPABILITY = (9, 0)   # H200_TABLE was measured on sm_90 (H200); elsewhere cuBLAS unless TABLE_ENV names a table
+# The same for an H100 SXM (80 GB HBM3; 132 SMs at 3.35 TB/s against the H200's 4.8), tuned there with the same tuner
+# (docs/measurements/2026-12-05/h100-l-table): up to 64 rows the tuner's picks, 65-128 rows the H200 table's band (the
+# tuner's 64-row tiles there lost 1.8% at 65 rows, a B = 64 verify, in the forward). In one process on the H100 it
+# took the verify 0.977-0.996x of the H200 table's at n = 1-64 and a batched round of two 0.978-0.987x
+# (docs/gpu-performance.md, "Evening (H100, 2026-12-05)").
+H100_TABLE: Table = {
+    (6144, 4096, False): ((1, GemmConfig(16, 128, 128, 1, 4, 5)), (2, GemmConfig(16, 64, 256, 1, 4, 3)),
+                          (8, GemmConfig(16, 32, 128, 1, 4, 5)), (16, GemmConfig(16, 64, 128, 1, 4, 5)),
+                          (17, GemmConfig(16, 128, 128, 1, 4, 5)), (32, GemmConfig(32, 64, 128, 1, 4, 5))),  # q/k/v
+    (4096, 4096, False): ((1, GemmConfig(16, 32, 128, 2, 4, 5)), (16, GemmConfig(16, 32, 128, 2, 4, 4))),     # o_proj
+    (4096, 12288, False): ((1, GemmConfig(16, 32, 128, 3, 4, 4)), (2, GemmConfig(16, 32, 128, 4, 4, 3)),
+                           (16, GemmConfig(16, 64, 128, 4, 4, 3)), (17, GemmConfig(32, 128, 128, 3, 4, 4)),
+                           (32, GemmConfig(32, 32, 256, 2, 4, 3)), (64, GemmConfig(64, 64, 128, 2, 4, 5)),
+                           (128, GemmConfig(64, 128, 128, 2, 4, 4))),                                      # down
+    (12288, 4096, True): ((1, GemmConfig(16, 32, 128, 1, 4, 3)), (8, GemmConfig(16, 32, 128, 1, 4, 4)),
+                          (16, GemmConfig(16, 32, 128, 1, 4, 3)), (17, GemmConfig(16, 64, 256, 1, 4, 2)),
+                          (32, GemmConfig(32, 32, 128, 1, 4, 3)), (64, GemmConfig(64, 64, 128, 1, 4, 4))),  # gate/up + SiLU
+    (151936, 4096, False): ((2, GemmConfig(16, 128, 256, 1, 4, 3)), (16, GemmConfig(16, 128, 128, 1, 4, 5)),
+                            (32, GemmConfig(32, 128, 128, 1, 4, 5)), (64, GemmConfig(64, 128, 128, 1, 4, 3))),  # lm_head
+}
+
+TUNED_CAPABILITY = (9, 0)   # both tables were measured on sm_90; elsewhere cuBLAS unless TABLE_ENV names a table
+H100_NAME = ("H100", "HBM3")   # a device name holding both is an H100 SXM (H100_TABLE); other sm_90 cards take H200_TABLE
 TABLE_ENV = experimental.GEMM_TABLE_ENV   # a JSON table written by benchmarks/gpu_gemm_tune.py --write, used on any CUDA device
 _LOADED: dict[str, Table] = {}
 
@@ -287,7 +310,7 @@ def lookup(table: Table, M: int, N: int, K: int, swiglu: bool) -> GemmConfig | N
 
 def config(M: int, N: int, K: int, dtype: torch.dtype, device, swiglu: bool = False) -> GemmConfig | None:
     """The tuned launch shape for an [M, K] x [N, K]^T GEMM on `device`, or None (cuBLAS): the table
-    TABLE_ENV names if set, else H200_TABLE on sm_90; bf16/fp16 and M <= GEMM_MAX_ROWS only."""
+    TABLE_ENV names if set, else the device's built-in table (`builtin_table`); bf16/fp16 and M <= GEMM_MAX_ROWS only."""
     if dtype not in (torch.bfloat16, torch.float16) or M > GEMM_MAX_ROWS or triton is None:
         return None
     dev = torch.device(device)
@@ -295,7 +318,18 @@ def config(M: int, N: int, K: int, dtype: torch.dtype, device, swiglu: bool = Fa
         return None
     table = _env_table()
     if table is None:
-        if torch.cuda.get_device_capability(dev) != TUNED_CAPABILITY:
+        table = builtin_table(str(dev))
+        if table is None:
             return None
-        table = H200_TABLE
     return lookup(table, M, N, K, swiglu)
+
+
+@lru_cache(maxsize=None)
+def builtin_table(device: str) -> Table | None:
+    """The built-in table of a CUDA device: H100_TABLE on an H100 SXM (its name holds H100_NAME), H200_TABLE on any other
+    sm_90 card (the H200, and H100 variants no table was tuned on), None (cuBLAS) elsewhere."""
+    dev = torch.device(device)
+    if torch.cuda.get_device_capability(dev) != TUNED_CAPABILITY:
+        return None
+    name = torch.cuda.get_device_name(dev)
+    return H100_TABLE if all(part in name for part in H100_NAME) else H200_TABLE
