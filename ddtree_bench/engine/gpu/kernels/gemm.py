@@ -200,7 +200,7 @@ H200_TABLE: Table = {
 }
 
 # The same for an H100 SXM (80 GB HBM3; 132 SMs at 3.35 TB/s against the H200's 4.8), tuned there with the same tuner
-# (docs/measurements/2026-12-05/h100-l-table): up to 64 rows the tuner's picks, 65-128 rows the H200 table's band (the
+# (docs/measurements/2026-12-05/h100-m-table-tune): up to 64 rows the tuner's picks, 65-128 rows the H200 table's band (the
 # tuner's 64-row tiles there lost 1.8% at 65 rows, a B = 64 verify, in the forward). In one process on the H100 it
 # took the verify 0.977-0.996x of the H200 table's at n = 1-64 and a batched round of two 0.978-0.987x
 # (docs/gpu-performance.md, "Evening (H100, 2026-12-05)").
