@@ -39,7 +39,10 @@ verify (medians), and predict C's round at every budget with the rows' own tau (
 the round time: predicted tok/s = 1000 * C * tau / predicted round). Per (C, B): predicted and
 measured round ms and tok/s, error = predicted / measured - 1; per C: the predicted best budget, the
 measured one, and `loss` = 1 - measured tok/s at the predicted best / measured best. A grid of one
-batch has nothing to leave out: it is fitted on itself (`fit` says which). Knows nothing of the CLI;
+batch has nothing to leave out: it is fitted on itself (`fit` says which). Beyond the left-in batches' tokens the
+verify cost follows one request's verify forward over the same n (`verify_shape_ms`, timed after the grid; the
+result's `verify_shape_ms`), not the last segment of the fitted points (costmodel.calibrate_batched; since
+2026-12-05: the H200's batch 16 at B = 64, predicted from batches 1-4, went from -16.5% to -2.8% of its round). Knows nothing of the CLI;
 returns JSON-able dicts.
 """
 
@@ -74,6 +77,7 @@ class BatchBenchSpec:
     tau: dict[int, float] | None = None   # given tau per budget (DDTree), key 0 for DFlash
     seed: int = D.SEED
     single: bool = True                # also time the single-request fast loop per point (x_single)
+    verify_shape: bool = True          # also time one request's verify at every n of the grid (model_check's shape)
 
 
 def parse_batches(text: str) -> list[int]:
@@ -203,12 +207,41 @@ def run_batch_bench(target, drafter, spec: BatchBenchSpec, progress: Callable[[s
                                     f"round {row['round_ms']:.3f} ms (single loop {one or float('nan'):.3f}), "
                                     f"first {row['first_round_ms']:.0f} ms, {row['tok_s']:.1f} tok/s"))
             rows.append(row)
+    shape = None
+    if spec.verify_shape:
+        ns = sorted({r["batch"] * (1 + (r["budget"] or 0)) for r in rows if "error" not in r and r["method"] != "dflash"})
+        progress(f"one request's verify at n = {', '.join(map(str, ns))} (the cost model's shape)")
+        try:
+            shape = verify_shape_ms(target, drafter, spec, ns)
+        except Exception as e:  # noqa: BLE001 - the model then extends its verify linearly, as before
+            progress(f"verify shape: {type(e).__name__}: {e}")
     return {"kind": "bench-engine-batch", "version": 2, "rows": rows, "best": best_per_batch(rows),
-            "model": model_check(rows), "spec": {k: v for k, v in spec.__dict__.items()}}
+            "verify_shape_ms": shape, "model": model_check(rows, shape), "spec": {k: v for k, v in spec.__dict__.items()}}
 
 
-def model_check(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The batched cost model against the measured rows, one batch left out at a time (module docstring)."""
+@torch.inference_mode()
+def verify_shape_ms(target, drafter, spec: BatchBenchSpec, ns: list[int]) -> dict[int, float]:
+    """ms of one request's verify forward over n tokens after spec.prefix_len (bench.CurveSetup's tree; replayed from
+    a CUDA graph with the fast loop's ops on CUDA, else eager): the shape model_check extends the batched verify along
+    beyond the batches a prediction was fitted on."""
+    from ddtree_bench.engine.gpu.fused import TORCH_OPS
+    from ddtree_bench.perf.bench import CurveSetup
+    from ddtree_bench.perf.timing import graph_time_fn, time_fn
+
+    device = target.lm_head.weight.device
+    layers = drafter.target_layer_ids if drafter is not None else ()
+    setup = CurveSetup(target, layers, spec.prefix_len, ns, device, spec.layer_ops)
+    on_graphs = spec.graphs and device.type == "cuda"
+    out = {}
+    for n in ns:
+        fn = setup.point(n, with_path=setup.ops is not TORCH_OPS and on_graphs).forward()
+        out[n] = graph_time_fn(fn) if on_graphs else time_fn(fn, device, reps=3, warmup=1)
+    return out
+
+
+def model_check(rows: list[dict[str, Any]], verify_shape: dict[int, float] | None = None) -> dict[str, Any]:
+    """The batched cost model against the measured rows, one batch left out at a time (module docstring); with
+    verify_shape ({n: ms}, verify_shape_ms) the verify curve extends along it beyond the fitted batches' n."""
     from ddtree_bench.perf.costmodel import BatchRoundPoint, best_per_batch as model_best, calibrate_batched, predict_batched
 
     ok = [r for r in rows if "error" not in r and r["method"] in ("ar", "ddtree") and r.get("round_ms")
@@ -224,7 +257,7 @@ def model_check(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if not at or not any(p.budget > 0 for p in train):
             continue
         try:
-            costs = calibrate_batched(train)
+            costs = calibrate_batched(train, verify_shape)
         except ValueError:
             continue
         preds = predict_batched(costs, {b: r["tau"] for b, r in at.items()}, [c], sorted(at))
@@ -237,7 +270,7 @@ def model_check(rows: list[dict[str, Any]]) -> dict[str, Any]:
         mb = max(at.values(), key=lambda r: (r["tok_s"], -r["budget"]))
         best.append({"batch": c, "pred_best_budget": pb, "meas_best_budget": mb["budget"],
                      "loss": 1 - at[pb]["tok_s"] / mb["tok_s"] if mb["tok_s"] else float("nan")})
-    return {"fit": fit, "cells": cells, "best": best}
+    return {"fit": fit, "verify_shape": bool(verify_shape), "cells": cells, "best": best}
 
 
 def render_batch(result: dict[str, Any]) -> str:
@@ -266,7 +299,9 @@ def render_batch(result: dict[str, Any]) -> str:
               f(m["meas_tok_s"], 1), f"{100 * m['error']:+.1f}%"] for m in model["cells"]]
     picks = [[m["batch"], m["pred_best_budget"], m["meas_best_budget"], f"{100 * m['loss']:.1f}%"] for m in model["best"]]
     checked = ("" if not cells else
-               f"\n\ncost model vs measured (DDTree; fit {model['fit']}; same tau, so the check is of the round):\n"
+               f"\n\ncost model vs measured (DDTree; fit {model['fit']}; same tau, so the check is of the round"
+               + ("; verify beyond the fitted batches along one request's verify curve" if model.get("verify_shape") else "")
+               + "):\n"
                + table(cells, ["batch", "budget", "tau", "pred round", "meas round", "pred tok/s", "meas tok/s", "error"])
                + "\n\nbest budget per batch, predicted vs measured (loss = tok/s given up by the predicted pick):\n"
                + table(picks, ["batch", "predicted", "measured", "loss"]))

@@ -40,16 +40,22 @@ from ddtree_bench.errors import UsageError
 
 
 class Curve:
-    """y(x) from points {x: y}: piecewise linear inside, linear extension outside (flat if one point)."""
+    """y(x) from points {x: y}: piecewise linear inside, linear extension outside (flat if one point). With `beyond`
+    (another Curve: a shape measured over a wider range), outside its points it follows that shape's change from the
+    nearest end point instead: y(x) = y(end) + beyond(x) - beyond(end)."""
 
-    def __init__(self, points: Mapping[float, float]):
+    def __init__(self, points: Mapping[float, float], beyond: Curve | None = None):
         if not points:
             raise ValueError("a curve needs at least one point")
         self.xs = sorted(float(x) for x in points)
         self.ys = [float(points[x]) for x in sorted(points)]
+        self.beyond = beyond
 
     def __call__(self, x: float) -> float:
         xs, ys = self.xs, self.ys
+        if self.beyond is not None and not xs[0] <= x <= xs[-1]:
+            end, y_end = (xs[0], ys[0]) if x < xs[0] else (xs[-1], ys[-1])
+            return y_end + self.beyond(x) - self.beyond(end)
         if len(xs) == 1:
             return ys[0]
         i = bisect_left(xs, x)
@@ -298,7 +304,8 @@ class BatchStageCosts:
                              overhead_fixed_ms(0)
 
     Attention over C prefixes is inside verify_ms's points but not modelled apart: a curve measured at
-    one prefix length predicts that length."""
+    one prefix length predicts that length. Beyond its points verify_ms extends along a given shape (calibrate_batched's
+    verify_shape: one request's verify over n tokens), not along its last segment."""
     verify_ms: Curve
     draft_ms: Curve
     overhead_fixed_ms: Curve
@@ -373,10 +380,14 @@ class BatchRoundPoint:
     overhead_ms: float
 
 
-def calibrate_batched(points: list[BatchRoundPoint]) -> BatchStageCosts:
+def calibrate_batched(points: list[BatchRoundPoint], verify_shape: Mapping[float, float] | None = None) -> BatchStageCosts:
     """BatchStageCosts from measured (C, B) points (leave a batch out of `points` to predict it honestly):
 
-        verify_ms    Curve over n = C * (1 + B) of the points' verify (points at one n averaged)
+        verify_ms    Curve over n = C * (1 + B) of the points' verify (points at one n averaged); outside them, along
+                     verify_shape ({n: ms}, one request's verify forward over n tokens at the same prefix) where given:
+                     a batch beyond the measured ones adds what one forward's n more tokens add (mostly weight GEMMs),
+                     where the last segment's slope, from batches of few rows, would understate it (on an H200 a batch
+                     of 16 at B = 64 was predicted 16.5% short that way, 2.8% with the shape: docs/gpu-performance.md)
         draft_ms     Curve over C of the DDTree points' draft (averaged over budgets)
         overhead     per budget, a least-squares line overhead(C) = fixed(B) + C * per_request(B) over
                      its batches (one batch: all of it per request, fixed 0); AR's (budget 0) per-request
@@ -400,7 +411,7 @@ def calibrate_batched(points: list[BatchRoundPoint]) -> BatchStageCosts:
     ar_slope = per_req.pop(0, None)
     tree_fixed = {b: v for b, v in fixed.items() if b > 0}
     return BatchStageCosts(
-        verify_ms=Curve({n: mean(v) for n, v in by_n.items()}),
+        verify_ms=Curve({n: mean(v) for n, v in by_n.items()}, beyond=Curve(verify_shape) if verify_shape else None),
         draft_ms=Curve({c: mean(v) for c, v in by_c.items()}),
         overhead_fixed_ms=Curve(fixed if 0 in fixed else {0: 0.0, **tree_fixed}),
         overhead_per_request_ms=Curve(per_req),

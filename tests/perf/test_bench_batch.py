@@ -49,6 +49,11 @@ def test_batch_table_rows_and_sane_numbers(tmp_path, capsys):
             assert r["tau_source"] == "measured" and 1.0 <= r["tau"] <= 16
     assert [b["batch"] for b in res["best"]] == [1, 3] and all(b["best_budget"] in (4, 16) for b in res["best"])
     assert "cost model vs measured" in text and res["model"]["fit"] == "leave-one-batch-out"
+    # one request's verify at every n of the grid (AR: the batch; DDTree: batch x (1 + B)), the model's shape
+    assert set(res["verify_shape_ms"]) == {str(n) for n in (1, 3, 5, 17, 15, 51)} or \
+        set(res["verify_shape_ms"]) == {1, 3, 5, 17, 15, 51}
+    assert all(v > 0 for v in res["verify_shape_ms"].values()) and res["model"]["verify_shape"]
+    assert "along one request's verify curve" in text
     assert {(c["batch"], c["budget"]) for c in res["model"]["cells"]} == {(b, k) for b in (1, 3) for k in (4, 16)}
     with open(out.with_suffix(".csv"), newline="") as f:
         rows = list(csv.DictReader(f))
@@ -103,3 +108,28 @@ def test_model_check_reports_a_wrong_pick_and_its_loss():
     assert best8["loss"] == pytest.approx(1 - meas[32] / meas[16]) and best8["loss"] > 0.2
     one = model_check([r for r in rows if r["batch"] == 4])
     assert one["fit"] == "in-sample" and {c["batch"] for c in one["cells"]} == {4}
+
+
+def test_the_verify_shape_carries_the_model_past_the_batches_it_was_fitted_on():
+    """Verify bends upward with tokens (0.01 n + 2e-5 n^2, as a forward turns compute-bound): fitted on batches 1-4, a
+    straight extension of their points predicts batch 8 at B = 32 (n = 264) 4% short; along one request's verify curve
+    (the same function) it predicts batch 8 exactly, and batches inside the fitted range do not move."""
+    def verify(n):
+        return 5 + 0.01 * n + 2e-5 * n * n
+
+    rows = known_rows()
+    for r in rows:
+        if "error" not in r:
+            n = r["batch"] * (1 + (r["budget"] or 0))
+            r["round_ms"] += verify(n) - r["verify_ms"]
+            r["verify_ms"] = verify(n)
+            r["tok_s"] = 1000 * r["batch"] * r["tau"] / r["round_ms"]
+    shape = {n: verify(n) for n in {c * (1 + b) for c in (1, 2, 4, 8) for b in (0, 16, 32)}}
+    straight, shaped = model_check(rows), model_check(rows, shape)
+    at = lambda got, c: {x["budget"]: x for x in got["cells"] if x["batch"] == c}  # noqa: E731
+    assert at(straight, 8)[32]["error"] > 0.03   # n = 264, twice the fitted 132: tok/s over-predicted, the round short
+    assert all(abs(x["error"]) < 1e-9 for x in at(shaped, 8).values())
+    assert shaped["verify_shape"] and not straight["verify_shape"]
+    for c in (2, 4):   # inside the range the fitted points decide, shape or not
+        assert [x["pred_round_ms"] for x in at(shaped, c).values()] == pytest.approx(
+            [x["pred_round_ms"] for x in at(straight, c).values()])

@@ -243,3 +243,12 @@ def test_calibrate_batched_recovers_the_costs_and_predicts_a_batch_it_did_not_se
         calibrate_batched([])
     with pytest.raises(ValueError, match="draft cost"):
         calibrate_batched([point(1, 0)])
+
+
+def test_a_curve_follows_its_shape_outside_its_points_and_its_points_inside():
+    shape = Curve({1: 10.0, 100: 20.0, 1000: 200.0})   # bends upward past 100
+    c = Curve({10: 3.0, 100: 4.0}, beyond=shape)
+    assert c(50) == pytest.approx(3.0 + (50 - 10) / 90)               # inside: its own points
+    assert c(1000) == pytest.approx(4.0 + 200.0 - 20.0)               # past the last point: the shape's rise from 100
+    assert c(1) == pytest.approx(3.0 + 10.0 - shape(10))              # before the first: the shape's change from 10
+    assert Curve({10: 3.0, 100: 4.0})(1000) == pytest.approx(4.0 + 900 / 90)   # without a shape: the last segment's slope
