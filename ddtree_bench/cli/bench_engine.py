@@ -41,7 +41,7 @@ def bench_engine_cmd(
     limit: Annotated[int, typer.Option("--limit", help="Prompts for the end-to-end runs.")] = D.BENCH_E2E_PROMPTS,
     max_new_tokens: O.MaxNewTokens = D.BENCH_E2E_MAX_NEW_TOKENS,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the result JSON here.")] = None,
-    batch: Annotated[Optional[str], typer.Option("--batch", help="Instead: the batched fast loop at these batch sizes, e.g. 1,2,4,8,16 - per (batch, budget) stage times, each step's host wall time (step, gap = step - round) and output tok/s beside the single-request loop's round (x single; batch 1 also in a loop of max(batch) slots, as serve --max-batch N at concurrency 1), and the batched cost model's prediction of each batch from the others (tok/s and best budget) beside them (perf/bench_batch.py); --out also gets a .csv beside it.")] = None,
+    batch: Annotated[Optional[str], typer.Option("--batch", help="Instead: the batched fast loop at these batch sizes, e.g. 1,2,4,8,16 - per (batch, budget) stage times, each step's host wall time (step, gap = step - round) and output tok/s beside the single-request loop's round (x single; batch 1 also in a loop of max(batch) slots, as serve --max-batch N at concurrency 1), and the batched cost model's prediction of each batch from the others (tok/s and best budget; beyond the fitted batches' tokens the verify follows one request's verify forward, timed after the grid) beside them (perf/bench_batch.py); --out also gets a .csv beside it.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
 ) -> None:
     """Stage timings of the reference engine per budget, verify-cost curve, and the cost model's best budget."""
