@@ -40,10 +40,9 @@ the round time: predicted tok/s = 1000 * C * tau / predicted round). Per (C, B):
 measured round ms and tok/s, error = predicted / measured - 1; per C: the predicted best budget, the
 measured one, and `loss` = 1 - measured tok/s at the predicted best / measured best. A grid of one
 batch has nothing to leave out: it is fitted on itself (`fit` says which). Beyond the left-in batches' tokens the
-verify cost follows one request's verify forward over the same n (`verify_shape_ms`, timed after the grid; the
-result's `verify_shape_ms`), not the last segment of the fitted points (costmodel.calibrate_batched; since
-2026-12-05: the H200's batch 16 at B = 64, predicted from batches 1-4, went from -16.5% to -2.8% of its round). Knows nothing of the CLI;
-returns JSON-able dicts.
+verify cost follows one request's verify forward over the same n (`verify_shape_ms`, timed after the grid, kept in
+the result), not the last segment of the fitted points (costmodel.calibrate_batched; docs/gpu-performance.md's
+batched cost model says what that changed). Knows nothing of the CLI; returns JSON-able dicts.
 """
 
 from __future__ import annotations

@@ -386,8 +386,8 @@ def calibrate_batched(points: list[BatchRoundPoint], verify_shape: Mapping[float
         verify_ms    Curve over n = C * (1 + B) of the points' verify (points at one n averaged); outside them, along
                      verify_shape ({n: ms}, one request's verify forward over n tokens at the same prefix) where given:
                      a batch beyond the measured ones adds what one forward's n more tokens add (mostly weight GEMMs),
-                     where the last segment's slope, from batches of few rows, would understate it (on an H200 a batch
-                     of 16 at B = 64 was predicted 16.5% short that way, 2.8% with the shape: docs/gpu-performance.md)
+                     where the last segment's slope, from batches of few rows, understates it once the forward turns
+                     compute-bound (docs/gpu-performance.md, the batched cost model)
         draft_ms     Curve over C of the DDTree points' draft (averaged over budgets)
         overhead     per budget, a least-squares line overhead(C) = fixed(B) + C * per_request(B) over
                      its batches (one batch: all of it per request, fixed 0); AR's (budget 0) per-request
