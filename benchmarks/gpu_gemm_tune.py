@@ -127,6 +127,9 @@ def main(argv=None) -> int:
                          "band's top enters the table")
     ap.add_argument("--over-h200", action="store_true",
                     help="--write gemm.H200_TABLE with the bands tuned here added or replaced (an A/B of new bands alone)")
+    ap.add_argument("--over-builtin", action="store_true",
+                    help="the same over this GPU's built-in table (gemm.builtin_table: H100_TABLE on an H100 SXM, "
+                         "H200_TABLE on other sm_90 cards; none elsewhere, so the bands tuned here alone)")
     ap.add_argument("--only", default="", help="comma-separated projections (default: all)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--max-candidates", type=int, default=0, help="cap the shapes timed per band (0: all)")
@@ -214,8 +217,9 @@ def main(argv=None) -> int:
 
 def save(a, dev, table, results) -> dict:
     """Write the table so far (--write) and every measurement (--json); returns the table document."""
-    if a.over_h200:   # H200_TABLE's bands, those tuned here added or replacing theirs
-        table = gemm.merged(gemm.H200_TABLE, table, sorted(int(b) for b in a.bands.split(",")))
+    base = gemm.H200_TABLE if a.over_h200 else gemm.builtin_table(str(dev)) if a.over_builtin else None
+    if base:   # the base table's bands, those tuned here added or replacing theirs
+        table = gemm.merged(base, table, sorted(int(b) for b in a.bands.split(",")))
     doc = gemm.table_to_json({k: tuple(sorted(v, key=lambda b: b[0])) for k, v in table.items()})
     doc.update(device=torch.cuda.get_device_name(dev), capability=list(torch.cuda.get_device_capability(dev)),
                shape=a.shape, dtype=a.dtype)
