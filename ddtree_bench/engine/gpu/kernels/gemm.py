@@ -22,7 +22,8 @@ and the separate SiLU kernel are gone.
 Twins: F.linear, and ops.TorchOps.silu_mul(F.linear(x, gate_up)); results agree up to fp32 summation
 order before the one rounding to the activation dtype. Launch shapes come from a tuning table per card (`config`:
 an H200's, an H100 SXM's; measured by benchmarks/gpu_gemm_tune.py; docs/gpu-performance.md); shapes the table does
-not name, and cards no table was tuned for outside sm_90, run cuBLAS (`config` returns None). bf16 / fp16 only (fp32 keeps cuBLAS's IEEE products).
+not name, and cards outside sm_90, run cuBLAS (`config` returns None). bf16 / fp16 only (fp32 keeps cuBLAS's IEEE
+products).
 The launch shape, the SwiGLU epilogue and the split-K partials and their reduce live in kernels/gemm_parts.py.
 Knows nothing of models: only x [M, K] (last dim contiguous) and a row-major weight [N, K].
 """
