@@ -6,6 +6,7 @@ a bad --batch exits 2; the cost-model check (leave one batch out) on rows made f
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import pytest
@@ -133,3 +134,22 @@ def test_the_verify_shape_carries_the_model_past_the_batches_it_was_fitted_on():
     for c in (2, 4):   # inside the range the fitted points decide, shape or not
         assert [x["pred_round_ms"] for x in at(shaped, c).values()] == pytest.approx(
             [x["pred_round_ms"] for x in at(straight, c).values()])
+
+
+def test_a_verify_shape_that_cannot_be_timed_leaves_the_straight_model_and_says_so(tmp_path, capsys, monkeypatch):
+    """The shape is timed after the grid (one more forward per n, the largest at max batch x (1 + B) tokens): if that
+    fails (memory, a kernel), the rows and the model still come out, extended along the fitted points as before."""
+    from ddtree_bench.perf import bench_batch
+
+    def boom(*a, **k):
+        raise RuntimeError("CUDA out of memory (stand-in)")
+
+    monkeypatch.setattr(bench_batch, "verify_shape_ms", boom)
+    out = tmp_path / "bb.json"
+    assert run_cli(["bench-engine", "--model", "random", "--batch", "1,2", "--budgets", "4", "--prefix-len", "12",
+                    "--rounds", "2", "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    res = json.loads(out.read_text())
+    assert res["verify_shape_ms"] is None and res["model"]["verify_shape"] is False and res["model"]["cells"]
+    assert "along one request's verify curve" not in cap.out
+    assert "verify shape: RuntimeError: CUDA out of memory (stand-in)" in cap.err
