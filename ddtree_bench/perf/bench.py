@@ -438,6 +438,9 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
     from ddtree_bench.engine.gpu.fused import ops_for
 
     result["layer_ops"] = ops_for(dev, target.lm_head.weight.dtype, spec.layer_ops).name
+    from ddtree_bench.engine.gpu.kernels.gemm import table_name
+
+    result["gemm_table"] = table_name(dev) if result["layer_ops"] == "triton" else "none"   # the PyTorch ops run no table
     weight_bytes, params = weight_bytes_and_params(target)   # before verify_curve merges projections
     gemm_bytes, gemm_params = linear_bytes_and_params(target)
     curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs, layer_ops=spec.layer_ops,

@@ -178,3 +178,23 @@ def test_each_card_takes_its_own_table(monkeypatch, name, capability, table):
     finally:
         gemm.builtin_table.cache_clear()
     assert gemm.lookup(gemm.H100_TABLE, 17, 4096, 12288, False) != gemm.lookup(gemm.H200_TABLE, 17, 4096, 12288, False)
+
+
+@pytest.mark.parametrize("name, capability, env, want", [
+    ("NVIDIA H100 80GB HBM3", (9, 0), None, "H100_TABLE"), ("NVIDIA H200", (9, 0), None, "H200_TABLE"),
+    ("NVIDIA A100-SXM4-80GB", (8, 0), None, "none"), ("NVIDIA H200", (9, 0), "t.json", "DDTREE_GEMM_TABLE=t.json")])
+def test_results_name_the_table_that_ran(monkeypatch, name, capability, env, want):
+    """bench-engine records which weight-GEMM table its forwards read (gemm.table_name): a file named in the
+    environment wins over the card's own; a CPU reads none."""
+    if env:
+        monkeypatch.setenv(gemm.TABLE_ENV, env)
+    else:
+        monkeypatch.delenv(gemm.TABLE_ENV, raising=False)
+    monkeypatch.setattr(gemm, "triton", object())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: name)
+    gemm.builtin_table.cache_clear()
+    try:
+        assert gemm.table_name("cuda:0") == want and gemm.table_name("cpu") == "none"
+    finally:
+        gemm.builtin_table.cache_clear()

@@ -325,6 +325,18 @@ def config(M: int, N: int, K: int, dtype: torch.dtype, device, swiglu: bool = Fa
     return lookup(table, M, N, K, swiglu)
 
 
+def table_name(device) -> str:
+    """Which table `config` reads for bf16 / fp16 GEMMs on `device`, as results record it: "DDTREE_GEMM_TABLE=<path>",
+    "H100_TABLE", "H200_TABLE", or "none" (every weight GEMM on cuBLAS on CUDA, on PyTorch's own matmul elsewhere)."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or triton is None:
+        return "none"
+    if os.environ.get(TABLE_ENV):
+        return f"{TABLE_ENV}={os.environ[TABLE_ENV]}"
+    table = builtin_table(str(dev))
+    return "H100_TABLE" if table is H100_TABLE else "H200_TABLE" if table is H200_TABLE else "none"
+
+
 @lru_cache(maxsize=None)
 def builtin_table(device: str) -> Table | None:
     """The built-in table of a CUDA device: H100_TABLE on an H100 SXM (its name holds H100_NAME), H200_TABLE on any other
