@@ -159,42 +159,43 @@ def test_variant_key_groups_gemm_launches_as_tritons_binder_does():
     assert len(set(ours)) == len(variants_of(launches)) > 4   # M = 1, 16/48 and the rest compile apart
 
 
+@pytest.fixture
+def card(monkeypatch):
+    """card(name, capability, env=None): gemm sees a CUDA device of that name and capability (Triton present),
+    DDTREE_GEMM_TABLE set to env or unset; the cached per-device table is cleared before and after."""
+    def set_card(name: str, capability: tuple[int, int], env: str | None = None) -> None:
+        if env:
+            monkeypatch.setenv(gemm.TABLE_ENV, env)
+        else:
+            monkeypatch.delenv(gemm.TABLE_ENV, raising=False)
+        monkeypatch.setattr(gemm, "triton", object())
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: capability)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: name)
+        gemm.builtin_table.cache_clear()
+
+    yield set_card
+    gemm.builtin_table.cache_clear()
+
+
 @pytest.mark.parametrize("name, capability, table", [
     ("NVIDIA H100 80GB HBM3", (9, 0), "H100_TABLE"), ("NVIDIA H200", (9, 0), "H200_TABLE"),
     ("NVIDIA H100 PCIe", (9, 0), "H200_TABLE"), ("NVIDIA A100-SXM4-80GB", (8, 0), None)])
-def test_each_card_takes_its_own_table(monkeypatch, name, capability, table):
+def test_each_card_takes_its_own_table(card, name, capability, table):
     """An H100 SXM runs the table tuned on one, every other sm_90 card the H200's (as before the H100's existed), and
     other cards cuBLAS: the same 17-row down projection gets three answers."""
-    monkeypatch.delenv(gemm.TABLE_ENV, raising=False)
-    monkeypatch.setattr(gemm, "triton", object())
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: name)
-    gemm.builtin_table.cache_clear()
-    try:
-        got = gemm.config(17, 4096, 12288, torch.bfloat16, "cuda:0")
-        want = None if table is None else gemm.lookup(getattr(gemm, table), 17, 4096, 12288, False)
-        assert got == want
-        assert (gemm.builtin_table("cuda:0") is getattr(gemm, table)) if table else gemm.builtin_table("cuda:0") is None
-    finally:
-        gemm.builtin_table.cache_clear()
+    card(name, capability)
+    got = gemm.config(17, 4096, 12288, torch.bfloat16, "cuda:0")
+    want = None if table is None else gemm.lookup(getattr(gemm, table), 17, 4096, 12288, False)
+    assert got == want
+    assert (gemm.builtin_table("cuda:0") is getattr(gemm, table)) if table else gemm.builtin_table("cuda:0") is None
     assert gemm.lookup(gemm.H100_TABLE, 17, 4096, 12288, False) != gemm.lookup(gemm.H200_TABLE, 17, 4096, 12288, False)
 
 
 @pytest.mark.parametrize("name, capability, env, want", [
     ("NVIDIA H100 80GB HBM3", (9, 0), None, "H100_TABLE"), ("NVIDIA H200", (9, 0), None, "H200_TABLE"),
     ("NVIDIA A100-SXM4-80GB", (8, 0), None, "none"), ("NVIDIA H200", (9, 0), "t.json", "DDTREE_GEMM_TABLE=t.json")])
-def test_results_name_the_table_that_ran(monkeypatch, name, capability, env, want):
+def test_results_name_the_table_that_ran(card, name, capability, env, want):
     """bench-engine records which weight-GEMM table its forwards read (gemm.table_name): a file named in the
     environment wins over the card's own; a CPU reads none."""
-    if env:
-        monkeypatch.setenv(gemm.TABLE_ENV, env)
-    else:
-        monkeypatch.delenv(gemm.TABLE_ENV, raising=False)
-    monkeypatch.setattr(gemm, "triton", object())
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: name)
-    gemm.builtin_table.cache_clear()
-    try:
-        assert gemm.table_name("cuda:0") == want and gemm.table_name("cpu") == "none"
-    finally:
-        gemm.builtin_table.cache_clear()
+    card(name, capability, env)
+    assert gemm.table_name("cuda:0") == want and gemm.table_name("cpu") == "none"
