@@ -93,3 +93,16 @@ def test_the_tree_kernels_shape_knobs_move_every_band_and_fp32_stays_single_stag
     monkeypatch.setenv("DDTREE_TREE_BLOCK_M", "96")
     with pytest.raises(UsageError, match="DDTREE_TREE_BLOCK_M"):
         tree_attention.config(4 * 64, torch.bfloat16)
+
+
+def test_split_partials_stay_fp32_unless_bf16_partials_is_named_and_fp32_inputs_never_round_them(monkeypatch):
+    """attention.partial_dtype: the split-KV acc partials are fp32 by default; "bf16-partials" keeps them in a bf16 /
+    fp16 activation dtype (half the traffic), never for fp32 inputs (the tests' exact twin check)."""
+    import torch
+
+    monkeypatch.delenv("DDTREE_GPU_EXPERIMENTAL", raising=False)
+    assert {attention.partial_dtype(dt) for dt in (torch.bfloat16, torch.float16, torch.float32)} == {torch.float32}
+    monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", "bf16-partials")
+    assert attention.partial_dtype(torch.bfloat16) == torch.bfloat16
+    assert attention.partial_dtype(torch.float16) == torch.float16
+    assert attention.partial_dtype(torch.float32) == torch.float32

@@ -579,3 +579,37 @@ def test_the_combine_takes_16_rows_from_its_edge_and_the_knob_is_checked(monkeyp
     monkeypatch.setenv("DDTREE_COMBINE_ROWS_FROM", "0")
     with pytest.raises(UsageError):
         attention.combine_rows(500)
+
+
+@pytest.mark.gpu
+@triton_only
+@pytest.mark.parametrize("dtype", ["float16"] + (["bfloat16"] if DEV == "cuda" else []))   # fp16 casts RNE interpreted
+def test_split_partials_in_the_activation_dtype_still_equal_sdpa_live_and_tree(monkeypatch, dtype):
+    """"bf16-partials": the split ranges store their acc partials in the activation dtype and the combine (second
+    launch or folded) still sums them in fp32: live and tree kernels within the half-precision tolerance of SDPA on
+    the same inputs, as with fp32 partials."""
+    from dataclasses import replace
+
+    from ddtree_bench.engine.gpu.kernels import attention
+    from ddtree_bench.engine.gpu.kernels.tree_attention import config, tree_attend
+
+    monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", "bf16-partials")
+    dt = getattr(torch, dtype)
+    assert attention.partial_dtype(dt) == dt
+    Hq, Hkv, T, start, S, D = 4, 2, 11, 40, 128, 32
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(*s, generator=g).to(DEV, dt) for s in ((Hq, T, D), (Hkv, S, D), (Hkv, S, D)))
+    bias = _tree_bias(T, start, S, Hq // Hkv, dt, seed=4)
+    want = grouped_attend(q, k, v, bias)
+    st = torch.tensor(start, device=DEV)
+    for fold in (False, True):
+        got = attention.live_attend(q, k, v, bias, st + T, st, splits=3, fold=fold)
+        assert got.dtype == dt
+        torch.testing.assert_close(got.float(), want.float(), **_tol(dt))
+    case = _built_tree(L=5, V=64, B=20, S=128, D=32, start=30, seed=6)
+    q, k, v = (t.to(dt) for t in (case.q, case.k, case.v))
+    want = grouped_attend(q, k, v, case.bias.to(dt))
+    base = config(2 * 21, dt)
+    for launch in (None, replace(base, fold=True)):
+        got = tree_attend(q, k, v, case.path, case.pos, case.start, splits=3, launch=launch)
+        torch.testing.assert_close(got.float(), want.float(), **_tol(dt))

@@ -30,6 +30,10 @@ and its ranges r .. n_split - 1 read and store nothing (the combine reads only t
 shape (8 KV heads, 2048-slot cache, prefix 1024) that keeps AR's 32 ranges (M = 4) and takes n = 16
 from 32 ranges to 16 (M = 64, live 1040) and n = 64 from 9 to 4 (M = 256, live 1088). A fixed
 `splits` (tests, tuning) is used as given.
+With "bf16-partials" (off until an H200 has timed it) each range's unnormalised acc is stored in the activation
+dtype (bf16 / fp16; m and l stay fp32), halving that traffic as vLLM's paged attention v2 keeps its partial outputs
+in the activation dtype; the combine still sums in fp32 (`partial_dtype`). It rounds each partial once more, so
+outputs may move in their last bits.
 With one range the first launch writes the output itself. With `fold` (one launch per layer), the
 combine runs inside the same launch instead: each program of a (KV head, row block) stores its range's
 partials and bumps that block's int32 counter (`counters`: one zeroed buffer per device, kept for the
@@ -265,6 +269,14 @@ if triton is not None:
                  mask=rmask[:, None] & (dims < D)[None, :])
 
 
+def partial_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the split-KV partial sums (acc) for inputs of `dtype`: fp32, or the activation dtype itself
+    under "bf16-partials" for bf16 / fp16 inputs (module docstring). m and l are always fp32."""
+    if dtype in (torch.bfloat16, torch.float16) and experimental.enabled("bf16-partials"):
+        return dtype
+    return torch.float32
+
+
 def combine_rows(M: int) -> int:
     """Query rows per program of the split-KV combine: COMBINE_ROWS from COMBINE_ROWS_FROM folded rows
     (DDTREE_COMBINE_ROWS_FROM in an A/B), else one. In one-process A/Bs on the H200 (docs/gpu-performance.md):
@@ -405,7 +417,7 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     stages = 1 if q.dtype == torch.float32 else experimental.knob("LIVE_STAGES", STAGES, (1, 2, 3, 4))
     grid = (C * Hkv, triton.cdiv(M, BM), ns)
     if ns > 1:
-        pacc = torch.empty((ns, C * Hkv, M, BD), dtype=torch.float32, device=q.device)
+        pacc = torch.empty((ns, C * Hkv, M, BD), dtype=partial_dtype(q.dtype), device=q.device)
         pm = torch.empty((ns, C * Hkv, M), dtype=torch.float32, device=q.device)
         pl = torch.empty_like(pm)
     else:

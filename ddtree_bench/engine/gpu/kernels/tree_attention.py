@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ddtree_bench.engine.gpu.kernels.attention import NEG_BIG, available, combine, counters, n_split
+from ddtree_bench.engine.gpu.kernels.attention import NEG_BIG, available, combine, counters, n_split, partial_dtype
 from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
 
 if triton is not None:   # the shared @triton.jit helpers exist only with Triton; without it this module still imports
@@ -417,7 +417,7 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     ns = splits if splits is not None else ranges_for(cfg, C, Hkv, M, S)
     out = torch.empty((C * T, Hq * D), dtype=q.dtype, device=q.device)
     if ns > 1:   # ns prefix ranges + the tree phase's partial
-        pacc = torch.empty((ns + 1, C * Hkv, M, D), dtype=torch.float32, device=q.device)
+        pacc = torch.empty((ns + 1, C * Hkv, M, D), dtype=partial_dtype(q.dtype), device=q.device)
         pm = torch.empty((ns + 1, C * Hkv, M), dtype=torch.float32, device=q.device)
         pl = torch.empty_like(pm)
     else:
