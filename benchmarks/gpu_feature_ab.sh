@@ -2,7 +2,8 @@
 # One device call: the retuned defaults' GPU tests, then every experimental feature against the
 # defaults in ONE process (benchmarks/gpu_verify_ab.py: graphs captured per arm, timed round-robin, logits
 # checked against the defaults'), on wide and deep curve trees, then bench-engine's verify curve + profile of
-# the defaults (the n-by-n roofline table; PROFILE=0 skips it). ARMS overrides the arms (one per line: 'NAME
+# the defaults (the n-by-n roofline table; PROFILE=0 skips it; PROJECTIONS=1 adds each weight projection's GEMMs against
+# their own floor). ARMS overrides the arms (one per line: 'NAME
 # VAR=VALUE ...'); TESTS=0 skips the tests (EXTRA_TESTS: more pytest arguments).
 # Files under $OUT: session.txt, tests.txt, ab.txt, ab.json, ab_stderr.log, profile.txt, profile.json, stderr.log
 # Run from the repo root:  OUT=/tmp/out bash benchmarks/gpu_feature_ab.sh
@@ -26,7 +27,7 @@ if [ "${PROFILE:-1}" = 1 ]; then
   step profile
   timeout ${PROFILE_TIMEOUT:-150} python3 -m ddtree_bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 \
     --budgets 16 --prefix-len 1024 --rounds 5 --no-plain --no-build-table --tau "$PAPER_TAU" --profile \
-    --verify-tokens 1,16,64,128,256,512,1024 --out "$OUT/profile.json" 2>> "$OUT/stderr.log" | grep -v '^{' > "$OUT/profile.txt"
+    --verify-tokens 1,16,64,128,256,512,1024 $([ "${PROJECTIONS:-0}" = 1 ] && echo --projections) --out "$OUT/profile.json" 2>> "$OUT/stderr.log" | grep -v '^{' > "$OUT/profile.txt"
   echo "profile exit ${PIPESTATUS[0]}" | tee -a "$LOG"
 fi
 step done

@@ -18,7 +18,7 @@ from ddtree_bench.cli import options as O
 from ddtree_bench.cli.app import app
 
 
-@app.command("bench-engine", epilog="\b\nExamples:\n  ddtree-bench bench-engine --model toy --budgets 16..256\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16..1024 --no-plain\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --batch 1,2,4,8,16 --budgets 16,32,64,128 --tau 16:8.6,32:9.3,64:9.75,128:10.2")
+@app.command("bench-engine", epilog="\b\nExamples:\n  ddtree-bench bench-engine --model toy --budgets 16..256\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16..1024 --no-plain\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16 --no-plain --no-e2e --projections\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --batch 1,2,4,8,16 --budgets 16,32,64,128 --tau 16:8.6,32:9.3,64:9.75,128:10.2")
 def bench_engine_cmd(
     model: O.Model = D.MODEL,
     draft: O.Draft = None,
@@ -37,6 +37,7 @@ def bench_engine_cmd(
     e2e: Annotated[bool, typer.Option("--e2e/--no-e2e", help="End-to-end tok/s on suite prompts (pairs with a tokenizer: not --shape).")] = True,
     build_table: Annotated[bool, typer.Option("--build-table/--no-build-table", help="Time every tree builder per budget (CPU heap and vectorised; on CUDA also the Triton kernels, each compiled at each budget).")] = True,
     profile: Annotated[bool, typer.Option("--profile/--no-profile", help="Per-kernel profile (torch.profiler, CUDA activity) of the verify forward at each --verify-tokens n: top kernels with time and share, time by family, idle time. Taken last, in a second pass over the curve, so the profiler does not slow the timed rounds.")] = False,
+    projections: Annotated[bool, typer.Option("--projections/--no-projections", help="Also time each weight projection's GEMMs alone (q/k/v, o_proj, gate/up, down over every layer, lm_head) at each --verify-tokens n: cuBLAS and the engine's own launch, each against the projection's weight read at 4.3 TB/s (or its FLOPs at 790 TFLOP/s): which GEMM sits furthest from its floor.")] = False,
     suite: O.Suite = D.SUITE,
     limit: Annotated[int, typer.Option("--limit", help="Prompts for the end-to-end runs.")] = D.BENCH_E2E_PROMPTS,
     max_new_tokens: O.MaxNewTokens = D.BENCH_E2E_MAX_NEW_TOKENS,
@@ -87,6 +88,8 @@ def bench_engine_cmd(
     torch_dtype(dtype)
     from ddtree_bench.perf.shapes import HYBRID_SHAPES
 
+    if projections and (shape in HYBRID_SHAPES or batch is not None):
+        raise UsageError("--projections times a dense target's single-request verify GEMMs: not with --batch or a hybrid --shape")
     if shape in HYBRID_SHAPES:   # the hybrid target's verify and state memory, then its dense twin (perf/bench_hybrid.py)
         from ddtree_bench.perf.bench_hybrid import bench_hybrid, render_hybrid
 
@@ -101,7 +104,7 @@ def bench_engine_cmd(
     if shape is not None and shape not in SHAPES:
         raise UsageError(f"unknown --shape {shape!r}; expected one of {', '.join(list(SHAPES) + list(HYBRID_SHAPES))}")
     spec = BenchSpec(model=model, draft=draft, shape=shape, budgets=spec_budgets, prefix_len=prefix_len, device=device,
-                     dtype=dtype, rounds=rounds, verify_tokens=vt, graphs=graphs, layer_ops=layer_ops, plain=plain, e2e=e2e, build_table=build_table, profile=profile, curve_logit_scale=curve_logit_scale, suite=suite,
+                     dtype=dtype, rounds=rounds, verify_tokens=vt, graphs=graphs, layer_ops=layer_ops, plain=plain, e2e=e2e, build_table=build_table, profile=profile, projections=projections, curve_logit_scale=curve_logit_scale, suite=suite,
                      limit=limit, max_new_tokens=max_new_tokens, tau=parse_points(tau, "--tau") if tau else None)
     say = (lambda s: None) if quiet else (lambda s: print(f"[bench-engine] {s}", file=sys.stderr, flush=True))
     if batch is not None:

@@ -53,6 +53,7 @@ class BenchSpec:
     e2e: bool = True                  # end-to-end tok/s on suite prompts (pairs with a tokenizer)
     build_table: bool = True          # time every tree builder per budget (compiles each Triton kernel at each budget)
     profile: bool = False             # per-kernel profile of the verify forward at each n (torch.profiler)
+    projections: bool = False         # each weight projection's GEMMs alone at each n, against its floor (perf/projections.py)
     curve_logit_scale: float = D.BENCH_CURVE_LOGIT_SCALE   # the verify curve's trees (curve_tree)
     suite: str = D.SUITE
     limit: int = D.BENCH_E2E_PROMPTS
@@ -185,17 +186,9 @@ def gemm_only(target, n: int, device: torch.device):
     (issue 35: everything else should cost <= 15% of it). Call after fused.merge_projections."""
     import torch.nn.functional as F
 
-    weights = []
-    for m in target.modules():
-        for name in ("qkv_weight", "gate_up_weight"):
-            w = getattr(m, name, None)
-            if w is not None:
-                weights.append(w)
-        for name in ("o_proj", "down_proj"):
-            lin = getattr(m, name, None)
-            if isinstance(lin, torch.nn.Linear):
-                weights.append(lin.weight)
-    weights.append(target.lm_head.weight)
+    from ddtree_bench.perf.projections import weights_in_order
+
+    weights = [w for _, w in weights_in_order(target)]
     g = torch.Generator(device=device).manual_seed(n)
     dt = target.lm_head.weight.dtype
     xs = {k: torch.randn(n, k, device=device, generator=g).to(dt) for k in {w.shape[1] for w in weights}}
@@ -451,6 +444,12 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
     result["verify_roofline"] = {"weight_bytes": weight_bytes, "params": params, "timing": "graph" if curves["graph"] else "eager",
                                  "rows": roofline_rows(curve, weight_bytes, params, curves.get("gemm_only")),
                                  "gemm_weight_bytes": gemm_bytes, "gemm_params": gemm_params}
+
+    if spec.projections:   # after verify_curve: it merged q/k/v and gate/up as the forward runs them
+        from ddtree_bench.perf.projections import projection_rows
+
+        progress("projections")
+        result["projections"] = projection_rows(target, spec.verify_tokens, dev, spec.graphs)
 
     result["rounds"] = []
     configs = [("ar", 0)] + ([("dflash", 0)] + [("ddtree", b) for b in spec.budgets] if drafter is not None else [])

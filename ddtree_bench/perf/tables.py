@@ -89,6 +89,16 @@ def render(result: dict[str, Any]) -> str:
              for r in roof["rows"]], ["tokens", "ms", "gemm-only ms", "x gemm-only", "roofline ms", "x roofline", "GB/s",
                                       "TFLOP/s"]))
 
+    proj = result.get("projections")
+    if proj:
+        parts.append("\nweight GEMMs by projection, every layer's weight of it once (ms per forward); floor = max(its weights "
+                     "at 4.3 TB/s, its FLOPs at 790 TFLOP/s); engine = the forward's launch for it:\n" + table(
+            [[r["tokens"], r["projection"], r["weights"], round(r["weight_bytes"] / 1e6), _f(r["floor_ms"]), _f(r["cublas_ms"]),
+              _f(r["cublas_x"], 2), _f(r["engine_ms"]), _f(r["engine_x"], 2), round(r["engine_gb_s"]), r["launch"]]
+             for r in proj],
+            ["tokens", "projection", "weights", "MB", "floor ms", "cublas ms", "x floor", "engine ms", "x floor", "GB/s",
+             "engine launch"]))
+
     prof = result.get("verify_profile")
     if prof:
         gb, gp = (roof or {}).get("gemm_weight_bytes"), (roof or {}).get("gemm_params")

@@ -260,3 +260,36 @@ def test_the_profile_table_puts_the_gemms_beside_their_own_roofline():
     head = next(i for i, ln in enumerate(lines) if ln.startswith("verify profile (graph)"))
     assert "gemm x = gemm ms / the GEMMs' roofline" in lines[head]
     assert lines[head + 1].split()[-1] == "x" and lines[head + 3].split()[-1] == "1.29"
+
+
+def test_projections_time_each_weight_gemm_over_every_layer_against_its_own_floor(tmp_path, capsys):
+    """--projections: per n, the five projections (q/k/v and gate/up merged as the forward runs them), each with every
+    layer's weight counted once, a floor = max(bytes at 4.3 TB/s, FLOPs at 790 TFLOP/s), cuBLAS's and the engine's
+    time (on a CPU both PyTorch's, launch "torch") and their ratios; their bytes add up to the GEMMs' roofline W."""
+    from ddtree_bench.perf.roofline import DENSE_FLOP_PER_S, HBM_BYTES_PER_S
+
+    text, res, _ = cli_json(capsys, "bench-engine", "--model", "random", "--budgets", "4", "--prefix-len", "8",
+                            "--rounds", "1", "--verify-tokens", "1,9", "--tau", "4:1.5", "--no-e2e", "--no-plain",
+                            "--no-build-table", "--projections", out=tmp_path / "p.json")
+    assert "weight GEMMs by projection" in text
+    rows = res["projections"]
+    assert [(r["tokens"], r["projection"]) for r in rows] == [(n, p) for n in (1, 9)
+                                                               for p in ("qkv", "o_proj", "gate_up", "down", "lm_head")]
+    layers = {r["weights"] for r in rows if r["projection"] != "lm_head"}
+    assert len(layers) == 1 and next(r["weights"] for r in rows if r["projection"] == "lm_head") == 1
+    by = {(r["tokens"], r["projection"]): r for r in rows}
+    assert sum(by[(9, p)]["weight_bytes"] for p in ("qkv", "o_proj", "gate_up", "down", "lm_head")) \
+        == res["verify_roofline"]["gemm_weight_bytes"]
+    for r in rows:
+        params = r["weight_bytes"] // 4   # the random pair is fp32
+        assert r["floor_ms"] == pytest.approx(1e3 * max(r["weight_bytes"] / HBM_BYTES_PER_S,
+                                                        2 * params * r["tokens"] / DENSE_FLOP_PER_S))
+        assert r["cublas_ms"] > 0 and r["cublas_x"] == pytest.approx(r["cublas_ms"] / r["floor_ms"])
+        assert r["engine_x"] == pytest.approx(r["engine_ms"] / r["floor_ms"]) and r["launch"] == "torch"
+
+
+def test_projections_are_refused_where_they_would_time_nothing(capsys):
+    for extra in (["--batch", "1,2"], ["--shape", "qwen3.6-27b"]):
+        with pytest.raises(SystemExit) as e:
+            main(["bench-engine", "--model", "random", "--projections", *extra])
+        assert e.value.code == 2 and "--projections" in capsys.readouterr().err
