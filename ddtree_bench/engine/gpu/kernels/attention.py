@@ -30,7 +30,7 @@ and its ranges r .. n_split - 1 read and store nothing (the combine reads only t
 shape (8 KV heads, 2048-slot cache, prefix 1024) that keeps AR's 32 ranges (M = 4) and takes n = 16
 from 32 ranges to 16 (M = 64, live 1040) and n = 64 from 9 to 4 (M = 256, live 1088). A fixed
 `splits` (tests, tuning) is used as given.
-With "bf16-partials" (off until an H200 has timed it) each range's unnormalised acc is stored in the activation
+With "bf16-partials" (off: neutral on an H100, docs/gpu-performance.md; no H200 has timed it) each range's unnormalised acc is stored in the activation
 dtype (bf16 / fp16; m and l stay fp32), halving that traffic as vLLM's paged attention v2 keeps its partial outputs
 in the activation dtype; the combine still sums in fp32 (`partial_dtype`). It rounds each partial once more, so
 outputs may move in their last bits.
