@@ -61,9 +61,8 @@ def weights_in_order(target: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def describe(launch) -> str:
+def describe(c) -> str:
     """A GemmConfig as the tuner prints it."""
-    c = launch
     return f"triton {c.block_m}x{c.block_n}x{c.block_k} split{c.split_k} w{c.warps} s{c.stages}"
 
 
