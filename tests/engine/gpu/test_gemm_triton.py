@@ -176,3 +176,23 @@ def test_a_table_round_trips_and_one_naming_a_removed_kernel_is_refused():
     builtin = gemm.table_to_json(gemm.H200_TABLE)["entries"]   # the default table: pointer tiles only, written as before
     assert all(e["config"] is None or set(e["config"]) == {"block_m", "block_n", "block_k", "split_k", "warps", "stages"}
                for e in builtin)
+
+
+def test_the_tuner_offers_256_column_weight_tiles_from_64_row_blocks_within_shared_memory():
+    """benchmarks/gpu_gemm_tune.candidates: from WIDE_FROM_ROWS-row blocks the 256-column weight tiles are candidates
+    (at 64-128 rows x's L2 reads per weight tile are as large as the tile's own at 128 columns), never for SwiGLU (two
+    fp32 accumulators) or smaller row blocks, 8 warps for a 128 x 256 accumulator, and every candidate's pipeline fits
+    the SM's shared memory."""
+    from pathlib import Path
+
+    from file_module_support import load_file
+
+    tune = load_file("gpu_gemm_tune", Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_gemm_tune.py")
+    for block_m in (16, 32, 64, 128):
+        for sw in (False, True):
+            cands = tune.candidates(block_m, sw)
+            assert cands and all(c.smem_bytes(sw) <= tune.SMEM_BYTES for c in cands)
+            wide = [c for c in cands if c.block_n == 256]
+            assert bool(wide) is (block_m >= tune.WIDE_FROM_ROWS and not sw), (block_m, sw)
+            if block_m >= 128:
+                assert all(c.warps == 8 for c in wide)
