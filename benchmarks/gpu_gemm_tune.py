@@ -59,15 +59,17 @@ def projections(shape: str) -> dict[str, tuple[int, int, bool]]:
 
 
 WIDE_FROM_ROWS = 64   # row blocks from which 256-column weight tiles are candidates too
+ACC_REGS = 128   # fp32 accumulator registers a thread may hold (a 128 x 128 SwiGLU tile on 4 warps would take 256)
 
 
 def candidates(block_m: int, swiglu: bool) -> list[GemmConfig]:
     """Launch shapes worth timing for a row block: weight tiles of 32..128 rows, K steps 64..256, pipelines
     of 2..6 stages (deeper for shorter K steps) within shared memory, 4 warps (also 8 for 128-row tiles);
-    split_k is added per problem. From WIDE_FROM_ROWS-row blocks (not SwiGLU: two accumulators) also 256-row
+    split_k is added per problem; a shape whose fp32 accumulator(s) would take more than ACC_REGS registers a
+    thread is left out (it spills). From WIDE_FROM_ROWS-row blocks (not SwiGLU: two accumulators) also 256-row
     weight tiles: at 64-128 rows every weight tile's program reads its K range of x from L2, so x's share of the
     L2 reads is rows / (rows + BLOCK_N) of them - as much as the weight's at 128 x 128 - and a wider tile halves
-    it; 8 warps for its accumulator (4 too for 64-row blocks)."""
+    it."""
     out = []
     depth = {64: (4, 5, 6), 128: (3, 4, 5), 256: (2, 3)}   # K step -> pipeline depths worth trying
     wide_depth = {64: (3, 4, 5), 128: (2,)}   # the same for 256-row weight tiles (twice the stage's bytes)
@@ -76,7 +78,7 @@ def candidates(block_m: int, swiglu: bool) -> list[GemmConfig]:
       for stages in (wide_depth if bn == 256 else depth).get(bk, ()):
         for warps in ((8,) if bn == 256 and block_m >= 128 else (4, 8) if block_m >= 128 or bn >= 128 else (4,)):
             c = GemmConfig(block_m, bn, bk, 1, warps, stages)
-            if swiglu and block_m * bn > 128 * 64:   # two fp32 accumulators: larger tiles spill registers
+            if (2 if swiglu else 1) * block_m * bn > ACC_REGS * 32 * warps:   # SwiGLU: a gate and an up accumulator
                 continue
             if 24 * 1024 <= c.smem_bytes(swiglu) <= SMEM_BYTES:
                 out.append(c)

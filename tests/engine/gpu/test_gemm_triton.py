@@ -181,8 +181,8 @@ def test_a_table_round_trips_and_one_naming_a_removed_kernel_is_refused():
 def test_the_tuner_offers_256_column_weight_tiles_from_64_row_blocks_within_shared_memory():
     """benchmarks/gpu_gemm_tune.candidates: from WIDE_FROM_ROWS-row blocks the 256-column weight tiles are candidates
     (at 64-128 rows x's L2 reads per weight tile are as large as the tile's own at 128 columns), never for SwiGLU (two
-    fp32 accumulators) or smaller row blocks, 8 warps for a 128 x 256 accumulator, and every candidate's pipeline fits
-    the SM's shared memory."""
+    fp32 accumulators) or smaller row blocks, 8 warps for a 128 x 256 accumulator, no candidate's accumulators spill,
+    and every candidate's pipeline fits the SM's shared memory."""
     from pathlib import Path
 
     from file_module_support import load_file
@@ -196,3 +196,6 @@ def test_the_tuner_offers_256_column_weight_tiles_from_64_row_blocks_within_shar
             assert bool(wide) is (block_m >= tune.WIDE_FROM_ROWS and not sw), (block_m, sw)
             if block_m >= 128:
                 assert all(c.warps == 8 for c in wide)
+            # no accumulator over ACC_REGS fp32 registers a thread; SwiGLU's two 128 x 128 ones only on 8 warps
+            assert all((2 if sw else 1) * c.block_m * c.block_n <= tune.ACC_REGS * 32 * c.warps for c in cands)
+    assert {c.warps for c in tune.candidates(128, True) if c.block_n == 128} == {8}
