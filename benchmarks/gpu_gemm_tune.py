@@ -64,7 +64,8 @@ ACC_REGS = 128   # fp32 accumulator registers a thread may hold (a 128 x 128 Swi
 
 def candidates(block_m: int, swiglu: bool) -> list[GemmConfig]:
     """Launch shapes worth timing for a row block: weight tiles of 32..128 rows, K steps 64..256, pipelines
-    of 2..6 stages (deeper for shorter K steps) within shared memory, 4 warps (also 8 for 128-row tiles);
+    of 2..6 stages (deeper for shorter K steps) within shared memory, 4 warps (also 8 for 128-row blocks and
+    weight tiles of 128+ rows);
     split_k is added per problem; a shape whose fp32 accumulator(s) would take more than ACC_REGS registers a
     thread is left out (it spills). From WIDE_FROM_ROWS-row blocks (not SwiGLU: two accumulators) also 256-row
     weight tiles: at 64-128 rows every weight tile's program reads its K range of x from L2, so x's share of the
@@ -76,7 +77,7 @@ def candidates(block_m: int, swiglu: bool) -> list[GemmConfig]:
     widths = (32, 64, 128) + ((256,) if block_m >= WIDE_FROM_ROWS and not swiglu else ())
     for bn, bk in itertools.product(widths, depth):
       for stages in (wide_depth if bn == 256 else depth).get(bk, ()):
-        for warps in ((8,) if bn == 256 and block_m >= 128 else (4, 8) if block_m >= 128 or bn >= 128 else (4,)):
+        for warps in ((4, 8) if block_m >= 128 or bn >= 128 else (4,)):   # ACC_REGS drops what would spill
             c = GemmConfig(block_m, bn, bk, 1, warps, stages)
             if (2 if swiglu else 1) * block_m * bn > ACC_REGS * 32 * warps:   # SwiGLU: a gate and an up accumulator
                 continue
