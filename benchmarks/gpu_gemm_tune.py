@@ -58,7 +58,7 @@ def projections(shape: str) -> dict[str, tuple[int, int, bool]]:
             "down": (H, I, False), "lm_head": (c["vocab_size"], H, False)}
 
 
-WIDE_FROM_ROWS = 64   # row blocks from which 256-column weight tiles are candidates too
+WIDE_FROM_ROWS = 32   # row blocks from which 256-column weight tiles are candidates too
 ACC_REGS = 128   # fp32 accumulator registers a thread may hold (a 128 x 128 SwiGLU tile on 4 warps would take 256)
 
 
@@ -68,9 +68,9 @@ def candidates(block_m: int, swiglu: bool) -> list[GemmConfig]:
     weight tiles of 128+ rows);
     split_k is added per problem; a shape whose fp32 accumulator(s) would take more than ACC_REGS registers a
     thread is left out (it spills). From WIDE_FROM_ROWS-row blocks (not SwiGLU: two accumulators) also 256-row
-    weight tiles: at 64-128 rows every weight tile's program reads its K range of x from L2, so x's share of the
-    L2 reads is rows / (rows + BLOCK_N) of them - as much as the weight's at 128 x 128 - and a wider tile halves
-    it."""
+    weight tiles: every weight tile's program reads its K range of x from L2, so x's share of the L2 reads is
+    rows / (rows + BLOCK_N) of them - as much as the weight's at 128 x 128, a third at 32 x 64 (a batched step of
+    two) - and a wider tile halves it."""
     out = []
     depth = {64: (4, 5, 6), 128: (3, 4, 5), 256: (2, 3)}   # K step -> pipeline depths worth trying
     wide_depth = {64: (3, 4, 5), 128: (2,)}   # the same for 256-row weight tiles (twice the stage's bytes)

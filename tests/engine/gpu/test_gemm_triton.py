@@ -178,10 +178,10 @@ def test_a_table_round_trips_and_one_naming_a_removed_kernel_is_refused():
                for e in builtin)
 
 
-def test_the_tuner_offers_256_column_weight_tiles_from_64_row_blocks_within_shared_memory():
+def test_the_tuner_offers_256_column_weight_tiles_from_32_row_blocks_within_shared_memory():
     """benchmarks/gpu_gemm_tune.candidates: from WIDE_FROM_ROWS-row blocks the 256-column weight tiles are candidates
-    (at 64-128 rows x's L2 reads per weight tile are as large as the tile's own at 128 columns), never for SwiGLU (two
-    fp32 accumulators) or smaller row blocks, 8 warps for a 128 x 256 accumulator, no candidate's accumulators spill,
+    (x's L2 reads per weight tile grow with the rows: as large as the tile's own at 128 x 128), never for SwiGLU (two
+    fp32 accumulators) or 16-row blocks, 8 warps for a 128 x 256 accumulator, no candidate's accumulators spill,
     and every candidate's pipeline fits the SM's shared memory."""
     from pathlib import Path
 
@@ -194,6 +194,7 @@ def test_the_tuner_offers_256_column_weight_tiles_from_64_row_blocks_within_shar
             assert cands and all(c.smem_bytes(sw) <= tune.SMEM_BYTES for c in cands)
             wide = [c for c in cands if c.block_n == 256]
             assert bool(wide) is (block_m >= tune.WIDE_FROM_ROWS and not sw), (block_m, sw)
+            assert bool(wide) is (block_m >= 32 and not sw), (block_m, sw)
             if block_m >= 128:
                 assert all(c.warps == 8 for c in wide)
             # no accumulator over ACC_REGS fp32 registers a thread; SwiGLU's two 128 x 128 ones only on 8 warps
