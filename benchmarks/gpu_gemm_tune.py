@@ -58,25 +58,19 @@ def projections(shape: str) -> dict[str, tuple[int, int, bool]]:
             "down": (H, I, False), "lm_head": (c["vocab_size"], H, False)}
 
 
-WIDE_FROM_ROWS = 32   # row blocks from which 256-column weight tiles are candidates too
 ACC_REGS = 128   # fp32 accumulator registers a thread may hold (a 128 x 128 SwiGLU tile on 4 warps would take 256)
 
 
 def candidates(block_m: int, swiglu: bool) -> list[GemmConfig]:
     """Launch shapes worth timing for a row block: weight tiles of 32..128 rows, K steps 64..256, pipelines
     of 2..6 stages (deeper for shorter K steps) within shared memory, 4 warps (also 8 for 128-row blocks and
-    weight tiles of 128+ rows);
-    split_k is added per problem; a shape whose fp32 accumulator(s) would take more than ACC_REGS registers a
-    thread is left out (it spills). From WIDE_FROM_ROWS-row blocks (not SwiGLU: two accumulators) also 256-row
-    weight tiles: every weight tile's program reads its K range of x from L2, so x's share of the L2 reads is
-    rows / (rows + BLOCK_N) of them - as much as the weight's at 128 x 128, a third at 32 x 64 (a batched step of
-    two) - and a wider tile halves it."""
+    128-row weight tiles); split_k is added per problem; a shape whose fp32 accumulator(s) would take more than
+    ACC_REGS registers a thread is left out (it spills). (256-row weight tiles were timed and lost:
+    docs/gpu-performance.md, "Morning (H100, 2026-12-06)".)"""
     out = []
     depth = {64: (4, 5, 6), 128: (3, 4, 5), 256: (2, 3)}   # K step -> pipeline depths worth trying
-    wide_depth = {64: (3, 4, 5), 128: (2,)}   # the same for 256-row weight tiles (twice the stage's bytes)
-    widths = (32, 64, 128) + ((256,) if block_m >= WIDE_FROM_ROWS and not swiglu else ())
-    for bn, bk in itertools.product(widths, depth):
-      for stages in (wide_depth if bn == 256 else depth).get(bk, ()):
+    for bn, bk in itertools.product((32, 64, 128), depth):
+      for stages in depth[bk]:
         for warps in ((4, 8) if block_m >= 128 or bn >= 128 else (4,)):   # ACC_REGS drops what would spill
             c = GemmConfig(block_m, bn, bk, 1, warps, stages)
             if (2 if swiglu else 1) * block_m * bn > ACC_REGS * 32 * warps:   # SwiGLU: a gate and an up accumulator
