@@ -130,6 +130,92 @@ def test_the_norm_summing_a_split_gemms_partials_gives_the_reduce_kernels_bits(d
 
 
 @kernel_check
+@pytest.mark.parametrize("M,split", [(5, 1), (33, 3)])
+def test_down_with_the_silu_mul_on_its_loads_gives_the_silu_kernels_bits(dtype, M, split):
+    """gemm.linear_silu reads a gate/up output [gate | up] and multiplies silu(gate) * up as its tiles come in,
+    rounded where the SiLU-mul kernel rounds: the same bits as that kernel then the GEMM (split and not, K off the
+    step, ragged rows), and the twin's values."""
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(M)
+    raw, w = torch.randn(M, 2 * 80, generator=g).to(DEV, dt), torch.randn(40, 80, generator=g).to(DEV, dt)
+    launch = GemmConfig(16, 16, 32, split, 4, 2)
+    act = fused.TritonOps().silu_mul(raw)
+    got = gemm.linear_silu(raw, w, launch)
+    assert got.shape == (M, 40) and torch.equal(got, gemm.linear(act, w, launch))
+    _close(got, F.linear(TORCH_OPS.silu_mul(raw), w), dt)
+    with pytest.raises(ValueError):
+        gemm.linear_silu(raw[:, :150], w, launch)
+
+
+@kernel_check
+@pytest.mark.parametrize("split", [1, 2])
+def test_silu_down_drops_the_silu_kernel_and_keeps_the_mlps_bits(dtype, split, monkeypatch):
+    """"silu-down": where gate/up runs on cuBLAS and down on the Triton GEMM, TritonOps.mlp_add_rmsnorm launches no
+    SiLU-mul kernel (down's loads do it) and returns the same residual and norm, bit for bit, as without the feature;
+    where gate/up is on Triton itself (its SiLU already in its epilogue) nothing changes."""
+    from ddtree_bench.engine.gpu.kernels.warm import record
+
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(split)
+    T, H, I = 7, 48, 80
+    x, h = torch.randn(T, H, generator=g).to(DEV, dt), torch.randn(T, H, generator=g).to(DEV, dt)
+    gu, down = torch.randn(2 * I, H, generator=g).to(DEV, dt), torch.randn(H, I, generator=g).to(DEV, dt)
+    nw = torch.randn(H, generator=g).to(DEV, dt)
+    launch = GemmConfig(16, 16, 32, split, 4, 2)
+    cublas_gate_up = fused.TritonOps(gemm_config=lambda M, N, K, dtype, device, swiglu=False: launch if N == H else None)
+    triton_gate_up = fused.TritonOps(gemm_config=lambda *a, **k: launch)
+
+    def names(ops):
+        return [getattr(la.kernel, "__name__", None) or la.kernel.fn.__name__
+                for la in record(lambda: ops.mlp_add_rmsnorm(x, h, gu, None, down, None, nw, 1e-6))]
+
+    before = cublas_gate_up.mlp_add_rmsnorm(x, h, gu, None, down, None, nw, 1e-6)
+    assert "_silu_mul_kernel" in names(cublas_gate_up)
+    swiglu_before = names(triton_gate_up)
+    monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", "silu-down")
+    after = cublas_gate_up.mlp_add_rmsnorm(x, h, gu, None, down, None, nw, 1e-6)
+    assert "_silu_mul_kernel" not in names(cublas_gate_up)
+    assert names(triton_gate_up) == swiglu_before
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+    want = TORCH_OPS.mlp_add_rmsnorm(x, h, gu, None, down, None, nw, 1e-6)
+    for a, b in zip(after, want):
+        _close(a, b, dt)
+
+
+@kernel_check
+def test_a_target_forward_with_silu_down_gives_the_same_logits_bits(dtype, monkeypatch):
+    """A whole verify forward whose gate/up runs on cuBLAS and every other weight GEMM on the Triton GEMM (split in two,
+    as the tables' 65-128-row bands have it): with "silu-down" the same logits and hidden states, bit for bit, and no
+    SiLU-mul kernel launched."""
+    from ddtree_bench.engine.gpu.kernels.warm import record
+
+    dt = getattr(torch, dtype)
+    target, _ = random_pair(seed=6, vocab_size=97, dtype=dtype, device=DEV)
+    P, T, cap = 12, 6, 32
+    prompt = torch.arange(1, P + 1, device=DEV) % 97
+    ids, pos = torch.arange(30, 30 + T, device=DEV), P + torch.arange(T, device=DEV)
+    anc = torch.ones(T, T, dtype=torch.bool, device=DEV).tril()
+    start = torch.tensor(P, device=DEV)
+    i2 = 2 * target.model.layers[0].mlp.gate_proj.weight.shape[0]   # gate/up's output width: cuBLAS
+    ops = fused.TritonOps(gemm_config=lambda M, N, K, dtype, device, swiglu=False:
+                          None if swiglu or N == i2 else GemmConfig(16, 32, 32, 2, 4, 2))
+    outs = []
+    for feature in ("", "silu-down"):
+        monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", feature)
+        cache = target.new_cache(cap)
+        target(prompt, torch.arange(P, device=DEV), cache, 0)
+        bias = visible_bias(verify_visible(anc, start, cap), dt, group_size(target))
+        run = lambda: target_forward(target, ids, pos, StaticKV(cache), start, bias, (0, 1), ops=ops,  # noqa: E731
+                                     attention="sdpa")
+        silu = [la for la in record(run) if getattr(la.kernel, "fn", la.kernel).__name__ == "_silu_mul_kernel"]
+        assert len(silu) == (0 if feature else len(target.model.layers))
+        cache = target.new_cache(cap)
+        target(prompt, torch.arange(P, device=DEV), cache, 0)
+        outs.append(run())
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+@kernel_check
 def test_the_gemm_tuner_times_o_proj_and_down_with_the_norm_that_reads_them(dtype):
     """benchmarks/gpu_gemm_tune.arms: o_proj and down are timed as a forward runs them, the GEMM then the residual
     add + RMSNorm, a split Triton GEMM's partials summed inside that norm (no reduce kernel, which the tuner used to
