@@ -296,16 +296,13 @@ if want("layer"):
     from ddtree_bench.engine.gpu.kernels import gemm as gemm_triton, layer_ops as layer_ops_triton  # noqa: E402
 
     for gdc, late in ((False, False), (True, False), (True, True)):   # late: "pdl-late"'s launch after the loop
-        # silu: down's loads take silu(gate) * up from a cuBLAS gate/up output ("silu-down")
-        for bm, bn, bk, sw, part, silu in ((16, 64, 128, False, False, False), (16, 32, 128, True, True, False),
-                                           (64, 64, 64, True, False, False), (32, 128, 128, False, True, False),
-                                           (64, 128, 128, False, True, True)):
+        for bm, bn, bk, sw, part in ((16, 64, 128, False, False), (16, 32, 128, True, True), (64, 64, 64, True, False),
+                                     (32, 128, 128, False, True)):
             ok.append(check(gemm_triton._gemm_kernel,
                             dict(X=bf16, W=bf16, Y=f32 if part else bf16, M=17, N=4096, K=4096, k_per_split=1024,
-                                 up_rows=4096 if sw else 0, sx=8192 if silu else 4096, sw=4096, sy=4096,
-                                 s_split=17 * 4096, prefetch_k=512, x_up=4096 if silu else 0),
+                                 up_rows=4096 if sw else 0, sx=4096, sw=4096, sy=4096, s_split=17 * 4096, prefetch_k=512),
                             dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SWIGLU=sw, PARTIAL=part, EVEN_K=True, PRECISION="tf32",
-                                 USE_GDC=gdc, GDC_LATE=late, LINE=64, SILU_X=silu)))
+                                 USE_GDC=gdc, GDC_LATE=late, LINE=64)))
         ok.append(check(gemm_triton._gemm_split_reduce, dict(P=f32, Y=bf16, N=4096, splits=3, up_rows=4096, s_split=17 * 8192,
                                                            sp=8192, sy=4096), dict(SWIGLU=True, BLOCK=1024, USE_GDC=gdc,
                                                                                  GDC_LATE=late)))

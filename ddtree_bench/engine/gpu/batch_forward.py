@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ddtree_bench.engine.gpu.forward import ATTENTION, _attend, _linear, _mlp_residual, _norm, _residual
+from ddtree_bench.engine.gpu.forward import ATTENTION, _attend, _linear, _norm, _residual, _swiglu
 from ddtree_bench.engine.gpu.kernels.tree_attention import TreeRows
 from ddtree_bench.engine.gpu.fused import ensure_merged
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
@@ -88,7 +88,7 @@ def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: 
                              attention=attention, tree=tree)
         x, h = _residual(ops, x, a, block.self_attn.o_proj, block.post_attention_layernorm)
         nxt = blocks[i + 1].input_layernorm if i < last else target.model.norm
-        x, h = _mlp_residual(ops, x, h, block.mlp, nxt)
+        x, h = _residual(ops, x, _swiglu(block.mlp, ops, h), block.mlp.down_proj, nxt)
         if i in wanted:
             wanted[i] = h if i == last else x
     hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
@@ -127,5 +127,5 @@ def draft_forward_batch(drafter, target_hidden: torch.Tensor, block_emb: torch.T
                              attention=attention)
         x, h = _residual(ops, x, a, layer.self_attn.o_proj, layer.post_attention_layernorm)
         nxt = layers[i + 1].input_layernorm if i < last else drafter.norm
-        x, h = _mlp_residual(ops, x, h, layer.mlp, nxt)
+        x, h = _residual(ops, x, _swiglu(layer.mlp, ops, h), layer.mlp.down_proj, nxt)
     return h

@@ -21,8 +21,8 @@ so every round has new shapes. Here every shape depends only on the number of qu
   (measured in docs/gpu-performance.md). The bias comes already repeated g times;
 * q/k/v and gate/up run as one GEMM each on merged weights (`fused.merge_projections`, which makes
   the modules' own weights views of them). Every weight GEMM and the elementwise work between them
-  go through `ops` (`linear`, `linear_add_rmsnorm` for a block's attention output projection with the residual
-  add and the next norm, `mlp_add_rmsnorm` for its MLP - gate/up with its SiLU-mul, down - and the same): the fused Triton kernels on CUDA, with
+  go through `ops` (`linear`, `swiglu` with its SiLU-mul, `linear_add_rmsnorm` for a block's output
+  projection with the residual add and the next norm): the fused Triton kernels on CUDA, with
   kernels/gemm.py's few-row GEMM where its table has the shape, or their PyTorch twin (`fused.ops_for`).
 
 The weights are the modules' own, so logits equal the plain forwards up to floating-point
@@ -132,11 +132,9 @@ def _linear(ops: TorchOps, module, x):
     return ops.linear(x, module.weight, module.bias)
 
 
-def _mlp_residual(ops: TorchOps, x, h, mlp, norm):
-    """(x + mlp(h), its RMSNorm under `norm`): the MLP on the merged gate/up weight (silu(gate) * up, then
-    down_proj), the residual add and the next norm as one op (ops.mlp_add_rmsnorm)."""
-    return ops.mlp_add_rmsnorm(x, h, mlp.gate_up_weight, mlp.gate_up_bias, mlp.down_proj.weight, mlp.down_proj.bias,
-                               *_norm(norm))
+def _swiglu(mlp, ops: TorchOps, h):
+    """The MLP up to down_proj's input: silu(gate) * up on the merged gate/up weight."""
+    return ops.swiglu(h, mlp.gate_up_weight, mlp.gate_up_bias)
 
 
 def _residual(ops: TorchOps, x, inner, linear, norm):
@@ -177,7 +175,7 @@ def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: Stati
                        tree=tree)
         x, h = _residual(ops, x, a, block.self_attn.o_proj, block.post_attention_layernorm)
         nxt = blocks[i + 1].input_layernorm if i < last else target.model.norm
-        x, h = _mlp_residual(ops, x, h, block.mlp, nxt)   # h: the next layer's input
+        x, h = _residual(ops, x, _swiglu(block.mlp, ops, h), block.mlp.down_proj, nxt)   # h: the next layer's input
         if i in wanted:
             wanted[i] = h if i == last else x
     hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
@@ -231,5 +229,5 @@ def draft_forward(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor,
                        ctx=ctx, ctx_cos=cos[:C], ctx_sin=sin[:C], ctx_start=ctx_start, live=live, attention=attention)
         x, h = _residual(ops, x, a, layer.self_attn.o_proj, layer.post_attention_layernorm)
         nxt = layers[i + 1].input_layernorm if i < last else drafter.norm
-        x, h = _mlp_residual(ops, x, h, layer.mlp, nxt)
+        x, h = _residual(ops, x, _swiglu(layer.mlp, ops, h), layer.mlp.down_proj, nxt)
     return h

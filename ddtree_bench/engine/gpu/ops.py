@@ -82,12 +82,5 @@ class TorchOps:
         the residual add and the next RMSNorm."""
         return self.add_rmsnorm(x, self.linear(inner, w, b), norm_w, eps)
 
-    def mlp_add_rmsnorm(self, x: torch.Tensor, h: torch.Tensor, gate_up: torch.Tensor, gate_up_b: torch.Tensor | None,
-                        down: torch.Tensor, down_b: torch.Tensor | None, norm_w: torch.Tensor,
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, N] the residual, h [T, N] the MLP's input -> add_rmsnorm(x, down(silu(gate) * up)): a block's whole
-        MLP, the residual add and the next RMSNorm (swiglu, then linear_add_rmsnorm)."""
-        return self.linear_add_rmsnorm(x, self.swiglu(h, gate_up, gate_up_b), down, down_b, norm_w, eps)
-
 
 TORCH_OPS = TorchOps()

@@ -28,7 +28,6 @@ FEATURES = {
     "pdl-bare": "programmatic dependent launch without the L2 prefetch, the next kernel let in right after the wait (kernels/pdl.py)",
     "pdl-late": "programmatic dependent launch without the L2 prefetch, the next kernel let in after the main loop (kernels/pdl.py)",
     "bf16-partials": "split-KV partial sums kept in the activation dtype (bf16 / fp16), not fp32: half their traffic (kernels/attention.py)",
-    "silu-down": "the MLP's SiLU-mul done on the down GEMM's loads where gate/up runs on cuBLAS and down on the Triton GEMM (kernels/layer_ops.py)",
     "grid-once": "the grid tree build's counting loops add their comparisons up elementwise and reduce once after the loop, not every step (kernels/tree_grid.py)",
 }
 

@@ -41,7 +41,7 @@ from ddtree_bench.engine.gpu.kernels.common import tl, triton
 from ddtree_bench.engine.gpu.kernels.gemm_parts import KERNELS, REDUCE_BLOCK, GemmConfig, SplitSums  # noqa: F401
 
 if triton is not None:   # the kernels exist only with Triton (common.py); without it this module still imports
-    from ddtree_bench.engine.gpu.kernels.gemm_parts import _gemm_split_reduce, _store_tile, _swiglu_epilogue  # noqa: F401
+    from ddtree_bench.engine.gpu.kernels.gemm_parts import _gemm_split_reduce, _store_tile  # noqa: F401
 from ddtree_bench.engine.gpu.kernels.warm import launch as _launch
 
 GEMM_MAX_ROWS = 256   # above this the GEMMs are compute-bound and cuBLAS's large tiles win
@@ -50,11 +50,10 @@ GEMM_MAX_ROWS = 256   # above this the GEMMs are compute-bound and cuBLAS's larg
 if triton is not None:
 
     @triton.jit
-    def _gemm_kernel(X, W, Y, M, N, K, k_per_split, up_rows, sx, sw, sy, s_split, prefetch_k, x_up,
+    def _gemm_kernel(X, W, Y, M, N, K, k_per_split, up_rows, sx, sw, sy, s_split, prefetch_k,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SWIGLU: tl.constexpr, PARTIAL: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                     USE_GDC: tl.constexpr, LINE: tl.constexpr, GDC_LATE: tl.constexpr = False,
-                     SILU_X: tl.constexpr = False):
+                     USE_GDC: tl.constexpr, LINE: tl.constexpr, GDC_LATE: tl.constexpr = False):
         pid_m = tl.program_id(0)   # row blocks vary fastest: the blocks of one weight tile run side by side (L2 hits)
         pid_n = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -87,12 +86,6 @@ if triton is not None:
                 k_ok = (k + rk) < k_end
                 x = tl.load(xp, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
                 w = tl.load(wp, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            if SILU_X:   # x is a cuBLAS gate/up output [gate | up]: the MLP's activation as its tile comes in
-                if EVEN_K:
-                    u = tl.load(xp + x_up, mask=m_ok[:, None], other=0.0)
-                else:
-                    u = tl.load(xp + x_up, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-                x = _swiglu_epilogue(x, u, X.dtype.element_ty)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
             if SWIGLU:
                 if EVEN_K:
@@ -115,13 +108,12 @@ def _prefetch_k(n_programs: int, block_n: int, k_per_split: int, elem: int, swig
 
 
 def _run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: GemmConfig,
-         reduce: bool = True, silu_x: bool = False) -> torch.Tensor | SplitSums:
-    """Launch the kernel for out [M, n_out] (swiglu when up_rows > 0: the up weight rows start at up_rows; silu_x:
-    x is [gate | up] [M, 2K] and the kernel multiplies silu(gate) * up); reduce=False leaves a split launch's
-    partials unreduced (SplitSums)."""
+         reduce: bool = True) -> torch.Tensor | SplitSums:
+    """Launch the kernel for out [M, n_out] (swiglu when up_rows > 0: the up weight rows start at up_rows);
+    reduce=False leaves a split launch's partials unreduced (SplitSums)."""
     if launch.kernel not in KERNELS:
         raise ValueError(f"unknown GEMM kernel {launch.kernel!r}: {' | '.join(KERNELS)}")
-    M, K = x.shape[0], w.shape[1]
+    M, K = x.shape
     c = launch
     split = max(1, min(c.split_k, triton.cdiv(K, c.block_k)))
     k_per_split = triton.cdiv(triton.cdiv(K, split), c.block_k) * c.block_k
@@ -134,17 +126,16 @@ def _run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: Gem
     gdc = pdl.gdc_options(x.device)
     line = 128 // x.element_size()
     pf = _prefetch_k(grid[1] * split, c.block_n, k_per_split, x.element_size(), swiglu, line) if pdl.prefetch(x.device) else 0
-    opts = dict(LINE=line, num_warps=c.warps, num_stages=c.stages, **gdc, **(dict(SILU_X=True) if silu_x else {}))
-    x_up = K if silu_x else 0
+    opts = dict(LINE=line, num_warps=c.warps, num_stages=c.stages, **gdc)
     if split == 1:
         _launch(_gemm_kernel, grid, x, w, y, M, n_out, K, k_per_split, up_rows, x.stride(0), w.stride(0), y.stride(0), 0,
-                pf, x_up, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SWIGLU=swiglu, PARTIAL=False,
+                pf, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SWIGLU=swiglu, PARTIAL=False,
                 EVEN_K=even, PRECISION=prec, **opts)
         return y
     width = n_out * (2 if swiglu else 1)
     part = torch.empty((split, M, width), dtype=torch.float32, device=x.device)
     _launch(_gemm_kernel, grid, x, w, part, M, n_out, K, k_per_split, n_out if swiglu else 0, x.stride(0), w.stride(0),
-            part.stride(1), part.stride(0), pf, x_up, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+            part.stride(1), part.stride(0), pf, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
             SWIGLU=swiglu, PARTIAL=True, EVEN_K=even, PRECISION=prec, **opts)
     if not reduce:
         return SplitSums(part, x.dtype)
@@ -169,18 +160,6 @@ def linear_unreduced(x: torch.Tensor, w: torch.Tensor, launch: GemmConfig) -> to
     """linear, except that a split launch returns its SplitSums instead of reducing them."""
     _check(x, w)
     return _run(x, w, w.shape[0], 0, launch, reduce=False)
-
-
-def linear_silu(gate_up_out: torch.Tensor, w: torch.Tensor, launch: GemmConfig,
-                reduce: bool = True) -> torch.Tensor | SplitSums:
-    """gate_up_out [M, 2K] = [gate | up] (a gate/up GEMM's output before its activation), w [N, K] ->
-    (silu(gate) * up) @ w^T [M, N]: the MLP's down projection with the SiLU-mul done on its loads, rounded where
-    ops.TorchOps.silu_mul rounds, so the same bits as `linear(silu_mul(gate_up_out), w)`; reduce=False as
-    linear_unreduced."""
-    if gate_up_out.dim() != 2 or gate_up_out.stride(-1) != 1 or w.stride(-1) != 1 or gate_up_out.shape[1] != 2 * w.shape[1]:
-        raise ValueError(f"linear_silu needs gate_up_out [M, 2K] and w [N, K] with contiguous rows, "
-                         f"got {tuple(gate_up_out.shape)} and {tuple(w.shape)}")
-    return _run(gate_up_out, w, w.shape[0], 0, launch, reduce=reduce, silu_x=True)
 
 
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, launch: GemmConfig) -> torch.Tensor:

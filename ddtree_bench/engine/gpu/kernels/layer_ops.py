@@ -303,28 +303,8 @@ class TritonOps(TorchOps):
         c = self._gemm(inner, w, b, w.shape[0], False)
         if c is None:
             return self.add_rmsnorm(x, TorchOps.linear(self, inner, w, b), norm_w, eps)
-        return self._gemm_add_rmsnorm(x, inner, w, c, norm_w, eps, gemm.linear_unreduced, gemm.linear)
-
-    def _gemm_add_rmsnorm(self, x, inner, w, c, norm_w, eps, unreduced, reduced):
-        """The Triton GEMM `c` on inner (unreduced / reduced: gemm's two forms of it), then the residual add + RMSNorm,
-        which sums a split launch's partials itself under fused_reduce."""
         fuse = c.split_k > 1 and self.fused_reduce and x.dtype == inner.dtype and x.stride(-1) == 1
-        d = unreduced(inner, w, c) if fuse else reduced(inner, w, c)
+        d = gemm.linear_unreduced(inner, w, c) if fuse else gemm.linear(inner, w, c)
         if isinstance(d, gemm.SplitSums):
             return self._add_rmsnorm(x, None, norm_w, eps, sums=d)
         return self.add_rmsnorm(x, d, norm_w, eps)
-
-    def mlp_add_rmsnorm(self, x, h, gate_up, gate_up_b, down, down_b, norm_w, eps):
-        """With "silu-down" (DDTREE_GPU_EXPERIMENTAL), where gate/up runs on cuBLAS and down on the Triton GEMM (on
-        both cards' tables: 65-128 rows), down's loads take silu(gate) * up from gate/up's raw output
-        (gemm.linear_silu: the same bits as the SiLU-mul kernel's) and that kernel's launch is gone; elsewhere
-        swiglu then linear_add_rmsnorm, as TorchOps."""
-        if experimental.enabled("silu-down") and gate_up_b is None and down_b is None:
-            i = gate_up.shape[0] // 2
-            c = self._gemm(h, gate_up, None, i, True) is None and self.gemm_config(
-                h.shape[0], down.shape[0], i, h.dtype, h.device, swiglu=False)
-            if c and h.dim() == 2 and h.stride(-1) == 1 and down.stride(-1) == 1 and down.shape[1] == i:
-                raw = self.linear(h, gate_up)   # what swiglu runs without its Triton shape
-                return self._gemm_add_rmsnorm(x, raw, down, c, norm_w, eps,
-                                              lambda a, w, c: gemm.linear_silu(a, w, c, reduce=False), gemm.linear_silu)
-        return super().mlp_add_rmsnorm(x, h, gate_up, gate_up_b, down, down_b, norm_w, eps)
