@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     from ddtree_bench.engine.gpu.kernels import pdl
 
     print(f"# {torch.cuda.get_device_name(dev)}, {sms} SMs, {a.shape} {a.dtype}, torch {torch.__version__}, "
-          f"PDL {'on' if pdl.enabled(dev) else 'off'}; times: RMSNorm + GEMM (+ residual add + RMSNorm: "
+          f"PDL {'on' if pdl.enabled(dev) else 'late up to ' + str(pdl.LATE_ROWS) + ' rows' if pdl.default_late(dev, 1) else 'off'}; times: RMSNorm + GEMM (+ residual add + RMSNorm: "
           f"{', '.join(RESIDUAL)})", flush=True)
     g = torch.Generator(device=dev).manual_seed(0)
     weights, silu = {}, TritonOps(gemm_config=gemm.cublas_only)   # silu: cuBLAS + the SiLU kernel (the reference values)

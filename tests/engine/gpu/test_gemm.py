@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from ddtree_bench.engine.gpu.kernels import gemm
+from ddtree_bench.engine.gpu.kernels import common, gemm
 from ddtree_bench.engine.gpu.kernels.gemm import GemmConfig
 from ddtree_bench.errors import UsageError
 
@@ -162,7 +162,7 @@ def test_variant_key_groups_gemm_launches_as_tritons_binder_does():
 @pytest.fixture
 def card(monkeypatch):
     """card(name, capability, env=None): gemm sees a CUDA device of that name and capability (Triton present),
-    DDTREE_GEMM_TABLE set to env or unset; the cached per-device table is cleared before and after."""
+    DDTREE_GEMM_TABLE set to env or unset; the cached per-device table and card check are cleared before and after."""
     def set_card(name: str, capability: tuple[int, int], env: str | None = None) -> None:
         if env:
             monkeypatch.setenv(gemm.TABLE_ENV, env)
@@ -172,9 +172,11 @@ def card(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: capability)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: name)
         gemm.builtin_table.cache_clear()
+        common._is_h100_sxm.cache_clear()
 
     yield set_card
     gemm.builtin_table.cache_clear()
+    common._is_h100_sxm.cache_clear()
 
 
 @pytest.mark.parametrize("name, capability, table", [

@@ -51,3 +51,53 @@ def test_each_mode_turns_pdl_on_with_its_own_prefetch_and_launch_point(monkeypat
     assert pdl.prefetch("cuda") is prefetch
     monkeypatch.setenv(experimental.ENV, "split-cap")
     assert pdl.gdc_options("cuda") == {"USE_GDC": False, "GDC_LATE": False, "launch_pdl": False}
+
+
+def _pretend_h100(monkeypatch, h100: bool = True):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv(experimental.ENV, raising=False)
+    monkeypatch.delenv("DDTREE_PDL_LATE_ROWS", raising=False)
+    monkeypatch.setattr(pdl, "SUPPORTED", True)
+    monkeypatch.setattr(pdl, "is_h100_sxm", lambda device: h100 and str(device).startswith("cuda"))
+
+
+LATE = {"USE_GDC": True, "GDC_LATE": True, "launch_pdl": True}
+OFF = {"USE_GDC": False, "GDC_LATE": False, "launch_pdl": False}
+
+
+def test_an_h100_takes_pdl_late_by_default_for_few_rows_only(monkeypatch):
+    """With no mode named, an H100 SXM launches "pdl-late" over 1..LATE_ROWS token rows (a decode, a draft, a B <= 32
+    verify, a batched DFlash step of two) and nothing above; a launch that does not say its rows never takes it."""
+    _pretend_h100(monkeypatch)
+    assert not pdl.enabled("cuda")   # the named modes stay off
+    for rows in (1, 16, 17, 34, pdl.LATE_ROWS):
+        assert pdl.gdc_options("cuda", rows) == LATE, rows
+    for rows in (pdl.LATE_ROWS + 1, 65, 1024):
+        assert pdl.gdc_options("cuda", rows) == OFF, rows
+    assert pdl.gdc_options("cuda") == OFF and pdl.gdc_options("cpu", 1) == OFF
+    monkeypatch.setenv("DDTREE_PDL_LATE_ROWS", "16")   # the edge moves for an A/B
+    assert pdl.gdc_options("cuda", 16) == LATE and pdl.gdc_options("cuda", 17) == OFF
+
+
+def test_the_few_row_default_is_off_on_other_cards_under_pdl_off_and_where_pdl_cannot_run(monkeypatch):
+    _pretend_h100(monkeypatch, h100=False)
+    assert pdl.gdc_options("cuda", 16) == OFF   # the H200 and others: never timed there
+    _pretend_h100(monkeypatch)
+    monkeypatch.setenv(experimental.ENV, "pdl-off")
+    assert pdl.gdc_options("cuda", 16) == OFF
+    monkeypatch.delenv(experimental.ENV)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert pdl.gdc_options("cuda", 16) == OFF
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(pdl, "SUPPORTED", False)
+    assert pdl.gdc_options("cuda", 16) == OFF
+
+
+@pytest.mark.parametrize("mode, late", [("pdl", False), ("pdl-bare", False), ("pdl-late", True)])
+def test_a_named_mode_decides_at_every_row_count(monkeypatch, mode, late):
+    """A named mode overrides the default on either side of its edge: its own launch point at 1 row and at 1024."""
+    _pretend_h100(monkeypatch)
+    monkeypatch.setattr(pdl, "_sm90_or_newer", lambda device: device.startswith("cuda"))
+    monkeypatch.setenv(experimental.ENV, mode)
+    for rows in (1, 1024):
+        assert pdl.gdc_options("cuda", rows) == {"USE_GDC": True, "GDC_LATE": late, "launch_pdl": True}

@@ -297,7 +297,7 @@ def combine(pacc, pm, pl, out, live, M: int, T: int, G: int, n_split: int, n_kv:
            out.shape[1], n_kv, T * out.shape[1],
            D=out.shape[1] // (n_kv * G), BLOCK_D=BD, SP=_pow2(n_split),
            T_MAJOR=t_major, CAP=cap, ROWS=rows, num_warps=4,
-           **pdl.gdc_options(out.device))
+           **pdl.gdc_options(out.device, out.shape[0]))
 
 
 def wanted(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -430,7 +430,7 @@ def live_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
            Hkv, q.stride(0), k.stride(0), v.stride(0), bias.stride(0), T * Hq * D,
            D=D, BLOCK_M=BM, BLOCK_N=bn, BLOCK_D=BD, HAS_PREFIX=prefix is not None, SPLIT=ns > 1,
            IEEE=q.dtype == torch.float32, FOLD=fold, CAP=cap, num_warps=warps,
-           num_stages=stages, **pdl.gdc_options(q.device))
+           num_stages=stages, **pdl.gdc_options(q.device, out.shape[0]))
     if ns > 1 and not fold:
         combine(pacc, pm, pl, out, live, M, T, G, ns, Hkv, cap=cap)
     return out

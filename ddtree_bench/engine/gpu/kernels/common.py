@@ -4,10 +4,13 @@ and the exact score keys; importing it points Triton's cache at the project's (c
 `_desc` maps an fp32 score to the int64 key tree_vector._desc_key computes (higher score -> smaller
 key, -0.0 == +0.0), so a kernel's order is the PyTorch builder's order bit for bit. Triton is
 optional (CPU installs of PyTorch lack it): `triton` and `tl` are None then, and every kernel
-module defines its kernels only `if triton is not None`. Knows nothing of trees or models.
+module defines its kernels only `if triton is not None`. `is_h100_sxm` names the one card besides the H200 that
+some defaults were measured on. Knows nothing of trees or models.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 from ddtree_bench.engine.gpu.kernels.cache_dir import use_project_cache
 
@@ -21,6 +24,24 @@ except Exception:  # pragma: no cover - depends on the install
     tl = None
 
 I64_MAX = 9223372036854775807   # the padding key: sorts after every real key
+H100_SXM_NAME = ("H100", "HBM3")   # a CUDA device name holding both is an H100 SXM (80 GB HBM3)
+
+
+def is_h100_sxm(device) -> bool:
+    """Whether `device` is an H100 SXM (sm_90, its name holding H100_SXM_NAME): the card the GEMM table and the few-row
+    PDL default (kernels/gemm.py, kernels/pdl.py) were measured on besides the H200."""
+    return _is_h100_sxm(str(device))
+
+
+@lru_cache(maxsize=None)
+def _is_h100_sxm(device: str) -> bool:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) != (9, 0):
+        return False
+    name = torch.cuda.get_device_name(dev)
+    return all(part in name for part in H100_SXM_NAME)
 
 
 def _pow2(n: int) -> int:

@@ -27,6 +27,7 @@ FEATURES = {
     "tree-fold": "the tree kernel's split-KV combine folded into its launch (kernels/tree_attention.py)",
     "pdl-bare": "programmatic dependent launch without the L2 prefetch, the next kernel let in right after the wait (kernels/pdl.py)",
     "pdl-late": "programmatic dependent launch without the L2 prefetch, the next kernel let in after the main loop (kernels/pdl.py)",
+    "pdl-off": "no programmatic dependent launch at all, not even the H100's few-row pdl-late default (kernels/pdl.py)",
     "bf16-partials": "split-KV partial sums kept in the activation dtype (bf16 / fp16), not fp32: half their traffic (kernels/attention.py)",
     "grid-once": "the grid tree build's counting loops add their comparisons up elementwise and reduce once after the loop, not every step (kernels/tree_grid.py)",
 }
@@ -43,6 +44,7 @@ KNOBS = {
     "TREE_WARPS": "warps per program of the tree kernel, every band (kernels/tree_attention.py)",
     "TREE_STAGES": "software pipeline stages of the tree kernel in bf16 / fp16, every band (kernels/tree_attention.py)",
     "RMSNORM_WARPS": "warps of the residual add + RMSNorm kernel's one-row programs (kernels/layer_ops.py)",
+    "PDL_LATE_ROWS": "token rows up to which a launch takes pdl-late by default on an H100 SXM (kernels/pdl.py)",
     "ROPE_TILES_FROM": "tokens from which q/k norm + RoPE runs a tile of heads per program (kernels/layer_ops.py)",
     "SLOT_ROWS": "query rows per program of the live-slot kernel over 2+ slots, the batched loop's (kernels/attention.py)",
     "LIVE_BLOCK_N": "cache slots per inner step of the live-slot kernel (kernels/attention.py)",

@@ -37,7 +37,7 @@ from functools import lru_cache
 import torch
 
 from ddtree_bench.engine.gpu.kernels import experimental, pdl
-from ddtree_bench.engine.gpu.kernels.common import tl, triton
+from ddtree_bench.engine.gpu.kernels.common import is_h100_sxm, tl, triton
 from ddtree_bench.engine.gpu.kernels.gemm_parts import KERNELS, REDUCE_BLOCK, GemmConfig, SplitSums  # noqa: F401
 
 if triton is not None:   # the kernels exist only with Triton (common.py); without it this module still imports
@@ -123,7 +123,7 @@ def _run(x: torch.Tensor, w: torch.Tensor, n_out: int, up_rows: int, launch: Gem
     grid = (triton.cdiv(M, c.block_m), triton.cdiv(n_out, c.block_n), split)
     even = K % c.block_k == 0
     prec = "ieee" if x.dtype == torch.float32 else "tf32"   # fp32 (the tests' twin check) multiplies exactly
-    gdc = pdl.gdc_options(x.device)
+    gdc = pdl.gdc_options(x.device, M)
     line = 128 // x.element_size()
     pf = _prefetch_k(grid[1] * split, c.block_n, k_per_split, x.element_size(), swiglu, line) if pdl.prefetch(x.device) else 0
     opts = dict(LINE=line, num_warps=c.warps, num_stages=c.stages, **gdc)
@@ -222,7 +222,6 @@ H100_TABLE: Table = {
 }
 
 TUNED_CAPABILITY = (9, 0)   # both tables were measured on sm_90; elsewhere cuBLAS unless TABLE_ENV names a table
-H100_NAME = ("H100", "HBM3")   # a device name holding both is an H100 SXM (H100_TABLE); other sm_90 cards take H200_TABLE
 TABLE_ENV = experimental.GEMM_TABLE_ENV   # a JSON table written by benchmarks/gpu_gemm_tune.py --write, used on any CUDA device
 _LOADED: dict[str, Table] = {}
 
@@ -339,10 +338,9 @@ def table_name(device) -> str:
 
 @lru_cache(maxsize=None)
 def builtin_table(device: str) -> Table | None:
-    """The built-in table of a CUDA device: H100_TABLE on an H100 SXM (its name holds H100_NAME), H200_TABLE on any other
+    """The built-in table of a CUDA device: H100_TABLE on an H100 SXM (common.is_h100_sxm), H200_TABLE on any other
     sm_90 card (the H200, and H100 variants no table was tuned on), None (cuBLAS) elsewhere."""
     dev = torch.device(device)
     if torch.cuda.get_device_capability(dev) != TUNED_CAPABILITY:
         return None
-    name = torch.cuda.get_device_name(dev)
-    return H100_TABLE if all(part in name for part in H100_NAME) else H200_TABLE
+    return H100_TABLE if is_h100_sxm(dev) else H200_TABLE

@@ -188,9 +188,9 @@ def _warps(block: int) -> int:
     return experimental.knob("RMSNORM_WARPS", max(1, min(16, block // 256)), (1, 2, 4, 8, 16))
 
 
-def _launch_opts(device, warps: int) -> dict:
-    """num_warps, and programmatic dependent launch where kernels/pdl.py enables it."""
-    return dict(num_warps=warps, **pdl.gdc_options(device))
+def _launch_opts(device, warps: int, rows: int) -> dict:
+    """num_warps, and programmatic dependent launch where kernels/pdl.py enables it for a launch over `rows` tokens."""
+    return dict(num_warps=warps, **pdl.gdc_options(device, rows))
 
 
 class TritonOps(TorchOps):
@@ -211,7 +211,7 @@ class TritonOps(TorchOps):
         y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, w.dtype), device=x.device)
         B = triton.next_power_of_2(x.shape[1])
         launch(_rmsnorm_kernel, (x.shape[0],), x, x, w, y, x, x.shape[1], eps, x.stride(0), 0, y.stride(0), 0, 0, 0,
-               HAS_RES=False, BLOCK=B, **_launch_opts(x.device, _warps(B)))
+               HAS_RES=False, BLOCK=B, **_launch_opts(x.device, _warps(B), x.shape[0]))
         return y
 
     def add_rmsnorm(self, x, d, w, eps):
@@ -228,7 +228,7 @@ class TritonOps(TorchOps):
         n_parts, s_part = (0, 0) if sums is None else (r.shape[0], r.stride(0))
         launch(_rmsnorm_kernel, (x.shape[0],), x, r, w, y, xo, x.shape[1], eps, x.stride(0), r.stride(-2), y.stride(0),
                xo.stride(0), n_parts, s_part, HAS_RES=True, BLOCK=B, PARTS=sums is not None,
-               **_launch_opts(x.device, _warps(B)))
+               **_launch_opts(x.device, _warps(B), x.shape[0]))
         return xo, y
 
     def qkv_rope(self, qkv, n_q, n_kv, q_w, k_w, eps, cos, sin, k_cache, v_cache, start):
@@ -266,9 +266,9 @@ class TritonOps(TorchOps):
         consts = dict(HALF=D // 2, HB=triton.next_power_of_2(D // 2), HAS_NORM=norm)
         if C * T >= experimental.knob("ROPE_TILES_FROM", ROPE_TILES_FROM):
             launch(_qkv_rope_tiles_kernel, (C * T, triton.cdiv(n_q + n_kv, ROPE_HEADS)),
-                   *args, HG=ROPE_HEADS, **consts, **_launch_opts(qkv.device, ROPE_WARPS))
+                   *args, HG=ROPE_HEADS, **consts, **_launch_opts(qkv.device, ROPE_WARPS, C * T))
         else:
-            launch(_qkv_rope_kernel, (C * T, n_q + n_kv), *args, **consts, **_launch_opts(qkv.device, 1))
+            launch(_qkv_rope_kernel, (C * T, n_q + n_kv), *args, **consts, **_launch_opts(qkv.device, 1, C * T))
         return q
 
     def silu_mul(self, gate_up):
@@ -278,7 +278,7 @@ class TritonOps(TorchOps):
         y = torch.empty((T, I), dtype=gate_up.dtype, device=gate_up.device)
         B = 1024
         launch(_silu_mul_kernel, (T, triton.cdiv(I, B)), gate_up, y, I, gate_up.stride(0), y.stride(0), BLOCK=B,
-               **_launch_opts(gate_up.device, 4))
+               **_launch_opts(gate_up.device, 4, T))
         return y
 
     def _gemm(self, x, w, b, n: int, swiglu: bool):

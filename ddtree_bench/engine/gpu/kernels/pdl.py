@@ -20,7 +20,9 @@ only (`griddepcontrol.wait` waits for the whole previous grid and its writes, wh
   programs take SM slots only while this one drains, not for its whole run.
 `enabled(device)`: only when DDTREE_GPU_EXPERIMENTAL names one of these (kernels/experimental.py), on CUDA
 with compute capability >= 9 and Triton not interpreting; elsewhere the kernels compile without the
-instructions. benchmarks/gpu_gemm.sh with EXPERIMENTAL=pdl runs its tests and measures it against the
+instructions. Where none is named, `gdc_options(device, rows)` still turns "pdl-late" on for a launch over at
+most LATE_ROWS token rows on an H100 SXM (`default_late`; "pdl-off" keeps it off): the one mode and card where it
+won. benchmarks/gpu_gemm.sh with EXPERIMENTAL=pdl runs its tests and measures it against the
 default. Knows nothing of what the kernels compute.
 """
 
@@ -32,7 +34,7 @@ from functools import lru_cache
 import torch
 
 from ddtree_bench.engine.gpu.kernels import experimental
-from ddtree_bench.engine.gpu.kernels.common import tl, triton
+from ddtree_bench.engine.gpu.kernels.common import is_h100_sxm, tl, triton
 
 
 def _supported() -> bool:
@@ -49,6 +51,12 @@ SUPPORTED = triton is not None and _supported()
 
 
 MODES = ("pdl", "pdl-bare", "pdl-late")   # the experimental features that turn PDL on (module docstring)
+# Where no mode is named, "pdl-late" on an H100 SXM for launches over at most this many token rows (DDTREE_PDL_LATE_ROWS
+# moves the edge; "pdl-off" turns it off). On an H100, one process, two leases (docs/gpu-performance.md, "Late morning
+# (H100, 2026-12-06)"): the verify 0.981-0.992x at n = 1-32, 1.001 / 0.999x at 64, 1.005-1.014x at 128-256; whole rounds
+# 0.988 / 0.989x (DFlash / DDTree B = 16) alone and 0.993 / 0.995x in a batch of two. The edge sits between 32 (won)
+# and 64 (tied). Off on the H200 and other cards, where it has not been timed.
+LATE_ROWS = 48
 
 
 def requested() -> bool:
@@ -79,11 +87,23 @@ def _sm90_or_newer(device: str) -> bool:
     return dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
 
 
-def gdc_options(device) -> dict:
+def default_late(device, rows: int) -> bool:
+    """Whether a launch over `rows` token rows takes "pdl-late" with no mode named: on an H100 SXM, rows <= LATE_ROWS,
+    unless "pdl-off" (where PDL can run at all: sm_90+, a Triton that has it, not the interpreter)."""
+    if experimental.enabled("pdl-off") or not SUPPORTED or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return rows <= experimental.knob("PDL_LATE_ROWS", LATE_ROWS) and is_h100_sxm(device)
+
+
+def gdc_options(device, rows: int | None = None) -> dict:
     """The launch keywords of a kernel that calls `enter(USE_GDC, GDC_LATE)` and `release`: USE_GDC and launch_pdl,
-    on where enabled, and GDC_LATE where the mode is "pdl-late"."""
-    on = enabled(device)
-    return dict(USE_GDC=on, GDC_LATE=on and late(), launch_pdl=on)
+    on where enabled (a named mode) or, with no mode named, where `default_late` holds for the launch's token rows;
+    GDC_LATE where the mode is "pdl-late" (or the default's)."""
+    if requested():
+        on = enabled(device)
+        return dict(USE_GDC=on, GDC_LATE=on and late(), launch_pdl=on)
+    on = rows is not None and default_late(device, rows)
+    return dict(USE_GDC=on, GDC_LATE=on, launch_pdl=on)
 
 
 if triton is not None:

@@ -439,7 +439,7 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
                 Hkv, q.stride(0), k.stride(0), v.stride(0), path.stride(0), T * Hq * D, W, T * W,
                 D=D, L1P=_pow2(path.shape[2]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, TREE_DENSE=cfg.tree_dense,
-                FOLD=fold, VIS_WORDS=use_words, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(q.device))
+                FOLD=fold, VIS_WORDS=use_words, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(q.device, out.shape[0]))
     if ns > 1 and not fold:
         combine(pacc, pm, pl, out, prefix, M, T, G, ns + 1, Hkv, t_major=True)
     return out
