@@ -85,6 +85,9 @@ def test_the_few_row_default_is_off_on_other_cards_under_pdl_off_and_where_pdl_c
     _pretend_h100(monkeypatch)
     monkeypatch.setenv(experimental.ENV, "pdl-off")
     assert pdl.gdc_options("cuda", 16) == OFF
+    monkeypatch.setattr(pdl, "_sm90_or_newer", lambda device: device.startswith("cuda"))
+    monkeypatch.setenv(experimental.ENV, "pdl-late,pdl-off")   # off wins over a mode named beside it
+    assert pdl.gdc_options("cuda", 16) == OFF and pdl.gdc_options("cuda", 1024) == OFF
     monkeypatch.delenv(experimental.ENV)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert pdl.gdc_options("cuda", 16) == OFF

@@ -52,10 +52,8 @@ SUPPORTED = triton is not None and _supported()
 
 MODES = ("pdl", "pdl-bare", "pdl-late")   # the experimental features that turn PDL on (module docstring)
 # Where no mode is named, "pdl-late" on an H100 SXM for launches over at most this many token rows (DDTREE_PDL_LATE_ROWS
-# moves the edge; "pdl-off" turns it off). On an H100, one process, two leases (docs/gpu-performance.md, "Late morning
-# (H100, 2026-12-06)"): the verify 0.981-0.992x at n = 1-32, 1.001 / 0.999x at 64, 1.005-1.014x at 128-256; whole rounds
-# 0.988 / 0.989x (DFlash / DDTree B = 16) alone and 0.993 / 0.995x in a batch of two. The edge sits between 32 (won)
-# and 64 (tied). Off on the H200 and other cards, where it has not been timed.
+# moves the edge; "pdl-off" turns PDL off, whatever else is named): it won there below 33 rows and tied at 64 in three
+# leases, so the edge sits between (docs/gpu-performance.md, "Late morning (H100, 2026-12-06)"); never timed on an H200.
 LATE_ROWS = 48
 
 
@@ -66,7 +64,7 @@ def requested() -> bool:
 
 def enabled(device) -> bool:
     """Whether kernels on `device` launch with PDL (a mode requested, sm_90+, a Triton that has it, not the interpreter)."""
-    if not requested() or not SUPPORTED or os.environ.get("TRITON_INTERPRET") == "1":
+    if not requested() or experimental.enabled("pdl-off") or not SUPPORTED or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     return _sm90_or_newer(str(device))
 
