@@ -28,6 +28,7 @@ def test_bench_engine_cpu_json_and_table(tmp_path, capsys):
     assert all(r["fast"]["cold_s"] > 0 for r in res["rounds"])   # each point's first round (a new bucket) was timed
     assert res["layer_ops"] == "torch" and "graph_unfused" not in res["verify_curve_ms"]   # no Triton on a CPU
     assert res["gemm_table"] == "none" and "GEMM table: none" in text   # which weight-GEMM table ran: none here
+    assert res["pdl"] == "off" and "PDL: off" in text   # which programmatic dependent launch ran: none on a CPU
     got = {(r["method"], r["budget"]) for r in res["rounds"]}
     assert got == {("ar", None), ("dflash", None), ("ddtree", 4), ("ddtree", 16)}
     for r in res["rounds"]:

@@ -104,3 +104,19 @@ def test_a_named_mode_decides_at_every_row_count(monkeypatch, mode, late):
     monkeypatch.setenv(experimental.ENV, mode)
     for rows in (1, 1024):
         assert pdl.gdc_options("cuda", rows) == {"USE_GDC": True, "GDC_LATE": late, "launch_pdl": True}
+
+
+def test_results_name_the_pdl_that_ran(monkeypatch):
+    """bench-engine records pdl.describe: the few-row default with its edge on an H100, a named mode where it runs,
+    "off" elsewhere (another card, pdl-off, a CPU)."""
+    _pretend_h100(monkeypatch)
+    assert pdl.describe("cuda") == f"pdl-late up to {pdl.LATE_ROWS} rows" and pdl.describe("cpu") == "off"
+    monkeypatch.setenv("DDTREE_PDL_LATE_ROWS", "16")
+    assert pdl.describe("cuda") == "pdl-late up to 16 rows"
+    monkeypatch.setattr(pdl, "_sm90_or_newer", lambda device: device.startswith("cuda"))
+    monkeypatch.setenv(experimental.ENV, "pdl-bare")
+    assert pdl.describe("cuda") == "pdl-bare" and pdl.describe("cpu") == "off"
+    monkeypatch.setenv(experimental.ENV, "pdl-off")
+    assert pdl.describe("cuda") == "off"
+    _pretend_h100(monkeypatch, h100=False)
+    assert pdl.describe("cuda") == "off"

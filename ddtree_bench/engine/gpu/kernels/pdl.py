@@ -93,6 +93,14 @@ def default_late(device, rows: int) -> bool:
     return rows <= experimental.knob("PDL_LATE_ROWS", LATE_ROWS) and is_h100_sxm(device)
 
 
+def describe(device) -> str:
+    """Which PDL the forwards on `device` launch with, as results record it: the named mode ("pdl", "pdl-bare",
+    "pdl-late") where one runs, "pdl-late up to N rows" where the few-row default does, else "off"."""
+    if requested():
+        return next(m for m in MODES if experimental.enabled(m)) if enabled(device) else "off"
+    return f"pdl-late up to {experimental.knob('PDL_LATE_ROWS', LATE_ROWS)} rows" if default_late(device, 1) else "off"
+
+
 def gdc_options(device, rows: int | None = None) -> dict:
     """The launch keywords of a kernel that calls `enter(USE_GDC, GDC_LATE)` and `release`: USE_GDC and launch_pdl,
     on where enabled (a named mode) or, with no mode named, where `default_late` holds for the launch's token rows;
