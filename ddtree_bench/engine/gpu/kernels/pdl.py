@@ -64,9 +64,12 @@ def requested() -> bool:
 
 def enabled(device) -> bool:
     """Whether kernels on `device` launch with PDL (a mode requested, sm_90+, a Triton that has it, not the interpreter)."""
-    if not requested() or experimental.enabled("pdl-off") or not SUPPORTED or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    return _sm90_or_newer(str(device))
+    return requested() and _may_run() and _sm90_or_newer(str(device))
+
+
+def _may_run() -> bool:
+    """PDL is not switched off ("pdl-off"), this Triton has it, and Triton is not interpreting."""
+    return not experimental.enabled("pdl-off") and SUPPORTED and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def late() -> bool:
@@ -88,9 +91,7 @@ def _sm90_or_newer(device: str) -> bool:
 def default_late(device, rows: int) -> bool:
     """Whether a launch over `rows` token rows takes "pdl-late" with no mode named: on an H100 SXM, rows <= LATE_ROWS,
     unless "pdl-off" (where PDL can run at all: sm_90+, a Triton that has it, not the interpreter)."""
-    if experimental.enabled("pdl-off") or not SUPPORTED or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    return rows <= experimental.knob("PDL_LATE_ROWS", LATE_ROWS) and is_h100_sxm(device)
+    return _may_run() and rows <= experimental.knob("PDL_LATE_ROWS", LATE_ROWS) and is_h100_sxm(device)
 
 
 def describe(device) -> str:
