@@ -95,6 +95,22 @@ def test_the_tree_kernels_shape_knobs_move_every_band_and_fp32_stays_single_stag
         tree_attention.config(4 * 64, torch.bfloat16)
 
 
+def test_the_tree_kernels_register_cap_is_unset_by_default_and_a_knob_for_an_ab(monkeypatch):
+    """DDTREE_TREE_MAXNREG caps the tree kernel's registers a thread (ptxas .maxnreg) in every band, so three 4-warp
+    programs can share an SM in an A/B; unset, ptxas picks (no cap); a count ptxas is not asked for is bad input."""
+    import torch
+
+    from ddtree_bench.engine.gpu.kernels import tree_attention
+
+    monkeypatch.delenv("DDTREE_TREE_MAXNREG", raising=False)
+    assert all(tree_attention.config(M, torch.bfloat16).maxnreg is None for M in (4 * 17, 4 * 257, 4 * 513))
+    monkeypatch.setenv("DDTREE_TREE_MAXNREG", "168")
+    assert {tree_attention.config(M, torch.bfloat16).maxnreg for M in (4 * 17, 4 * 257, 4 * 513)} == {168}
+    monkeypatch.setenv("DDTREE_TREE_MAXNREG", "100")
+    with pytest.raises(UsageError, match="DDTREE_TREE_MAXNREG"):
+        tree_attention.config(4 * 64, torch.bfloat16)
+
+
 def test_split_partials_stay_fp32_unless_bf16_partials_is_named_and_fp32_inputs_never_round_them(monkeypatch):
     """attention.partial_dtype: the split-KV acc partials are fp32 by default; "bf16-partials" keeps them in a bf16 /
     fp16 activation dtype (half the traffic), never for fp32 inputs (the tests' exact twin check)."""

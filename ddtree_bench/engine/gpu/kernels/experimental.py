@@ -43,6 +43,7 @@ KNOBS = {
     "TREE_BLOCK_M": "query rows per program of the tree kernel, every band (kernels/tree_attention.py)",
     "TREE_WARPS": "warps per program of the tree kernel, every band (kernels/tree_attention.py)",
     "TREE_STAGES": "software pipeline stages of the tree kernel in bf16 / fp16, every band (kernels/tree_attention.py)",
+    "TREE_MAXNREG": "registers a thread the tree kernel may use, every band (ptxas .maxnreg; unset: ptxas's own count; kernels/tree_attention.py)",
     "RMSNORM_WARPS": "warps of the residual add + RMSNorm kernel's one-row programs (kernels/layer_ops.py)",
     "PDL_LATE_ROWS": "token rows up to which a launch takes pdl-late by default on an H100 SXM (kernels/pdl.py)",
     "ROPE_TILES_FROM": "tokens from which q/k norm + RoPE runs a tile of heads per program (kernels/layer_ops.py)",

@@ -78,6 +78,7 @@ class Config:
     fold: bool = False     # split-KV ranges combined inside the launch (else attention.py's combine kernel after it)
     ranges: int | None = None   # prefix ranges (split-KV) per row block, at most one per block_n slots; None: n_split's
     slot_ranges: int | None = None   # the ranges a launch over 2+ slots spreads over them (None: `ranges`)
+    maxnreg: int | None = None   # a cap on registers a thread (ptxas .maxnreg), so more programs fit an SM; None: none
 
 
 # wide tiles the tuner times (benchmarks/gpu_attention_tune.py; config()'s first two bands are the 64x64 and 64x128
@@ -111,10 +112,11 @@ def config(M: int, dtype: torch.dtype) -> Config:
                    ranges=experimental.knob("TREE_WIDE_RANGES", 1))
     else:
         c = Config(64, 64, 4, 3, tree_dense=True, ranges=experimental.knob("TREE_BIG_RANGES", 0) or None)
-    # every band's tile rows, warps and stages, for an A/B only (unset: the table above)
+    # every band's tile rows, warps, stages and register cap, for an A/B only (unset: the table above)
     c = replace(c, block_m=experimental.knob("TREE_BLOCK_M", c.block_m, (16, 32, 64, 128)),
                 warps=experimental.knob("TREE_WARPS", c.warps, (1, 2, 4, 8)),
-                stages=experimental.knob("TREE_STAGES", c.stages, (1, 2, 3, 4)))
+                stages=experimental.knob("TREE_STAGES", c.stages, (1, 2, 3, 4)),
+                maxnreg=experimental.knob("TREE_MAXNREG", 0, (128, 168, 192)) or None)
     if experimental.enabled("tree-fold"):
         c = replace(c, fold=True)
     return replace(c, stages=1) if dtype == torch.float32 else c
@@ -439,7 +441,8 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
                 Hkv, q.stride(0), k.stride(0), v.stride(0), path.stride(0), T * Hq * D, W, T * W,
                 D=D, L1P=_pow2(path.shape[2]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 SPLIT=ns > 1, IEEE=q.dtype == torch.float32, K_ROWS=cfg.k_rows, TREE_DENSE=cfg.tree_dense,
-                FOLD=fold, VIS_WORDS=use_words, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.gdc_options(q.device, out.shape[0]))
+                FOLD=fold, VIS_WORDS=use_words, num_warps=cfg.warps, num_stages=cfg.stages,
+                **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}), **pdl.gdc_options(q.device, out.shape[0]))
     if ns > 1 and not fold:
         combine(pacc, pm, pl, out, prefix, M, T, G, ns + 1, Hkv, t_major=True)
     return out
