@@ -97,7 +97,8 @@ def test_the_tree_kernels_shape_knobs_move_every_band_and_fp32_stays_single_stag
 
 def test_the_tree_kernels_register_cap_is_unset_by_default_and_a_knob_for_an_ab(monkeypatch):
     """DDTREE_TREE_MAXNREG caps the tree kernel's registers a thread (ptxas .maxnreg) in every band, so three 4-warp
-    programs can share an SM in an A/B; unset, ptxas picks (no cap); a count ptxas is not asked for is bad input."""
+    programs can share an SM in an A/B; unset, ptxas picks (no cap); a count ptxas is not asked for is bad input.
+    DDTREE_TREE_BLOCK_N sets every band's key tile width the same way."""
     import torch
 
     from ddtree_bench.engine.gpu.kernels import tree_attention
@@ -106,6 +107,8 @@ def test_the_tree_kernels_register_cap_is_unset_by_default_and_a_knob_for_an_ab(
     assert all(tree_attention.config(M, torch.bfloat16).maxnreg is None for M in (4 * 17, 4 * 257, 4 * 513))
     monkeypatch.setenv("DDTREE_TREE_MAXNREG", "168")
     assert {tree_attention.config(M, torch.bfloat16).maxnreg for M in (4 * 17, 4 * 257, 4 * 513)} == {168}
+    monkeypatch.setenv("DDTREE_TREE_BLOCK_N", "32")   # the key tile width too, every band
+    assert {tree_attention.config(M, torch.bfloat16).block_n for M in (4 * 17, 4 * 257, 4 * 513)} == {32}
     monkeypatch.setenv("DDTREE_TREE_MAXNREG", "100")
     with pytest.raises(UsageError, match="DDTREE_TREE_MAXNREG"):
         tree_attention.config(4 * 64, torch.bfloat16)

@@ -38,6 +38,7 @@ KNOBS = {
     "TREE_RANGES_TO": "folded rows up to which the tree kernel splits the prefix in ranges (kernels/tree_attention.py)",
     "TREE_RANGES": "prefix ranges of the tree kernel up to TREE_RANGES_TO folded rows, every band but small trees over slots (kernels/tree_attention.py)",
     "TREE_WIDE_BLOCK_N": "key tile width of the tree kernel above TREE_RANGES_TO folded rows up to 1536 (kernels/tree_attention.py)",
+    "TREE_BLOCK_N": "key tile width of the tree kernel, every band (kernels/tree_attention.py)",
     "TREE_WIDE_RANGES": "prefix ranges of the tree kernel above TREE_RANGES_TO folded rows up to 1536 (kernels/tree_attention.py)",
     "TREE_BIG_RANGES": "prefix ranges of the tree kernel above 1536 folded rows (default: n_split's count; kernels/tree_attention.py)",
     "TREE_BLOCK_M": "query rows per program of the tree kernel, every band (kernels/tree_attention.py)",

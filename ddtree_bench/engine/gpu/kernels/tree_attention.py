@@ -112,8 +112,9 @@ def config(M: int, dtype: torch.dtype) -> Config:
                    ranges=experimental.knob("TREE_WIDE_RANGES", 1))
     else:
         c = Config(64, 64, 4, 3, tree_dense=True, ranges=experimental.knob("TREE_BIG_RANGES", 0) or None)
-    # every band's tile rows, warps, stages and register cap, for an A/B only (unset: the table above)
+    # every band's tile rows and width, warps, stages and register cap, for an A/B only (unset: the table above)
     c = replace(c, block_m=experimental.knob("TREE_BLOCK_M", c.block_m, (16, 32, 64, 128)),
+                block_n=experimental.knob("TREE_BLOCK_N", c.block_n, WIDE_BLOCK_NS),
                 warps=experimental.knob("TREE_WARPS", c.warps, (1, 2, 4, 8)),
                 stages=experimental.knob("TREE_STAGES", c.stages, (1, 2, 3, 4)),
                 maxnreg=experimental.knob("TREE_MAXNREG", 0, (128, 168, 192)) or None)
