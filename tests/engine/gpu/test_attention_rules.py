@@ -125,28 +125,3 @@ def test_split_partials_stay_fp32_unless_bf16_partials_is_named_and_fp32_inputs_
     assert attention.partial_dtype(torch.bfloat16) == torch.bfloat16
     assert attention.partial_dtype(torch.float16) == torch.float16
     assert attention.partial_dtype(torch.float32) == torch.float32
-
-
-def test_an_h100_takes_narrow_three_stage_tiles_in_the_two_lower_bands_and_two_wide_ranges(monkeypatch):
-    """On an H100 SXM (kernels/common.is_h100_sxm, pretended here) config's two lower bands take NARROW_TILES (32-wide
-    key tiles, three stages) and the wide band two prefix ranges; the top band, any other card, a call without a
-    device and fp32 keep their shapes; the A/B knobs still win over the card's default."""
-    import torch
-
-    from ddtree_bench.engine.gpu.kernels import tree_attention as ta
-
-    for name in ("TREE_WIDE_RANGES", "TREE_WIDE_BLOCK_N", "TREE_BLOCK_N", "TREE_STAGES", "TREE_RANGES"):
-        monkeypatch.delenv(f"DDTREE_{name}", raising=False)
-    monkeypatch.setattr(ta, "is_h100_sxm", lambda device: str(device).startswith("cuda"))
-    bf = torch.bfloat16
-    small, mid, wide, top = ta.config(4 * 17, bf, "cuda"), ta.config(4 * 129, bf, "cuda"), ta.config(4 * 257, bf, "cuda"), \
-        ta.config(4 * 513, bf, "cuda")
-    assert ta.NARROW_TILES == (32, 3)
-    assert [(c.block_n, c.stages) for c in (small, mid, wide)] == [ta.NARROW_TILES] * 3
-    assert (small.ranges, mid.ranges, wide.ranges) == (ta.RANGES_SMALL, ta.RANGES_FEW, 2)
-    assert (top.block_n, top.stages, top.ranges) == (64, 3, None)
-    assert ta.config(4 * 257, bf, "cpu") == ta.config(4 * 257, bf) == ta.Config(64, 64, 4, 2, tree_dense=True, ranges=1)
-    assert ta.config(4 * 129, torch.float32, "cuda").stages == 1
-    monkeypatch.setenv("DDTREE_TREE_WIDE_RANGES", "1")
-    monkeypatch.setenv("DDTREE_TREE_BLOCK_N", "64")
-    assert (ta.config(4 * 257, bf, "cuda").ranges, ta.config(4 * 129, bf, "cuda").block_n) == (1, 64)
