@@ -455,16 +455,17 @@ def test_tree_attend_refuses_a_head_dim_it_cannot_tile_and_auto_does_not_pick_it
 
 @pytest.mark.gpu
 @triton_only
-@pytest.mark.parametrize("tile", [0, 1, 2], ids=["64x64", "128x64", "64x128"])   # WIDE_SHAPES, xdist spreads them
+@pytest.mark.parametrize("tile", [0, 1, 2, 3], ids=["64x64", "128x64", "64x128", "64x32"])   # xdist spreads them
 @pytest.mark.parametrize("N,start,L,Hq", [(40, 3, 5, 4), (70, 100, 15, 4)] + ([] if INTERPRETED else [(130, 64, 5, 8)]))
 def test_the_wide_tree_tiles_equal_sdpa_split_or_not_gathered_or_dense(N, start, L, Hq, tile):
-    """Each of WIDE_SHAPES (64/128-row tiles, the ones that can reach Hopper's wgmma; a test each) against SDPA with the
+    """Each of WIDE_SHAPES (64/128-row tiles, the ones that can reach Hopper's wgmma; a test each) and 32-wide key tiles
+    in three stages (DDTREE_TREE_BLOCK_N=32 DDTREE_TREE_STAGES=3, faster on an H100: docs/gpu-performance.md) against SDPA with the
     tree's bias: ragged row counts (M = 82, 524, 142 at 2 KV heads), prefixes from 3 slots (a lone masked tail tile) to
     100, deep chains (L = 15), the prefix in one range and in three, gathered and dense tree phase, combine after
     or folded; slots past the tree hold NaN."""
     from dataclasses import replace
 
-    from ddtree_bench.engine.gpu.kernels.tree_attention import WIDE_SHAPES, tree_attend
+    from ddtree_bench.engine.gpu.kernels.tree_attention import WIDE_SHAPES, Config, tree_attend
     from ddtree_bench.engine.gpu.tree_ops import ancestors
 
     Hkv, S, D = 2, 256, 32
@@ -478,8 +479,8 @@ def test_the_wide_tree_tiles_equal_sdpa_split_or_not_gathered_or_dense(N, start,
     k[:, start + T:] = float("nan")
     v[:, start + T:] = float("nan")
     pos = st + torch.cat([torch.zeros(1, dtype=torch.long), dep]).to(DEV)
-    c = WIDE_SHAPES[tile]
-    assert (c.block_m, c.block_n) == [(64, 64), (128, 64), (64, 128)][tile] and len(WIDE_SHAPES) == 3   # ids above
+    c = WIDE_SHAPES[tile] if tile < 3 else Config(64, 32, 4, 3)
+    assert (c.block_m, c.block_n) == [(64, 64), (128, 64), (64, 128), (64, 32)][tile] and len(WIDE_SHAPES) == 3   # ids
     for splits, dense, fold in ((1, False, False), (1, True, False), (3, False, False), (3, True, True)):
         got = tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits,
                           launch=replace(c, stages=1, tree_dense=dense, fold=fold))
@@ -493,7 +494,7 @@ def test_visibility_words_are_the_ancestor_matrix_and_give_the_path_tests_bits(N
     """vis_words sets bit j of row t exactly where node j is t's ancestor or t itself (tree_ops.ancestors), across
     word edges (T = 64, 65, 131); the dense tree phase reading them gives the path-table test's bits, at tiles of 16
     (a word's quarter), 64 and 128 nodes (two words), one range or three, combine after or folded, and through
-    forward's TreeRows (made once, reused)."""
+    forward's TreeRows (made once, reused); 32-node tiles (half a word: DDTREE_TREE_BLOCK_N=32) too."""
     from dataclasses import replace
 
     from ddtree_bench.engine.gpu.kernels.tree_attention import Config, TreeRows, tree_attend, vis_words
@@ -512,13 +513,13 @@ def test_visibility_words_are_the_ancestor_matrix_and_give_the_path_tests_bits(N
     g = torch.Generator().manual_seed(T)
     q, k, v = (torch.randn(*s, generator=g).to(DEV) for s in ((Hq, T, D), (Hkv, S, D), (Hkv, S, D)))
     launches = [Config(16, 16, 4, 1, tree_dense=True), Config(16, 64, 4, 1, tree_dense=True),
-                Config(16, 128, 4, 1, tree_dense=True, fold=True)]
+                Config(16, 128, 4, 1, tree_dense=True, fold=True), Config(16, 32, 4, 1, tree_dense=True)]
     rows = TreeRows(path.to(DEV), pos)
     assert rows.words(st) is rows.words(st) and torch.equal(rows.words(st), words)
     cases = [(c, s) for c in launches for s in (1, 3)]
     if INTERPRETED:   # the interpreter's budget: each word edge once (a quarter word at T = 65, two words at T = 131)
-        cases = {64: [(launches[0], 3), (launches[1], 1)], 130: [(launches[2], 1), (launches[2], 3)]}.get(
-            N, [(launches[1], 3)])
+        cases = {64: [(launches[0], 3), (launches[1], 1)], 130: [(launches[2], 1), (launches[2], 3)],
+                 40: [(launches[3], 3)]}.get(N, [(launches[1], 3)])
     for launch, splits in cases:
         plain = tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits, launch=launch)
         assert torch.equal(tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits, launch=launch, words=words),
