@@ -125,3 +125,29 @@ def test_split_partials_stay_fp32_unless_bf16_partials_is_named_and_fp32_inputs_
     assert attention.partial_dtype(torch.bfloat16) == torch.bfloat16
     assert attention.partial_dtype(torch.float16) == torch.float16
     assert attention.partial_dtype(torch.float32) == torch.float32
+
+
+def test_narrow_tiles_take_32_wide_three_stage_tiles_below_the_top_band_and_two_wide_ranges(monkeypatch):
+    """The experimental "narrow-tiles" (an H100's win, not yet a default): config's two lower bands take NARROW_TILES
+    (32-wide key tiles, three stages) and the wide band two prefix ranges; the top band keeps its shape, fp32 its one
+    stage, and the A/B knobs still win over the feature."""
+    import torch
+
+    from ddtree_bench.engine.gpu.kernels import tree_attention as ta
+
+    for name in ("TREE_WIDE_RANGES", "TREE_WIDE_BLOCK_N", "TREE_BLOCK_N", "TREE_STAGES", "TREE_RANGES"):
+        monkeypatch.delenv(f"DDTREE_{name}", raising=False)
+    bf = torch.bfloat16
+    monkeypatch.delenv("DDTREE_GPU_EXPERIMENTAL", raising=False)
+    before = [ta.config(4 * n, bf) for n in (17, 129, 257, 513)]
+    monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", "narrow-tiles")
+    small, mid, wide, top = (ta.config(4 * n, bf) for n in (17, 129, 257, 513))
+    assert ta.NARROW_TILES == (32, 3)
+    assert [(c.block_n, c.stages) for c in (small, mid, wide)] == [ta.NARROW_TILES] * 3
+    assert (small.ranges, mid.ranges, wide.ranges) == (ta.RANGES_SMALL, ta.RANGES_FEW, 2)
+    assert top == before[3] and [(c.block_n, c.stages) for c in before[:3]] == [(64, 2)] * 3 and before[2].ranges == 1
+    assert ta.config(4 * 129, torch.float32).stages == 1
+    monkeypatch.setenv("DDTREE_TREE_WIDE_RANGES", "1")
+    monkeypatch.setenv("DDTREE_TREE_BLOCK_N", "64")
+    assert (ta.config(4 * 257, bf).ranges, ta.config(4 * 129, bf).block_n) == (1, 64)
+

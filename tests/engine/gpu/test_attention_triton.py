@@ -357,7 +357,7 @@ def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
         if S == 1024:   # n_split would take one range per slot tile
             assert n_split(Hkv, Hq // Hkv * (B + 1), S, c.block_m, c.block_n) == 16
         got = tree_attend(t.q, t.k, t.v, t.path, t.pos, t.start)
-        assert torch.equal(got, tree_attend(t.q, t.k, t.v, t.path, t.pos, t.start, splits=min(c.ranges, S // 64),
+        assert torch.equal(got, tree_attend(t.q, t.k, t.v, t.path, t.pos, t.start, splits=min(c.ranges, S // c.block_n),
                                             launch=c))
         torch.testing.assert_close(got, t.want(), **_tol(torch.float32))
 

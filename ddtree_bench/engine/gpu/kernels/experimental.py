@@ -29,6 +29,7 @@ FEATURES = {
     "pdl-late": "programmatic dependent launch without the L2 prefetch, the next kernel let in after the main loop (kernels/pdl.py)",
     "pdl-off": "no programmatic dependent launch at all: not the H100's few-row pdl-late default, nor a PDL mode named beside it (kernels/pdl.py)",
     "bf16-partials": "split-KV partial sums kept in the activation dtype (bf16 / fp16), not fp32: half their traffic (kernels/attention.py)",
+    "narrow-tiles": "the tree kernel's two lower bands in 32-wide key tiles, three stages, and two prefix ranges in its wide band (kernels/tree_attention.py)",
     "grid-once": "the grid tree build's counting loops add their comparisons up elementwise and reduce once after the loop, not every step (kernels/tree_grid.py)",
 }
 

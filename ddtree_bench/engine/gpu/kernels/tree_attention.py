@@ -86,6 +86,7 @@ class Config:
 # rows compile to mma.sync: benchmarks/triton_ptx_check.py prints which each shape gets)
 WIDE_SHAPES = (Config(64, 64, 4, 2), Config(128, 64, 8, 2), Config(64, 128, 4, 2))
 WIDE_BLOCK_NS = (32, 64, 128)   # key tile widths DDTREE_TREE_WIDE_BLOCK_N may name (an A/B knob; power-of-two tiles)
+NARROW_TILES = (32, 3)   # config(): key tile width and stages of the two lower bands with "narrow-tiles"
 
 
 def config(M: int, dtype: torch.dtype) -> Config:
@@ -101,15 +102,22 @@ def config(M: int, dtype: torch.dtype) -> Config:
     ones the forward at n = 257 was 6.7% faster, at n = 256 0.7%, H200 2026-12-03 afternoon);
     above 1536 rows dense too since the visibility words (the attention alone at n = 512 / 1024: 10-12% faster than the
     gathered tree phase on wide trees, 29-41% on deep ones, H200 2026-12-03; without words it lost on wide trees);
-    fp32 (the tests' twin check) single-stage."""
+    fp32 (the tests' twin check) single-stage. With the experimental "narrow-tiles" the two lower bands take
+    NARROW_TILES, 32-wide key tiles in three stages (154-174 registers and 64 KB of shared memory a program: three
+    programs an SM where the 64-wide ones fit two), and the wide band two prefix ranges: on an H100 the forward
+    0.995-0.998x at n = 17-128 and 0.985-0.990x at 256-257 in one process, 1.01-1.02x at 512 with the top band's tiles
+    narrowed too, which is why it keeps its own (docs/gpu-performance.md, "2026-12-06 07:27-08:31 UTC"); not yet a
+    default: its suite run failed on tests whose reference ignored it, and the H200 never timed it."""
+    narrow = M <= 1536 and experimental.enabled("narrow-tiles")
+    block_n, stages = NARROW_TILES if narrow else (64, 2)
     if M <= experimental.knob("TREE_RANGES_TO", RANGES_TO):
         small = M < RANGES_SMALL_BELOW
         ranges = RANGES_SMALL if small else RANGES if M < RANGES_FEW_FROM else RANGES_FEW
-        c = Config(64, 64, 4, 2, tree_dense=True, ranges=experimental.knob("TREE_RANGES", ranges),
+        c = Config(64, block_n, 4, stages, tree_dense=True, ranges=experimental.knob("TREE_RANGES", ranges),
                    slot_ranges=experimental.knob("TREE_SLOT_RANGES", SLOT_RANGES_SMALL) if small else None)
     elif M <= 1536:
-        c = Config(64, experimental.knob("TREE_WIDE_BLOCK_N", 64, WIDE_BLOCK_NS), 4, 2, tree_dense=True,
-                   ranges=experimental.knob("TREE_WIDE_RANGES", 1))
+        c = Config(64, experimental.knob("TREE_WIDE_BLOCK_N", block_n, WIDE_BLOCK_NS), 4, stages, tree_dense=True,
+                   ranges=experimental.knob("TREE_WIDE_RANGES", 2 if narrow else 1))
     else:
         c = Config(64, 64, 4, 3, tree_dense=True, ranges=experimental.knob("TREE_BIG_RANGES", 0) or None)
     # every band's tile rows and width, warps, stages and register cap, for an A/B only (unset: the table above)
