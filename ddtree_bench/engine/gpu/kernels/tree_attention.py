@@ -107,7 +107,7 @@ def config(M: int, dtype: torch.dtype) -> Config:
     programs an SM where the 64-wide ones fit two), and the wide band two prefix ranges: on an H100 the forward
     0.995-0.998x at n = 17-128 and 0.985-0.990x at 256-257 in one process, 1.01-1.02x at 512 with the top band's tiles
     narrowed too, which is why it keeps its own (docs/gpu-performance.md, "2026-12-06 07:27-08:31 UTC"); not yet a
-    default: its suite run failed on tests whose reference ignored it, and the H200 never timed it."""
+    default: no clean GPU suite has run with it on, and the H200 never timed it."""
     narrow = M <= 1536 and experimental.enabled("narrow-tiles")
     block_n, stages = NARROW_TILES if narrow else (64, 2)
     if M <= experimental.knob("TREE_RANGES_TO", RANGES_TO):
