@@ -459,13 +459,13 @@ def test_tree_attend_refuses_a_head_dim_it_cannot_tile_and_auto_does_not_pick_it
 @pytest.mark.parametrize("N,start,L,Hq", [(40, 3, 5, 4), (70, 100, 15, 4)] + ([] if INTERPRETED else [(130, 64, 5, 8)]))
 def test_the_wide_tree_tiles_equal_sdpa_split_or_not_gathered_or_dense(N, start, L, Hq, tile):
     """Each of WIDE_SHAPES (64/128-row tiles, the ones that can reach Hopper's wgmma; a test each) and 32-wide key tiles
-    in three stages (DDTREE_TREE_BLOCK_N=32 DDTREE_TREE_STAGES=3, faster on an H100: docs/gpu-performance.md) against SDPA with the
+    in three stages (NARROW_TILES: the opt-in "narrow-tiles", faster on an H100: docs/gpu-performance.md) against SDPA with the
     tree's bias: ragged row counts (M = 82, 524, 142 at 2 KV heads), prefixes from 3 slots (a lone masked tail tile) to
     100, deep chains (L = 15), the prefix in one range and in three, gathered and dense tree phase, combine after
     or folded; slots past the tree hold NaN."""
     from dataclasses import replace
 
-    from ddtree_bench.engine.gpu.kernels.tree_attention import WIDE_SHAPES, Config, tree_attend
+    from ddtree_bench.engine.gpu.kernels.tree_attention import NARROW_TILES, WIDE_SHAPES, Config, tree_attend
     from ddtree_bench.engine.gpu.tree_ops import ancestors
 
     Hkv, S, D = 2, 256, 32
@@ -479,7 +479,7 @@ def test_the_wide_tree_tiles_equal_sdpa_split_or_not_gathered_or_dense(N, start,
     k[:, start + T:] = float("nan")
     v[:, start + T:] = float("nan")
     pos = st + torch.cat([torch.zeros(1, dtype=torch.long), dep]).to(DEV)
-    c = WIDE_SHAPES[tile] if tile < 3 else Config(64, 32, 4, 3)
+    c = WIDE_SHAPES[tile] if tile < 3 else Config(64, NARROW_TILES[0], 4, NARROW_TILES[1])
     assert (c.block_m, c.block_n) == [(64, 64), (128, 64), (64, 128), (64, 32)][tile] and len(WIDE_SHAPES) == 3   # ids
     for splits, dense, fold in ((1, False, False), (1, True, False), (3, False, False), (3, True, True)):
         got = tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits,
