@@ -11,7 +11,7 @@
 set -u
 source benchmarks/gpu_lib.sh
 NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)}
-if [ -z "$NCU" ]; then echo "gpu_ncu: no ncu on this machine" | tee -a "$LOG"; exit 0; fi
+if [ -z "$NCU" ]; then echo "gpu_ncu: no ncu on this machine (set NCU=path)" | tee -a "$LOG" >&2; exit 2; fi
 sections=()
 for s in ${SECTIONS:-SpeedOfLight LaunchStats Occupancy WarpStateStats ComputeWorkloadAnalysis MemoryWorkloadAnalysis}; do
   sections+=(--section "$s")

@@ -81,6 +81,9 @@ def main(argv: list[str]) -> int:
         except OSError as e:
             print(f"ncu_summary: {path}: {e.strerror}", file=sys.stderr)
             return 2
+        if not rows:
+            print(f"ncu_summary: {path}: no Nsight Compute kernel section in it (not an ncu text report)", file=sys.stderr)
+            return 2
         print(f"# {path}: {len(rows)} kernel launches")
         print(table(rows))
     return 0

@@ -1,6 +1,6 @@
 """benchmarks/ncu_summary.py on an excerpt of a real Nsight Compute report (tests/data/ncu_excerpt.txt: the tree
 attention kernel and one cuBLAS GEMM of an H100 verify layer): one row per kernel with the figures ncu printed, and
-exit 2 with one line for a file it cannot read."""
+exit 2 with one line for a file it cannot read or that holds no ncu kernel section."""
 
 from __future__ import annotations
 
@@ -25,7 +25,10 @@ def test_each_kernel_section_becomes_one_row_with_its_figures():
     assert gemm["dram%"] == "64.25" and gemm["smem"] == "229.77"
 
 
-def test_a_missing_file_exits_2_with_one_line():
-    r = subprocess.run([sys.executable, "benchmarks/ncu_summary.py", "no/such/report.txt"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "no/such/report.txt" in r.stderr
+def test_a_missing_or_foreign_file_exits_2_with_one_line(tmp_path):
+    binary = tmp_path / "report.txt"
+    binary.write_bytes(bytes(range(256)) * 4)
+    for path in ("no/such/report.txt", str(binary)):
+        r = subprocess.run([sys.executable, "benchmarks/ncu_summary.py", path], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and path in r.stderr and not r.stdout
