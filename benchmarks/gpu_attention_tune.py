@@ -84,7 +84,7 @@ def tree_for(n: int, scale: float, dev) -> tuple[torch.Tensor, torch.Tensor, tor
 def tree_launches(M: int, dt, picked: bool) -> list[tuple[tree.Config, int | None]]:
     """(Config, fixed prefix ranges or None for n_split's) to time for M folded rows."""
     if picked:
-        return [(tree.config(M, dt), None)]
+        return [(tree.config(M, dt, "cuda"), None)]
     out = [(replace(c, **opts), None) for c in SHAPES for opts in TREE_VARIANTS.values()]
     out += [(replace(c, tree_dense=dense), s) for c in tree.WIDE_SHAPES for dense in (False, True) for s in TREE_SPLITS]
     return out
@@ -167,7 +167,8 @@ def main() -> None:
                 if ms is not None:
                     row["tree"].append({"config": asdict(c), "splits": s, "ms": ms, "name": shape_name(c, s)})
             if tree.wanted(q, ks[0]):   # forward._attend's auto rule with the fused ops and the path table
-                auto = (f"tree {shape_name(tree.config(M, dt))}", lambda k, v: tree.tree_attend(q, k, v, path, pos, start))
+                auto = (f"tree {shape_name(tree.config(M, dt, q.device))}",
+                        lambda k, v: tree.tree_attend(q, k, v, path, pos, start))
             elif live.wanted(q, ks[0]):
                 r = live.block_m(M)
                 ns_auto = live.n_split(HKV, M, cap, r)

@@ -56,7 +56,7 @@ def main() -> None:
                                               dt, HQ // HKV, L)
             q = torch.randn(HQ, n, D, device=dev, dtype=dt, generator=gen)
             M = HQ // HKV * n
-            cfg = tree.config(M, dt)
+            cfg = tree.config(M, dt, dev)   # the shape tree_attend launches on this card
             ns_auto = tree.ranges_for(cfg, 1, HKV, M, cap)
             root_pos = torch.full_like(pos, a.prefix)
             root_path = torch.zeros_like(path)

@@ -163,7 +163,7 @@ def test_slotted_attention_in_a_graph_follows_each_slots_prefix_and_equals_one_s
         return pos_, bias_, path_
 
     pos, bias, path = compiled()
-    cfg = config(Hq // Hkv * n, dt)
+    cfg = config(Hq // Hkv * n, dt, dev)   # the card's shape (an H100 narrows it), the one tree_attend launches
     ns = ranges_for(cfg, C, Hkv, Hq // Hkv * n, S)
     variants = {"live": lambda: live_attend(q, k, v, bias, start + n, start),
                 "live-3": lambda: live_attend(q, k, v, bias, start + n, start, splits=3),

@@ -127,27 +127,37 @@ def test_split_partials_stay_fp32_unless_bf16_partials_is_named_and_fp32_inputs_
     assert attention.partial_dtype(torch.float32) == torch.float32
 
 
-def test_narrow_tiles_take_32_wide_three_stage_tiles_below_the_top_band_and_two_wide_ranges(monkeypatch):
-    """The experimental "narrow-tiles" (an H100's win, not yet a default): config's two lower bands take NARROW_TILES
-    (32-wide key tiles, three stages) and the wide band two prefix ranges; the top band keeps its shape, fp32 its one
-    stage, and the A/B knobs still win over the feature."""
+def test_an_h100_and_narrow_tiles_take_32_wide_three_stage_tiles_below_the_top_band_and_two_wide_ranges(monkeypatch):
+    """On an H100 SXM (kernels/common.is_h100_sxm, pretended here for "cuda") config's two lower bands take
+    NARROW_TILES (32-wide key tiles, three stages) and the wide band two prefix ranges; the experimental "narrow-tiles"
+    gives any card the same, "narrow-off" gives the H100 the table's shapes back; the top band keeps its shape, other
+    cards and a call without a device the table's, fp32 its one stage, and the A/B knobs still win over all of it."""
     import torch
 
     from ddtree_bench.engine.gpu.kernels import tree_attention as ta
 
     for name in ("TREE_WIDE_RANGES", "TREE_WIDE_BLOCK_N", "TREE_BLOCK_N", "TREE_STAGES", "TREE_RANGES"):
         monkeypatch.delenv(f"DDTREE_{name}", raising=False)
-    bf = torch.bfloat16
+    monkeypatch.setattr(ta, "is_h100_sxm", lambda device: str(device) == "cuda")
+    bf, ns = torch.bfloat16, (17, 129, 257, 513)
     monkeypatch.delenv("DDTREE_GPU_EXPERIMENTAL", raising=False)
-    before = [ta.config(4 * n, bf) for n in (17, 129, 257, 513)]
+    table = [ta.config(4 * n, bf) for n in ns]
+    assert [ta.config(4 * n, bf, "cpu") for n in ns] == [ta.config(4 * n, bf, "cuda:1") for n in ns] == table
+    assert [(c.block_n, c.stages) for c in table[:3]] == [(64, 2)] * 3 and table[2].ranges == 1
+    h100 = [ta.config(4 * n, bf, "cuda") for n in ns]
     monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", "narrow-tiles")
-    small, mid, wide, top = (ta.config(4 * n, bf) for n in (17, 129, 257, 513))
+    assert [ta.config(4 * n, bf) for n in ns] == [ta.config(4 * n, bf, "cpu") for n in ns] == h100
+    small, mid, wide, top = h100
     assert ta.NARROW_TILES == (32, 3)
     assert [(c.block_n, c.stages) for c in (small, mid, wide)] == [ta.NARROW_TILES] * 3
     assert (small.ranges, mid.ranges, wide.ranges) == (ta.RANGES_SMALL, ta.RANGES_FEW, 2)
-    assert top == before[3] and [(c.block_n, c.stages) for c in before[:3]] == [(64, 2)] * 3 and before[2].ranges == 1
-    assert ta.config(4 * 129, torch.float32).stages == 1
+    assert top == table[3]
+    assert ta.config(4 * 129, torch.float32, "cuda").stages == 1
+    monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", "narrow-off")
+    assert [ta.config(4 * n, bf, "cuda") for n in ns] == table
+    monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", "narrow-tiles,narrow-off")   # off wins, as pdl-off does
+    assert ta.config(4 * 129, bf, "cuda") == table[1]
+    monkeypatch.delenv("DDTREE_GPU_EXPERIMENTAL")
     monkeypatch.setenv("DDTREE_TREE_WIDE_RANGES", "1")
     monkeypatch.setenv("DDTREE_TREE_BLOCK_N", "64")
-    assert (ta.config(4 * 257, bf).ranges, ta.config(4 * 129, bf).block_n) == (1, 64)
-
+    assert (ta.config(4 * 257, bf, "cuda").ranges, ta.config(4 * 129, bf, "cuda").block_n) == (1, 64)

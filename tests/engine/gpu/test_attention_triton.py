@@ -275,7 +275,7 @@ def test_tree_attend_equals_sdpa_with_the_trees_bias_and_reads_only_prefix_and_a
     k[:, start + T:] = float("nan")
     v[:, start + T:] = float("nan")
     pos = st + torch.cat([torch.zeros(1, dtype=torch.long), dep]).to(DEV)
-    base = config(Hq // Hkv * T, dt)
+    base = config(Hq // Hkv * T, dt, DEV)
     for launch in (None, replace(base, tree_dense=True), replace(base, block_n=16, tree_dense=True, fold=True)):
         got = tree_attend(q, k, v, path.to(DEV), pos, st, splits=splits, launch=launch)
         assert got.shape == want.shape and got.dtype == want.dtype
@@ -353,7 +353,7 @@ def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
     B, Hq, Hkv = 20, 4, 2
     for S in (1024, 128):   # 16 slot tiles, 14 of them prefix: 8 ranges (42 folded rows); 2 tiles: 2 ranges
         t = _built_tree(L=4, V=50, B=B, S=S, D=16, start=min(900, S - B - 1), seed=5, Hq=Hq, Hkv=Hkv)
-        c = config(Hq // Hkv * (B + 1), torch.float32)
+        c = config(Hq // Hkv * (B + 1), torch.float32, DEV)   # the card's own shape, as tree_attend takes it
         if S == 1024:   # n_split would take one range per slot tile
             assert n_split(Hkv, Hq // Hkv * (B + 1), S, c.block_m, c.block_n) == 16
         got = tree_attend(t.q, t.k, t.v, t.path, t.pos, t.start)
@@ -459,8 +459,8 @@ def test_tree_attend_refuses_a_head_dim_it_cannot_tile_and_auto_does_not_pick_it
 @pytest.mark.parametrize("N,start,L,Hq", [(40, 3, 5, 4), (70, 100, 15, 4)] + ([] if INTERPRETED else [(130, 64, 5, 8)]))
 def test_the_wide_tree_tiles_equal_sdpa_split_or_not_gathered_or_dense(N, start, L, Hq, tile):
     """Each of WIDE_SHAPES (64/128-row tiles, the ones that can reach Hopper's wgmma; a test each) and 32-wide key tiles
-    in three stages (NARROW_TILES: the opt-in "narrow-tiles", faster on an H100: docs/gpu-performance.md) against SDPA with the
-    tree's bias: ragged row counts (M = 82, 524, 142 at 2 KV heads), prefixes from 3 slots (a lone masked tail tile) to
+    in three stages (NARROW_TILES: the H100's lower bands, "narrow-tiles" elsewhere: docs/gpu-performance.md) against
+    SDPA with the tree's bias: ragged row counts (M = 82, 524, 142 at 2 KV heads), prefixes from 3 slots (a lone masked tail tile) to
     100, deep chains (L = 15), the prefix in one range and in three, gathered and dense tree phase, combine after
     or folded; slots past the tree hold NaN."""
     from dataclasses import replace
@@ -610,7 +610,7 @@ def test_split_partials_in_the_activation_dtype_still_equal_sdpa_live_and_tree(m
     case = _built_tree(L=5, V=64, B=20, S=128, D=32, start=30, seed=6)
     q, k, v = (t.to(dt) for t in (case.q, case.k, case.v))
     want = grouped_attend(q, k, v, case.bias.to(dt))
-    base = config(2 * 21, dt)
+    base = config(2 * 21, dt, DEV)
     for launch in (None, replace(base, fold=True)):
         got = tree_attend(q, k, v, case.path, case.pos, case.start, splits=3, launch=launch)
         torch.testing.assert_close(got.float(), want.float(), **_tol(dt))

@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ddtree_bench.engine.gpu.kernels.attention import NEG_BIG, available, combine, counters, n_split, partial_dtype
-from ddtree_bench.engine.gpu.kernels.common import _pow2, tl, triton
+from ddtree_bench.engine.gpu.kernels.common import _pow2, is_h100_sxm, tl, triton
 
 if triton is not None:   # the shared @triton.jit helpers exist only with Triton; without it this module still imports
     from ddtree_bench.engine.gpu.kernels.attention import _last_of_block, _reduce_ranges, _slot_of
@@ -86,10 +86,10 @@ class Config:
 # rows compile to mma.sync: benchmarks/triton_ptx_check.py prints which each shape gets)
 WIDE_SHAPES = (Config(64, 64, 4, 2), Config(128, 64, 8, 2), Config(64, 128, 4, 2))
 WIDE_BLOCK_NS = (32, 64, 128)   # key tile widths DDTREE_TREE_WIDE_BLOCK_N may name (an A/B knob; power-of-two tiles)
-NARROW_TILES = (32, 3)   # config(): key tile width and stages of the two lower bands with "narrow-tiles"
+NARROW_TILES = (32, 3)   # config(): key tile width and stages of the two lower bands on an H100 SXM or "narrow-tiles"
 
 
-def config(M: int, dtype: torch.dtype) -> Config:
+def config(M: int, dtype: torch.dtype, device: torch.device | str | None = None) -> Config:
     """The launch shape for M folded rows, from the H200 tuning table (docs/gpu-performance.md, "H200,
     2026-12-02": 8B shape, bf16, 1024-token prefix, 36 layers; the shape fastest on wide and deep trees together at
     n = 64 / 128 and 256 / 512 and 1024, each band's edge between two tuned sizes so that a budget's B + 1 nodes
@@ -102,13 +102,15 @@ def config(M: int, dtype: torch.dtype) -> Config:
     ones the forward at n = 257 was 6.7% faster, at n = 256 0.7%, H200 2026-12-03 afternoon);
     above 1536 rows dense too since the visibility words (the attention alone at n = 512 / 1024: 10-12% faster than the
     gathered tree phase on wide trees, 29-41% on deep ones, H200 2026-12-03; without words it lost on wide trees);
-    fp32 (the tests' twin check) single-stage. With the experimental "narrow-tiles" the two lower bands take
-    NARROW_TILES, 32-wide key tiles in three stages (154-174 registers and 64 KB of shared memory a program: three
-    programs an SM where the 64-wide ones fit two), and the wide band two prefix ranges: on an H100 the forward
+    fp32 (the tests' twin check) single-stage. On an H100 SXM (`device`; kernels/common.is_h100_sxm) the two lower
+    bands take NARROW_TILES, 32-wide key tiles in three stages (154-174 registers and 64 KB of shared memory a program:
+    three programs an SM where the 64-wide ones fit two), and the wide band two prefix ranges: there the forward
     0.995-0.998x at n = 17-128 and 0.985-0.990x at 256-257 in one process, 1.01-1.02x at 512 with the top band's tiles
-    narrowed too, which is why it keeps its own (docs/gpu-performance.md, "2026-12-06 07:27-08:31 UTC"); not yet a
-    default: no clean GPU suite has run with it on, and the H200 never timed it."""
-    narrow = M <= 1536 and experimental.enabled("narrow-tiles")
+    narrowed too, which is why it keeps its own (docs/gpu-performance.md, "2026-12-06 07:27-08:31 UTC"). The
+    experimental "narrow-tiles" gives any card those shapes (the H200 has not timed them), "narrow-off" the H100 the
+    table's; no device (the tuner's and the tests' table reads) is the table.
+    """
+    narrow = M <= 1536 and narrow_tiles(device)
     block_n, stages = NARROW_TILES if narrow else (64, 2)
     if M <= experimental.knob("TREE_RANGES_TO", RANGES_TO):
         small = M < RANGES_SMALL_BELOW
@@ -129,6 +131,14 @@ def config(M: int, dtype: torch.dtype) -> Config:
     if experimental.enabled("tree-fold"):
         c = replace(c, fold=True)
     return replace(c, stages=1) if dtype == torch.float32 else c
+
+
+def narrow_tiles(device: torch.device | str | None) -> bool:
+    """Whether config() gives `device` NARROW_TILES below its top band: an H100 SXM unless "narrow-off", any card
+    with "narrow-tiles"; no device, no (the table). Results record it (bench-engine's `tree_tiles`)."""
+    if experimental.enabled("narrow-off"):
+        return False
+    return experimental.enabled("narrow-tiles") or (device is not None and is_h100_sxm(device))
 
 
 if triton is not None:
@@ -409,7 +419,7 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     With a leading slot axis (C trees over C regions of a slotted cache, batch_forward.py): q [C, Hq, T, D],
     k, v [C, Hkv, S, D] (any slot stride), path [C, T, L+1] (compile_trees'), pos [C*T] (slot-major), prefix [C];
     slot c's rows see its own prefix and its own tree only; the result is [C*T, Hq*D] slot-major. C = 1 is the
-    call above. splits / launch: fixed prefix ranges / launch shape (tests and tuning), else config(M) and
+    call above. splits / launch: fixed prefix ranges / launch shape (tests and tuning), else config(M, q's device) and
     ranges_for's count. words: vis_words(path, pos, prefix), for a dense tree phase of block_n <= 128: it then reads
     each row's visibility off them (the same bits as without)."""
     if q.dim() == 3:   # one tree
@@ -424,7 +434,7 @@ def tree_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: torch.T
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
     path, pos, prefix = path.contiguous(), pos.contiguous(), prefix.contiguous()
-    cfg = launch or config(M, q.dtype)
+    cfg = launch or config(M, q.dtype, q.device)
     ns = splits if splits is not None else ranges_for(cfg, C, Hkv, M, S)
     out = torch.empty((C * T, Hq * D), dtype=q.dtype, device=q.device)
     if ns > 1:   # ns prefix ranges + the tree phase's partial
