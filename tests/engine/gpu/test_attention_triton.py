@@ -354,8 +354,8 @@ def test_config_bands_name_their_prefix_ranges_and_the_launch_uses_them():
     for S in (1024, 128):   # 16 slot tiles, 14 of them prefix: 8 ranges (42 folded rows); 2 tiles: 2 ranges
         t = _built_tree(L=4, V=50, B=B, S=S, D=16, start=min(900, S - B - 1), seed=5, Hq=Hq, Hkv=Hkv)
         c = config(Hq // Hkv * (B + 1), torch.float32, DEV)   # the card's own shape, as tree_attend takes it
-        if S == 1024:   # n_split would take one range per slot tile
-            assert n_split(Hkv, Hq // Hkv * (B + 1), S, c.block_m, c.block_n) == 16
+        if S == 1024:   # n_split would take one range per slot tile (16 of 64 slots; 32 of an H100's 32)
+            assert n_split(Hkv, Hq // Hkv * (B + 1), S, c.block_m, c.block_n) == S // c.block_n
         got = tree_attend(t.q, t.k, t.v, t.path, t.pos, t.start)
         assert torch.equal(got, tree_attend(t.q, t.k, t.v, t.path, t.pos, t.start, splits=min(c.ranges, S // c.block_n),
                                             launch=c))
