@@ -161,3 +161,31 @@ def test_an_h100_and_narrow_tiles_take_32_wide_three_stage_tiles_below_the_top_b
     monkeypatch.setenv("DDTREE_TREE_WIDE_RANGES", "1")
     monkeypatch.setenv("DDTREE_TREE_BLOCK_N", "64")
     assert (ta.config(4 * 257, bf, "cuda").ranges, ta.config(4 * 129, bf, "cuda").block_n) == (1, 64)
+
+
+def test_one_row_combine_programs_run_as_one_warp_and_sixteen_row_ones_as_four(monkeypatch):
+    """The split-KV combine's one-row programs (below COMBINE_ROWS_FROM folded rows) launch COMBINE_ROW_WARPS = 1
+    warp, so the sums over the ranges stay inside a warp (faster on an H100: docs/gpu-performance.md); 16-row
+    programs keep four; DDTREE_COMBINE_ROW_WARPS moves the first only, and a count the launch cannot take is bad input."""
+    pytest.importorskip("triton")
+    import torch
+
+    launched = []
+    monkeypatch.setattr(attention, "launch", lambda kernel, grid, *args, **kw: launched.append((grid, kw)))
+
+    def warps_and_grid(M: int) -> tuple[int, tuple]:
+        launched.clear()
+        pacc = torch.zeros(3, 8, M, 128)
+        pm = pl = torch.zeros(3, 8, M)
+        attention.combine(pacc, pm, pl, torch.zeros(M // 4, 32 * 128), torch.tensor(0), M, M // 4, 4, 3, 8)
+        (grid, kw), = launched
+        return kw["num_warps"], grid
+
+    assert attention.COMBINE_ROW_WARPS == 1 and attention.COMBINE_ROWS_FROM == 256
+    assert warps_and_grid(64) == (1, (8, 64)) and warps_and_grid(252) == (1, (8, 252))
+    assert warps_and_grid(256) == (4, (8, 256 // attention.COMBINE_ROWS))
+    monkeypatch.setenv("DDTREE_COMBINE_ROW_WARPS", "4")
+    assert warps_and_grid(64)[0] == 4 and warps_and_grid(256)[0] == 4
+    monkeypatch.setenv("DDTREE_COMBINE_ROW_WARPS", "3")
+    with pytest.raises(UsageError, match="DDTREE_COMBINE_ROW_WARPS"):
+        warps_and_grid(64)

@@ -39,6 +39,7 @@ FEATURES = {
 
 KNOBS = {
     "COMBINE_ROWS_FROM": "folded rows from which the split-KV combine takes 16 rows per program (kernels/attention.py)",
+    "COMBINE_ROW_WARPS": "warps per program of the split-KV combine's one-row programs, below COMBINE_ROWS_FROM folded rows (kernels/attention.py)",
     "TREE_RANGES_TO": "folded rows up to which the tree kernel splits the prefix in ranges (kernels/tree_attention.py)",
     "TREE_RANGES": "prefix ranges of the tree kernel up to TREE_RANGES_TO folded rows, every band but small trees over slots (kernels/tree_attention.py)",
     "TREE_WIDE_BLOCK_N": "key tile width of the tree kernel above TREE_RANGES_TO folded rows up to 1536 (kernels/tree_attention.py)",
