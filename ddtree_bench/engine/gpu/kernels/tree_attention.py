@@ -103,13 +103,12 @@ def config(M: int, dtype: torch.dtype, device: torch.device | str | None = None)
     above 1536 rows dense too since the visibility words (the attention alone at n = 512 / 1024: 10-12% faster than the
     gathered tree phase on wide trees, 29-41% on deep ones, H200 2026-12-03; without words it lost on wide trees);
     fp32 (the tests' twin check) single-stage. On an H100 SXM (`device`; kernels/common.is_h100_sxm) the two lower
-    bands take NARROW_TILES, 32-wide key tiles in three stages (154-174 registers and 64 KB of shared memory a program:
-    three programs an SM where the 64-wide ones fit two), and the wide band two prefix ranges: there the forward
-    0.995-0.998x at n = 17-128 and 0.985-0.990x at 256-257 in one process, 1.01-1.02x at 512 with the top band's tiles
-    narrowed too, which is why it keeps its own (docs/gpu-performance.md, "2026-12-06 07:27-08:31 UTC"). The
-    experimental "narrow-tiles" gives any card those shapes (the H200 has not timed them), "narrow-off" the H100 the
-    table's; no device (the tuner's and the tests' table reads) is the table.
-    """
+    bands take NARROW_TILES, 32-wide key tiles in three stages (172 registers and 64 KB of shared memory a program
+    under ncu: two programs an SM, as the 64-wide ones, with a deeper prefetch), and the wide band two prefix ranges:
+    there the forward 0.995-0.998x at n = 17-128 and 0.985-0.990x at 256-257 in one process, 1.01-1.02x at 512 with
+    the top band's tiles narrowed too, which is why it keeps its own (docs/gpu-performance.md, "2026-12-06 07:27-08:31
+    UTC" and "10:28-10:50 UTC"). The experimental "narrow-tiles" gives any card those shapes (the H200 has not timed
+    them), "narrow-off" the H100 the table's; no device (the tuner's and the tests' table reads) is the table."""
     narrow = M <= 1536 and narrow_tiles(device)
     block_n, stages = NARROW_TILES if narrow else (64, 2)
     if M <= experimental.knob("TREE_RANGES_TO", RANGES_TO):
