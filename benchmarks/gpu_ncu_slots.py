@@ -5,7 +5,7 @@ two costs more attention than a round of one (docs/gpu-performance.md, Known gap
 for DFlash on the H200), kernel by kernel.
 
 Per (C, n): a forward's worth of tree_attend calls (36 layers, each its own K/V, so no layer reads another's from L2)
-captured in one CUDA graph and timed over replays (median ms a forward, and per slot), then, with --ncu, one layer's
+captured in one CUDA graph and timed over replays (graphs.replay_ms: median ms a forward, and per slot), then, with --ncu, one layer's
 launches again between cudaProfilerStart / Stop so `ncu --profile-from-start off` sees the tree kernel and its
 combine of that (C, n) only:
 
@@ -21,7 +21,6 @@ the GEMMs or the layer ops around the attention.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import torch
@@ -58,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gpu_ncu_slots: needs CUDA", file=sys.stderr)
         return 2
+    from ddtree_bench.engine.gpu.graphs import replay_ms
     from ddtree_bench.engine.gpu.kernels.tree_attention import config, ranges_for, tree_attend
 
     dev = torch.device("cuda")
@@ -67,36 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in a.tokens.split(",")):
         for C in (int(x) for x in a.slots.split(",")):
             q, kv, path, pos, start = case(C, n, a.prefix, dev)
-            fwd = lambda: [tree_attend(q, k, v, path, pos, start) for k, v in kv]  # noqa: E731
             with torch.inference_mode():
-                fwd()
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    fwd()
-                ms = []
-                for _ in range(a.reps):
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    graph.replay()
-                    e1.record()
-                    e1.synchronize()
-                    ms.append(e0.elapsed_time(e1))
+                med = replay_ms(lambda: [tree_attend(q, k, v, path, pos, start) for k, v in kv], reps=a.reps)
                 if a.ncu:
-                    k, v = kv[0]
                     torch.cuda.cudart().cudaProfilerStart()
-                    tree_attend(q, k, v, path, pos, start)
+                    tree_attend(q, kv[0][0], kv[0][1], path, pos, start)
                     torch.cuda.synchronize()
                     torch.cuda.cudart().cudaProfilerStop()
             M = HQ // HKV * n
             cfg = config(M, torch.bfloat16, dev)
-            med = statistics.median(ms)
-            one.setdefault(n, med) if C == 1 else None
+            if C == 1:
+                one[n] = med
             ratio = f"{med / one[n]:10.3f}" if n in one else "         -"
             print(f"{C:4d} {n:5d} {M:5d} {ranges_for(cfg, C, HKV, M, CAP):7d} {cfg.block_n:8d} {med:13.3f} "
                   f"{med / C:10.3f} {ratio}", flush=True)
-            del graph, kv
-            torch.cuda.empty_cache()
     return 0
 
 
