@@ -292,10 +292,8 @@ def combine(pacc, pm, pl, out, live, M: int, T: int, G: int, n_split: int, n_kv:
     """The second launch of a split launch: out [C*T, Hq*D] (slot-major) from every range's partials
     (pacc [n_split, C*n_kv, M, BLOCK_D], pm / pl [n_split, C*n_kv, M]; live [C] or 0-d); shared by live_attend and
     tree_attention. A one-row program (below COMBINE_ROWS_FROM rows) runs as COMBINE_ROW_WARPS warp(s): its
-    range-axis sums then need no shared-memory exchange between warps (on an H100, 2026-12-06, one process: a small
-    tree's attention 0.30 against 0.37 ms a forward, verify 0.993x at n = 16-17 and 0.985-0.989x at 32-48, batched
-    DFlash / B = 16 rounds 0.978-0.995x at batch 1-4, two warps half of it, eight 1.5x slower); 16-row programs keep
-    four (one warp 1.09x slower at n = 65)."""
+    range-axis sums then need no shared-memory exchange between warps (verify 0.985-0.993x at n = 16-48 on an H100);
+    16-row programs keep four (fewer bought nothing there; docs/gpu-performance.md, "2026-12-06 10:28-10:50 UTC")."""
     heads, BD = pacc.shape[1], pacc.shape[-1]
     rows = combine_rows(M)
     warps = experimental.knob("COMBINE_ROW_WARPS", COMBINE_ROW_WARPS, (1, 2, 4, 8)) if rows == 1 else 4
