@@ -272,7 +272,8 @@ if want("attention"):
                   (16, 128, True, True, True, True), (32, 64, False, False, True, False),
                   (64, 64, False, True, True, False)]
         wide = {(c.block_m, c.block_n): c for c in tree_attention_triton.WIDE_SHAPES}
-        narrow_n, narrow_stages = tree_attention_triton.NARROW_TILES   # the "narrow-tiles" feature's shape, split or not
+        narrow_n, narrow_stages = tree_attention_triton.NARROW_TILES   # an H100's lower bands ("narrow-tiles" elsewhere)
+        wide[(64, narrow_n)] = tree_attention_triton.Config(64, narrow_n, 4, narrow_stages)
         shapes += [(64, narrow_n, split, False, True, False) for split in (False, True)]
         for c in tree_attention_triton.WIDE_SHAPES:
             shapes += [(c.block_m, c.block_n, split, False, dense, fold)
@@ -289,8 +290,7 @@ if want("attention"):
                                  spath=16, sot=4096, **TREE_SLOTS),
                             dict(D=128, L1P=_pow2(L + 1), BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, IEEE=dt == torch.float32,
                                  K_ROWS=k_rows, TREE_DENSE=dense, FOLD=fold, VIS_WORDS=dense and bn <= 128),
-                            dict(num_warps=warps, num_stages=stages if stages == 1 else c.stages if c
-                                 else narrow_stages if (bm, bn) == (64, narrow_n) else stages), mma=True))
+                            dict(num_warps=warps, num_stages=c.stages if c and stages > 1 else stages), mma=True))
 
 # the few-row weight GEMM (split and not, SiLU-mul epilogue, the split reduce) and the layer ops, with and without
 # programmatic dependent launch's instructions (kernels/pdl.py: griddepcontrol, the weights' L2 prefetch), and the
