@@ -1,0 +1,106 @@
+"""Probe: do cuBLAS's other entry points stream the few-row weight GEMMs faster than the one the forward calls?
+
+The forward's cuBLAS GEMMs (every band gemm.config leaves to cuBLAS: 65-256 rows on the 8B shape) go through
+F.linear, which PyTorch sends to cublasGemmEx. The same product has two more ways into cuBLAS, each with its own
+kernel heuristic: cuBLASLt (`torch.backends.cuda.preferred_blas_library("cublaslt")`, read when a GEMM is called,
+so it holds for what a graph captures) and the swapped orientation (W @ x^T, the output transposed: cuBLAS then
+sees the few rows as its m, not its n). For each projection of a shape and each row count this times, as CUDA
+graphs over enough weight copies to overflow L2 (every call reads its weight from HBM): F.linear (`gemmex`), the
+same under cuBLASLt (`lt`), the swapped product on either (`swap`, `lt-swap`), and the engine's own pick for the
+band (`engine`: its Triton shape, or cuBLAS where the table has none). Prints us a GEMM, the weight's GB/s and each
+arm against gemmex, with the max |difference| of its output against gemmex's (another summation order). gate_up is
+timed as its plain [2I, K] GEMM (the engine's SwiGLU epilogue is not in any arm).
+
+Only a probe: a win here is a candidate for the forward, decided by benchmarks/gpu_verify_ab.py in one process.
+
+    python3 benchmarks/gpu_blas_probe.py --rows 16,17,32,64,65,128,129,256,257
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from ddtree_bench.engine.gpu.graphs import replay_ms
+from ddtree_bench.engine.gpu.kernels import gemm
+from ddtree_bench.perf.shapes import SHAPES
+
+L2_SPAN_BYTES = 512 << 20   # weight bytes a timed graph cycles through (> 8x an H100's / H200's L2)
+
+
+@contextlib.contextmanager
+def blas(backend: str):
+    """Calls inside go to `backend` ("cublas": cublasGemmEx, "cublaslt")."""
+    prev = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(backend)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(prev)
+
+
+def arms(x: torch.Tensor, M: int):
+    """name -> fn(w) -> output [M, N] (or its transpose) for one weight copy w."""
+    def engine(w):
+        c = gemm.config(M, w.shape[0], w.shape[1], x.dtype, x.device)
+        return F.linear(x, w) if c is None else gemm.linear(x, w, c)
+
+    def on(backend, fn):
+        def run(w):
+            with blas(backend):
+                return fn(w)
+        return run
+
+    plain, swap = (lambda w: F.linear(x, w)), (lambda w: torch.mm(w, x.t()))
+    return {"gemmex": on("cublas", plain), "lt": on("cublaslt", plain), "swap": on("cublas", swap),
+            "lt-swap": on("cublaslt", swap), "engine": engine}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
+    ap.add_argument("--rows", default="16,17,32,64,65,128,129,256,257")
+    ap.add_argument("--only", default="qkv,o_proj,gate_up,down", help="projections: qkv,o_proj,gate_up,down,lm_head")
+    ap.add_argument("--reps", type=int, default=15)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_blas_probe: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    c = SHAPES[a.shape]
+    H, I, D = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    shapes = {"qkv": ((c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * D, H),
+              "o_proj": (H, c["num_attention_heads"] * D), "gate_up": (2 * I, H), "down": (H, I),
+              "lm_head": (c["vocab_size"], H)}
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cuda {torch.version.cuda}  shape {a.shape}")
+    print(f"{'proj':8} {'rows':>4} {'gemmex us':>9} {'GB/s':>6} | " + " | ".join(f"{n:>7} x  (maxdiff)" for n in
+                                                                                 ("lt", "swap", "lt-swap", "engine")))
+    g = torch.Generator(dev).manual_seed(0)
+    for name in a.only.split(","):
+        N, K = shapes[name]
+        nbytes = N * K * 2
+        copies = max(2, -(-L2_SPAN_BYTES // nbytes))
+        ws = [(torch.randn(N, K, device=dev, generator=g) * K ** -0.5).to(dt) for _ in range(copies)]
+        for M in map(int, a.rows.split(",")):
+            x = torch.randn(M, K, device=dev, generator=g).to(dt)
+            fns = arms(x, M)
+            ref = fns["gemmex"](ws[0]).float()
+            us, diff = {}, {}
+            for arm, fn in fns.items():
+                us[arm] = 1e3 * replay_ms(lambda fn=fn, ws=ws: [fn(w) for w in ws], reps=a.reps) / copies
+                out = fn(ws[0]).float()
+                diff[arm] = (out.t() if out.shape != ref.shape else out).sub(ref).abs().max().item()
+            line = " | ".join(f"{us[n]:7.1f} {us[n] / us['gemmex']:5.3f} ({diff[n]:.3f})" for n in
+                              ("lt", "swap", "lt-swap", "engine"))
+            print(f"{name:8} {M:4d} {us['gemmex']:9.1f} {nbytes / us['gemmex'] / 1e3:6.0f} | {line}", flush=True)
+        ws.clear()
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
