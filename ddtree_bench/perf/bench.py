@@ -440,6 +440,9 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
     from ddtree_bench.engine.gpu.kernels.tree_attention import narrow_tiles
 
     result["tree_tiles"] = "narrow" if dev.type == "cuda" and narrow_tiles(dev) else "table"   # the tree kernel's shapes
+    from ddtree_bench.engine.gpu.ops import lt_gemms
+
+    result["blas"] = ("cublaslt" if lt_gemms(dev) else "cublas") if dev.type == "cuda" else "none"   # cuBLAS's entry
     weight_bytes, params = weight_bytes_and_params(target)   # before verify_curve merges projections
     gemm_bytes, gemm_params = linear_bytes_and_params(target)
     curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs, layer_ops=spec.layer_ops,

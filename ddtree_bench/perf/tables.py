@@ -74,7 +74,8 @@ def render(result: dict[str, Any]) -> str:
     trees = f"; trees: random draft logits x{scale:g}, depth column" if depth and scale else ""
     gemms = (f"; GEMM table: {result['gemm_table']}" if result.get("gemm_table") else "") + (
         f"; PDL: {result['pdl']}" if result.get("pdl") else "") + (
-        f"; tree tiles: {result['tree_tiles']}" if result.get("tree_tiles") else "")
+        f"; tree tiles: {result['tree_tiles']}" if result.get("tree_tiles") else "") + (
+        f"; cuBLAS GEMMs: {result['blas']}" if result.get("blas") else "")
     parts.append(f"\nverify forward (ms) vs query tokens (layer ops: {result.get('layer_ops', 'torch')}{gemms}{note}{trees}):\n"
                  + table(
         [[n] + ([depth.get(int(n), "-")] if depth else []) + [_f(vc[c].get(n)) for c in cols] for n in ns],

@@ -30,6 +30,7 @@ def test_bench_engine_cpu_json_and_table(tmp_path, capsys):
     assert res["gemm_table"] == "none" and "GEMM table: none" in text   # which weight-GEMM table ran: none here
     assert res["pdl"] == "off" and "PDL: off" in text   # which programmatic dependent launch ran: none on a CPU
     assert res["tree_tiles"] == "table" and "tree tiles: table" in text   # the tree kernel's shapes: no H100 here
+    assert res["blas"] == "none" and "cuBLAS GEMMs: none" in text   # cuBLAS's entry (cublasGemmEx / cuBLASLt): no CUDA
     got = {(r["method"], r["budget"]) for r in res["rounds"]}
     assert got == {("ar", None), ("dflash", None), ("ddtree", 4), ("ddtree", 16)}
     for r in res["rounds"]:

@@ -2,16 +2,43 @@
 signatures the fixed-shape forwards (forward.py) call.
 
 `TorchOps` is what CPUs (and CI) run, and what the Triton kernels (kernels/layer_ops.py) are
-checked against. Knows nothing of trees, rounds or graphs; the KV cache it writes is one layer's
+checked against. Its weight GEMM is F.linear: cublasGemmEx on CUDA, or cuBLASLt where `lt_gemms` says (an H100
+SXM unless "cublaslt-off", any card with "cublaslt"): PyTorch's preferred BLAS library is set around the call, and
+a captured graph keeps the kernel the call chose. cuBLASLt's heuristic picks other kernels for some few-row shapes
+(docs/gpu-performance.md, "2026-12-06 13:09-13:24 UTC"). Knows nothing of trees, rounds or graphs; the KV cache it writes is one layer's
 [Hkv, S, D] tensors.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
+from ddtree_bench.engine.gpu.kernels import experimental
+from ddtree_bench.engine.gpu.kernels.common import is_h100_sxm
 from ddtree_bench.engine.layers import apply_rope, rms_norm
+
+
+def lt_gemms(device) -> bool:
+    """Whether TorchOps.linear sends a GEMM on `device` through cuBLASLt: an H100 SXM unless "cublaslt-off", any
+    CUDA device with "cublaslt"; never off CUDA. Results record it (bench-engine's `blas`)."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or experimental.enabled("cublaslt-off"):
+        return False
+    return experimental.enabled("cublaslt") or is_h100_sxm(dev)
+
+
+@contextlib.contextmanager
+def _blas(backend: str):
+    """CUDA GEMMs inside go to `backend` ("cublas", "cublaslt"); the previous choice after."""
+    prev = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(backend)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(prev)
 
 
 class TorchOps:
@@ -69,7 +96,10 @@ class TorchOps:
         return F.silu(g) * u
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """x [T, K] @ w[N, K]^T (+ b) -> [T, N]: a weight GEMM (F.linear)."""
+        """x [T, K] @ w[N, K]^T (+ b) -> [T, N]: a weight GEMM (F.linear; on cuBLASLt where lt_gemms)."""
+        if x.is_cuda and lt_gemms(x.device):
+            with _blas("cublaslt"):
+                return F.linear(x, w, b)
         return F.linear(x, w, b)
 
     def swiglu(self, x: torch.Tensor, gate_up: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

@@ -201,3 +201,25 @@ def test_results_name_the_table_that_ran(card, name, capability, env, want):
     environment wins over the card's own; a CPU reads none."""
     card(name, capability, env)
     assert gemm.table_name("cuda:0") == want and gemm.table_name("cpu") == "none"
+
+
+def test_cublaslt_leaves_a_cpu_gemm_to_pytorch_and_the_blas_choice_alone(monkeypatch):
+    from ddtree_bench.engine.gpu.ops import TORCH_OPS
+
+    monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", "cublaslt")
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 32, generator=g), torch.randn(48, 32, generator=g)
+    before = torch.backends.cuda.preferred_blas_library()
+    assert torch.equal(TORCH_OPS.linear(x, w), torch.nn.functional.linear(x, w))
+    assert torch.backends.cuda.preferred_blas_library() == before
+
+
+@pytest.mark.parametrize("h100, env, want", [(True, "", True), (True, "cublaslt-off", False), (False, "", False),
+                                             (False, "cublaslt", True), (True, "cublaslt,cublaslt-off", False)])
+def test_an_h100_sends_cublas_gemms_through_cublaslt_unless_told_off(h100, env, want, monkeypatch):
+    from ddtree_bench.engine.gpu import ops
+
+    monkeypatch.setattr(ops, "is_h100_sxm", lambda dev: h100)
+    monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", env)
+    assert ops.lt_gemms("cuda") is want
+    assert ops.lt_gemms("cpu") is False   # never off CUDA

@@ -64,3 +64,26 @@ def test_a_fused_forward_with_pdl_has_the_same_bits_as_without(monkeypatch, mode
     every = lambda M, N, K, dtype, device, swiglu=False: GemmConfig(16 if M <= 16 else 32, 32, 64, 2, 4, 3)  # noqa: E731
     (l0, k0), (l1, k1) = (captured_verify(monkeypatch, flag, 5, fused.TritonOps(gemm_config=every)) for flag in ("", mode))
     assert torch.equal(l0, l1) and torch.equal(k0, k1)
+
+
+@pytest.mark.parametrize("M", [17, 65, 129])
+def test_cublaslt_gemms_match_cublas_replayed_and_restore_the_blas_choice(M, monkeypatch):
+    """"cublaslt" (ops.TorchOps.linear through cuBLASLt): down's shape within a bf16 step of F.linear, eagerly and
+    from a captured graph, and PyTorch's preferred BLAS library as it was after each call."""
+    from ddtree_bench.engine.gpu.graphs import capture
+
+    N, K, _ = PROJ["down"]
+    g = torch.Generator(device="cuda").manual_seed(M)
+    x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(N, K, device="cuda", generator=g) / K ** 0.5).bfloat16()
+    want = F.linear(x, w).float()
+    before = torch.backends.cuda.preferred_blas_library()
+    monkeypatch.setenv("DDTREE_GPU_EXPERIMENTAL", "cublaslt")
+    eager = TORCH_OPS.linear(x, w).float()
+    graph, out = capture(lambda: TORCH_OPS.linear(x, w))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.backends.cuda.preferred_blas_library() == before
+    tol = 2 ** -7 * want.abs().amax().item()
+    assert (eager - want).abs().max().item() <= tol
+    assert (out.float() - want).abs().max().item() <= tol

@@ -201,10 +201,10 @@ H200_TABLE: Table = {
 }
 
 # The same for an H100 SXM (80 GB HBM3; 132 SMs at 3.35 TB/s against the H200's 4.8), tuned there with the same tuner
-# (docs/measurements/2026-12-05/h100-m-table-tune): up to 64 rows the tuner's picks, 65-128 rows the H200 table's band (the
-# tuner's 64-row tiles there lost 1.8% at 65 rows, a B = 64 verify, in the forward). In one process on the H100 it
-# took the verify 0.977-0.996x of the H200 table's at n = 1-64 and a batched round of two 0.978-0.987x
-# (docs/gpu-performance.md, "Evening (H100, 2026-12-05)").
+# (docs/measurements/2026-12-05/h100-m-table-tune): up to 64 rows the tuner's picks; above, cuBLAS, which an H100 calls
+# through cuBLASLt (ops.lt_gemms; down's 65-128 rows left the H200 table's band for it on 2026-12-06). In one process on
+# the H100 it took the verify 0.977-0.996x of the H200 table's at n = 1-64 and a batched round of two 0.978-0.987x
+# (docs/gpu-performance.md, "Evening (H100, 2026-12-05)" and "2026-12-06 13:09-13:24 UTC").
 H100_TABLE: Table = {
     (6144, 4096, False): ((1, GemmConfig(16, 128, 128, 1, 4, 5)), (2, GemmConfig(16, 64, 256, 1, 4, 3)),
                           (8, GemmConfig(16, 32, 128, 1, 4, 5)), (16, GemmConfig(16, 64, 128, 1, 4, 5)),
@@ -213,7 +213,7 @@ H100_TABLE: Table = {
     (4096, 12288, False): ((1, GemmConfig(16, 32, 128, 3, 4, 4)), (2, GemmConfig(16, 32, 128, 4, 4, 3)),
                            (16, GemmConfig(16, 64, 128, 4, 4, 3)), (17, GemmConfig(32, 128, 128, 3, 4, 4)),
                            (32, GemmConfig(32, 32, 256, 2, 4, 3)), (64, GemmConfig(64, 64, 128, 2, 4, 5)),
-                           (128, GemmConfig(64, 128, 128, 2, 4, 4))),                                      # down
+                           (128, None)),                                                                   # down
     (12288, 4096, True): ((1, GemmConfig(16, 32, 128, 1, 4, 3)), (8, GemmConfig(16, 32, 128, 1, 4, 4)),
                           (16, GemmConfig(16, 32, 128, 1, 4, 3)), (17, GemmConfig(16, 64, 256, 1, 4, 2)),
                           (32, GemmConfig(32, 32, 128, 1, 4, 3)), (64, GemmConfig(64, 64, 128, 1, 4, 4))),  # gate/up + SiLU
