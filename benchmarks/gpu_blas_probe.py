@@ -7,7 +7,7 @@ so it holds for what a graph captures) and the swapped orientation (W @ x^T, the
 sees the few rows as its m, not its n). For each projection of a shape and each row count this times, as CUDA
 graphs over enough weight copies to overflow L2 (every call reads its weight from HBM): F.linear (`gemmex`), the
 same under cuBLASLt (`lt`), the swapped product on either (`swap`, `lt-swap`), and the engine's own pick for the
-band (`engine`: its Triton shape, or cuBLAS where the table has none). Prints us a GEMM, the weight's GB/s and each
+band (`engine`: its Triton shape, or cuBLAS through the entry ops.lt_gemms picks where the table has none). Prints us a GEMM, the weight's GB/s and each
 arm against gemmex, with the max |difference| of its output against gemmex's (another summation order). gate_up is
 timed as its plain [2I, K] GEMM (the engine's SwiGLU epilogue is not in any arm).
 
@@ -19,7 +19,6 @@ Only a probe: a win here is a candidate for the forward, decided by benchmarks/g
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 
 import torch
@@ -27,31 +26,21 @@ import torch.nn.functional as F
 
 from ddtree_bench.engine.gpu.graphs import replay_ms
 from ddtree_bench.engine.gpu.kernels import gemm
+from ddtree_bench.engine.gpu.ops import TORCH_OPS, blas_library
 from ddtree_bench.perf.shapes import SHAPES
 
 L2_SPAN_BYTES = 512 << 20   # weight bytes a timed graph cycles through (> 8x an H100's / H200's L2)
-
-
-@contextlib.contextmanager
-def blas(backend: str):
-    """Calls inside go to `backend` ("cublas": cublasGemmEx, "cublaslt")."""
-    prev = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library(backend)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.preferred_blas_library(prev)
 
 
 def arms(x: torch.Tensor, M: int):
     """name -> fn(w) -> output [M, N] (or its transpose) for one weight copy w."""
     def engine(w):
         c = gemm.config(M, w.shape[0], w.shape[1], x.dtype, x.device)
-        return F.linear(x, w) if c is None else gemm.linear(x, w, c)
+        return TORCH_OPS.linear(x, w) if c is None else gemm.linear(x, w, c)
 
     def on(backend, fn):
         def run(w):
-            with blas(backend):
+            with blas_library(backend):
                 return fn(w)
         return run
 

@@ -31,7 +31,7 @@ def lt_gemms(device) -> bool:
 
 
 @contextlib.contextmanager
-def _blas(backend: str):
+def blas_library(backend: str):
     """CUDA GEMMs inside go to `backend` ("cublas", "cublaslt"); the previous choice after."""
     prev = torch.backends.cuda.preferred_blas_library()
     torch.backends.cuda.preferred_blas_library(backend)
@@ -98,7 +98,7 @@ class TorchOps:
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, K] @ w[N, K]^T (+ b) -> [T, N]: a weight GEMM (F.linear; on cuBLASLt where lt_gemms)."""
         if x.is_cuda and lt_gemms(x.device):
-            with _blas("cublaslt"):
+            with blas_library("cublaslt"):
                 return F.linear(x, w, b)
         return F.linear(x, w, b)
 
