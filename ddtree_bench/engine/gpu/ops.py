@@ -5,8 +5,8 @@ signatures the fixed-shape forwards (forward.py) call.
 checked against. Its weight GEMM is F.linear: cublasGemmEx on CUDA, or cuBLASLt where `lt_gemms` says (an H100
 SXM unless "cublaslt-off", any card with "cublaslt"): PyTorch's preferred BLAS library is set around the call, and
 a captured graph keeps the kernel the call chose. cuBLASLt's heuristic picks other kernels for some few-row shapes
-(docs/gpu-performance.md, "2026-12-06 13:09-13:24 UTC"). Knows nothing of trees, rounds or graphs; the KV cache it writes is one layer's
-[Hkv, S, D] tensors.
+(docs/gpu-performance.md, "2026-12-06 13:09-13:27 UTC"). Knows nothing of trees, rounds or graphs; the KV cache
+it writes is one layer's [Hkv, S, D] tensors.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ H200_TABLE: Table = {
 # (docs/measurements/2026-12-05/h100-m-table-tune): up to 64 rows the tuner's picks; above, cuBLAS, which an H100 calls
 # through cuBLASLt (ops.lt_gemms; down's 65-128 rows left the H200 table's band for it on 2026-12-06). In one process on
 # the H100 it took the verify 0.977-0.996x of the H200 table's at n = 1-64 and a batched round of two 0.978-0.987x
-# (docs/gpu-performance.md, "Evening (H100, 2026-12-05)" and "2026-12-06 13:09-13:24 UTC").
+# (docs/gpu-performance.md, "Evening (H100, 2026-12-05)" and "2026-12-06 13:09-13:27 UTC").
 H100_TABLE: Table = {
     (6144, 4096, False): ((1, GemmConfig(16, 128, 128, 1, 4, 5)), (2, GemmConfig(16, 64, 256, 1, 4, 3)),
                           (8, GemmConfig(16, 32, 128, 1, 4, 5)), (16, GemmConfig(16, 64, 128, 1, 4, 5)),
