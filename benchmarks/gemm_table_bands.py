@@ -24,6 +24,7 @@ import sys
 from ddtree_bench.engine.gpu.kernels import gemm
 from ddtree_bench.engine.gpu.kernels.gemm_parts import GemmConfig
 from ddtree_bench.errors import UsageError
+from ddtree_bench.perf.shapes import SHAPES
 from gpu_gemm_tune import projections
 
 SHAPE_RE = re.compile(r"(\d+)x(\d+)x(\d+)/(\d+)/(\d+)/(\d+)")
@@ -45,12 +46,13 @@ def parse_set(spec: str, names: dict) -> tuple[tuple[int, int, bool], tuple]:
 
 
 def build(base: dict, sets: list[tuple[tuple[int, int, bool], tuple]], above: int) -> dict:
-    """`base` with each set's projection keeping its bands of <= `above` rows and taking the set's bands above."""
-    table = dict(base)
+    """`base` with each set's projection keeping its bands of <= `above` rows and taking the set's bands above
+    (gemm.merged, one projection at a time so each keeps its own band edges)."""
+    table = base
     for key, bands in sets:
         if any(rows <= above for rows, _ in bands):
             raise ValueError(f"every --set band must lie above --above {above} rows")
-        table[key] = tuple(b for b in base.get(key, ()) if b[0] <= above) + bands
+        table = gemm.merged(table, {key: bands}, bands=(above,) + tuple(rows for rows, _ in bands))
     return table
 
 
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", choices=("h100", "h200"), required=True, help="the built-in table to start from")
     ap.add_argument("--set", action="append", required=True, help="PROJ:ROWS=SHAPE,... (repeat per projection)")
     ap.add_argument("--above", type=int, required=True, help="a set projection keeps its bands up to this many rows")
-    ap.add_argument("--shape", default="qwen3-8b")
+    ap.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     try:
