@@ -28,8 +28,7 @@ from ddtree_bench.engine.gpu.graphs import replay_ms
 from ddtree_bench.engine.gpu.kernels import gemm
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, blas_library
 from ddtree_bench.perf.shapes import SHAPES
-
-L2_SPAN_BYTES = 512 << 20   # weight bytes a timed graph cycles through (> 8x an H100's / H200's L2)
+from gpu_gemm_tune import L2_SPAN_BYTES, projections   # weight bytes a timed graph cycles through; [N, K] by name
 
 
 def arms(x: torch.Tensor, M: int):
@@ -59,11 +58,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gpu_blas_probe: needs a CUDA GPU", file=sys.stderr)
         return 2
-    c = SHAPES[a.shape]
-    H, I, D = c["hidden_size"], c["intermediate_size"], c["head_dim"]
-    shapes = {"qkv": ((c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * D, H),
-              "o_proj": (H, c["num_attention_heads"] * D), "gate_up": (2 * I, H), "down": (H, I),
-              "lm_head": (c["vocab_size"], H)}
+    # [N, K] of each weight: the tuner's projections, gate/up as its one [2I, K] matrix
+    shapes = {name: (2 * n if swiglu else n, k) for name, (n, k, swiglu) in projections(a.shape).items()}
     dev, dt = torch.device("cuda"), torch.bfloat16
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cuda {torch.version.cuda}  shape {a.shape}")
     print(f"{'proj':8} {'rows':>4} {'gemmex us':>9} {'GB/s':>6} | " + " | ".join(f"{n:>7} x  (maxdiff)" for n in
