@@ -8,13 +8,16 @@ concurrent compile (`fused.compile_self_test`), the tree kernels' self-test (`tr
 GEMMs' warm (`fused.warm_linears`), the tree builder's check (`builders.choose`), the prefill (the target's plain
 forward) and each stage's capture (`graphs.Stage._capture`: two eager runs, then the graph). Every Triton compile
 (`JITFunction._do_compile`: a compile, or a load from the disk cache) is counted with its seconds under the phase
-it ran in; compiles on warm threads are counted where the warm was called, so their seconds can exceed the wall's.
+it ran in; compiles on warm threads are counted where the warm was called, so their seconds can exceed the wall's,
+and a tree builder's compiles on `builders.prefetched`'s thread under whatever phase the main thread is in then
+(the self-tests' or the GEMM warm's): read the `bucket` row's wall for what they cost.
 
 Runs, each on a fresh cache unless said: `prime` (as `before`; the first process after a machine starts pays for
 reading libraries from disk, so its figures are not compared), `before` (the self-tests' kernels compiled one
 after another as they run, launchers built at first launch: `fused.compile_self_test`, the tree self-test's warm and
 `warm.PREPARE_LAUNCHERS` switched off), `fresh` (the code as it is), `again` (a second process on `fresh`'s cache:
-what a later run of the same points pays). (At b420fa7, which a call ran, the runs were `serial`: only compile_self_test
+what a later run of the same points pays), `noprefetch` (as `fresh` with `builders.PREFETCH` off: a budget's tree
+builder compiled by its check, after the self-tests and the GEMM warm, not beside them). (At b420fa7, which a call ran, the runs were `serial`: only compile_self_test
 off; `launchers`: PREPARE_LAUNCHERS on, which was off by default; `grid16`: that, and the grid builder at B <= 32.)
 Per phase also Triton's gcc builds (`triton.runtime.build._build`: its driver and launcher modules)
 and first module loads with their launchers (`CompiledKernel._init_handles`). Prints a table per run and one JSON
@@ -146,6 +149,8 @@ def child(a) -> dict:
         fused.compile_self_test = lambda *args, **kw: 0
         tree_kernels.warm = lambda *args, **kw: 0
         warm.PREPARE_LAUNCHERS = False
+    if a.child == "noprefetch":
+        builders.PREFETCH = False
     _wrap(fused, "compile_self_test", tl, "compile_self_test")
     _wrap(fused, "self_test", tl, "self_test", sync)
     _wrap(tree_kernels, "self_test", tl, "tree_self_test", sync)

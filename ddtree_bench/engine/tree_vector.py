@@ -137,6 +137,11 @@ def depth_counts(L: int, V: int, budget: int) -> tuple[int, list[int]]:
     return K, counts
 
 
+def tree_nodes(L: int, V: int, budget: int) -> int:
+    """N, the nodes of every exact builder's tree (the root not counted): min(budget, all kept prefixes)."""
+    return min(budget, sum(depth_counts(L, V, budget)[1]))
+
+
 class StaticTreeBuilder:
     """build_tree_fast for one (L, V, budget) with the shape-only constants made once.
 
@@ -158,7 +163,7 @@ class StaticTreeBuilder:
             raise ValueError(f"budget {budget} is too large for exact int64 tree keys: budget * K = {budget * K} "
                              f"and {total} kept prefixes must stay below 2^31")
         self.arK = torch.arange(K, device=device)
-        self.N = min(budget, total)
+        self.N = tree_nodes(L, V, budget)
         self.depth = torch.cat([torch.full((c,), d + 1, dtype=torch.long, device=device) for d, c in enumerate(counts)])
         offsets = [0]
         for c in counts:

@@ -15,7 +15,9 @@ timing every candidate at each new budget, which made a new budget's cold start 
 (docs/gpu-performance.md, "Cold start"). Another GPU may move the crossovers: bench-engine's build
 table still times every builder per budget. The check compiles the builder's kernels concurrently
 (kernels/warm.py) and builds in the rounds' dtype, so the rounds compile nothing more; a failed check
-falls back to "torch".
+falls back to "torch". `prefetched(...)` starts those same compiles on a background thread, so that a loop's
+other first-round work (the layer ops' and tree kernels' self-tests, the GEMM warms) runs while the builder
+compiles (the one-block kernel alone takes 4-5 s), and the check then finds them compiled.
 Batched rounds (gpu/batch_loop.py, buckets of 2+ slots) build every slot's tree at once with the SAME Triton
 kernel the single loop's rule names at the budget, launched over the slots (`batched_kernel`, `make_slotted`,
 `checked_slotted`: the same check at the loop's slot count): "block" - the one-block kernel over one program per
@@ -33,7 +35,9 @@ models, caches or rounds.
 
 from __future__ import annotations
 
+import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +50,7 @@ KINDS = ("auto",) + KERNELS + ("torch",)      # what FastLoop(tree_kernel=...) a
 AUTO_BLOCK_MAX_BUDGET = 32    # the one-block kernel up to here
 AUTO_GRID_MAX_BUDGET = 64     # then the grid without precomputed keys; grid-keys above
 CHECK_SLOTS_MAX = 16          # checked_slotted builds at most this many slots (the compiled kernels do not depend on it)
+PREFETCH = True               # prefetched() compiles on a background thread (off: it does nothing; for cold-start A/Bs)
 
 
 @dataclass
@@ -108,7 +113,7 @@ def _mismatch(tb, ref, shape: tuple, budget: int, device, dtype: torch.dtype, wa
     """None if builder `tb` compiled (concurrently, warm), ran and built `ref`'s trees on random logits of `shape`
     in `dtype` (again on fp32 when its certificate failed on `dtype`), else why not."""
     for d in dict.fromkeys([dtype, torch.float32]):
-        logits = (torch.randn(*shape, generator=torch.Generator().manual_seed(budget)) * 3).to(device, d)
+        logits = _check_logits(shape, budget, device, d)
         warm(lambda: tb(logits), device)   # its kernels compiled at once, not one after another
         got = tb(logits)
         flagged = tb.flag.item() != 0
@@ -118,6 +123,46 @@ def _mismatch(tb, ref, shape: tuple, budget: int, device, dtype: torch.dtype, wa
     if not flagged and all(torch.equal(a, b) for a, b in zip(_parts(got), _parts(ref(logits)))):
         return None
     return "its certificate failed" if flagged else "its tree differs from the PyTorch builder's"
+
+
+def _check_logits(shape: tuple, budget: int, device, dtype: torch.dtype) -> torch.Tensor:
+    """The random draft logits a builder is checked on (seeded by the budget): the check's and prefetched's."""
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(budget)) * 3).to(device, dtype)
+
+
+@contextmanager
+def prefetched(L: int, V: int, budget: int, device, dtype: torch.dtype, kind: str = "auto"):
+    """Inside the block, the kernels of the Triton builder choose(L, V, budget, device, dtype, kind) will check
+    compile on one background thread (kernels/warm.compile_launches, its own threads per kernel function), as the
+    check's first build launches them (recorded here, on the same logits), so the caller's other cold work overlaps
+    them; on leaving, the thread is joined and the check finds every variant in Triton's caches. A compile error
+    there is dropped: the check meets it again and falls back. Nothing is compiled for torch, off CUDA under auto
+    (choose builds with torch there), where tree_block.available says no, or with PREFETCH off. Only Triton runs
+    on the thread (no launch, no torch CUDA op), so the block may run kernels; it must not capture a CUDA graph."""
+    from ddtree_bench.engine.gpu.kernels import tree_block, warm
+
+    device = torch.device(device)
+    kernel = auto_kernel(budget) if kind == "auto" else kind
+    go = (PREFETCH and kernel in KERNELS and (kind != "auto" or device.type == "cuda")
+          and tree_block.available(device))
+    thread = None
+    if go:
+        logits = _check_logits((L, V), budget, device, dtype)
+        launches = warm.record(lambda: make(kernel, L, V, budget, device)(logits))
+        if launches:
+            warm.ready_driver(device)
+
+            def compile_quietly() -> None:
+                try:
+                    warm.compile_launches(launches, device)
+                except Exception:  # noqa: BLE001 - the check compiles again and reports it
+                    pass
+
+            thread = threading.Thread(target=compile_quietly, name="ddtree-builder-prefetch", daemon=True)
+            thread.start()
+    yield
+    if thread is not None:
+        thread.join()
 
 
 def _parts(trees) -> tuple:

@@ -55,6 +55,7 @@ from ddtree_bench.engine.gpu.tree_ops import ancestors, chain, commit_static, ve
 from ddtree_bench.engine.interface import (ROUND_STAGES, Generation, OutputStream, RoundTrace, WalkLayout, logit_gaps,  # noqa: F401
                                           wants_round)
 from ddtree_bench.engine.proposer import DFlashProposer
+from ddtree_bench.engine.tree_vector import tree_nodes
 from ddtree_bench.engine.verify import GREEDY_EPS, pick, request_generator
 
 CAPACITY_ALIGN = 64  # cache slots; keeps the attention bias rows aligned for fused SDPA kernels
@@ -435,6 +436,12 @@ class FastLoop:
             warm_linears(models, self.ops, sorted(want), self.device)
             self._warmed_rows |= want
 
+    def _self_tests(self) -> None:
+        """The layer ops' and the tree kernels' self-tests (each once a process, compiling its kernels first): run
+        here, while a new budget's tree builder compiles on builders.prefetched's thread, rather than later."""
+        self.ops
+        self.fused_tree_ops
+
     def _builder(self, budget: int, kind: str):
         """The tree builder for a budget (builders.choose: auto compiles and checks the one Triton builder
         its rule names, torch if that fails); the chosen builder's ms per build lands in builder_ms."""
@@ -464,6 +471,10 @@ class FastLoop:
                 build = lambda: TreeOut(*chain(self.dlogits))  # noqa: E731
             else:
                 if (budget, kind) not in self._builders:  # builders outlive cache growth: no re-check, re-timing
+                    V = self.target.cfg.vocab_size
+                    with builders.prefetched(L, V, budget, dev, self.dtype, kind):   # compiling meanwhile
+                        self._self_tests()
+                        self._warm_linears(1 + tree_nodes(L, V, budget))
                     self._builders[(budget, kind)] = self._builder(budget, kind)
                 builder = self._builders[(budget, kind)]
                 width = 1 + builder.N

@@ -2,7 +2,8 @@
 names the builder the H200 measured fastest at every budget; the check builds in the rounds' dtype, so
 a round (or a second check at the same budget) launches no kernel variant the check has not compiled;
 a certificate raised on bf16 logits is checked again on fp32; warm() records launches instead of running
-them and compiles each kernel function's launches in order on its own thread (kernels/warm.py).
+them and compiles each kernel function's launches in order on its own thread (kernels/warm.py); prefetched()
+compiles the check's variants on a background thread while its block runs, and nothing where no check would.
 Variants are keyed by Triton's own binder for sm_90 (kernels/variants.py)."""
 
 from __future__ import annotations
@@ -236,3 +237,69 @@ def test_checked_slotted_builds_the_exact_trees_of_different_slots_or_falls_back
     else:
         with pytest.warns(UserWarning, match="certificate failed" if case == "always-flags" else "differs"):
             assert builders.checked_slotted(4, 50, 16, 3, "cpu", torch.bfloat16) is None
+
+
+def _recording_warmup(monkeypatch, block_first: threading.Barrier | None = None):
+    """JITFunction.warmup replaced: each call appended as a warm.Launch with the calling thread; the very first
+    waits at `block_first` (with the test's block) when given."""
+    from triton.runtime.jit import JITFunction
+
+    from ddtree_bench.engine.gpu.kernels import warm
+
+    calls, lock = [], threading.Lock()
+
+    def fake_warmup(kernel, *args, grid, **kwargs):
+        with lock:
+            first = not calls
+            calls.append((warm.Launch(kernel, grid, args, kwargs), threading.get_ident()))
+        if first and block_first is not None:
+            block_first.wait()
+
+    monkeypatch.setattr(JITFunction, "warmup", fake_warmup)
+    return calls
+
+
+@jit_only
+@pytest.mark.parametrize("kernel", builders.KERNELS)
+def test_prefetched_compiles_the_checks_variants_on_another_thread_while_its_block_runs(spied, monkeypatch, kernel):
+    from ddtree_bench.engine.gpu.kernels.variants import variants_of
+
+    made, warmed, _ = spied
+    L, V, budget = 4, 600, 32
+    both = threading.Barrier(2, timeout=10)
+    calls = _recording_warmup(monkeypatch, both)
+    with builders.prefetched(L, V, budget, "cpu", torch.bfloat16, kernel):
+        both.wait()   # the prefetch's first compile is under way while the block runs, or BrokenBarrierError
+    n = len(calls)
+    assert n > 0 and threading.get_ident() not in {t for _, t in calls}
+    assert builders.checked_builder(L, V, budget, "cpu", kernel, torch.bfloat16) is made[-1]
+    assert len(calls) == n   # joined on leaving the block: nothing compiles after it
+    assert set(variants_of([la for la, _ in calls])) == warmed[0]   # exactly what the check then warms
+
+
+@jit_only
+def test_prefetched_compiles_nothing_where_no_triton_builder_would_be_checked(spied, monkeypatch):
+    made, _, _ = spied
+    calls = _recording_warmup(monkeypatch)
+    for kind in ("torch", "auto"):   # torch; auto off CUDA (choose builds with torch there)
+        with builders.prefetched(4, 600, 16, "cpu", torch.bfloat16, kind):
+            pass
+    monkeypatch.setattr(builders, "PREFETCH", False)
+    with builders.prefetched(4, 600, 16, "cpu", torch.bfloat16, "block"):
+        pass
+    assert calls == [] and made == []
+
+
+@jit_only
+def test_a_prefetch_compile_error_is_left_to_the_check(spied, monkeypatch):
+    from triton.runtime.jit import JITFunction
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of shared memory")
+
+    raised = []
+    monkeypatch.setattr(JITFunction, "warmup", broken)
+    monkeypatch.setattr(threading, "excepthook", raised.append)   # where a thread's uncaught error would go
+    with builders.prefetched(4, 600, 16, "cpu", torch.bfloat16, "block"):
+        pass
+    assert raised == []   # dropped: the check meets it again (and falls back to torch) on the main thread

@@ -380,6 +380,41 @@ def test_tree_builders_outlive_cache_growth():
     assert loop.tree_builder(16) == "torch"   # no Triton on a CPU
 
 
+def test_a_new_budgets_builder_compiles_while_the_self_tests_and_gemm_warms_run(monkeypatch):
+    """A budget's first bucket runs the layer ops' and tree kernels' self-tests and its verify rows' GEMM warm inside
+    builders.prefetched (its tree builder compiling on a thread meanwhile: a process's first DDTree round pays the
+    longest of them, not their sum), and checks the builder only after; a second budget prefetches its own."""
+    from contextlib import contextmanager
+
+    from ddtree_bench.engine.gpu import builders
+    from ddtree_bench.engine.gpu.loop import FastLoop
+    from ddtree_bench.engine.tree_vector import tree_nodes
+
+    events = []
+
+    @contextmanager
+    def prefetched(L, V, budget, device, dtype, kind="auto"):
+        events.append(("enter", budget))
+        yield
+        events.append(("exit", budget))
+
+    choose, self_tests, warm = builders.choose, FastLoop._self_tests, FastLoop._warm_linears
+    monkeypatch.setattr(builders, "prefetched", prefetched)
+    monkeypatch.setattr(builders, "choose", lambda L, V, budget, *a, **k: events.append(("check", budget)) or choose(L, V, budget, *a, **k))
+    monkeypatch.setattr(FastLoop, "_self_tests", lambda self: events.append(("self_tests",)) or self_tests(self))
+    monkeypatch.setattr(FastLoop, "_warm_linears", lambda self, rows: events.append(("warm", rows)) or warm(self, rows))
+    target, drafter = random_pair(seed=0, vocab_size=VOCAB)
+    eng = Engine(target, drafter, cuda_graphs=True)
+    eng.generate([5, 6, 7], "ddtree", 16, 4)
+    L = eng.fast_loop().L
+    want16 = [("enter", 16), ("self_tests",), ("warm", 1 + tree_nodes(L, VOCAB, 16)), ("exit", 16), ("check", 16)]
+    assert events[:5] == want16
+    assert tree_nodes(L, VOCAB, 16) == eng.fast_loop()._builders[(16, "auto")].N
+    events.clear()
+    eng.generate([5, 6, 7], "ddtree", 64, 4)
+    assert events[:5] == [("enter", 64), ("self_tests",), ("warm", 1 + tree_nodes(L, VOCAB, 64)), ("exit", 64), ("check", 64)]
+
+
 def test_a_new_shapes_first_round_is_timed_and_told_on_a_gpu_only(capsys, monkeypatch):
     """cold_s holds each (method, budget)'s first round (compiles + captures on a GPU); the stderr line that tells a
     sweep's user why its first point of a budget is slow appears for a CUDA device at COLD_NOTICE_S or more, and never
