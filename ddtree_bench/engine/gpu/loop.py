@@ -462,8 +462,9 @@ class FastLoop:
                 return
             if self.drafter is not None:
                 self._draft(self.ctx)
-                if ctx_rows and ctx_rows != self.ctx.shape[0]:
-                    self._draft(torch.zeros(ctx_rows, self.ctx.shape[1], dtype=self.ctx.dtype, device=self.device))
+                if ctx_rows and ctx_rows != self.ctx.shape[0]:   # a long prompt stands in as 4096 + its rows mod 16:
+                    rows = min(ctx_rows, 4096 + ctx_rows % 16)      # Triton keys row counts by == 1 and % 16 only
+                    self._draft(torch.zeros(rows, self.ctx.shape[1], dtype=self.ctx.dtype, device=self.device))
             n = width - 1
             b.out.store("tree_build", TreeOut(torch.zeros(n, **long), torch.zeros(n, **long), torch.ones(n, **long)))
             b.layout = WalkLayout(self.L, guard=guard)
