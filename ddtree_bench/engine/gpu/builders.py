@@ -135,7 +135,8 @@ def prefetched(L: int, V: int, budget: int, device, dtype: torch.dtype, kind: st
     """Inside the block, the kernels of the Triton builder choose(L, V, budget, device, dtype, kind) will check
     compile on one background thread (kernels/warm.compile_launches, its own threads per kernel function), as the
     check's first build launches them (recorded here, on the same logits), so the caller's other cold work overlaps
-    them; on leaving, the thread is joined and the check finds every variant in Triton's caches. A compile error
+    them; on leaving normally, the thread is joined and the check finds every variant in Triton's caches (leaving on
+    an error, the daemon thread is left to finish or die with the process). A compile error
     there is dropped: the check meets it again and falls back. Nothing is compiled for torch, off CUDA under auto
     (choose builds with torch there), where tree_block.available says no, or with PREFETCH off. Only Triton runs
     on the thread (no launch, no torch CUDA op), so the block may run kernels; it must not capture a CUDA graph."""
