@@ -17,7 +17,8 @@ reading libraries from disk, so its figures are not compared), `before` (the sel
 after another as they run, launchers built at first launch: `fused.compile_self_test`, the tree self-test's warm and
 `warm.PREPARE_LAUNCHERS` switched off), `fresh` (the code as it is), `again` (a second process on `fresh`'s cache:
 what a later run of the same points pays), `noprefetch` (as `fresh` with `builders.PREFETCH` off: a budget's tree
-builder compiled by its check, after the self-tests and the GEMM warm, not beside them). (At b420fa7, which a call ran, the runs were `serial`: only compile_self_test
+builder compiled by its check, after the self-tests and the warms, not beside them), `noround` (`loop.WARM_ROUND`
+off: the round's kernels compiled as the first round reaches them), `nowarm` (both off). (At b420fa7, which a call ran, the runs were `serial`: only compile_self_test
 off; `launchers`: PREPARE_LAUNCHERS on, which was off by default; `grid16`: that, and the grid builder at B <= 32.)
 Per phase also Triton's gcc builds (`triton.runtime.build._build`: its driver and launcher modules)
 and first module loads with their launchers (`CompiledKernel._init_handles`). Prints a table per run and one JSON
@@ -130,6 +131,7 @@ def child(a) -> dict:
 
     from ddtree_bench.engine.generate import Engine
     from ddtree_bench.engine.gpu import builders, fused, graphs, tree_kernels
+    from ddtree_bench.engine.gpu import loop as fast_loop
     from ddtree_bench.engine.gpu.loop import FastLoop
     from ddtree_bench.engine.loading import random_pair
     from ddtree_bench.perf.shapes import random_shaped_pair
@@ -149,8 +151,10 @@ def child(a) -> dict:
         fused.compile_self_test = lambda *args, **kw: 0
         tree_kernels.warm = lambda *args, **kw: 0
         warm.PREPARE_LAUNCHERS = False
-    if a.child == "noprefetch":
+    if a.child in ("noprefetch", "nowarm"):
         builders.PREFETCH = False
+    if a.child in ("noround", "nowarm"):
+        fast_loop.WARM_ROUND = False
     _wrap(fused, "compile_self_test", tl, "compile_self_test")
     _wrap(fused, "self_test", tl, "self_test", sync)
     _wrap(tree_kernels, "self_test", tl, "tree_self_test", sync)
@@ -158,6 +162,7 @@ def child(a) -> dict:
     _wrap(fused_mod, "warm_linears", tl, "warm_linears", sync)
     _wrap(builders, "choose", tl, "builder", sync)
     _wrap(FastLoop, "_bucket", tl, "bucket", sync)
+    _wrap(FastLoop, "_warm_round", tl, "warm_round", sync)
     _wrap(graphs.Stage, "_capture", tl, lambda self: f"capture {self.name}", sync)
     tforward = type(target).forward
 

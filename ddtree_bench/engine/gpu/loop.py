@@ -60,6 +60,7 @@ from ddtree_bench.engine.verify import GREEDY_EPS, pick, request_generator
 
 CAPACITY_ALIGN = 64  # cache slots; keeps the attention bias rows aligned for fused SDPA kernels
 SPENT_EVENTS_MAX = 4096  # CUDA events a loop keeps for reuse (Laps.pool): a long generation's marks
+WARM_ROUND = True   # FastLoop._warm_round compiles a new bucket's round at once (off: nothing; for cold-start A/Bs)
 COLD_NOTICE_S = 1.0  # a new shape's first round slower than this on a GPU says why on stderr (cold_notice)
 
 
@@ -436,6 +437,53 @@ class FastLoop:
             warm_linears(models, self.ops, sorted(want), self.device)
             self._warmed_rows |= want
 
+    def _warm_round(self, method: str, width: int, greedy: bool, guard: bool, ctx_rows: int | None = None) -> None:
+        """Compile at once (kernels/warm.py, a thread per variant) the Triton kernels a first round of `width` verify
+        tokens launches besides its tree build and weight GEMMs (warmed apart): round 1's eager draft from `ctx_rows`
+        prompt rows and the captured draft from the context buffer, the tree compile, the verify forward's layer ops
+        and attention, the walk (its argmax too) and the commit (guard: the walk result carries a certificate flag, as
+        with a Triton builder) - beside each other, and for a new budget beside its builder (builders.prefetched),
+        rather than one after another as the first round reaches them. The stage functions run recording (nothing
+        launched) on a stand-in tree of width - 1 nodes; their one real write, the draft logits, is put back. AR's
+        commit (PyTorch, mutating) is left out. CUDA with the fused ops only; nothing with WARM_ROUND off."""
+        if not (WARM_ROUND and self._fused_round()):
+            return
+        from ddtree_bench.engine.gpu.kernels.warm import warm
+
+        b = _Bucket(method, width)   # a throwaway: nothing reads its outputs
+        long = dict(dtype=torch.long, device=self.device)
+        if not greedy:
+            b.post = torch.zeros(width, **long)
+
+        def one_round() -> None:
+            if method == "ar":
+                b.out.store("verify", self._verify_ar())
+                self._walk_ar(b, greedy)
+                return
+            if self.drafter is not None:
+                self._draft(self.ctx)
+                if ctx_rows and ctx_rows != self.ctx.shape[0]:   # a long prompt stands in as 4096 + its rows mod 16:
+                    rows = min(ctx_rows, 4096 + ctx_rows % 16)      # Triton keys row counts by == 1 and % 16 only
+                    self._draft(torch.zeros(rows, self.ctx.shape[1], dtype=self.ctx.dtype, device=self.device))
+            n = width - 1
+            b.out.store("tree_build", TreeOut(torch.zeros(n, **long), torch.zeros(n, **long), torch.ones(n, **long)))
+            b.layout = WalkLayout(self.L, guard=guard)
+            b.out.store("tree_compile", self._compile(b))
+            b.out.compiled.ids.zero_()   # recorded, not computed: the embedding and RoPE gather at them
+            b.out.compiled.pos.fill_(0)
+            b.out.store("verify", self._verify_tree(b))
+            b.out.store("walk", self._walk_tree(b, greedy))
+            self._commit_tree(b)
+
+        saved = self.dlogits.clone() if self.dlogits is not None else None
+        warm(one_round, self.device, per="variant")
+        if saved is not None:
+            self.dlogits.copy_(saved)
+
+    def _fused_round(self) -> bool:
+        """A round here runs Triton kernels for its layer ops, GEMMs and tree ops (CUDA, both self-tests passed)."""
+        return self.device.type == "cuda" and self.fused_tree_ops and hasattr(self.ops, "gemm_config")
+
     def _self_tests(self) -> None:
         """The layer ops' and the tree kernels' self-tests (each once a process, compiling its kernels first): run
         here, while a new budget's tree builder compiles on builders.prefetched's thread, rather than later."""
@@ -450,7 +498,12 @@ class FastLoop:
             self.builder_ms[budget] = choice.times_ms
         return choice.builder
 
-    def _bucket(self, method: str, budget: int, greedy: bool, kind: str | None = None, graphs: bool | None = None) -> _Bucket:
+    def _bucket(self, method: str, budget: int, greedy: bool, kind: str | None = None, graphs: bool | None = None,
+                ctx_rows: int | None = None) -> _Bucket:
+        """The bucket of (method, budget, greedy, kind, graphs), made at its first use: a new budget's tree builder
+        checked (compiling beside the self-tests and warms: builders.prefetched), the GEMMs and the round's other
+        kernels compiled at once (_warm_linears, _warm_round; ctx_rows: the prompt rows round 1 drafts from), the
+        stages set up to capture at their first run."""
         kind = self.tree_kernel if kind is None else kind
         g = self.graphs if graphs is None else graphs
         key = (method, budget if method == "ddtree" else 0, greedy, kind, g)
@@ -460,6 +513,7 @@ class FastLoop:
         pool = Pool(dev)
         if method == "ar":
             self._warm_linears(1)
+            self._warm_round("ar", 1, greedy, False)
             b = _Bucket("ar", 1)
             b.stages["verify"] = Stage(lambda: self._verify_ar(), dev, pool, g, name="verify")
             b.stages["walk"] = Stage(lambda: self._walk_ar(b, greedy), dev, pool, g, name="walk")
@@ -475,11 +529,14 @@ class FastLoop:
                     with builders.prefetched(L, V, budget, dev, self.dtype, kind):   # compiling meanwhile
                         self._self_tests()
                         self._warm_linears(1 + tree_nodes(L, V, budget))
+                        self._warm_round(method, 1 + tree_nodes(L, V, budget), greedy, kind != "torch", ctx_rows)
                     self._builders[(budget, kind)] = self._builder(budget, kind)
                 builder = self._builders[(budget, kind)]
                 width = 1 + builder.N
                 build = lambda: TreeOut(*builder(self.dlogits))  # noqa: E731
             self._warm_linears(width)
+            if method == "dflash":
+                self._warm_round(method, width, greedy, False, ctx_rows)
             b = _Bucket(method, width)
             if method == "ddtree":
                 b.builder = builder
@@ -678,7 +735,7 @@ class FastLoop:
         gen = request_generator(dev, temperature, seed)
         layers = self.proposer.target_layer_ids if spec else ()
         t_cold, known = time.perf_counter(), len(self.buckets)
-        b = self._bucket(method, budget, greedy)
+        b = self._bucket(method, budget, greedy, ctx_rows=P)
         cold = len(self.buckets) > known   # a new shape: its builder checked, its GEMMs compiled, its graphs to capture
 
         t_start = time.perf_counter_ns()

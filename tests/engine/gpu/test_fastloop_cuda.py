@@ -115,3 +115,56 @@ def test_cache_growth_mid_session_keeps_the_tokens(toy):
     assert loop.capacity > small
     _same(plain.generate(prompts[2], "ddtree", 32, 64, stop_ids=pair.stop_ids),
           fast.generate(prompts[2], "ddtree", 32, 64, stop_ids=pair.stop_ids))
+
+
+WARM_PROBE = r'''
+import json, sys
+import torch, triton
+from ddtree_bench.engine.generate import Engine
+from ddtree_bench.engine.gpu import loop as fast_loop
+from ddtree_bench.pair import load_pair
+
+fast_loop.WARM_ROUND = sys.argv[1] == "on"
+pair = load_pair("toy", None, "ddtree", device="cuda")
+fast = Engine(pair.engine.target, pair.engine.drafter, cuda_graphs=True)
+ids = pair.tokenizer.apply_chat_template([{"role": "user", "content": "Tell me about the sea."}])
+loop = fast.fast_loop()
+loop._ensure(len(ids) + 256)   # no cache growth in the generates below (a new size re-makes the buckets)
+seen = []
+triton.knobs.runtime.jit_post_compile_hook = lambda *a, **kw: seen.append(getattr(kw.get("fn"), "name", "?"))
+out = {}
+for method, budget in (("ar", 0), ("dflash", 0), ("ddtree", 40)):
+    n = len(seen)
+    with torch.inference_mode():
+        loop._bucket(method, budget, True, ctx_rows=len(ids))   # its builder checked, GEMMs and round warmed
+    made, n = seen[n:], len(seen)
+    fast.generate(ids, method, budget, 24)
+    out[method] = {"bucket": made, "round": seen[n:]}
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("arm", ["on", "off"])
+def test_a_new_buckets_first_round_compiles_nothing_after_its_warm(arm):
+    """FastLoop._warm_round compiles, as a bucket is made, every Triton kernel of its first round besides the tree
+    build and the GEMMs (warmed apart): the eager draft from the prompt's rows, the captured draft, the tree compile,
+    the verify forward's layer ops and attention, the argmax, the walk and the commit - so the bucket's first generate
+    compiles nothing, for AR, DFlash and DDTree in turn. A fresh process (Triton's in-memory cache empty) counts every
+    compile with Triton's post-compile hook. With the warm off (arm off) the first generates compile them themselves:
+    what the test would miss if the warm left a variant out."""
+    import json
+    import subprocess
+    import sys
+
+    import triton
+
+    if not hasattr(getattr(triton, "knobs", None), "runtime") or not hasattr(triton.knobs.runtime, "jit_post_compile_hook"):
+        pytest.skip(f"Triton {triton.__version__} has no knobs.runtime.jit_post_compile_hook")
+    p = subprocess.run([sys.executable, "-c", WARM_PROBE, arm], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    for method in ("ar", "dflash", "ddtree"):
+        if arm == "on":
+            assert got[method]["bucket"] and got[method]["round"] == [], (method, got[method])
+        elif method != "ddtree":   # (DDTree after DFlash may share every kernel but its builder's)
+            assert got[method]["round"], (method, got[method])

@@ -381,7 +381,8 @@ def test_tree_builders_outlive_cache_growth():
 
 
 def test_a_new_budgets_builder_compiles_while_the_self_tests_and_gemm_warms_run(monkeypatch):
-    """A budget's first bucket runs the layer ops' and tree kernels' self-tests and its verify rows' GEMM warm inside
+    """A budget's first bucket runs the layer ops' and tree kernels' self-tests, its verify rows' GEMM warm and its
+    round's warm (on the prompt's rows for the first draft) inside
     builders.prefetched (its tree builder compiling on a thread meanwhile: a process's first DDTree round pays the
     longest of them, not their sum), and checks the builder only after; a second budget prefetches its own."""
     from contextlib import contextmanager
@@ -398,21 +399,25 @@ def test_a_new_budgets_builder_compiles_while_the_self_tests_and_gemm_warms_run(
         yield
         events.append(("exit", budget))
 
-    choose, self_tests, warm = builders.choose, FastLoop._self_tests, FastLoop._warm_linears
+    choose, self_tests, warm, warm_round = builders.choose, FastLoop._self_tests, FastLoop._warm_linears, FastLoop._warm_round
     monkeypatch.setattr(builders, "prefetched", prefetched)
     monkeypatch.setattr(builders, "choose", lambda L, V, budget, *a, **k: events.append(("check", budget)) or choose(L, V, budget, *a, **k))
     monkeypatch.setattr(FastLoop, "_self_tests", lambda self: events.append(("self_tests",)) or self_tests(self))
     monkeypatch.setattr(FastLoop, "_warm_linears", lambda self, rows: events.append(("warm", rows)) or warm(self, rows))
+    monkeypatch.setattr(FastLoop, "_warm_round", lambda self, method, width, greedy, guard, ctx_rows=None:
+                        events.append(("round", width, guard, ctx_rows)) or warm_round(self, method, width, greedy, guard, ctx_rows))
     target, drafter = random_pair(seed=0, vocab_size=VOCAB)
     eng = Engine(target, drafter, cuda_graphs=True)
     eng.generate([5, 6, 7], "ddtree", 16, 4)
     L = eng.fast_loop().L
-    want16 = [("enter", 16), ("self_tests",), ("warm", 1 + tree_nodes(L, VOCAB, 16)), ("exit", 16), ("check", 16)]
-    assert events[:5] == want16
-    assert tree_nodes(L, VOCAB, 16) == eng.fast_loop()._builders[(16, "auto")].N
-    events.clear()
-    eng.generate([5, 6, 7], "ddtree", 64, 4)
-    assert events[:5] == [("enter", 64), ("self_tests",), ("warm", 1 + tree_nodes(L, VOCAB, 64)), ("exit", 64), ("check", 64)]
+    for budget in (16, 64):
+        if budget == 64:
+            events.clear()
+            eng.generate([5, 6, 7, 8], "ddtree", 64, 4)
+        width = 1 + tree_nodes(L, VOCAB, budget)
+        assert events[:6] == [("enter", budget), ("self_tests",), ("warm", width), ("round", width, True, 3 + (budget == 64)),
+                              ("exit", budget), ("check", budget)]
+        assert width == 1 + eng.fast_loop()._builders[(budget, "auto")].N
 
 
 def test_a_new_shapes_first_round_is_timed_and_told_on_a_gpu_only(capsys, monkeypatch):
