@@ -475,7 +475,7 @@ class FastLoop:
             b.out.store("walk", self._walk_tree(b, greedy))
             self._commit_tree(b)
 
-        saved = self.dlogits.clone() if self.dlogits is not None else None
+        saved = self.dlogits.clone() if method != "ar" and self.proposer is not None else None   # AR: no draft
         warm(one_round, self.device, per="variant")
         if saved is not None:
             self.dlogits.copy_(saved)

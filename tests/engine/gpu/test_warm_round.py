@@ -105,6 +105,22 @@ def test_an_ar_warm_records_its_verify_and_argmax_and_commits_nothing(fused_cpu_
     assert not {k[1] for k in got} & {"_commit_rows_kernel", "_commit_state_kernel", "_compile_kernel"}
 
 
+def test_an_ar_warm_on_a_loop_without_a_drafter_records_its_verify(fused_cpu_loop):
+    """The batched loop's solo loop for AR has no proposer (no draft logits to keep): its warm records as one with."""
+    from ddtree_bench.engine.gpu.loop import FastLoop
+    from ddtree_bench.engine.gpu.kernels.variants import variants_of
+    from ddtree_bench.perf.round_variants import round_variants
+
+    with_drafter, compiled = fused_cpu_loop
+    loop = FastLoop(with_drafter.target, None, graphs=True)
+    loop._ensure(with_drafter.capacity)
+    with torch.inference_mode():
+        loop._warm_round("ar", 1, True, False)
+    got = set(variants_of(compiled))
+    want = round_variants(loop.target, 1, prefix=100, new_tokens=loop.capacity - 101)
+    assert got and [k[1] for k in want if k not in got] == []
+
+
 def test_switched_off_or_off_the_fused_path_the_warm_records_nothing(fused_cpu_loop, monkeypatch):
     from ddtree_bench.engine.gpu import loop as fast
 
