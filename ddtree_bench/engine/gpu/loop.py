@@ -526,10 +526,11 @@ class FastLoop:
             else:
                 if (budget, kind) not in self._builders:  # builders outlive cache growth: no re-check, re-timing
                     V = self.target.cfg.vocab_size
+                    rows = 1 + tree_nodes(L, V, budget)   # the verify's width, as the builder will report it
                     with builders.prefetched(L, V, budget, dev, self.dtype, kind):   # compiling meanwhile
                         self._self_tests()
-                        self._warm_linears(1 + tree_nodes(L, V, budget))
-                        self._warm_round(method, 1 + tree_nodes(L, V, budget), greedy, kind != "torch", ctx_rows)
+                        self._warm_linears(rows)
+                        self._warm_round(method, rows, greedy, kind != "torch", ctx_rows)
                     self._builders[(budget, kind)] = self._builder(budget, kind)
                 builder = self._builders[(budget, kind)]
                 width = 1 + builder.N
