@@ -127,10 +127,10 @@ def test_split_partials_stay_fp32_unless_bf16_partials_is_named_and_fp32_inputs_
     assert attention.partial_dtype(torch.float32) == torch.float32
 
 
-def test_an_h100_and_narrow_tiles_take_32_wide_three_stage_tiles_below_the_top_band_and_two_wide_ranges(monkeypatch):
-    """On an H100 SXM (kernels/common.is_h100_sxm, pretended here for "cuda") config's two lower bands take
+def test_an_h100_h200_and_narrow_tiles_take_32_wide_three_stage_tiles_below_the_top_band_and_two_wide_ranges(monkeypatch):
+    """On an H100 SXM or an H200 (kernels/common.is_tuned_hopper, pretended here for "cuda") config's two lower bands take
     NARROW_TILES (32-wide key tiles, three stages) and the wide band two prefix ranges; the experimental "narrow-tiles"
-    gives any card the same, "narrow-off" gives the H100 the table's shapes back; the top band keeps its shape, other
+    gives any card the same, "narrow-off" gives those cards the table's shapes back; the top band keeps its shape, other
     cards and a call without a device the table's, fp32 its one stage, and the A/B knobs still win over all of it."""
     import torch
 
@@ -138,7 +138,7 @@ def test_an_h100_and_narrow_tiles_take_32_wide_three_stage_tiles_below_the_top_b
 
     for name in ("TREE_WIDE_RANGES", "TREE_WIDE_BLOCK_N", "TREE_BLOCK_N", "TREE_STAGES", "TREE_RANGES"):
         monkeypatch.delenv(f"DDTREE_{name}", raising=False)
-    monkeypatch.setattr(ta, "is_h100_sxm", lambda device: str(device) == "cuda")
+    monkeypatch.setattr(ta, "is_tuned_hopper", lambda device: str(device) == "cuda")
     bf, ns = torch.bfloat16, (17, 129, 257, 513)
     monkeypatch.delenv("DDTREE_GPU_EXPERIMENTAL", raising=False)
     table = [ta.config(4 * n, bf) for n in ns]

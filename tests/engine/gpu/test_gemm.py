@@ -173,10 +173,25 @@ def card(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: name)
         gemm.builtin_table.cache_clear()
         common._is_h100_sxm.cache_clear()
+        common._is_h200.cache_clear()
 
     yield set_card
     gemm.builtin_table.cache_clear()
     common._is_h100_sxm.cache_clear()
+    common._is_h200.cache_clear()
+
+
+@pytest.mark.parametrize("name, capability, h100, tuned", [
+    ("NVIDIA H100 80GB HBM3", (9, 0), True, True), ("NVIDIA H200", (9, 0), False, True),
+    ("NVIDIA H200 NVL", (9, 0), False, True), ("NVIDIA GH200 480GB", (9, 0), False, False),
+    ("NVIDIA H100 PCIe", (9, 0), False, False), ("NVIDIA A100-SXM4-80GB", (8, 0), False, False)])
+def test_the_cards_the_launch_defaults_were_measured_on(card, name, capability, h100, tuned):
+    """is_h100_sxm (its GEMM table, cuBLASLt) and is_tuned_hopper (the few-row PDL and the narrow tree tiles: the H100
+    SXM and the H200) answer by the device's name and capability: not a GH200, an H100 PCIe or an older card, never
+    a CPU."""
+    card(name, capability)
+    assert (common.is_h100_sxm("cuda:0"), common.is_tuned_hopper("cuda:0")) == (h100, tuned)
+    assert not common.is_tuned_hopper("cpu") and not common.is_h100_sxm("cpu")
 
 
 @pytest.mark.parametrize("name, capability, table", [

@@ -53,22 +53,23 @@ def test_each_mode_turns_pdl_on_with_its_own_prefetch_and_launch_point(monkeypat
     assert pdl.gdc_options("cuda") == {"USE_GDC": False, "GDC_LATE": False, "launch_pdl": False}
 
 
-def _pretend_h100(monkeypatch, h100: bool = True):
+def _pretend_tuned_card(monkeypatch, tuned: bool = True):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv(experimental.ENV, raising=False)
     monkeypatch.delenv("DDTREE_PDL_LATE_ROWS", raising=False)
     monkeypatch.setattr(pdl, "SUPPORTED", True)
-    monkeypatch.setattr(pdl, "is_h100_sxm", lambda device: h100 and str(device).startswith("cuda"))
+    monkeypatch.setattr(pdl, "is_tuned_hopper", lambda device: tuned and str(device).startswith("cuda"))
 
 
 LATE = {"USE_GDC": True, "GDC_LATE": True, "launch_pdl": True}
 OFF = {"USE_GDC": False, "GDC_LATE": False, "launch_pdl": False}
 
 
-def test_an_h100_takes_pdl_late_by_default_for_few_rows_only(monkeypatch):
-    """With no mode named, an H100 SXM launches "pdl-late" over 1..LATE_ROWS token rows (a decode, a draft, a B <= 32
-    verify, a batched DFlash step of two) and nothing above; a launch that does not say its rows never takes it."""
-    _pretend_h100(monkeypatch)
+def test_an_h100_or_h200_takes_pdl_late_by_default_for_few_rows_only(monkeypatch):
+    """With no mode named, an H100 SXM or an H200 (common.is_tuned_hopper) launches "pdl-late" over 1..LATE_ROWS token
+    rows (a decode, a draft, a B <= 32 verify, a batched DFlash step of two) and nothing above; a launch that does not
+    say its rows never takes it."""
+    _pretend_tuned_card(monkeypatch)
     assert not pdl.enabled("cuda")   # the named modes stay off
     for rows in (1, 16, 17, 34, pdl.LATE_ROWS):
         assert pdl.gdc_options("cuda", rows) == LATE, rows
@@ -80,9 +81,9 @@ def test_an_h100_takes_pdl_late_by_default_for_few_rows_only(monkeypatch):
 
 
 def test_the_few_row_default_is_off_on_other_cards_under_pdl_off_and_where_pdl_cannot_run(monkeypatch):
-    _pretend_h100(monkeypatch, h100=False)
-    assert pdl.gdc_options("cuda", 16) == OFF   # the H200 and others: never timed there
-    _pretend_h100(monkeypatch)
+    _pretend_tuned_card(monkeypatch, tuned=False)
+    assert pdl.gdc_options("cuda", 16) == OFF   # other cards (an H100 PCIe, a GH200 ...): never timed there
+    _pretend_tuned_card(monkeypatch)
     monkeypatch.setenv(experimental.ENV, "pdl-off")
     assert pdl.gdc_options("cuda", 16) == OFF
     monkeypatch.setattr(pdl, "_sm90_or_newer", lambda device: device.startswith("cuda"))
@@ -99,7 +100,7 @@ def test_the_few_row_default_is_off_on_other_cards_under_pdl_off_and_where_pdl_c
 @pytest.mark.parametrize("mode, late", [("pdl", False), ("pdl-bare", False), ("pdl-late", True)])
 def test_a_named_mode_decides_at_every_row_count(monkeypatch, mode, late):
     """A named mode overrides the default on either side of its edge: its own launch point at 1 row and at 1024."""
-    _pretend_h100(monkeypatch)
+    _pretend_tuned_card(monkeypatch)
     monkeypatch.setattr(pdl, "_sm90_or_newer", lambda device: device.startswith("cuda"))
     monkeypatch.setenv(experimental.ENV, mode)
     for rows in (1, 1024):
@@ -107,9 +108,9 @@ def test_a_named_mode_decides_at_every_row_count(monkeypatch, mode, late):
 
 
 def test_results_name_the_pdl_that_ran(monkeypatch):
-    """bench-engine records pdl.describe: the few-row default with its edge on an H100, a named mode where it runs,
+    """bench-engine records pdl.describe: the few-row default with its edge on an H100 / H200, a named mode where it runs,
     "off" elsewhere (another card, pdl-off, a CPU)."""
-    _pretend_h100(monkeypatch)
+    _pretend_tuned_card(monkeypatch)
     assert pdl.describe("cuda") == f"pdl-late up to {pdl.LATE_ROWS} rows" and pdl.describe("cpu") == "off"
     monkeypatch.setenv("DDTREE_PDL_LATE_ROWS", "16")
     assert pdl.describe("cuda") == "pdl-late up to 16 rows"
@@ -118,5 +119,5 @@ def test_results_name_the_pdl_that_ran(monkeypatch):
     assert pdl.describe("cuda") == "pdl-bare" and pdl.describe("cpu") == "off"
     monkeypatch.setenv(experimental.ENV, "pdl-off")
     assert pdl.describe("cuda") == "off"
-    _pretend_h100(monkeypatch, h100=False)
+    _pretend_tuned_card(monkeypatch, tuned=False)
     assert pdl.describe("cuda") == "off"

@@ -8,8 +8,9 @@ re-measure on other GPUs, as the ones left are (slower on the H200: pdl at every
 2026-12-02, tree-fold by 2-5% at n = 64-128 on 2026-12-03; on an H100 pdl-late 0.6-1.2% faster at n <= 17 and 0.6-1.4%
 slower at n = 65-256, pdl-bare slower at n = 16-17, 2026-12-05; bf16-partials 0.995-1.005x at n = 1-256 on an H100,
 2026-12-05 night; tree-fold again 1.025-1.045x at n = 64-129 on an H100, 2026-12-06), or became one card's default
-only (narrow-tiles, the H100's since 2026-12-06: 0.985-0.998x at n = 17-257 there; "narrow-off" turns it off, as
-pdl-off does the H100's pdl-late; cublaslt, the H100's since 2026-12-06 afternoon, "cublaslt-off"). A name not in
+only (narrow-tiles, the H100's since 2026-12-06: 0.985-0.998x at n = 17-257 there, and the H200's since that night:
+0.975-1.001x; "narrow-off" turns it off, as pdl-off does the few-row pdl-late both cards take; cublaslt, the H100's
+since 2026-12-06 afternoon, "cublaslt-off"; mixed on the H200: 0.979-1.011x). A name not in
 FEATURES is bad input (UsageError: exit 2 from the CLI).
 KNOBS are integer settings whose constants came from such an A/B: `knob(name, default)` reads DDTREE_<NAME>
 (a positive integer) or returns the constant the kernel passes, so the next A/B can move an edge without an
@@ -29,10 +30,10 @@ FEATURES = {
     "tree-fold": "the tree kernel's split-KV combine folded into its launch (kernels/tree_attention.py)",
     "pdl-bare": "programmatic dependent launch without the L2 prefetch, the next kernel let in right after the wait (kernels/pdl.py)",
     "pdl-late": "programmatic dependent launch without the L2 prefetch, the next kernel let in after the main loop (kernels/pdl.py)",
-    "pdl-off": "no programmatic dependent launch at all: not the H100's few-row pdl-late default, nor a PDL mode named beside it (kernels/pdl.py)",
+    "pdl-off": "no programmatic dependent launch at all: not the H100's and H200's few-row pdl-late default, nor a PDL mode named beside it (kernels/pdl.py)",
     "bf16-partials": "split-KV partial sums kept in the activation dtype (bf16 / fp16), not fp32: half their traffic (kernels/attention.py)",
-    "narrow-tiles": "the tree kernel's two lower bands in 32-wide key tiles, three stages, and two prefix ranges in its wide band, on any card (the H100's default; kernels/tree_attention.py)",
-    "narrow-off": "the tree kernel keeps the H200 table's 64-wide key tiles on an H100 too, not narrow-tiles' default there (kernels/tree_attention.py)",
+    "narrow-tiles": "the tree kernel's two lower bands in 32-wide key tiles, three stages, and two prefix ranges in its wide band, on any card (the H100's and H200's default; kernels/tree_attention.py)",
+    "narrow-off": "the tree kernel keeps its table's 64-wide key tiles on an H100 / H200 too, not narrow-tiles' default there (kernels/tree_attention.py)",
     "cublaslt": "the weight GEMMs left to cuBLAS called through cuBLASLt, not cublasGemmEx, on any card (the H100's default; engine/gpu/ops.py)",
     "cublaslt-off": "the weight GEMMs left to cuBLAS called through cublasGemmEx on an H100 too, not cuBLASLt (engine/gpu/ops.py)",
     "grid-once": "the grid tree build's counting loops add their comparisons up elementwise and reduce once after the loop, not every step (kernels/tree_grid.py)",

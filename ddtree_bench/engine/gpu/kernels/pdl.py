@@ -21,8 +21,8 @@ only (`griddepcontrol.wait` waits for the whole previous grid and its writes, wh
 `enabled(device)`: only when DDTREE_GPU_EXPERIMENTAL names one of these (kernels/experimental.py), on CUDA
 with compute capability >= 9 and Triton not interpreting; elsewhere the kernels compile without the
 instructions. Where none is named, `gdc_options(device, rows)` still turns "pdl-late" on for a launch over at
-most LATE_ROWS token rows on an H100 SXM (`default_late`; "pdl-off" keeps it off): the one mode and card where it
-won. benchmarks/gpu_gemm.sh with EXPERIMENTAL=pdl runs its tests and measures it against the
+most LATE_ROWS token rows on an H100 SXM or an H200 (`default_late`, common.is_tuned_hopper; "pdl-off" keeps it
+off): the one mode, and the two cards, where it won. benchmarks/gpu_gemm.sh with EXPERIMENTAL=pdl runs its tests and measures it against the
 default. Knows nothing of what the kernels compute.
 """
 
@@ -34,7 +34,7 @@ from functools import lru_cache
 import torch
 
 from ddtree_bench.engine.gpu.kernels import experimental
-from ddtree_bench.engine.gpu.kernels.common import is_h100_sxm, tl, triton
+from ddtree_bench.engine.gpu.kernels.common import is_tuned_hopper, tl, triton
 
 
 def _supported() -> bool:
@@ -51,9 +51,10 @@ SUPPORTED = triton is not None and _supported()
 
 
 MODES = ("pdl", "pdl-bare", "pdl-late")   # the experimental features that turn PDL on (module docstring)
-# Where no mode is named, "pdl-late" on an H100 SXM for launches over at most this many token rows (DDTREE_PDL_LATE_ROWS
-# moves the edge; "pdl-off" turns PDL off, whatever else is named): it won there below 33 rows and tied at 64 in three
-# leases, so the edge sits between (docs/gpu-performance.md, "Late morning (H100, 2026-12-06)"); never timed on an H200.
+# Where no mode is named, "pdl-late" on an H100 SXM or an H200 for launches over at most this many token rows
+# (DDTREE_PDL_LATE_ROWS moves the edge; "pdl-off" turns PDL off, whatever else is named): it won on the H100 below 33
+# rows and tied at 64 in three leases, so the edge sits between (docs/gpu-performance.md, "Late morning (H100,
+# 2026-12-06)"); on the H200 it won at 1-48 rows, tied at 64 and lost at 128-257 ("2026-12-06 23:09 UTC (H200)").
 LATE_ROWS = 48
 
 
@@ -89,9 +90,9 @@ def _sm90_or_newer(device: str) -> bool:
 
 
 def default_late(device, rows: int) -> bool:
-    """Whether a launch over `rows` token rows takes "pdl-late" with no mode named: on an H100 SXM, rows <= LATE_ROWS,
-    unless "pdl-off" (where PDL can run at all: sm_90+, a Triton that has it, not the interpreter)."""
-    return _may_run() and rows <= experimental.knob("PDL_LATE_ROWS", LATE_ROWS) and is_h100_sxm(device)
+    """Whether a launch over `rows` token rows takes "pdl-late" with no mode named: on an H100 SXM or an H200, rows <=
+    LATE_ROWS, unless "pdl-off" (where PDL can run at all: sm_90+, a Triton that has it, not the interpreter)."""
+    return _may_run() and rows <= experimental.knob("PDL_LATE_ROWS", LATE_ROWS) and is_tuned_hopper(device)
 
 
 def describe(device) -> str:

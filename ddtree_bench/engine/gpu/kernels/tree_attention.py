@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ddtree_bench.engine.gpu.kernels.attention import NEG_BIG, available, combine, counters, n_split, partial_dtype
-from ddtree_bench.engine.gpu.kernels.common import _pow2, is_h100_sxm, tl, triton
+from ddtree_bench.engine.gpu.kernels.common import _pow2, is_tuned_hopper, tl, triton
 
 if triton is not None:   # the shared @triton.jit helpers exist only with Triton; without it this module still imports
     from ddtree_bench.engine.gpu.kernels.attention import _last_of_block, _reduce_ranges, _slot_of
@@ -86,7 +86,7 @@ class Config:
 # rows compile to mma.sync: benchmarks/triton_ptx_check.py prints which each shape gets)
 WIDE_SHAPES = (Config(64, 64, 4, 2), Config(128, 64, 8, 2), Config(64, 128, 4, 2))
 WIDE_BLOCK_NS = (32, 64, 128)   # key tile widths DDTREE_TREE_WIDE_BLOCK_N may name (an A/B knob; power-of-two tiles)
-NARROW_TILES = (32, 3)   # config(): key tile width and stages of the two lower bands on an H100 SXM or "narrow-tiles"
+NARROW_TILES = (32, 3)   # config(): key tile width and stages of the two lower bands on an H100 SXM / H200 or "narrow-tiles"
 
 
 def config(M: int, dtype: torch.dtype, device: torch.device | str | None = None) -> Config:
@@ -102,13 +102,14 @@ def config(M: int, dtype: torch.dtype, device: torch.device | str | None = None)
     ones the forward at n = 257 was 6.7% faster, at n = 256 0.7%, H200 2026-12-03 afternoon);
     above 1536 rows dense too since the visibility words (the attention alone at n = 512 / 1024: 10-12% faster than the
     gathered tree phase on wide trees, 29-41% on deep ones, H200 2026-12-03; without words it lost on wide trees);
-    fp32 (the tests' twin check) single-stage. On an H100 SXM (`device`; kernels/common.is_h100_sxm) the two lower
+    fp32 (the tests' twin check) single-stage. On an H100 SXM or an H200 (`device`; kernels/common.is_tuned_hopper) the two lower
     bands take NARROW_TILES, 32-wide key tiles in three stages (172 registers and 64 KB of shared memory a program
     under ncu: two programs an SM, as the 64-wide ones, with a deeper prefetch), and the wide band two prefix ranges:
     there the forward 0.995-0.998x at n = 17-128 and 0.985-0.990x at 256-257 in one process, 1.01-1.02x at 512 with
     the top band's tiles narrowed too, which is why it keeps its own (docs/gpu-performance.md, "2026-12-06 07:27-08:31
-    UTC" and "10:28-10:50 UTC"). The experimental "narrow-tiles" gives any card those shapes (the H200 has not timed
-    them), "narrow-off" the H100 the table's; no device (the tuner's and the tests' table reads) is the table."""
+    UTC" and "10:28-10:50 UTC"); on the H200 0.975-1.001x at n = 1-257 and rounds 0.995-1.001x ("2026-12-06 23:09 UTC
+    (H200)"). The experimental "narrow-tiles" gives any card those shapes, "narrow-off" those two the table's; no
+    device (the tuner's and the tests' table reads) is the table."""
     narrow = M <= 1536 and narrow_tiles(device)
     block_n, stages = NARROW_TILES if narrow else (64, 2)
     if M <= experimental.knob("TREE_RANGES_TO", RANGES_TO):
@@ -133,11 +134,11 @@ def config(M: int, dtype: torch.dtype, device: torch.device | str | None = None)
 
 
 def narrow_tiles(device: torch.device | str | None) -> bool:
-    """Whether config() gives `device` NARROW_TILES below its top band: an H100 SXM unless "narrow-off", any card
-    with "narrow-tiles"; no device, no (the table). Results record it (bench-engine's `tree_tiles`)."""
+    """Whether config() gives `device` NARROW_TILES below its top band: an H100 SXM or an H200 unless "narrow-off",
+    any card with "narrow-tiles"; no device, no (the table). Results record it (bench-engine's `tree_tiles`)."""
     if experimental.enabled("narrow-off"):
         return False
-    return experimental.enabled("narrow-tiles") or (device is not None and is_h100_sxm(device))
+    return experimental.enabled("narrow-tiles") or (device is not None and is_tuned_hopper(device))
 
 
 if triton is not None:
