@@ -8,9 +8,9 @@ re-measure on other GPUs, as the ones left are (slower on the H200: pdl at every
 2026-12-02, tree-fold by 2-5% at n = 64-128 on 2026-12-03; on an H100 pdl-late 0.6-1.2% faster at n <= 17 and 0.6-1.4%
 slower at n = 65-256, pdl-bare slower at n = 16-17, 2026-12-05; bf16-partials 0.995-1.005x at n = 1-256 on an H100,
 2026-12-05 night; tree-fold again 1.025-1.045x at n = 64-129 on an H100, 2026-12-06), or became one card's default
-only (narrow-tiles, the H100's since 2026-12-06: 0.985-0.998x at n = 17-257 there, and the H200's since that night:
-0.975-1.001x; "narrow-off" turns it off, as pdl-off does the few-row pdl-late both cards take; cublaslt, the H100's
-since 2026-12-06 afternoon, "cublaslt-off"; mixed on the H200: 0.979-1.011x). A name not in
+only (narrow-tiles, the H100's since 2026-12-06: 0.985-0.998x at n = 17-257 there, and the H200's since that night;
+"narrow-off" turns it off, as pdl-off does the few-row pdl-late both cards take; cublaslt, the H100's since
+2026-12-06 afternoon, "cublaslt-off"; mixed on the H200). A name not in
 FEATURES is bad input (UsageError: exit 2 from the CLI).
 KNOBS are integer settings whose constants came from such an A/B: `knob(name, default)` reads DDTREE_<NAME>
 (a positive integer) or returns the constant the kernel passes, so the next A/B can move an edge without an

@@ -54,7 +54,7 @@ MODES = ("pdl", "pdl-bare", "pdl-late")   # the experimental features that turn 
 # Where no mode is named, "pdl-late" on an H100 SXM or an H200 for launches over at most this many token rows
 # (DDTREE_PDL_LATE_ROWS moves the edge; "pdl-off" turns PDL off, whatever else is named): it won on the H100 below 33
 # rows and tied at 64 in three leases, so the edge sits between (docs/gpu-performance.md, "Late morning (H100,
-# 2026-12-06)"); on the H200 it won at 1-48 rows, tied at 64 and lost at 128-257 ("2026-12-06 23:09 UTC (H200)").
+# 2026-12-06)"); the H200's one A/B put its edge in the same place ("2026-12-06 23:09-23:42 UTC").
 LATE_ROWS = 48
 
 

@@ -107,8 +107,8 @@ def config(M: int, dtype: torch.dtype, device: torch.device | str | None = None)
     under ncu: two programs an SM, as the 64-wide ones, with a deeper prefetch), and the wide band two prefix ranges:
     there the forward 0.995-0.998x at n = 17-128 and 0.985-0.990x at 256-257 in one process, 1.01-1.02x at 512 with
     the top band's tiles narrowed too, which is why it keeps its own (docs/gpu-performance.md, "2026-12-06 07:27-08:31
-    UTC" and "10:28-10:50 UTC"); on the H200 0.975-1.001x at n = 1-257 and rounds 0.995-1.001x ("2026-12-06 23:09 UTC
-    (H200)"). The experimental "narrow-tiles" gives any card those shapes, "narrow-off" those two the table's; no
+    UTC" and "10:28-10:50 UTC"), and on the H200 as fast or faster at every n timed ("2026-12-06 23:09-23:42 UTC").
+    The experimental "narrow-tiles" gives any card those shapes, "narrow-off" those two the table's; no
     device (the tuner's and the tests' table reads) is the table."""
     narrow = M <= 1536 and narrow_tiles(device)
     block_n, stages = NARROW_TILES if narrow else (64, 2)
