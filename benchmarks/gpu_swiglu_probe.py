@@ -57,13 +57,14 @@ def main(argv=None) -> int:
     cands = [k for k in CANDIDATES if k.smem_bytes(swiglu=True) <= SMEM_BYTES]
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  shape {a.shape}  gate/up [{2 * I}, {H}]  "
           f"{copies} weight copies")
+
+    def per_call_us(fn) -> float:
+        """us of one fn(w), replayed in a graph over every weight copy (each read from HBM)."""
+        return 1e3 * replay_ms(lambda: [fn(w) for w in ws], reps=a.reps) / copies
+
     for M in map(int, a.rows.split(",")):
         x = torch.randn(M, H, device=dev, generator=g).to(dt)
         gu = TORCH_OPS.linear(x, ws[0])
-
-        def per_call_us(fn) -> float:
-            return 1e3 * replay_ms(lambda: [fn(w) for w in ws], reps=a.reps) / copies
-
         ref = ops.swiglu(x, ws[0]).float()
         engine = per_call_us(lambda w: ops.swiglu(x, w))
         blas = per_call_us(lambda w: TORCH_OPS.linear(x, w))
