@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ddtree_bench.engine.gpu.forward import ATTENTION, _attend, _linear, _norm, _residual, _swiglu
+from ddtree_bench.engine.gpu.forward import ATTENTION, _attend, _norm, decoder_stack, layer_stack
 from ddtree_bench.engine.gpu.kernels.tree_attention import TreeRows
 from ddtree_bench.engine.gpu.fused import ensure_merged
 from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
@@ -72,27 +72,15 @@ def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: 
     ops = ops or TORCH_OPS
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
-    ensure_merged(target)
     B = start.shape[0]
     T = ids.shape[0] // B
     live = start + T
     tree = TreeRows(tree_path, positions) if tree_path is not None else None
-    blocks = target.model.layers
-    x = target.model.embed_tokens(ids)
-    cos, sin = target.rotary(positions, x.dtype)
-    h = ops.rmsnorm(x, *_norm(blocks[0].input_layernorm))
-    wanted = {l: None for l in hidden_layers}
-    last = len(blocks) - 1
-    for i, block in enumerate(blocks):
-        a = _attention_batch(block.self_attn, ops, h, cos, sin, k[i], v[i], start, bias, T, live=live, prefix=start,
-                             attention=attention, tree=tree)
-        x, h = _residual(ops, x, a, block.self_attn.o_proj, block.post_attention_layernorm)
-        nxt = blocks[i + 1].input_layernorm if i < last else target.model.norm
-        x, h = _residual(ops, x, _swiglu(block.mlp, ops, h), block.mlp.down_proj, nxt)
-        if i in wanted:
-            wanted[i] = h if i == last else x
-    hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
-    return _linear(ops, target.lm_head, h), hidden
+
+    def attend(i, attn, h, cos, sin):
+        return _attention_batch(attn, ops, h, cos, sin, k[i], v[i], start, bias, T, live=live, prefix=start,
+                                attention=attention, tree=tree)
+    return decoder_stack(target, ops, ids, positions, hidden_layers, attend)
 
 
 def draft_forward_batch(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor, k: torch.Tensor,
@@ -116,16 +104,9 @@ def draft_forward_batch(drafter, target_hidden: torch.Tensor, block_emb: torch.T
     bpos = (start[:, None] + torch.arange(Tb, device=dev)).reshape(-1)
     ccos, csin = drafter.rotary(cpos, block_emb.dtype)
     bcos, bsin = drafter.rotary(bpos, block_emb.dtype)
-    layers = drafter.layers
-    last = len(layers) - 1
     live = start + Tb
-    x = block_emb
-    h = ops.rmsnorm(x, *_norm(layers[0].input_layernorm))
-    for i, layer in enumerate(layers):
-        a = _attention_batch(layer.self_attn, ops, h, bcos, bsin, k[i], v[i], start, biases[i], Tb,
-                             ctx=ctx, ctx_cos=ccos, ctx_sin=csin, ctx_start=ctx_start, C=C, live=live,
-                             attention=attention)
-        x, h = _residual(ops, x, a, layer.self_attn.o_proj, layer.post_attention_layernorm)
-        nxt = layers[i + 1].input_layernorm if i < last else drafter.norm
-        x, h = _residual(ops, x, _swiglu(layer.mlp, ops, h), layer.mlp.down_proj, nxt)
-    return h
+
+    def attend(i, attn, h):
+        return _attention_batch(attn, ops, h, bcos, bsin, k[i], v[i], start, biases[i], Tb, ctx=ctx, ctx_cos=ccos,
+                                ctx_sin=csin, ctx_start=ctx_start, C=C, live=live, attention=attention)
+    return layer_stack(drafter.layers, drafter.norm, ops, block_emb, attend)[0]

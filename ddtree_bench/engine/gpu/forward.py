@@ -163,23 +163,45 @@ def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: Stati
         raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     live = start + ids.shape[0]
     tree = tree_kernel.TreeRows(tree_path, positions) if tree_path is not None else None
+
+    def attend(i, attn, h, cos, sin):
+        return _attention(attn, ops, h, cos, sin, kv, i, start, bias, live=live, prefix=start, attention=attention,
+                          tree=tree)
+    return decoder_stack(target, ops, ids, positions, hidden_layers, attend)
+
+
+def decoder_stack(target, ops: TorchOps, ids: torch.Tensor, positions: torch.Tensor, hidden_layers: Sequence[int],
+                  attend) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The target around its attention, for target_forward and batch_forward.target_forward_batch: embed `ids`
+    [rows], layer_stack with attend(layer, self_attn, h, cos, sin) (the rotary tables of `positions`), the LM head.
+    Returns the logits [rows, V] and the hidden states of `hidden_layers` [rows, n*H]."""
     ensure_merged(target)
-    blocks = target.model.layers
     x = target.model.embed_tokens(ids)
     cos, sin = target.rotary(positions, x.dtype)
-    h = ops.rmsnorm(x, *_norm(blocks[0].input_layernorm))
+    h, hidden = layer_stack(target.model.layers, target.model.norm, ops, x,
+                            lambda i, attn, h: attend(i, attn, h, cos, sin), hidden_layers)
+    return _linear(ops, target.lm_head, h), hidden
+
+
+def layer_stack(layers, final_norm, ops: TorchOps, x: torch.Tensor, attend,
+                hidden_layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Pre-norm decoder layers over the residual stream x [rows, H], written once for the target's and the drafter's
+    forwards: per layer attend(layer, self_attn, h) -> the attention output [rows, Hq*D] (o_proj's input; h the
+    normed stream), o_proj with the residual add and the post-attention norm as one op, the SwiGLU MLP and down with
+    the add and the next layer's input norm (`final_norm` after the last). Returns the last h (after `final_norm`)
+    and the states of `hidden_layers` concatenated [rows, n*H] (the last layer's after the final norm, as HF
+    returns it; None without any)."""
+    h = ops.rmsnorm(x, *_norm(layers[0].input_layernorm))
     wanted = {l: None for l in hidden_layers}
-    last = len(blocks) - 1
-    for i, block in enumerate(blocks):
-        a = _attention(block.self_attn, ops, h, cos, sin, kv, i, start, bias, live=live, prefix=start, attention=attention,
-                       tree=tree)
-        x, h = _residual(ops, x, a, block.self_attn.o_proj, block.post_attention_layernorm)
-        nxt = blocks[i + 1].input_layernorm if i < last else target.model.norm
-        x, h = _residual(ops, x, _swiglu(block.mlp, ops, h), block.mlp.down_proj, nxt)   # h: the next layer's input
+    last = len(layers) - 1
+    for i, layer in enumerate(layers):
+        x, h = _residual(ops, x, attend(i, layer.self_attn, h), layer.self_attn.o_proj, layer.post_attention_layernorm)
+        nxt = layers[i + 1].input_layernorm if i < last else final_norm
+        x, h = _residual(ops, x, _swiglu(layer.mlp, ops, h), layer.mlp.down_proj, nxt)   # h: the next layer's input
         if i in wanted:
             wanted[i] = h if i == last else x
     hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
-    return _linear(ops, target.lm_head, h), hidden
+    return h, hidden
 
 
 def draft_visible(drafter, layer: int, start: torch.Tensor, Tb: int, capacity: int) -> torch.Tensor:
@@ -219,15 +241,9 @@ def draft_forward(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor,
     ctx = ops.rmsnorm(drafter.fc(target_hidden), *_norm(drafter.hidden_norm))
     positions = torch.cat([ctx_start + torch.arange(C, device=dev), start + torch.arange(Tb, device=dev)])
     cos, sin = drafter.rotary(positions, block_emb.dtype)
-    layers = drafter.layers
-    last = len(layers) - 1
     live = start + Tb
-    x = block_emb
-    h = ops.rmsnorm(x, *_norm(layers[0].input_layernorm))
-    for i, layer in enumerate(layers):
-        a = _attention(layer.self_attn, ops, h, cos[C:], sin[C:], kv, i, start, biases[i],
-                       ctx=ctx, ctx_cos=cos[:C], ctx_sin=sin[:C], ctx_start=ctx_start, live=live, attention=attention)
-        x, h = _residual(ops, x, a, layer.self_attn.o_proj, layer.post_attention_layernorm)
-        nxt = layers[i + 1].input_layernorm if i < last else drafter.norm
-        x, h = _residual(ops, x, _swiglu(layer.mlp, ops, h), layer.mlp.down_proj, nxt)
-    return h
+
+    def attend(i, attn, h):
+        return _attention(attn, ops, h, cos[C:], sin[C:], kv, i, start, biases[i], ctx=ctx, ctx_cos=cos[:C],
+                          ctx_sin=sin[:C], ctx_start=ctx_start, live=live, attention=attention)
+    return layer_stack(drafter.layers, drafter.norm, ops, block_emb, attend)[0]
