@@ -23,7 +23,9 @@ so every round has new shapes. Here every shape depends only on the number of qu
   the modules' own weights views of them). Every weight GEMM and the elementwise work between them
   go through `ops` (`linear`, `swiglu` with its SiLU-mul, `linear_add_rmsnorm` for a block's output
   projection with the residual add and the next norm): the fused Triton kernels on CUDA, with
-  kernels/gemm.py's few-row GEMM where its table has the shape, or their PyTorch twin (`fused.ops_for`).
+  kernels/gemm.py's few-row GEMM where its table has the shape, or their PyTorch twin (`fused.ops_for`);
+* the layer loop is written once (`layer_stack`, the target's embedding and head around it in `decoder_stack`): the
+  target's and the drafter's forwards, here and in batch_forward.py, differ only in the attention they hand it.
 
 The weights are the modules' own, so logits equal the plain forwards up to floating-point
 reduction order (tests/engine/gpu/test_fastpath.py, tests/engine/gpu/test_fused.py). Knows nothing of trees, rounds or graphs.
