@@ -6,24 +6,26 @@
 # order, so a short lease still brings back the suite first. CARD (e.g. H200): run nothing unless the GPU's name holds
 # it (a request may be answered by another card). ARMS: one arm a line, 'NAME VAR=VALUE ...', the first the reference
 # (default: the defaults against the old launches before dec08a7). Arms may name /tmp/ltd65.json and /tmp/ltd17.json:
-# the H200 table with down above 64 (and o_proj above 17) rows on cuBLAS, written here (gemm_table_bands.py).
+# the H200 table with down above 64 (and o_proj above 17) rows on cuBLAS, written here when an arm names it.
 # Files under $OUT (<= 8): session.txt, suite.txt, vab.txt, bab.txt, batch.txt, batch.csv, verify.txt, verify.json.
 # Run from the repo root:  CARD=H200 OUT=/tmp/out bash benchmarks/gpu_confirm.sh      # carry [".whl-speed"]
 source "$(dirname "$0")/gpu_lib.sh"
 T0=$(date +%s)
 left() { echo $(( ${LIMIT:-570} - ($(date +%s) - T0) )); }
-cap() { local l; l=$(left); echo $(( l - 10 < $1 ? l - 10 : $1 )); }   # a step's limit: $1 s, or what is left
+cap() { local l; l=$(( $(left) - 10 )); (( l < 1 )) && l=1; echo $(( l < $1 ? l : $1 )); }   # a step's limit: $1 s, or what is left
 if [ -n "${CARD:-}" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q "$CARD"; then
   echo "not the card asked for ($CARD): nothing run" | tee -a "$LOG"; exit 0
 fi
 step "suite"
 WHL=${WHL:-.whl-speed} SUITE_TIMEOUT=$(cap 300) bash "$(dirname "$0")/gpu_suite.sh" > "$OUT/suite.txt" 2>&1
 tail -2 "$OUT/suite.txt" | tee -a "$LOG"
-python3 benchmarks/gemm_table_bands.py --base h200 --above 64 --set "down:128=cublas" --out /tmp/ltd65.json > /dev/null
-python3 benchmarks/gemm_table_bands.py --base h200 --above 17 --set "down:128=cublas" --set "o_proj:32=cublas" \
-  --out /tmp/ltd17.json > /dev/null
 ARMS=${ARMS:-"default
 old DDTREE_GPU_EXPERIMENTAL=pdl-off,narrow-off"}
+case "$ARMS" in *ltd65.json*)
+  python3 benchmarks/gemm_table_bands.py --base h200 --above 64 --set "down:128=cublas" --out /tmp/ltd65.json > /dev/null;; esac
+case "$ARMS" in *ltd17.json*)
+  python3 benchmarks/gemm_table_bands.py --base h200 --above 17 --set "down:128=cublas" --set "o_proj:32=cublas" \
+    --out /tmp/ltd17.json > /dev/null;; esac
 A=(); while IFS= read -r a; do [ -n "$a" ] && A+=(--arm "$a"); done <<< "$ARMS"
 if [ "$(left)" -gt 90 ]; then
   step "verify A/B"
