@@ -34,10 +34,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ddtree_bench.engine.gpu.forward import ATTENTION, _attend, _norm, decoder_stack, layer_stack
+from ddtree_bench.engine.gpu.forward import _attend, _norm, checked_ops, decoder_stack, layer_stack
 from ddtree_bench.engine.gpu.kernels.tree_attention import TreeRows
 from ddtree_bench.engine.gpu.fused import ensure_merged
-from ddtree_bench.engine.gpu.ops import TORCH_OPS, TorchOps
+from ddtree_bench.engine.gpu.ops import TorchOps
 
 
 def _attention_batch(attn, ops: TorchOps, h, cos, sin, k_layer, v_layer, start, bias, T: int,
@@ -69,9 +69,7 @@ def target_forward_batch(target, ids: torch.Tensor, positions: torch.Tensor, k: 
     show every slot < start[i] to every row of slot i (verify_visible and the AR bias do); tree_path: [B, T, L+1]
     (kernels/tree_verify.compile_trees' path tables; positions - start = depth), for the tree kernel;
     attention: auto | live | tree | sdpa, as in forward.target_forward (forward._attend)."""
-    ops = ops or TORCH_OPS
-    if attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    ops = checked_ops(ops, attention)
     B = start.shape[0]
     T = ids.shape[0] // B
     live = start + T
@@ -92,9 +90,7 @@ def draft_forward_batch(drafter, target_hidden: torch.Tensor, block_emb: torch.T
     biases: one [B, g*Tb, S] per layer, each hiding the slots >= start[i] + Tb of region i (draft_visible does).
     Returns the normed block states [B*Tb, H]. Padding context rows land in slots start[i].. and the block's K/V
     overwrite them, as in draft_forward; attention: as in target_forward_batch (no tree, no prefix shortcut)."""
-    ops = ops or TORCH_OPS
-    if attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    ops = checked_ops(ops, attention)
     ensure_merged(drafter)
     B = start.shape[0]
     C, Tb = target_hidden.shape[0] // B, block_emb.shape[0] // B

@@ -88,6 +88,13 @@ def grouped_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
 ATTENTION = ("auto", "sdpa", "live", "tree")
 
 
+def checked_ops(ops: TorchOps | None, attention: str) -> TorchOps:
+    """The layer ops a forward runs (default the PyTorch twin), once `attention` is known to be one of ATTENTION."""
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    return ops or TORCH_OPS
+
+
 def _attend(ops: TorchOps, attention: str, q, k, v, bias, live, prefix, tree=None) -> torch.Tensor:
     """grouped_attend's result. A tree verify (`tree`: tree_attention.TreeRows, with `prefix`) of at least
     TREE_MIN_ROWS folded query rows (one slot's, however many slots) under auto with the fused Triton ops, or
@@ -160,9 +167,7 @@ def target_forward(target, ids: torch.Tensor, positions: torch.Tensor, kv: Stati
     >= start + T and show every slot < start to every row (verify_visible and the AR bias do);
     attention: auto | live | tree | sdpa (see _attend); tree_path: [T, L+1] the node at each depth of every
     row's path (kernels/tree_verify.compile_tree), for the tree kernel (positions - start = depth)."""
-    ops = ops or TORCH_OPS
-    if attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    ops = checked_ops(ops, attention)
     live = start + ids.shape[0]
     tree = tree_kernel.TreeRows(tree_path, positions) if tree_path is not None else None
 
@@ -234,9 +239,7 @@ def draft_forward(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor,
     C may exceed start - ctx_start (padding): the extra context rows land in slots start.. and the
     block's own K/V, written after them in every layer, overwrite them before anything reads them.
     Every bias must hide the slots >= start + Tb (draft_visible does); attention: as target_forward."""
-    ops = ops or TORCH_OPS
-    if attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    ops = checked_ops(ops, attention)
     ensure_merged(drafter)
     C, Tb = target_hidden.shape[0], block_emb.shape[0]
     dev = block_emb.device
