@@ -36,7 +36,6 @@ import torch.nn.functional as F
 
 from ddtree_bench.engine.gpu.forward import _attend, _norm, checked_ops, decoder_stack, layer_stack
 from ddtree_bench.engine.gpu.kernels.tree_attention import TreeRows
-from ddtree_bench.engine.gpu.fused import ensure_merged
 from ddtree_bench.engine.gpu.ops import TorchOps
 
 
@@ -91,7 +90,6 @@ def draft_forward_batch(drafter, target_hidden: torch.Tensor, block_emb: torch.T
     Returns the normed block states [B*Tb, H]. Padding context rows land in slots start[i].. and the block's K/V
     overwrite them, as in draft_forward; attention: as in target_forward_batch (no tree, no prefix shortcut)."""
     ops = checked_ops(ops, attention)
-    ensure_merged(drafter)
     B = start.shape[0]
     C, Tb = target_hidden.shape[0] // B, block_emb.shape[0] // B
     dev = block_emb.device
@@ -105,4 +103,4 @@ def draft_forward_batch(drafter, target_hidden: torch.Tensor, block_emb: torch.T
     def attend(i, attn, h):
         return _attention_batch(attn, ops, h, bcos, bsin, k[i], v[i], start, biases[i], Tb, ctx=ctx, ctx_cos=ccos,
                                 ctx_sin=csin, ctx_start=ctx_start, C=C, live=live, attention=attention)
-    return layer_stack(drafter.layers, drafter.norm, ops, block_emb, attend)[0]
+    return layer_stack(drafter.layers, drafter.norm, ops, block_emb, attend).normed

@@ -34,6 +34,7 @@ reduction order (tests/engine/gpu/test_fastpath.py, tests/engine/gpu/test_fused.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -182,22 +183,31 @@ def decoder_stack(target, ops: TorchOps, ids: torch.Tensor, positions: torch.Ten
     """The target around its attention, for target_forward and batch_forward.target_forward_batch: embed `ids`
     [rows], layer_stack with attend(layer, self_attn, h, cos, sin) (the rotary tables of `positions`), the LM head.
     Returns the logits [rows, V] and the hidden states of `hidden_layers` [rows, n*H]."""
-    ensure_merged(target)
     x = target.model.embed_tokens(ids)
     cos, sin = target.rotary(positions, x.dtype)
-    h, hidden = layer_stack(target.model.layers, target.model.norm, ops, x,
-                            lambda i, attn, h: attend(i, attn, h, cos, sin), hidden_layers)
-    return _linear(ops, target.lm_head, h), hidden
+    stack = layer_stack(target.model.layers, target.model.norm, ops, x,
+                        lambda i, attn, h: attend(i, attn, h, cos, sin), hidden_layers)
+    return _linear(ops, target.lm_head, stack.normed), stack.hidden
+
+
+class Stack(NamedTuple):
+    """What layer_stack returns: the last layer's output after the final norm [rows, H], and the residual states of
+    the asked-for layers concatenated [rows, n*H] (the last layer's after the final norm, as HF returns it; None
+    without any)."""
+
+    normed: torch.Tensor
+    hidden: torch.Tensor | None
 
 
 def layer_stack(layers, final_norm, ops: TorchOps, x: torch.Tensor, attend,
-                hidden_layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+                hidden_layers: Sequence[int] = ()) -> Stack:
     """Pre-norm decoder layers over the residual stream x [rows, H], written once for the target's and the drafter's
     forwards: per layer attend(layer, self_attn, h) -> the attention output [rows, Hq*D] (o_proj's input; h the
     normed stream), o_proj with the residual add and the post-attention norm as one op, the SwiGLU MLP and down with
-    the add and the next layer's input norm (`final_norm` after the last). Returns the last h (after `final_norm`)
-    and the states of `hidden_layers` concatenated [rows, n*H] (the last layer's after the final norm, as HF
-    returns it; None without any)."""
+    the add and the next layer's input norm (`final_norm` after the last). Returns a Stack: the last h (after
+    `final_norm`) and the states of `hidden_layers`. Merges the layers' projections first if they are not
+    (fused.ensure_merged: the forward's guard)."""
+    ensure_merged(layers)
     h = ops.rmsnorm(x, *_norm(layers[0].input_layernorm))
     wanted = {l: None for l in hidden_layers}
     last = len(layers) - 1
@@ -207,8 +217,7 @@ def layer_stack(layers, final_norm, ops: TorchOps, x: torch.Tensor, attend,
         x, h = _residual(ops, x, _swiglu(layer.mlp, ops, h), layer.mlp.down_proj, nxt)   # h: the next layer's input
         if i in wanted:
             wanted[i] = h if i == last else x
-    hidden = torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None
-    return h, hidden
+    return Stack(h, torch.cat([wanted[l] for l in hidden_layers], dim=-1) if hidden_layers else None)
 
 
 def draft_visible(drafter, layer: int, start: torch.Tensor, Tb: int, capacity: int) -> torch.Tensor:
@@ -240,7 +249,6 @@ def draft_forward(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor,
     block's own K/V, written after them in every layer, overwrite them before anything reads them.
     Every bias must hide the slots >= start + Tb (draft_visible does); attention: as target_forward."""
     ops = checked_ops(ops, attention)
-    ensure_merged(drafter)
     C, Tb = target_hidden.shape[0], block_emb.shape[0]
     dev = block_emb.device
     ctx = ops.rmsnorm(drafter.fc(target_hidden), *_norm(drafter.hidden_norm))
@@ -251,4 +259,4 @@ def draft_forward(drafter, target_hidden: torch.Tensor, block_emb: torch.Tensor,
     def attend(i, attn, h):
         return _attention(attn, ops, h, cos[C:], sin[C:], kv, i, start, biases[i], ctx=ctx, ctx_cos=cos[:C],
                           ctx_sin=sin[:C], ctx_start=ctx_start, live=live, attention=attention)
-    return layer_stack(drafter.layers, drafter.norm, ops, block_emb, attend)[0]
+    return layer_stack(drafter.layers, drafter.norm, ops, block_emb, attend).normed
