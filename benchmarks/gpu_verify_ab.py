@@ -3,7 +3,9 @@
 
 Each --arm is 'NAME VAR=VALUE ...' (the first is the reference: its logits are the others' twin, and x
 columns are against it); each arm's graphs are captured under its variables and timed round-robin with the
-others. --scales gives the curve trees' draft-logit scale(s): 3 wide trees, 12 deep ones.
+others. --scales gives the curve trees' draft-logit scale(s): 3 wide trees, 12 deep ones. --gemm-only times
+perf.bench.gemm_only's graph (every weight GEMM once on cuBLAS) in the same round-robin and prints each arm's ratio
+to it (issue 35's item 2).
 
   python3 benchmarks/gpu_verify_ab.py --arm default --arm "tiles DDTREE_ROPE_TILES_FROM=1" \\
       --tokens 1,16,64,128,256,512,1024 --scales 3,12 --out /tmp/ab.json
@@ -19,7 +21,7 @@ import time
 import torch
 
 from ddtree_bench.errors import UsageError
-from ddtree_bench.perf.bench import BenchSpec, CurveSetup, load_bench_pair
+from ddtree_bench.perf.bench import BenchSpec, CurveSetup, gemm_only, load_bench_pair
 from ddtree_bench.perf.knob_ab import Arm, run_ab, table
 from ddtree_bench.perf.roofline import roofline_ms, weight_bytes_and_params
 
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scales", default="3", help="curve trees' logit scales, e.g. 3,12")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--gemm-only", action="store_true", help="time the GEMM-only floor beside the arms")
     ap.add_argument("--out", default=None, help="JSON file")
     a = ap.parse_args(argv)
     try:
@@ -54,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     for scale in [float(s) for s in a.scales.split(",")]:
         t0 = time.time()
         setup = CurveSetup(target, drafter.target_layer_ids, a.prefix_len, tokens, device, logit_scale=scale)
-        rows = run_ab(setup, arms, tokens, a.rounds, a.reps, progress=lambda m: print(m, file=sys.stderr, flush=True))
+        floors = {"gemm_only": lambda n: gemm_only(target, n, device)} if a.gemm_only else None
+        rows = run_ab(setup, arms, tokens, a.rounds, a.reps, progress=lambda m: print(m, file=sys.stderr, flush=True),
+                      floors=floors)
         doc["by_scale"][str(scale)] = rows
         print(f"\n## curve trees x{scale:g} ({time.time() - t0:.0f} s); arms: "
               + "; ".join(f"{x.name} = {' '.join(f'{k}={v}' for k, v in x.env.items()) or '(defaults)'}" for x in arms))

@@ -97,10 +97,12 @@ class _Runner:
 
 @torch.inference_mode()
 def run_ab(setup, arms: list[Arm], tokens: list[int], rounds: int = 7, reps: int = 20,
-           progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """One row per n: {"tokens", "depth", "arms": [ArmTiming as dicts]} (see the module docstring).
-    setup: a perf.bench.CurveSetup."""
+           progress: Callable[[str], None] | None = None,
+           floors: dict[str, Callable[[int], Callable[[], Any]]] | None = None) -> list[dict[str, Any]]:
+    """One row per n: {"tokens", "depth", "arms": [ArmTiming as dicts], "floors": [{"name", "ms", "spread_ms"}]}
+    (see the module docstring). setup: a perf.bench.CurveSetup."""
     device = setup.device
+    floors = floors or {}
     rows = []
     for n in tokens:
         pt = setup.point(n, with_path=setup.ops.name == "triton")
@@ -111,17 +113,22 @@ def run_ab(setup, arms: list[Arm], tokens: list[int], rounds: int = 7, reps: int
                 runners.append(_Runner(pt.forward(), device))
         ref = runners[0].logits().float()
         diffs = [float((r.logits().float() - ref).abs().max()) for r in runners]
-        per_round: list[list[float]] = [[] for _ in arms]
+        with arm_env(Arm("floor"), knobs):
+            runners += [_Runner(make(n), device) for make in floors.values()]
+        per_round: list[list[float]] = [[] for _ in runners]
         for r in range(rounds):
-            order = [(i + r) % len(arms) for i in range(len(arms))]
+            order = [(i + r) % len(runners) for i in range(len(runners))]
             for i in order:
                 per_round[i].append(time_fn(runners[i].run, device, reps=reps, warmup=0))
         meds = [statistics.median(x) for x in per_round]
         timings = [ArmTiming(a.name, m, max(x) - min(x), d, m / meds[0])
                    for a, m, x, d in zip(arms, meds, per_round, diffs)]
-        rows.append({"tokens": n, "depth": pt.depth, "arms": [asdict(t) for t in timings]})
+        floor_rows = [{"name": name, "ms": m, "spread_ms": max(x) - min(x)}
+                      for name, m, x in zip(floors, meds[len(arms):], per_round[len(arms):])]
+        rows.append({"tokens": n, "depth": pt.depth, "arms": [asdict(t) for t in timings], "floors": floor_rows})
         if progress:
-            progress(f"n={n}: " + "  ".join(f"{t.arm} {t.ms:.3f}" for t in timings))
+            progress(f"n={n}: " + "  ".join(f"{t.arm} {t.ms:.3f}" for t in timings)
+                     + "".join(f"  {f['name']} {f['ms']:.3f}" for f in floor_rows))
         del runners
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -130,22 +137,27 @@ def run_ab(setup, arms: list[Arm], tokens: list[int], rounds: int = 7, reps: int
 
 def table(rows: list[dict[str, Any]], roofline: Callable[[int], float] | None = None) -> str:
     """Text table: per n the depth, each arm's ms (and x the first arm), its round spread, and the largest
-    logit difference against the first arm; with `roofline` (n -> ms) also each arm's ratio to it."""
+    logit difference against the first arm; with `roofline` (n -> ms) also each arm's ratio to it; with floors
+    (run_ab's), each floor's ms and every arm's ratio to the first floor ("/<floor>")."""
     if not rows:
         return ""
     names = [a["arm"] for a in rows[0]["arms"]]
+    floor_names = [f["name"] for f in rows[0].get("floors", [])]
     head = ["tokens", "depth"] + [f"{a} ms" for a in names] + [f"{a} x" for a in names[1:]]
+    head += [f"{f} ms" for f in floor_names] + ([f"{a} /{floor_names[0]}" for a in names] if floor_names else [])
     if roofline:
         head += [f"{a} /roof" for a in names]
     head += ["spread ms", "max |dlogit|"]
     lines = [head]
     for r in rows:
-        arms = r["arms"]
+        arms, floors = r["arms"], r.get("floors", [])
         cells = [str(r["tokens"]), str(r["depth"])] + [f"{a['ms']:.3f}" for a in arms]
         cells += [f"{a['vs_first']:.3f}" for a in arms[1:]]
+        cells += [f"{f['ms']:.3f}" for f in floors] + [f"{a['ms'] / floors[0]['ms']:.3f}" for a in arms if floors]
         if roofline:
             cells += [f"{a['ms'] / roofline(r['tokens']):.3f}" for a in arms]
-        cells += [f"{max(a['spread_ms'] for a in arms):.3f}", f"{max(a['max_abs_logit_diff'] for a in arms):.3g}"]
+        cells += [f"{max(a['spread_ms'] for a in [*arms, *floors]):.3f}",
+                  f"{max(a['max_abs_logit_diff'] for a in arms):.3g}"]
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)

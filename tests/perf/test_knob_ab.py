@@ -55,6 +55,53 @@ def test_run_ab_on_the_toy_pair(monkeypatch):
     assert "ref ms" in text and "x x" in text and "x /roof" in text and len(text.splitlines()) == 3
 
 
+def test_run_ab_times_floors_beside_the_arms_and_divides_by_the_first():
+    from ddtree_bench.perf.bench import BenchSpec, CurveSetup, gemm_only, load_bench_pair
+
+    target, drafter, _, _ = load_bench_pair(BenchSpec(model="toy", device="cpu", dtype="float32"))
+    setup = CurveSetup(target, drafter.target_layer_ids, 12, [1, 6], torch.device("cpu"))
+    made = []
+
+    def floor(n):
+        made.append((n, os.environ.get("KNOB_X")))
+        return gemm_only(target, n, torch.device("cpu"))
+    rows = run_ab(setup, [Arm("ref"), Arm("x", {"KNOB_X": "on"})], [1, 6], rounds=2, reps=1,
+                  floors={"gemm_only": floor})
+    assert made == [(1, None), (6, None)]   # one floor per n, built under no arm's variables
+    for r in rows:
+        (f,) = r["floors"]
+        assert f["name"] == "gemm_only" and f["ms"] > 0 and f["spread_ms"] >= 0
+    text = table(rows)
+    head = text.splitlines()[0].split()
+    assert head[head.index("gemm_only") + 1] == "ms"   # the floor's own column
+    r = rows[0]
+    ratio = r["arms"][1]["ms"] / r["floors"][0]["ms"]
+    assert head.count("/gemm_only") == 2 and f"{ratio:.3f}" in text.splitlines()[1].split()
+
+
+def test_the_ceilings_script_patches_only_its_arms(tmp_path):
+    """benchmarks/gpu_ceilings.py on a CPU: the default arm is the engine's forward (the reference's logits), each
+    patched arm computes something else (its patch was live while its forward ran), and the GEMM-only floor is
+    timed beside them."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_ceilings.py"
+    out = tmp_path / "ceil.json"
+    args = [sys.executable, str(script), "--model", "toy", "--device", "cpu", "--dtype", "float32", "--prefix-len",
+            "12", "--tokens", "1,4", "--rounds", "1", "--reps", "1", "--out", str(out)]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    (rows,) = json.loads(out.read_text())["by_scale"].values()
+    for row in rows:
+        diff = {a["arm"]: a["max_abs_logit_diff"] for a in row["arms"]}
+        assert list(diff) == ["default", "nonorm", "noattn", "both"]
+        assert diff["default"] == 0.0 and min(diff["nonorm"], diff["noattn"], diff["both"]) > 0.1
+        assert [f["name"] for f in row["floors"]] == ["gemm_only"]
+
+
 def test_the_ab_script_on_the_toy_pair_writes_its_tables_and_json(tmp_path):
     """benchmarks/gpu_verify_ab.py end to end on a CPU: a table per tree scale, one row per n, and the JSON with
     every arm per n; a malformed arm is exit 2 with one line."""
