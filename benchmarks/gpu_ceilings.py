@@ -10,6 +10,7 @@ harness, perf/knob_ab.run_ab, with the GEMM-only floor in the same round-robin):
   and the next RMSNorm is skipped (h = x): the bound on folding each norm's weight into the next GEMM's weights and
   its 1 / rms into the layer op after that GEMM (qkv_rope, the SiLU-mul), which would compute it from x. Where the
   projection runs on the Triton GEMM its add + norm kernel stays (it also sums the split-K partials);
+* `nonorm_all`: the same with every o_proj and down on cuBLAS (a fold that gives up the Triton GEMM there);
 * `noattn`: attention returns q's rows as its output (one copy kernel instead of the attention and its combine):
   the bound on any attention work;
 * `both`: the two together.
@@ -30,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddtree_bench.engine.gpu import forward   # noqa: E402
 from ddtree_bench.engine.gpu.ops import TorchOps, blas_library, lt_gemms   # noqa: E402
 
-ARMS = ["default", "nonorm CEIL_SKIP=norm", "noattn CEIL_SKIP=attn", "both CEIL_SKIP=norm,attn"]
+ARMS = ["default", "nonorm CEIL_SKIP=norm", "nonorm_all CEIL_SKIP=norm,anygemm", "noattn CEIL_SKIP=attn",
+        "both CEIL_SKIP=norm,attn"]
 
 
 def _skips() -> set[str]:
@@ -50,7 +52,8 @@ def patch() -> None:
         real = cls.linear_add_rmsnorm
 
         def linear_add_rmsnorm(self, x, inner, w, b, norm_w, eps):
-            if "norm" in _skips() and b is None and _on_cublas(self, inner, w, b):
+            skips = _skips()
+            if "norm" in skips and b is None and ("anygemm" in skips or _on_cublas(self, inner, w, b)):
                 if x.is_cuda and lt_gemms(x.device):
                     with blas_library("cublaslt"):
                         x.addmm_(inner, w.t())
