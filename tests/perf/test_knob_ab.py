@@ -97,7 +97,7 @@ def test_the_ceilings_script_patches_only_its_arms(tmp_path):
     (rows,) = json.loads(out.read_text())["by_scale"].values()
     for row in rows:
         diff = {a["arm"]: a["max_abs_logit_diff"] for a in row["arms"]}
-        assert list(diff) == ["default", "nonorm", "nonorm_all", "noattn", "both"]
+        assert list(diff) == ["default", "nonorm", "nonorm_all", "nonorm_raw", "noattn", "both"]
         assert diff.pop("default") == 0.0 and min(diff.values()) > 0.1
         assert [f["name"] for f in row["floors"]] == ["gemm_only"]
 
