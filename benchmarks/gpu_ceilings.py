@@ -12,10 +12,9 @@ harness, perf/knob_ab.run_ab, with the GEMM-only floor in the same round-robin):
   layer op after that GEMM (qkv_rope, the SiLU-mul), which would compute it from x. Where the projection runs on the
   Triton GEMM its add + norm kernel stays (it also sums the split-K partials);
 * `nonorm_all`: the same with every o_proj and down on cuBLAS (a fold that gives up the Triton GEMM there);
-* `nonorm_raw`: `nonorm` with the next GEMM reading the unnormalised residual itself (h = x). Kept as the lesson it
-  taught: on an H100 it was 0.85x the default at n = 512 / 1024, faster than the GEMM-only floor, because GEMMs on
-  those values draw less power than on normal ones and the card clocks higher at n >= 256 (where it runs at its power
-  cap) - a time that is not the fold's;
+* `nonorm_raw`: `nonorm` with the next GEMM reading the unnormalised residual itself (h = x): not the fold's bound,
+  since the GEMMs time differently on those values (the first run of this script, whose `nonorm` this was, beat the
+  GEMM-only floor at n = 512 / 1024: docs/gpu-performance.md, "2026-12-07 05:20-07:00 UTC"); kept to show it;
 * `noattn`: attention returns q's rows as its output (one copy kernel instead of the attention and its combine):
   the bound on any attention work;
 * `both`: the two together.
