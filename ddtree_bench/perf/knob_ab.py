@@ -153,7 +153,8 @@ def table(rows: list[dict[str, Any]], roofline: Callable[[int], float] | None = 
         arms, floors = r["arms"], r.get("floors", [])
         cells = [str(r["tokens"]), str(r["depth"])] + [f"{a['ms']:.3f}" for a in arms]
         cells += [f"{a['vs_first']:.3f}" for a in arms[1:]]
-        cells += [f"{f['ms']:.3f}" for f in floors] + [f"{a['ms'] / floors[0]['ms']:.3f}" for a in arms if floors]
+        cells += [f"{f['ms']:.3f}" for f in floors]
+        cells += [f"{a['ms'] / floors[0]['ms']:.3f}" for a in arms] if floors else []
         if roofline:
             cells += [f"{a['ms'] / roofline(r['tokens']):.3f}" for a in arms]
         cells += [f"{max(a['spread_ms'] for a in [*arms, *floors]):.3f}",
