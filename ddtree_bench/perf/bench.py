@@ -23,6 +23,7 @@ Knows nothing of the CLI; returns one JSON-able dict.
 from __future__ import annotations
 
 import random
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -31,6 +32,7 @@ import torch
 from ddtree_bench import defaults as D
 from ddtree_bench.run_spec import parse_budgets
 from ddtree_bench.engine.interface import ROUND_STAGES
+from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id
 from ddtree_bench.perf.shapes import BLOCK_SIZE
 from ddtree_bench.perf.roofline import linear_bytes_and_params, roofline_ms, roofline_rows, weight_bytes_and_params
 from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
@@ -210,7 +212,8 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     the curve was taken before the live-slot kernel), "graph_sdpa_whole" (SDPA over the whole cache:
     what the engine's rounds ran before it) and "graph_unfused" (the PyTorch twin ops: what fusion saves);
     "gemm_only" (`gemm_only`: every weight GEMM once on cuBLAS, nothing else; replayed on CUDA, eager elsewhere);
-    "tree_depth": {n: the curve tree's depth}.
+    "tree_depth": {n: the curve tree's depth}; on CUDA "clocks": {n: {"graph" | "gemm_only": perf.gpu_clocks.ClockSummary
+    as a dict, or None}}: the SM clock and power cap of the samples taken while that column was timed.
     profile: also "profile" = {column: {n: perf.profile.KernelProfile as a dict, top kernels}} for
     graph, graph_cublas and gemm_only (CUDA; the ATen ops on a CPU): the floor's own kernels beside the
     forward's, so a GEMM-only time above the forward's GEMM kernels (n = 256 on the H200, 2026-12-02) shows
@@ -227,30 +230,46 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     if fused:
         out.update({"graph_cublas": {}, "graph_live": {}, "graph_sdpa": {}, "graph_sdpa_whole": {}, "graph_unfused": {}})
     profiles: dict[str, dict[int, Any]] = {"graph": {}, **({"graph_cublas": {}} if fused else {}), "gemm_only": {}}
-    for n in tokens:
-        pt = setup.point(n, with_path=fused)
-        out.setdefault("tree_depth", {})[n] = pt.depth
-        forward = pt.forward
-        fns = {"graph": forward(whole)}
-        if fused:
-            fns.update({"graph_cublas": forward(whole, TritonOps(gemm_config=cublas_only)), "graph_live": forward(whole, attention="live"),
-                        "graph_sdpa": forward(align(prefix_len + n), attention="sdpa"),
-                        "graph_sdpa_whole": forward(whole, attention="sdpa"), "graph_unfused": forward(whole, TORCH_OPS)})
-        if on_graphs:
-            for col, fn in fns.items():
-                out[col][n] = graph_time_fn(fn, reps=reps)
-        if eager or not on_graphs:
-            out["eager"][n] = time_fn(fns["graph"], device, reps=max(3, reps // 4), warmup=1)
-        gemms = fns["gemm_only"] = gemm_only(target, n, device)
-        out["gemm_only"][n] = graph_time_fn(gemms, reps=reps) if on_graphs else time_fn(gemms, device, reps=max(3, reps // 4), warmup=1)
-        if profile:
-            for col in profiles:
-                wall = out[col].get(n) if on_graphs or col == "gemm_only" else out["eager"].get(n)
-                p = profile_kernels(fns[col], device, reps=profile_reps, graph=on_graphs, wall_ms=wall)
-                profiles[col][n] = p.to_dict(top=profile_top)
+    with ExitStack() as stack:
+        sampler = stack.enter_context(ClockSampler(nvsmi_id(device))) if device.type == "cuda" else None
+
+        def span(label: str):
+            return sampler.span(label) if sampler is not None else nullcontext()
+
+        for n in tokens:
+            pt = setup.point(n, with_path=fused)
+            out.setdefault("tree_depth", {})[n] = pt.depth
+            forward = pt.forward
+            fns = {"graph": forward(whole)}
+            if fused:
+                fns.update({"graph_cublas": forward(whole, TritonOps(gemm_config=cublas_only)), "graph_live": forward(whole, attention="live"),
+                            "graph_sdpa": forward(align(prefix_len + n), attention="sdpa"),
+                            "graph_sdpa_whole": forward(whole, attention="sdpa"), "graph_unfused": forward(whole, TORCH_OPS)})
+            if on_graphs:
+                for col, fn in fns.items():
+                    with span(f"{col}@{n}"):
+                        out[col][n] = graph_time_fn(fn, reps=reps)
+            if eager or not on_graphs:
+                out["eager"][n] = time_fn(fns["graph"], device, reps=max(3, reps // 4), warmup=1)
+            gemms = fns["gemm_only"] = gemm_only(target, n, device)
+            with span(f"gemm_only@{n}"):
+                out["gemm_only"][n] = (graph_time_fn(gemms, reps=reps) if on_graphs
+                                       else time_fn(gemms, device, reps=max(3, reps // 4), warmup=1))
+            if sampler is not None:
+                out.setdefault("clocks", {})[n] = {col: _summary_dict(sampler, f"{col}@{n}") for col in ("graph", "gemm_only")}
+            if profile:
+                for col in profiles:
+                    wall = out[col].get(n) if on_graphs or col == "gemm_only" else out["eager"].get(n)
+                    p = profile_kernels(fns[col], device, reps=profile_reps, graph=on_graphs, wall_ms=wall)
+                    profiles[col][n] = p.to_dict(top=profile_top)
     if profile:
         out["profile"] = profiles
     return out
+
+
+def _summary_dict(sampler: ClockSampler, label: str) -> dict[str, Any] | None:
+    s = sampler.summary(label)
+    return asdict(s) if s is not None else None
 
 
 # ---------------------------------------------------------------------------- 2. rounds

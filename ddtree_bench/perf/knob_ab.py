@@ -6,7 +6,9 @@ environment variables (e.g. DDTREE_ROPE_TILES_FROM=1, DDTREE_GPU_EXPERIMENTAL=pd
 kernels read when they launch, i.e. when a graph is captured. For each n of the curve (perf.bench.CurveSetup's
 trees) `run_ab` captures one graph per arm under that arm's variables, checks its logits against the first
 arm's, then times the graphs round-robin: `rounds` rounds, each replaying every arm `reps` times (the arm
-order rotated each round), and reports per arm the median over rounds of the round medians, with the spread.
+order rotated each round), and reports per arm the median over rounds of the round medians, with the spread,
+and, on CUDA, the median SM clock and power-capped share of the samples nvidia-smi took while that arm (or floor)
+was being timed (perf/gpu_clocks.py): two arms whose clocks differ were not timed on the same card state.
 On a CPU (no graphs) the same loop times eager calls, so the harness is testable anywhere.
 Knows nothing of what the knobs do.
 """
@@ -15,13 +17,14 @@ from __future__ import annotations
 
 import os
 import statistics
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 
 from ddtree_bench.engine.gpu.graphs import capture
+from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id
 from ddtree_bench.perf.timing import time_fn
 
 
@@ -72,6 +75,8 @@ class ArmTiming:
     spread_ms: float            # max - min of the round medians
     max_abs_logit_diff: float   # against the first arm's logits (0 for the first arm)
     vs_first: float             # ms / the first arm's ms
+    sm_clock_mhz: float | None = None         # median SM clock of the busy samples taken while this arm was timed
+    power_capped_share: float | None = None   # share of those samples with the power cap active
 
 
 class _Runner:
@@ -98,11 +103,30 @@ class _Runner:
 @torch.inference_mode()
 def run_ab(setup, arms: list[Arm], tokens: list[int], rounds: int = 7, reps: int = 20,
            progress: Callable[[str], None] | None = None,
-           floors: dict[str, Callable[[int], Callable[[], Any]]] | None = None) -> list[dict[str, Any]]:
-    """One row per n: {"tokens", "depth", "arms": [ArmTiming as dicts], "floors": [{"name", "ms", "spread_ms"}]}
-    (see the module docstring). setup: a perf.bench.CurveSetup."""
+           floors: dict[str, Callable[[int], Callable[[], Any]]] | None = None,
+           sampler: ClockSampler | None = None) -> list[dict[str, Any]]:
+    """One row per n: {"tokens", "depth", "arms": [ArmTiming as dicts], "floors": [{"name", "ms", "spread_ms",
+    "sm_clock_mhz", "power_capped_share"}], "power_capped_share": over every sample of n} (see the module docstring).
+    setup: a perf.bench.CurveSetup; sampler: the clocks' source (default on CUDA: nvidia-smi on this device)."""
     device = setup.device
-    floors = floors or {}
+    with ExitStack() as stack:
+        if sampler is None and device.type == "cuda":
+            sampler = stack.enter_context(ClockSampler(nvsmi_id(device)))
+        return _run_ab(setup, arms, tokens, rounds, reps, progress, floors or {}, sampler)
+
+
+def _clock(sampler: ClockSampler | None, label: str) -> dict[str, float | None]:
+    s = sampler.summary(label) if sampler is not None else None
+    return {"sm_clock_mhz": s.sm_clock_mhz_median if s else None,
+            "power_capped_share": s.power_capped_share if s else None}
+
+
+def _run_ab(setup, arms, tokens, rounds, reps, progress, floors, sampler) -> list[dict[str, Any]]:
+    device = setup.device
+
+    def span(label: str):
+        return sampler.span(label) if sampler is not None else nullcontext()
+
     rows = []
     for n in tokens:
         pt = setup.point(n, with_path=setup.ops.name == "triton")
@@ -115,17 +139,21 @@ def run_ab(setup, arms: list[Arm], tokens: list[int], rounds: int = 7, reps: int
         diffs = [float((r.logits().float() - ref).abs().max()) for r in runners]
         with arm_env(Arm("floor"), knobs):
             runners += [_Runner(make(n), device) for make in floors.values()]
+        labels = [f"{a.name}@{n}" for a in arms] + [f"{name}@{n}" for name in floors]
         per_round: list[list[float]] = [[] for _ in runners]
-        for r in range(rounds):
-            order = [(i + r) % len(runners) for i in range(len(runners))]
-            for i in order:
-                per_round[i].append(time_fn(runners[i].run, device, reps=reps, warmup=0))
+        with span(f"@{n}"):
+            for r in range(rounds):
+                order = [(i + r) % len(runners) for i in range(len(runners))]
+                for i in order:
+                    with span(labels[i]):
+                        per_round[i].append(time_fn(runners[i].run, device, reps=reps, warmup=0))
         meds = [statistics.median(x) for x in per_round]
-        timings = [ArmTiming(a.name, m, max(x) - min(x), d, m / meds[0])
-                   for a, m, x, d in zip(arms, meds, per_round, diffs)]
-        floor_rows = [{"name": name, "ms": m, "spread_ms": max(x) - min(x)}
-                      for name, m, x in zip(floors, meds[len(arms):], per_round[len(arms):])]
-        rows.append({"tokens": n, "depth": pt.depth, "arms": [asdict(t) for t in timings], "floors": floor_rows})
+        timings = [ArmTiming(a.name, m, max(x) - min(x), d, m / meds[0], **_clock(sampler, label))
+                   for a, m, x, d, label in zip(arms, meds, per_round, diffs, labels)]
+        floor_rows = [{"name": name, "ms": m, "spread_ms": max(x) - min(x), **_clock(sampler, label)}
+                      for name, m, x, label in zip(floors, meds[len(arms):], per_round[len(arms):], labels[len(arms):])]
+        rows.append({"tokens": n, "depth": pt.depth, "arms": [asdict(t) for t in timings], "floors": floor_rows,
+                     "power_capped_share": _clock(sampler, f"@{n}")["power_capped_share"]})
         if progress:
             progress(f"n={n}: " + "  ".join(f"{t.arm} {t.ms:.3f}" for t in timings)
                      + "".join(f"  {f['name']} {f['ms']:.3f}" for f in floor_rows))
@@ -138,15 +166,19 @@ def run_ab(setup, arms: list[Arm], tokens: list[int], rounds: int = 7, reps: int
 def table(rows: list[dict[str, Any]], roofline: Callable[[int], float] | None = None) -> str:
     """Text table: per n the depth, each arm's ms (and x the first arm), its round spread, and the largest
     logit difference against the first arm; with `roofline` (n -> ms) also each arm's ratio to it; with floors
-    (run_ab's), each floor's ms and every arm's ratio to the first floor ("/<floor>")."""
+    (run_ab's), each floor's ms and every arm's ratio to the first floor ("/<floor>"); where clocks were sampled,
+    each arm's and floor's median SM clock ("<arm> MHz") and the share of n's samples at the power cap ("capped %")."""
     if not rows:
         return ""
+    clocked = any(t.get("sm_clock_mhz") is not None for r in rows for t in [*r["arms"], *r.get("floors", [])])
     names = [a["arm"] for a in rows[0]["arms"]]
     floor_names = [f["name"] for f in rows[0].get("floors", [])]
     head = ["tokens", "depth"] + [f"{a} ms" for a in names] + [f"{a} x" for a in names[1:]]
     head += [f"{f} ms" for f in floor_names] + ([f"{a} /{floor_names[0]}" for a in names] if floor_names else [])
     if roofline:
         head += [f"{a} /roof" for a in names]
+    if clocked:
+        head += [f"{a} MHz" for a in names + floor_names] + ["capped %"]
     head += ["spread ms", "max |dlogit|"]
     lines = [head]
     for r in rows:
@@ -157,11 +189,18 @@ def table(rows: list[dict[str, Any]], roofline: Callable[[int], float] | None = 
         cells += [f"{a['ms'] / floors[0]['ms']:.3f}" for a in arms] if floors else []
         if roofline:
             cells += [f"{a['ms'] / roofline(r['tokens']):.3f}" for a in arms]
+        if clocked:
+            cells += [_cell(t.get("sm_clock_mhz"), "{:.0f}") for t in [*arms, *floors]]
+            cells += [_cell(r.get("power_capped_share"), "{:.0%}")]
         cells += [f"{max(a['spread_ms'] for a in [*arms, *floors]):.3f}",
                   f"{max(a['max_abs_logit_diff'] for a in arms):.3g}"]
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
+
+
+def _cell(x: float | None, fmt: str) -> str:
+    return "-" if x is None else fmt.format(x).rstrip("%")
 
 
 __all__ = ["Arm", "ArmTiming", "arm_env", "run_ab", "table"]

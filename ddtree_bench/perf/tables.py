@@ -51,6 +51,18 @@ def profile_tables(prof: dict[str, dict[Any, dict[str, Any]]], top: int | None =
     return "\n".join(parts)
 
 
+def _clock_cells(c: dict[str, Any] | None) -> list[Any]:
+    """A verify row's clock cells: the forward's and the GEMM-only graph's median SM MHz, the card's maximum, and the
+    share of the forward's busy samples at the power cap ("-" where nvidia-smi gave none)."""
+    g, f = (c or {}).get("graph") or {}, (c or {}).get("gemm_only") or {}
+    cap = g.get("power_capped_share")
+
+    def whole(x):
+        return None if x is None else round(x)
+    return [whole(g.get("sm_clock_mhz_median")), whole(f.get("sm_clock_mhz_median")), whole(g.get("sm_clock_max_mhz")),
+            None if cap is None else round(100 * cap)]
+
+
 def render(result: dict[str, Any]) -> str:
     parts: list[str] = []
     spec = result["spec"]
@@ -84,13 +96,17 @@ def render(result: dict[str, Any]) -> str:
     if roof:
         ar = roof.get("ar_round")
         ar_line = f"; AR round {_f(ar['ms'])} ms = {_f(ar['ratio'], 2)}x roofline(1)" if ar else ""
+        clocks = {int(k): v for k, v in (vc.get("clocks") or {}).items()}   # JSON keys are strings
+        clock_note = ("; MHz: median SM clock while the forward / the GEMM-only graph was timed (of the card's max "
+                      "MHz), capped %: its samples at the power cap (nvidia-smi)") if clocks else ""
         parts.append(f"\nverify vs roofline(n) = max(W / 4.3 TB/s, 2 P n / 790 TFLOP/s), W = {roof['weight_bytes'] / 1e9:.2f} GB, "
                      f"P = {roof['params'] / 1e9:.2f} B ({roof['timing']} timing; H200 limits), and vs the GEMM-only time "
-                     f"(every weight GEMM once on cuBLAS, nothing else, same call){ar_line}:\n" + table(
+                     f"(every weight GEMM once on cuBLAS, nothing else, same call){ar_line}{clock_note}:\n" + table(
             [[r["tokens"], _f(r["ms"]), _f(r.get("gemm_only_ms")), _f(r.get("vs_gemm"), 2), _f(r["roofline_ms"]),
               _f(r["ratio"], 2), _f(r["achieved_gb_s"], 0), _f(r["achieved_tflop_s"], 1)]
+             + (_clock_cells(clocks.get(int(r["tokens"]))) if clocks else [])
              for r in roof["rows"]], ["tokens", "ms", "gemm-only ms", "x gemm-only", "roofline ms", "x roofline", "GB/s",
-                                      "TFLOP/s"]))
+                                      "TFLOP/s"] + (["MHz", "gemm-only MHz", "max MHz", "capped %"] if clocks else [])))
 
     proj = result.get("projections")
     if proj:

@@ -234,6 +234,20 @@ def test_roofline_rows_reproduce_the_issue_figures_and_the_table_shows_them():
     row1 = [ln.split() for ln in text.splitlines() if ln.split()[:2] == ["1", "5.66"]][-1]   # the roofline table's row
     assert row1[2:6] == ["4.12", "1.37", "3.81", "1.49"]   # GEMM-only ms and x, roofline ms and x
     assert roofline_rows({1: 5.66}, W, P)[0]["vs_gemm"] is None   # no GEMM-only time: no ratio
+    assert "MHz" not in text   # no clocks sampled (a CPU run): no clock columns
+    summary = {"samples": 9, "busy_samples": 8, "sm_clock_mhz_median": 1530.0, "sm_clock_mhz_min": 1215.0,
+               "sm_clock_max_mhz": 1980.0, "power_w_median": 690.0, "power_limit_w": 700.0, "power_capped_share": 0.875,
+               "thermal_share": 0.0}
+    res["verify_curve_ms"]["clocks"] = {"1": {"graph": summary, "gemm_only": {**summary, "sm_clock_mhz_median": 1470.0}},
+                                        "1024": {"graph": None, "gemm_only": None}}   # keys as the JSON file has them
+    lines = render(res).splitlines()
+    head = next(ln.split() for ln in lines if ln.startswith("tokens") and "MHz" in ln)
+    assert " ".join(head).endswith("TFLOP/s MHz gemm-only MHz max MHz capped %")
+    row1 = [ln.split() for ln in lines if ln.split()[:2] == ["1", "5.66"]][-1]
+    assert row1[-4:] == ["1530", "1470", "1980", "88"]
+    row1024 = [ln.split() for ln in lines if ln.split()[:2] == ["1024", "29.26"]][-1]
+    assert row1024[-4:] == ["-", "-", "-", "-"]
+    assert "capped %: its samples at the power cap" in render(res)
 
 
 def test_the_profile_table_puts_the_gemms_beside_their_own_roofline():

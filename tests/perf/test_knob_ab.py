@@ -79,6 +79,30 @@ def test_run_ab_times_floors_beside_the_arms_and_divides_by_the_first():
     assert head.count("/gemm_only") == 2 and f"{ratio:.3f}" in text.splitlines()[1].split()
 
 
+def test_run_ab_reports_the_clock_each_arm_and_floor_was_timed_at(tmp_path):
+    from nvsmi_support import fake_nvidia_smi
+
+    from ddtree_bench.perf.bench import BenchSpec, CurveSetup, gemm_only, load_bench_pair
+    from ddtree_bench.perf.gpu_clocks import ClockSampler
+
+    target, drafter, _, _ = load_bench_pair(BenchSpec(model="toy", device="cpu", dtype="float32"))
+    setup = CurveSetup(target, drafter.target_layer_ids, 12, [6], torch.device("cpu"))
+    with ClockSampler(None, 20, exe=fake_nvidia_smi(tmp_path)) as sampler:
+        rows = run_ab(setup, [Arm("ref"), Arm("x")], [6], rounds=3, reps=40,
+                      floors={"gemm_only": lambda n: gemm_only(target, n, torch.device("cpu"))}, sampler=sampler)
+    (r,) = rows
+    timed = [*r["arms"], *r["floors"]]
+    for t in timed:   # each from samples inside its own spans only
+        label = f"{t.get('arm', t.get('name'))}@6"
+        inside = [s.sm_clock_mhz for s in sampler.samples if any(a <= s.t_s <= b for a, b in sampler.spans[label])]
+        assert inside and min(inside) <= t["sm_clock_mhz"] <= max(inside)
+    assert 0 < r["power_capped_share"] < 1
+    text = table(rows)
+    assert "ref MHz" in text and "gemm_only MHz" in text and "capped %" in text
+    assert "MHz" not in table([{**r, "arms": [{**a, "sm_clock_mhz": None} for a in r["arms"]],
+                                "floors": [{**f, "sm_clock_mhz": None} for f in r["floors"]]}])   # no clocks, no columns
+
+
 def test_the_ceilings_script_patches_only_its_arms(tmp_path):
     """benchmarks/gpu_ceilings.py on a CPU: the default arm is the engine's forward (the reference's logits), each
     patched arm computes something else (its patch was live while its forward ran), and the GEMM-only floor is
