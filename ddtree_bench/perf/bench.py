@@ -213,7 +213,8 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     what the engine's rounds ran before it) and "graph_unfused" (the PyTorch twin ops: what fusion saves);
     "gemm_only" (`gemm_only`: every weight GEMM once on cuBLAS, nothing else; replayed on CUDA, eager elsewhere);
     "tree_depth": {n: the curve tree's depth}; on CUDA "clocks": {n: {"graph" | "gemm_only": perf.gpu_clocks.ClockSummary
-    as a dict, or None}}: the SM clock and power cap of the samples taken while that column was timed.
+    as a dict, or None}}: the SM clock and power cap of the samples taken while that column was timed, and
+    "clocks_error" where nvidia-smi gave none.
     profile: also "profile" = {column: {n: perf.profile.KernelProfile as a dict, top kernels}} for
     graph, graph_cublas and gemm_only (CUDA; the ATen ops on a CPU): the floor's own kernels beside the
     forward's, so a GEMM-only time above the forward's GEMM kernels (n = 256 on the H200, 2026-12-02) shows
@@ -262,6 +263,8 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
                     wall = out[col].get(n) if on_graphs or col == "gemm_only" else out["eager"].get(n)
                     p = profile_kernels(fns[col], device, reps=profile_reps, graph=on_graphs, wall_ms=wall)
                     profiles[col][n] = p.to_dict(top=profile_top)
+    if sampler is not None and sampler.error:
+        out["clocks_error"] = sampler.error   # why the clock columns are empty
     if profile:
         out["profile"] = profiles
     return out

@@ -112,7 +112,10 @@ def run_ab(setup, arms: list[Arm], tokens: list[int], rounds: int = 7, reps: int
     with ExitStack() as stack:
         if sampler is None and device.type == "cuda":
             sampler = stack.enter_context(ClockSampler(nvsmi_id(device)))
-        return _run_ab(setup, arms, tokens, rounds, reps, progress, floors or {}, sampler)
+        rows = _run_ab(setup, arms, tokens, rounds, reps, progress, floors or {}, sampler)
+    if progress and sampler is not None and sampler.error:
+        progress(f"no clocks: {sampler.error}")
+    return rows
 
 
 def _clock(sampler: ClockSampler | None, label: str) -> dict[str, float | None]:

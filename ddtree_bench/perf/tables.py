@@ -99,6 +99,8 @@ def render(result: dict[str, Any]) -> str:
         clocks = {int(k): v for k, v in (vc.get("clocks") or {}).items()}   # JSON keys are strings
         clock_note = ("; MHz: median SM clock while the forward / the GEMM-only graph was timed (of the card's max "
                       "MHz), capped %: its samples at the power cap (nvidia-smi)") if clocks else ""
+        if vc.get("clocks_error"):
+            clock_note += f"; no clocks: {vc['clocks_error']}"
         parts.append(f"\nverify vs roofline(n) = max(W / 4.3 TB/s, 2 P n / 790 TFLOP/s), W = {roof['weight_bytes'] / 1e9:.2f} GB, "
                      f"P = {roof['params'] / 1e9:.2f} B ({roof['timing']} timing; H200 limits), and vs the GEMM-only time "
                      f"(every weight GEMM once on cuBLAS, nothing else, same call){ar_line}{clock_note}:\n" + table(

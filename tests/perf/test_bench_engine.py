@@ -248,6 +248,8 @@ def test_roofline_rows_reproduce_the_issue_figures_and_the_table_shows_them():
     row1024 = [ln.split() for ln in lines if ln.split()[:2] == ["1024", "29.26"]][-1]
     assert row1024[-4:] == ["-", "-", "-", "-"]
     assert "capped %: its samples at the power cap" in render(res)
+    res["verify_curve_ms"]["clocks_error"] = "nvidia-smi: No devices were found"
+    assert "; no clocks: nvidia-smi: No devices were found" in render(res)
 
 
 def test_the_profile_table_puts_the_gemms_beside_their_own_roofline():
