@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The call issue 35 owed a GPU on 2026-12-07 (docs/gpu-performance.md, "Known gaps"): the corrected norm ceiling and
 # the attention ceiling (gpu_ceilings.py, its `nonorm` feeding the next GEMM normal data) with the SM clock and power
-# sampled beside it (clocks.csv: whether the card sits at its power cap where the raw arm beat the floor); on an H200
-# also the whole suite, then the untried A/B of gate/up + SiLU and lm_head on Triton at 65-128 rows. Every step's
+# sampled beside it (clocks.csv: whether the card sits at its power cap where the raw arm beat the floor), the whole
+# suite, and on an H200 the untried A/B of gate/up + SiLU and lm_head on Triton at 65-128 rows. Every step's
 # limit is cut to what is left of LIMIT s (default 570). Files under $OUT: session.txt, clocks.csv, ceil.txt,
 # ceil.json, suite.txt, vab.txt.
 #   OUT=/tmp/out bash benchmarks/gpu_owed.sh      # carry [".whl-speed"]
@@ -17,10 +17,10 @@ step "ceilings"
 timeout "$(cap 200)" python3 benchmarks/gpu_ceilings.py --tokens ${TOKENS:-64,128,256,512,1024} --rounds 5 \
   --out "$OUT/ceil.json" > "$OUT/ceil.txt" 2>&1; echo "ceilings exit $?" | tee -a "$LOG"
 kill "$SMI" 2>/dev/null
+step "suite"
+WHL=${WHL:-.whl-speed} SUITE_TIMEOUT=$(cap 300) bash "$(dirname "$0")/gpu_suite.sh" > "$OUT/suite.txt" 2>&1
+tail -2 "$OUT/suite.txt" | tee -a "$LOG"
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-  step "suite"
-  WHL=${WHL:-.whl-speed} SUITE_TIMEOUT=$(cap 300) bash "$(dirname "$0")/gpu_suite.sh" > "$OUT/suite.txt" 2>&1
-  tail -2 "$OUT/suite.txt" | tee -a "$LOG"
   if [ "$(left)" -gt 120 ]; then
     step "gate/up + lm_head A/B"
     python3 benchmarks/gemm_table_bands.py --base h200 --above 64 --out /tmp/gu97.json \
