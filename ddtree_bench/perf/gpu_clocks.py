@@ -1,10 +1,9 @@
 """What the GPU's clocks and power did while something was timed: nvidia-smi sampled beside a measurement.
 
 A GPU at its power limit lowers its SM clock, and how far depends on what it runs: tensor-core GEMMs draw more on
-random data than on smooth data, so the same kernels time differently by input and by lease (an H100 80GB HBM3 ran
-the 8B verify at n >= 64 with its 700 W power cap active on most samples and a median SM clock of ~1.5 GHz against
-its 1.98 GHz maximum: docs/gpu-performance.md, "2026-12-07 07:53-08:30 UTC"). A timing without its clock cannot say
-whether a change made the kernels faster or only the card cooler. `ClockSampler(device)` runs one
+random data than on smooth data, so the same kernels time differently by input, by arm and by lease (measured on an
+H100: docs/gpu-performance.md, "2026-12-07 07:53-08:40 UTC"). A timing without its clock cannot say whether a change
+made the kernels faster or only the card cooler. `ClockSampler(device)` runs one
 `nvidia-smi --query-gpu=... -lms <interval>` process for its lifetime (one process, not one a sample), stamps each
 line with the host's monotonic clock on arrival, and `span(label)` marks the stretches a label's work ran, so
 `summary(label)` describes only the samples taken inside them (samples land within ~the interval of the truth).
