@@ -6,8 +6,9 @@ environment variables) gets its own loop over the same random-weight pair and pr
 variables (the first step captures the bucket's graphs, so the kernels chosen there are the arm's); then `--rounds`
 rounds, each stepping every arm `--steps` times in a rotated order, and per arm the median over rounds of each
 round's median round time (round = the device stages' sum, as bench-engine's batch table; random weights accept
-one token a round). Same-process arms differ by the knob, not by the lease (two leases differ by 1-3%).
-Knows nothing of what the knobs do. On a CPU (--model toy --device cpu) the loop runs eagerly: a smoke run.
+one token a round). Same-process arms differ by the knob, not by the lease (two leases differ by 1-3%); on CUDA
+each arm's median SM clock while it stepped is printed beside it (perf/gpu_clocks.py), since arms of one process
+can still run at different clocks on a power-capped card. Knows nothing of what the knobs do. On a CPU (--model toy --device cpu) the loop runs eagerly: a smoke run.
 
     python benchmarks/gpu_batch_ab.py --points ddtree:16 --batches 2 \\
         --arm default --arm "slot32 DDTREE_SLOT_TREE_MIN_ROWS=32"
@@ -18,12 +19,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from contextlib import nullcontext
 
 import torch
 
 from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.errors import UsageError
 from ddtree_bench.perf.bench import BenchSpec, load_bench_pair
+from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id
 from ddtree_bench.perf.knob_ab import Arm, arm_env
 
 
@@ -32,8 +35,11 @@ def _round_ms(r: dict) -> float:
 
 
 @torch.inference_mode()
-def ab(target, drafter, method: str, budget: int, batch: int, arms: list[Arm], a) -> dict[str, float]:
-    """{arm name: median over rounds of its per-round median round ms} (see the module docstring)."""
+def ab(target, drafter, method: str, budget: int, batch: int, arms: list[Arm], a,
+       sampler: ClockSampler | None = None) -> dict[str, float | None]:
+    """{arm name: median over rounds of its per-round median round ms, "<arm> spread": their max - min,
+    "<arm> MHz": the median SM clock while it stepped (None without a sampler)} (see the module docstring)."""
+
     from ddtree_bench.engine.batch import BatchRequest
     from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
     from ddtree_bench.engine.proposer import DFlashProposer
@@ -57,7 +63,7 @@ def ab(target, drafter, method: str, budget: int, batch: int, arms: list[Arm], a
         order = arms[r % len(arms):] + arms[:r % len(arms)]
         for arm in order:
             _, loop = loops[arm.name]
-            with arm_env(arm, names):
+            with arm_env(arm, names), sampler.span(arm.name) if sampler is not None else nullcontext():
                 start = len(loop.rounds)
                 for _ in range(a.steps):
                     loop.step()
@@ -66,8 +72,10 @@ def ab(target, drafter, method: str, budget: int, batch: int, arms: list[Arm], a
             per_round[arm.name].append(statistics.median(_round_ms(x) for x in loop.rounds[start:]))
     for _, loop in loops.values():
         loop.release()
+    clock = {arm.name: sampler.summary(arm.name) if sampler is not None else None for arm in arms}
     return {k: statistics.median(v) for k, v in per_round.items()} | {
-        f"{k} spread": max(v) - min(v) for k, v in per_round.items()}
+        f"{k} spread": max(v) - min(v) for k, v in per_round.items()} | {
+        f"{k} MHz": c.sm_clock_mhz_median if c else None for k, c in clock.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,10 +110,14 @@ def main(argv: list[str] | None = None) -> int:
           + "; ".join(f"{arm.name} = {' '.join(f'{k}={v}' for k, v in arm.env.items()) or '(defaults)'}" for arm in arms))
     for point, method, budget in points:
         for batch in batches:
-            got = ab(target, drafter, method, budget, batch, arms, a)
+            with ClockSampler(nvsmi_id(target.lm_head.weight.device)) if spec.device.startswith("cuda") else \
+                    nullcontext() as sampler:
+                got = ab(target, drafter, method, budget, batch, arms, a, sampler)
             ref = got[arms[0].name]
             cells = "  ".join(f"{arm.name} {got[arm.name]:.3f} ({got[arm.name] / ref:.3f}x, spread "
-                              f"{got[arm.name + ' spread']:.3f})" for arm in arms)
+                              f"{got[arm.name + ' spread']:.3f}"
+                              + (f", {got[arm.name + ' MHz']:.0f} MHz" if got[arm.name + " MHz"] else "") + ")"
+                              for arm in arms)
             print(f"{point} batch {batch}: {cells}", flush=True)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     print(f"{gpu}, torch {torch.__version__}")

@@ -170,3 +170,26 @@ def test_the_batched_ab_script_on_the_toy_pair_prints_a_row_per_point_and_batch(
         out = subprocess.run(args[:-4] + ["--arm", "a"] + bad + (["--arm", "c"] if bad[0] == "--points" else []),
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+
+
+def test_the_batched_ab_gives_each_arm_the_clock_of_its_own_steps(tmp_path):
+    import argparse
+    import sys
+    from pathlib import Path
+
+    from nvsmi_support import fake_nvidia_smi
+
+    from ddtree_bench.perf.bench import BenchSpec, load_bench_pair
+    from ddtree_bench.perf.gpu_clocks import ClockSampler
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import gpu_batch_ab
+
+    target, drafter, _, _ = load_bench_pair(BenchSpec(model="toy", device="cpu", dtype="float32"))
+    a = argparse.Namespace(warmup=1, rounds=2, steps=16, prefix_len=12)   # ~0.13 s a span: several 20 ms samples
+    with ClockSampler(None, 20, exe=fake_nvidia_smi(tmp_path)) as sampler:
+        got = gpu_batch_ab.ab(target, drafter, "dflash", 16, 2, [Arm("a"), Arm("b")], a, sampler)
+    for arm in ("a", "b"):
+        inside = [s.sm_clock_mhz for s in sampler.samples if any(x <= s.t_s <= y for x, y in sampler.spans[arm])]
+        assert inside and min(inside) <= got[f"{arm} MHz"] <= max(inside)
+    assert gpu_batch_ab.ab(target, drafter, "ar", 0, 1, [Arm("a")], a)["a MHz"] is None   # no sampler, no clock
