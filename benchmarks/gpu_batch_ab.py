@@ -26,7 +26,7 @@ import torch
 from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.errors import UsageError
 from ddtree_bench.perf.bench import BenchSpec, load_bench_pair
-from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id
+from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id, span
 from ddtree_bench.perf.knob_ab import Arm, arm_env
 
 
@@ -63,7 +63,7 @@ def ab(target, drafter, method: str, budget: int, batch: int, arms: list[Arm], a
         order = arms[r % len(arms):] + arms[:r % len(arms)]
         for arm in order:
             _, loop = loops[arm.name]
-            with arm_env(arm, names), sampler.span(arm.name) if sampler is not None else nullcontext():
+            with arm_env(arm, names), span(sampler, arm.name):
                 start = len(loop.rounds)
                 for _ in range(a.steps):
                     loop.step()

@@ -23,7 +23,7 @@ Knows nothing of the CLI; returns one JSON-able dict.
 from __future__ import annotations
 
 import random
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -32,7 +32,7 @@ import torch
 from ddtree_bench import defaults as D
 from ddtree_bench.run_spec import parse_budgets
 from ddtree_bench.engine.interface import ROUND_STAGES
-from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id
+from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id, span
 from ddtree_bench.perf.shapes import BLOCK_SIZE
 from ddtree_bench.perf.roofline import linear_bytes_and_params, roofline_ms, roofline_rows, weight_bytes_and_params
 from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
@@ -233,10 +233,6 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     profiles: dict[str, dict[int, Any]] = {"graph": {}, **({"graph_cublas": {}} if fused else {}), "gemm_only": {}}
     with ExitStack() as stack:
         sampler = stack.enter_context(ClockSampler(nvsmi_id(device))) if device.type == "cuda" else None
-
-        def span(label: str):
-            return sampler.span(label) if sampler is not None else nullcontext()
-
         for n in tokens:
             pt = setup.point(n, with_path=fused)
             out.setdefault("tree_depth", {})[n] = pt.depth
@@ -248,12 +244,12 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
                             "graph_sdpa_whole": forward(whole, attention="sdpa"), "graph_unfused": forward(whole, TORCH_OPS)})
             if on_graphs:
                 for col, fn in fns.items():
-                    with span(f"{col}@{n}"):
+                    with span(sampler, f"{col}@{n}"):
                         out[col][n] = graph_time_fn(fn, reps=reps)
             if eager or not on_graphs:
                 out["eager"][n] = time_fn(fns["graph"], device, reps=max(3, reps // 4), warmup=1)
             gemms = fns["gemm_only"] = gemm_only(target, n, device)
-            with span(f"gemm_only@{n}"):
+            with span(sampler, f"gemm_only@{n}"):
                 out["gemm_only"][n] = (graph_time_fn(gemms, reps=reps) if on_graphs
                                        else time_fn(gemms, device, reps=max(3, reps // 4), warmup=1))
             if sampler is not None:

@@ -23,7 +23,7 @@ import subprocess
 import threading
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -180,3 +180,8 @@ class ClockSampler:
             return summarize(list(self.samples))
         spans = self.spans.get(label, [])
         return summarize([s for s in list(self.samples) if any(a <= s.t_s <= b for a, b in spans)])
+
+
+def span(sampler: ClockSampler | None, label: str) -> AbstractContextManager:
+    """sampler.span(label), or nothing where there is no sampler (off CUDA)."""
+    return sampler.span(label) if sampler is not None else nullcontext()

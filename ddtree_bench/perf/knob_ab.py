@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import os
 import statistics
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 
 from ddtree_bench.engine.gpu.graphs import capture
-from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id
+from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id, span
 from ddtree_bench.perf.timing import time_fn
 
 
@@ -126,10 +126,6 @@ def _clock(sampler: ClockSampler | None, label: str) -> dict[str, float | None]:
 
 def _run_ab(setup, arms, tokens, rounds, reps, progress, floors, sampler) -> list[dict[str, Any]]:
     device = setup.device
-
-    def span(label: str):
-        return sampler.span(label) if sampler is not None else nullcontext()
-
     rows = []
     for n in tokens:
         pt = setup.point(n, with_path=setup.ops.name == "triton")
@@ -144,11 +140,11 @@ def _run_ab(setup, arms, tokens, rounds, reps, progress, floors, sampler) -> lis
             runners += [_Runner(make(n), device) for make in floors.values()]
         labels = [f"{a.name}@{n}" for a in arms] + [f"{name}@{n}" for name in floors]
         per_round: list[list[float]] = [[] for _ in runners]
-        with span(f"@{n}"):
+        with span(sampler, f"@{n}"):
             for r in range(rounds):
                 order = [(i + r) % len(runners) for i in range(len(runners))]
                 for i in order:
-                    with span(labels[i]):
+                    with span(sampler, labels[i]):
                         per_round[i].append(time_fn(runners[i].run, device, reps=reps, warmup=0))
         meds = [statistics.median(x) for x in per_round]
         timings = [ArmTiming(a.name, m, max(x) - min(x), d, m / meds[0], **_clock(sampler, label))
