@@ -34,7 +34,7 @@ from ddtree_bench.run_spec import parse_budgets
 from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id, span
 from ddtree_bench.perf.shapes import BLOCK_SIZE
-from ddtree_bench.perf.roofline import linear_bytes_and_params, roofline_ms, roofline_rows, weight_bytes_and_params
+from ddtree_bench.perf.roofline import AttentionShape, linear_bytes_and_params, roofline_ms, roofline_rows, weight_bytes_and_params
 from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
 
 
@@ -470,7 +470,10 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
     curve = curves["graph"] or curves["eager"]
     result["verify_roofline"] = {"weight_bytes": weight_bytes, "params": params, "timing": "graph" if curves["graph"] else "eager",
                                  "rows": roofline_rows(curve, weight_bytes, params, curves.get("gemm_only")),
-                                 "gemm_weight_bytes": gemm_bytes, "gemm_params": gemm_params}
+                                 "gemm_weight_bytes": gemm_bytes, "gemm_params": gemm_params,
+                                 "attention_shape": asdict(AttentionShape(target.cfg.num_hidden_layers,
+                                                                          target.cfg.num_attention_heads,
+                                                                          target.cfg.head_dim, spec.prefix_len))}
 
     if spec.projections:   # after verify_curve: it merged q/k/v and gate/up as the forward runs them
         from ddtree_bench.perf.projections import projection_rows

@@ -8,7 +8,10 @@ as issue 20 does). The limits are the ones issue 20 measured on an H200 (copy ba
 dense bf16 ~790 TFLOP/s); on other GPUs the ratio column is against those H200 figures. Achieved
 GB/s = W / time, TFLOP/s = 2 P n / time. Beside it, where a GEMM-only time was measured (every weight
 GEMM once on cuBLAS, nothing else: perf/bench.gemm_only), vs_gemm = ms / gemm_only_ms: 1 + the share
-of everything but the weight GEMMs (issue 35's target: <= 1.15). Knows nothing of how the time was measured.
+of everything but the weight GEMMs (issue 35's target: <= 1.15). The verify's attention work, a lower bound:
+    attention_flops(n) = 4 * layers * q_heads * head_dim * n * prefix_len
+(each query row's q k^T and p v over the committed prefix; the tree's own <= L + 1 keys a row left out), so its
+achieved TFLOP/s is attention_flops / the attention kernels' time. Knows nothing of how the time was measured.
 """
 
 from __future__ import annotations
@@ -47,6 +50,19 @@ def linear_bytes_and_params(model: torch.nn.Module) -> tuple[int, int]:
         if isinstance(m, torch.nn.Linear):
             seen.setdefault(m.weight.data_ptr(), m.weight)
     return sum(w.numel() * w.element_size() for w in seen.values()), sum(w.numel() for w in seen.values())
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What attention_flops needs of a target and a verify: its attention layers, query heads, head size, prefix."""
+    layers: int
+    q_heads: int
+    head_dim: int
+    prefix_len: int
+
+    def flops(self, tokens: int) -> float:
+        """attention_flops(n) of the module docstring."""
+        return 4.0 * self.layers * self.q_heads * self.head_dim * tokens * self.prefix_len
 
 
 def roofline_ms(weight_bytes: int, params: int, tokens: int) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ddtree_bench.display import table
-from ddtree_bench.perf.roofline import roofline_ms
+from ddtree_bench.perf.roofline import AttentionShape, roofline_ms
 
 
 def _f(x: Any, d: int = 3) -> Any:
@@ -13,11 +13,13 @@ def _f(x: Any, d: int = 3) -> Any:
 
 
 def profile_tables(prof: dict[str, dict[Any, dict[str, Any]]], top: int | None = None,
-                   gemm_limit_ms: Callable[[int], float] | None = None) -> str:
+                   gemm_limit_ms: Callable[[int], float] | None = None,
+                   attention_flops: Callable[[int], float] | None = None) -> str:
     """bench-engine --profile: per column and n, the kernel time by family and the idle time between
     kernels, then the top kernels (ms per forward, launches, share of the kernel time) and, where the profile
     has them (CUDA), the kernel pairs with the most idle time between them. gemm_limit_ms(n):
-    the weight GEMMs' own roofline, for a "gemm x" column (gemm ms / that limit)."""
+    the weight GEMMs' own roofline, for a "gemm x" column (gemm ms / that limit); attention_flops(n)
+    (perf/roofline.AttentionShape.flops), for an "attn TFLOP/s" column over the attention kernels' time."""
     from ddtree_bench.perf.profile import FAMILIES
 
     parts = []
@@ -25,14 +27,17 @@ def profile_tables(prof: dict[str, dict[Any, dict[str, Any]]], top: int | None =
         rows = []
         for n in sorted(per_n, key=int):
             p = per_n[n]
-            gemm = p["families_ms"].get("gemm", 0.0)
+            gemm, attn = p["families_ms"].get("gemm", 0.0), p["families_ms"].get("attention", 0.0)
             rows.append([n, p["source"], _f(p.get("wall_ms")), _f(p["kernel_ms"])] + [_f(p["families_ms"].get(f, 0.0)) for f in FAMILIES]
-                        + [_f(p.get("gap_ms"))] + ([_f(gemm / gemm_limit_ms(int(n)), 2)] if gemm_limit_ms else []))
+                        + [_f(p.get("gap_ms"))] + ([_f(gemm / gemm_limit_ms(int(n)), 2)] if gemm_limit_ms else [])
+                        + ([_f(attention_flops(int(n)) / (attn * 1e-3) / 1e12, 1) if attn else None]
+                           if attention_flops else []))
         limit = ("; gemm x = gemm ms / the GEMMs' roofline (their weights' bytes at 4.3 TB/s or their FLOPs at 790 TFLOP/s)"
-                 if gemm_limit_ms else "")
+                 if gemm_limit_ms else "") + ("; attn TFLOP/s = the prefix's attention FLOPs (4 layers Hq D n prefix) / the "
+                                              "attention kernels' ms" if attention_flops else "")
         parts.append(f"\nverify profile ({col}): ms per forward by kernel family; idle = measured - kernel time{limit}:\n"
                      + table(rows, ["tokens", "source", "measured", "kernels"] + list(FAMILIES) + ["idle"]
-                             + (["gemm x"] if gemm_limit_ms else [])))
+                             + (["gemm x"] if gemm_limit_ms else []) + (["attn TFLOP/s"] if attention_flops else [])))
         for n in sorted(per_n, key=int):
             p = per_n[n]
             ks = p["kernels"][:top] if top else p["kernels"]
@@ -123,7 +128,9 @@ def render(result: dict[str, Any]) -> str:
     prof = result.get("verify_profile")
     if prof:
         gb, gp = (roof or {}).get("gemm_weight_bytes"), (roof or {}).get("gemm_params")
-        parts.append(profile_tables(prof, gemm_limit_ms=(lambda n: roofline_ms(gb, gp, n)) if gb else None))
+        shape = (roof or {}).get("attention_shape")
+        parts.append(profile_tables(prof, gemm_limit_ms=(lambda n: roofline_ms(gb, gp, n)) if gb else None,
+                                    attention_flops=AttentionShape(**shape).flops if shape else None))
 
     rows = []
     for r in result["rounds"]:

@@ -25,6 +25,11 @@ def test_bench_engine_cpu_json_and_table(tmp_path, capsys):
     assert "per-round stage medians" in text and "predicted best budget" in text
     assert set(res["verify_curve_ms"]["eager"]) == {"1", "5", "17"} == set(res["verify_curve_ms"]["gemm_only"])
     assert all(r["vs_gemm"] > 0 and r["gemm_only_ms"] > 0 for r in res["verify_roofline"]["rows"])
+    from ddtree_bench.engine.loading import random_pair
+
+    cfg = random_pair()[0].cfg   # the attention work's shape, for the profile's attention FLOP rate
+    assert res["verify_roofline"]["attention_shape"] == {"layers": cfg.num_hidden_layers, "q_heads": cfg.num_attention_heads,
+                                                         "head_dim": cfg.head_dim, "prefix_len": 40}
     assert all(r["fast"]["cold_s"] > 0 for r in res["rounds"])   # each point's first round (a new bucket) was timed
     assert res["layer_ops"] == "torch" and "graph_unfused" not in res["verify_curve_ms"]   # no Triton on a CPU
     assert res["gemm_table"] == "none" and "GEMM table: none" in text   # which weight-GEMM table ran: none here

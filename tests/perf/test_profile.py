@@ -98,3 +98,20 @@ def test_bench_engine_profiles_after_its_timed_rounds():
     assert set(res["verify_profile"]["graph"]) == {1, 4}
     last_round = max(i for i, s in enumerate(steps) if s.startswith("rounds"))
     assert steps.index("verify profile") > last_round
+
+
+def test_the_profile_table_gives_the_attention_kernels_their_flop_rate():
+    """The 8B shape at n = 256 after 1024 prefix tokens: 4 x 36 x 32 x 128 x 256 x 1024 = 154.6 GFLOP of prefix
+    attention; 0.787 ms of attention kernels (an H100's profile, 2026-12-07) is 196.5 TFLOP/s."""
+    from ddtree_bench.perf.roofline import AttentionShape
+
+    shape = AttentionShape(layers=36, q_heads=32, head_dim=128, prefix_len=1024)
+    assert shape.flops(256) == pytest.approx(154.6e9, rel=1e-3)
+    row = {"source": "graph", "wall_ms": 8.69, "kernel_ms": 8.39, "gap_ms": 0.3, "kernels": [],
+           "families_ms": {"gemm": 6.94, "attention": 0.787, "layer_ops": 0.61}}
+    text = profile_tables({"graph": {256: row, 1: {**row, "families_ms": {"gemm": 5.8}}}}, attention_flops=shape.flops)
+    head = next(ln for ln in text.splitlines() if ln.startswith("tokens"))
+    assert head.split()[-2:] == ["attn", "TFLOP/s"] and "attn TFLOP/s = the prefix's attention FLOPs" in text
+    rows = {ln.split()[0]: ln.split() for ln in text.splitlines() if ln[:1].isdigit()}
+    assert rows["256"][-1] == "196.50" and rows["1"][-1] == "-"   # no attention kernels timed: no rate
+    assert "attn" not in profile_tables({"graph": {256: row}})
