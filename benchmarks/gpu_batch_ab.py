@@ -8,7 +8,8 @@ rounds, each stepping every arm `--steps` times in a rotated order, and per arm 
 round's median round time (round = the device stages' sum, as bench-engine's batch table; random weights accept
 one token a round). Same-process arms differ by the knob, not by the lease (two leases differ by 1-3%); on CUDA
 each arm's median SM clock while it stepped is printed beside it (perf/gpu_clocks.py), since arms of one process
-can still run at different clocks on a power-capped card. Knows nothing of what the knobs do. On a CPU (--model toy --device cpu) the loop runs eagerly: a smoke run.
+can still run at different clocks on a power-capped card. Knows nothing of what the knobs do. On a CPU (--model toy
+--device cpu) the loop runs eagerly: a smoke run.
 
     python benchmarks/gpu_batch_ab.py --points ddtree:16 --batches 2 \\
         --arm default --arm "slot32 DDTREE_SLOT_TREE_MIN_ROWS=32"
@@ -39,7 +40,6 @@ def ab(target, drafter, method: str, budget: int, batch: int, arms: list[Arm], a
        sampler: ClockSampler | None = None) -> dict[str, float | None]:
     """{arm name: median over rounds of its per-round median round ms, "<arm> spread": their max - min,
     "<arm> MHz": the median SM clock while it stepped (None without a sampler)} (see the module docstring)."""
-
     from ddtree_bench.engine.batch import BatchRequest
     from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
     from ddtree_bench.engine.proposer import DFlashProposer
