@@ -1,6 +1,7 @@
 """A stand-in nvidia-smi for CPU tests of perf/gpu_clocks.py: a real executable that checks it was asked for the
 sampler's fields and loop, then streams one line every 20 ms (SM clock 1000, 1001, ...; every other line with the
-power cap reason), or prints an error line and exits 2 on any other arguments."""
+power cap reason) until a signal stops it, even with its reader gone, or prints an error line and exits 2 on any other
+arguments."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ _SCRIPT = textwrap.dedent('''\
         print("unexpected arguments", args, flush=True)
         sys.exit(2)
     k = 0
-    while True:
-        print(f"{1000 + k}, 1980, 600, 700, 50, 0x{4 if k %% 2 else 0:016x}", flush=True)
+    while True:   # a reader gone does not stop it (as when a forked worker still holds the pipe): only a signal does
+        try:
+            print(f"{1000 + k}, 1980, 600, 700, 50, 0x{4 if k %% 2 else 0:016x}", flush=True)
+        except (BrokenPipeError, ValueError):
+            pass
         k += 1
         time.sleep(0.02)
 ''')

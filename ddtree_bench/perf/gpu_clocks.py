@@ -4,7 +4,8 @@ A GPU at its power limit lowers its SM clock, and how far depends on what it run
 random data than on smooth data, so the same kernels time differently by input, by arm and by lease (measured on an
 H100: docs/gpu-performance.md, "2026-12-07 07:53-08:40 UTC"). A timing without its clock cannot say whether a change
 made the kernels faster or only the card cooler. `ClockSampler(device)` runs one
-`nvidia-smi --query-gpu=... -lms <interval>` process for its lifetime (one process, not one a sample), stamps each
+`nvidia-smi --query-gpu=... -lms <interval>` process for its lifetime (one process, not one a sample; on Linux it
+dies with the process that started it, however that ends), stamps each
 line with the host's monotonic clock on arrival, and `span(label)` marks the stretches a label's work ran, so
 `summary(label)` describes only the samples taken inside them (samples land within ~the interval of the truth).
 A sample is busy unless the driver reports the GPU idle (reason bit 0x1); shares are of busy samples:
@@ -115,6 +116,18 @@ def nvsmi_id(device) -> str | None:
         return None
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM it when the process that started it dies, so a benchmark killed by
+    `timeout` or SIGKILL, which runs no __exit__, leaves no nvidia-smi looping behind it. Elsewhere: nothing."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 class ClockSampler:
     """nvidia-smi streaming FIELDS every `interval_ms` for the sampler's life (a context manager)."""
 
@@ -132,7 +145,8 @@ class ClockSampler:
             cmd = [self.exe, f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits",
                    "-lms", str(self.interval_ms)] + (["-i", self.gpu_id] if self.gpu_id else [])
             try:
-                self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                              preexec_fn=_die_with_parent)
             except OSError as e:
                 self.error = f"nvidia-smi did not start: {e}"
             else:

@@ -62,3 +62,38 @@ def test_a_refused_query_or_no_nvidia_smi_gives_no_summary_and_a_reason(tmp_path
         with sampler.span("a"):
             pass
     assert sampler.summary("a") is None and sampler.error == "nvidia-smi not found"
+
+
+def test_a_killed_benchmark_leaves_no_nvidia_smi_behind(tmp_path):
+    """SIGKILL runs no __exit__: the sampler's child must still go (Linux: PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    exe = fake_nvidia_smi(tmp_path, 20, [])
+    code = ("import os, sys, time\n"
+            "from ddtree_bench.perf.gpu_clocks import ClockSampler\n"
+            f"s = ClockSampler(None, 20, exe={exe!r}).__enter__()\n"
+            "time.sleep(0.3)\n"
+            "print(s._proc.pid, len(s.samples), flush=True)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child_pid, samples = (int(x) for x in parent.stdout.readline().split())
+    assert samples > 0   # it was streaming
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            break
+        try:   # reap it if it became ours (it does not: it is re-parented), then look again
+            os.waitpid(child_pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    else:
+        os.kill(child_pid, signal.SIGKILL)
+        raise AssertionError("the sampler's nvidia-smi outlived its killed parent")
