@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ddtree_bench import defaults as D
 
@@ -116,16 +116,20 @@ def nvsmi_id(device) -> str | None:
         return None
 
 
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM it when the process that started it dies, so a benchmark killed by
-    `timeout` or SIGKILL, which runs no __exit__, leaves no nvidia-smi looping behind it. Elsewhere: nothing."""
+def _die_with_parent() -> Callable[[], None] | None:
+    """What the child runs before exec (Linux): prctl(PR_SET_PDEATHSIG, SIGTERM), so the sampler's nvidia-smi goes
+    when the process that started it dies - a benchmark killed by `timeout` or SIGKILL runs no __exit__, and a pipe
+    a forked worker still holds would keep a bare nvidia-smi looping. Looked up here, in the parent, so the forked
+    child runs one foreign call and no import; None where there is no prctl (not Linux). The kernel sends the signal when
+the *thread* that forked ends, so enter a sampler from a thread that outlives it (every caller here: the main one)."""
     try:
         import ctypes
         import signal
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
+        prctl, sigterm = ctypes.CDLL(None, use_errno=True).prctl, int(signal.SIGTERM)
+    except Exception:   # noqa: BLE001 - no libc with prctl: nothing to set
+        return None
+    return lambda: prctl(1, sigterm)   # PR_SET_PDEATHSIG = 1
 
 
 class ClockSampler:
@@ -146,7 +150,7 @@ class ClockSampler:
                    "-lms", str(self.interval_ms)] + (["-i", self.gpu_id] if self.gpu_id else [])
             try:
                 self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                              preexec_fn=_die_with_parent)
+                                              preexec_fn=_die_with_parent())
             except OSError as e:
                 self.error = f"nvidia-smi did not start: {e}"
             else:
