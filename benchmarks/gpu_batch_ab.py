@@ -7,7 +7,7 @@ variables (the first step captures the bucket's graphs, so the kernels chosen th
 rounds, each stepping every arm `--steps` times in a rotated order, and per arm the median over rounds of each
 round's median round time (round = the device stages' sum, as bench-engine's batch table; random weights accept
 one token a round). Same-process arms differ by the knob, not by the lease (two leases differ by 1-3%); on CUDA
-each arm's median SM clock while it stepped is printed beside it (perf/gpu_clocks.py), since arms of one process
+each arm's median SM clock while it stepped is printed beside it (noise/gpu_clocks.py), since arms of one process
 can still run at different clocks on a power-capped card. Knows nothing of what the knobs do. On a CPU (--model toy
 --device cpu) the loop runs eagerly: a smoke run.
 
@@ -27,7 +27,7 @@ import torch
 from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.errors import UsageError
 from ddtree_bench.perf.bench import BenchSpec, load_bench_pair
-from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id, span
+from ddtree_bench.noise.gpu_clocks import ClockSampler, nvsmi_id, span
 from ddtree_bench.perf.knob_ab import Arm, arm_env
 
 

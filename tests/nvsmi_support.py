@@ -1,4 +1,4 @@
-"""A stand-in nvidia-smi for CPU tests of perf/gpu_clocks.py: a real executable that checks it was asked for the
+"""A stand-in nvidia-smi for CPU tests of noise/gpu_clocks.py: a real executable that checks it was asked for the
 sampler's fields and loop, then streams one line every 20 ms (SM clock 1000, 1001, ...; every other line with the
 power cap reason) until a signal stops it, even with its reader gone, or prints an error line and exits 2 on any other
 arguments."""
@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ddtree_bench.perf.gpu_clocks import FIELDS
+from ddtree_bench.noise.gpu_clocks import FIELDS
 
 _SCRIPT = textwrap.dedent('''\
     import sys, time

@@ -32,7 +32,7 @@ import torch
 from ddtree_bench import defaults as D
 from ddtree_bench.run_spec import parse_budgets
 from ddtree_bench.engine.interface import ROUND_STAGES
-from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id, span
+from ddtree_bench.noise.gpu_clocks import ClockSampler, nvsmi_id, span
 from ddtree_bench.perf.shapes import BLOCK_SIZE
 from ddtree_bench.perf.roofline import AttentionShape, linear_bytes_and_params, roofline_ms, roofline_rows, weight_bytes_and_params
 from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
@@ -212,7 +212,7 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
     the curve was taken before the live-slot kernel), "graph_sdpa_whole" (SDPA over the whole cache:
     what the engine's rounds ran before it) and "graph_unfused" (the PyTorch twin ops: what fusion saves);
     "gemm_only" (`gemm_only`: every weight GEMM once on cuBLAS, nothing else; replayed on CUDA, eager elsewhere);
-    "tree_depth": {n: the curve tree's depth}; on CUDA "clocks": {n: {"graph" | "gemm_only": perf.gpu_clocks.ClockSummary
+    "tree_depth": {n: the curve tree's depth}; on CUDA "clocks": {n: {"graph" | "gemm_only": noise.gpu_clocks.ClockSummary
     as a dict, or None}}: the SM clock and power cap of the samples taken while that column was timed, and
     "clocks_error" where nvidia-smi gave none.
     profile: also "profile" = {column: {n: perf.profile.KernelProfile as a dict, top kernels}} for

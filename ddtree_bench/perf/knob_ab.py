@@ -8,7 +8,7 @@ trees) `run_ab` captures one graph per arm under that arm's variables, checks it
 arm's, then times the graphs round-robin: `rounds` rounds, each replaying every arm `reps` times (the arm
 order rotated each round), and reports per arm the median over rounds of the round medians, with the spread,
 and, on CUDA, the median SM clock and power-capped share of the samples nvidia-smi took while that arm (or floor)
-was being timed (perf/gpu_clocks.py): two arms whose clocks differ were not timed on the same card state.
+was being timed (noise/gpu_clocks.py): two arms whose clocks differ were not timed on the same card state.
 On a CPU (no graphs) the same loop times eager calls, so the harness is testable anywhere.
 Knows nothing of what the knobs do.
 """
@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ddtree_bench.engine.gpu.graphs import capture
-from ddtree_bench.perf.gpu_clocks import ClockSampler, nvsmi_id, span
+from ddtree_bench.noise.gpu_clocks import ClockSampler, nvsmi_id, span
 from ddtree_bench.perf.timing import time_fn
 
 

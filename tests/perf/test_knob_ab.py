@@ -83,7 +83,7 @@ def test_run_ab_reports_the_clock_each_arm_and_floor_was_timed_at(tmp_path):
     from nvsmi_support import fake_nvidia_smi
 
     from ddtree_bench.perf.bench import BenchSpec, CurveSetup, gemm_only, load_bench_pair
-    from ddtree_bench.perf.gpu_clocks import ClockSampler
+    from ddtree_bench.noise.gpu_clocks import ClockSampler
 
     target, drafter, _, _ = load_bench_pair(BenchSpec(model="toy", device="cpu", dtype="float32"))
     setup = CurveSetup(target, drafter.target_layer_ids, 12, [6], torch.device("cpu"))
@@ -180,7 +180,7 @@ def test_the_batched_ab_gives_each_arm_the_clock_of_its_own_steps(tmp_path):
     from nvsmi_support import fake_nvidia_smi
 
     from ddtree_bench.perf.bench import BenchSpec, load_bench_pair
-    from ddtree_bench.perf.gpu_clocks import ClockSampler
+    from ddtree_bench.noise.gpu_clocks import ClockSampler
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import gpu_batch_ab

@@ -1,4 +1,4 @@
-"""perf/gpu_clocks.py: nvidia-smi's lines parsed, shares over busy samples only, samples attributed to the spans they
+"""noise/gpu_clocks.py: nvidia-smi's lines parsed, shares over busy samples only, samples attributed to the spans they
 fall in, and every way nvidia-smi can be missing or refuse ending in a None summary with a reason, never a raise.
 The sampler runs a real process here: a stand-in nvidia-smi that checks its arguments and streams lines."""
 
@@ -9,7 +9,7 @@ import time
 import pytest
 from nvsmi_support import fake_nvidia_smi
 
-from ddtree_bench.perf import gpu_clocks as gc
+from ddtree_bench.noise import gpu_clocks as gc
 
 # lines as an H100 80GB HBM3 printed them (driver 580.159.04, 2026-12-07), in --format=csv,noheader,nounits form
 IDLE = "345, 1980, 76.32, 700.00, 42, 0x0000000000000001"
@@ -73,7 +73,7 @@ def test_a_killed_benchmark_leaves_no_nvidia_smi_behind(tmp_path):
 
     exe = fake_nvidia_smi(tmp_path, 20, [])
     code = ("import os, sys, time\n"
-            "from ddtree_bench.perf.gpu_clocks import ClockSampler\n"
+            "from ddtree_bench.noise.gpu_clocks import ClockSampler\n"
             f"s = ClockSampler(None, 20, exe={exe!r}).__enter__()\n"
             "time.sleep(0.3)\n"
             "print(s._proc.pid, len(s.samples), flush=True)\n"
