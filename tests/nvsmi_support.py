@@ -1,7 +1,7 @@
 """A stand-in nvidia-smi for CPU tests of noise/gpu_clocks.py: a real executable that checks it was asked for the
 sampler's fields and loop, then streams one line every 20 ms (SM clock 1000, 1001, ...; every other line with the
-power cap reason) until a signal stops it, even with its reader gone, or prints an error line and exits 2 on any other
-arguments."""
+power cap reason) until a signal stops it, even with its reader gone; asked for noise/probe.py's snapshot, it prints one
+idle GPU; on any other arguments it prints an error line and exits 2."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from ddtree_bench.noise.gpu_clocks import FIELDS
 _SCRIPT = textwrap.dedent('''\
     import sys, time
     args = sys.argv[1:]
+    if args == ["--query-gpu=index,clocks.sm,clocks.mem,utilization.gpu,temperature.gpu", "--format=csv,noheader,nounits"]:
+        print("0, 1980, 2619, 0, 40")   # noise/probe.py's one-shot snapshot: one idle GPU
+        sys.exit(0)
     if args[:4] != ["--query-gpu=%s", "--format=csv,noheader,nounits", "-lms", "%d"] or args[4:] != %r:
         print("unexpected arguments", args, flush=True)
         sys.exit(2)

@@ -5,7 +5,9 @@
 clocks (MHz), utilisation (%) and temperature (C) — each field None where the machine does not
 say. It never raises: a probe must not fail a benchmark.
 
-A `Window` (`start(pids)` ... `.finish()`) takes a snapshot before and after a point and, from
+A `Window` (`start(pids)` ... `.finish()`) takes a snapshot before and after a point, samples the GPUs' SM
+clock and power cap all through it where nvidia-smi exists (noise/gpu_clocks.py, every GPU's samples together:
+`gpu_during`, the median busy SM clock and the share of busy samples at the power cap), and, from
 /proc/stat and /proc/<pid>/stat, the CPU time other processes used meanwhile:
 other_cpu_cores = (busy jiffies of the machine - jiffies of this process, its reaped children and
 `pids` (a server)) / (wall seconds x CLK_TCK), with busy = user + nice + system + irq + softirq +
@@ -33,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddtree_bench import defaults as D
+from ddtree_bench.noise.gpu_clocks import ClockSampler
 
 GPU_BUSY_PCT = 5.0
 _NVSMI_FIELDS = ("index", "clocks.sm", "clocks.mem", "utilization.gpu", "temperature.gpu")
@@ -184,6 +187,7 @@ class Window:
     def __init__(self, pids: list[int] | None = None):
         self.pids = ["self", *(pids or [])]
         self.before = snapshot()
+        self.clocks = ClockSampler().__enter__() if self.before.gpus else None   # stopped by finish()
         self.t0 = time.monotonic()
         self.busy0 = _busy_jiffies()
         self.own0 = {p: _proc_jiffies(p) for p in self.pids}
@@ -204,7 +208,12 @@ class Window:
         other = None
         if self.busy0 is not None and busy1 is not None and wall_s > 0:
             other = max(0.0, (busy1 - self.busy0 - own) / (wall_s * os.sysconf("SC_CLK_TCK")))
-        return describe(self.before, snapshot(), other, wall_s)
+        during = None
+        if self.clocks is not None:
+            self.clocks.__exit__(None, None, None)
+            s = self.clocks.summary()
+            during = asdict(s) if s is not None else None
+        return describe(self.before, snapshot(), other, wall_s, during)
 
 
 def start(pids: list[int] | None = None) -> Window:
@@ -212,10 +221,11 @@ def start(pids: list[int] | None = None) -> Window:
 
 
 def describe(before: EnvSnapshot | None, after: EnvSnapshot | None, other_cpu_cores: float | None = None,
-             wall_s: float | None = None) -> dict[str, Any]:
-    """What a point records (status.json `noise`): both snapshots, the others' CPU and the heavy flag."""
+             wall_s: float | None = None, gpu_during: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a point records (status.json `noise`): both snapshots, the GPUs' clocks during it (a
+    noise.gpu_clocks.ClockSummary as a dict, or None), the others' CPU and the heavy flag."""
     cores = (before or after).cpu_count if (before or after) else None
     return {"before": before.to_dict() if before else None, "after": after.to_dict() if after else None,
-            "wall_s": wall_s, "other_cpu_cores": other_cpu_cores,
+            "gpu_during": gpu_during, "wall_s": wall_s, "other_cpu_cores": other_cpu_cores,
             "other_cpu_share": (other_cpu_cores / cores) if other_cpu_cores is not None and cores else None,
             "heavy_load": is_heavy(before, other_cpu_cores), "heavy_load_rule": HEAVY_RULE}

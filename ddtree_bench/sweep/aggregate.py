@@ -10,7 +10,8 @@ id + `-all`): `speedup_vs_ar` pooled over repeats with the two-way bootstrap ove
 prompts (repeat r of the method pairs with repeat r of AR), `output_throughput_tok_s` = the mean
 over repeats with the Student t interval (`metrics.output_throughput_interval`); τ, TTFT, TPOT,
 E2E, ITL from the pooled records of the finished repeats; counts summed; `heavy_load` true when any
-repeat ran under heavy load. Status `ok` when every repeat finished, else `failed` with the count.
+repeat ran under heavy load; `gpu_power_capped_share` the largest and `gpu_sm_clock_mhz_during` the lowest over
+repeats. Status `ok` when every repeat finished, else `failed` with the count.
 
 summary.json (kind `ddtree-bench-sweep-summary`, version 2; 1 had no correctness): the interval
 method and defaults, the correctness verdict (`correctness`: sweep/correctness.py's closing lines),
@@ -46,7 +47,8 @@ ALL = "all"
 CI_COLUMNS = ("speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high", "output_throughput_tok_s_ci_low",
               "output_throughput_tok_s_ci_high")
 NOISE_COLUMNS = ("repeats_ok", "heavy_load", "other_cpu_share", "load_avg_1m_before", "load_avg_1m_after",
-                 "cpu_mhz_before", "cpu_mhz_after", "gpu_util_pct_before", "gpu_sm_clock_mhz_before")
+                 "cpu_mhz_before", "cpu_mhz_after", "gpu_util_pct_before", "gpu_sm_clock_mhz_before",
+                 "gpu_sm_clock_mhz_during", "gpu_power_capped_share")
 
 
 def interval_method() -> dict[str, Any]:
@@ -86,7 +88,7 @@ def noise_columns(noise: dict[str, Any] | None) -> dict[str, Any]:
     """status.json `noise` (noise.probe.describe) -> the summary.csv noise columns."""
     if not isinstance(noise, dict):
         return {}
-    b, a = noise.get("before") or {}, noise.get("after") or {}
+    b, a, during = noise.get("before") or {}, noise.get("after") or {}, noise.get("gpu_during") or {}
     gpus = b.get("gpus") or []
     utils = [g.get("utilization_pct") for g in gpus if g.get("utilization_pct") is not None]
     clocks = [g.get("sm_clock_mhz") for g in gpus if g.get("sm_clock_mhz") is not None]
@@ -94,7 +96,9 @@ def noise_columns(noise: dict[str, Any] | None) -> dict[str, Any]:
             "load_avg_1m_before": b.get("load_avg_1m"), "load_avg_1m_after": a.get("load_avg_1m"),
             "cpu_mhz_before": b.get("cpu_mhz_mean"), "cpu_mhz_after": a.get("cpu_mhz_mean"),
             "gpu_util_pct_before": max(utils) if utils else None,
-            "gpu_sm_clock_mhz_before": min(clocks) if clocks else None}
+            "gpu_sm_clock_mhz_before": min(clocks) if clocks else None,
+            "gpu_sm_clock_mhz_during": during.get("sm_clock_mhz_median"),
+            "gpu_power_capped_share": during.get("power_capped_share")}
 
 
 # ---------------------------------------------------------------------------- aggregate rows
@@ -166,6 +170,10 @@ def aggregate_rows(sdir, points: list[Point], rows: list[dict[str, Any]]) -> lis
         row["heavy_load"] = any(heavy) if heavy else None
         shares = [r.get("other_cpu_share") for r in rep_rows if r is not None and r.get("other_cpu_share") is not None]
         row["other_cpu_share"] = max(shares) if shares else None
+        capped = [r["gpu_power_capped_share"] for r in rep_rows if r is not None and r.get("gpu_power_capped_share") is not None]
+        row["gpu_power_capped_share"] = max(capped) if capped else None
+        mhz = [r["gpu_sm_clock_mhz_during"] for r in rep_rows if r is not None and r.get("gpu_sm_clock_mhz_during") is not None]
+        row["gpu_sm_clock_mhz_during"] = min(mhz) if mhz else None
         row.update(_batching([r for r in rep_rows if r is not None and r.get("status") == "ok"]))
         row.update(_correctness([r for r in rep_rows if r is not None and r.get("status") == "ok"]))
         row["_ar_key"] = base.ar_key()

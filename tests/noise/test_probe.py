@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ddtree_bench import defaults as D
@@ -59,3 +61,29 @@ def test_the_real_proc_readers_return_numbers():
     assert isinstance(probe._busy_jiffies(), int)
     assert isinstance(probe._proc_jiffies("self"), int)
     assert probe._proc_jiffies(2**30) is None  # no such process
+
+
+def test_a_window_samples_the_gpus_clock_all_through_the_point(tmp_path, monkeypatch):
+    """Where nvidia-smi shows a GPU, the point's noise carries the clocks sampled while it ran (`gpu_during`) and
+    summary.csv's two columns read them; with no nvidia-smi, none (and no process started)."""
+    import time
+
+    from nvsmi_support import fake_nvidia_smi
+
+    from ddtree_bench.sweep.aggregate import NOISE_COLUMNS, noise_columns
+
+    fake_nvidia_smi(tmp_path, 100, [])   # the sampler's default interval
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    w = probe.start()
+    assert w.before.gpus and w.clocks is not None
+    time.sleep(0.5)
+    noise = w.finish()
+    during = noise["gpu_during"]
+    assert during["samples"] >= 2 and 0 < during["power_capped_share"] < 1 and during["sm_clock_max_mhz"] == 1980
+    cols = noise_columns(noise)
+    assert cols["gpu_sm_clock_mhz_during"] == during["sm_clock_mhz_median"] and cols["gpu_power_capped_share"] > 0
+    assert {"gpu_sm_clock_mhz_during", "gpu_power_capped_share"} <= set(NOISE_COLUMNS)
+    assert w.clocks._proc.poll() is not None   # finish() stopped it
+    monkeypatch.setenv("PATH", "/nonexistent")
+    w = probe.start()
+    assert w.clocks is None and w.finish()["gpu_during"] is None
