@@ -3,10 +3,10 @@
 A GPU at its power limit lowers its SM clock, and how far depends on what it runs: tensor-core GEMMs draw more on
 random data than on smooth data, so the same kernels time differently by input, by arm and by lease (measured on an
 H100: docs/gpu-performance.md, "2026-12-07 07:53-08:40 UTC"). A timing without its clock cannot say whether a change
-made the kernels faster or only the card cooler. `ClockSampler(device)` runs one
-`nvidia-smi --query-gpu=... -lms <interval>` process for its lifetime (one process, not one a sample; on Linux it
-dies with the process that started it, however that ends), stamps each
-line with the host's monotonic clock on arrival, and `span(label)` marks the stretches a label's work ran, so
+made the kernels faster or only the card cooler. `ClockSampler(gpu_id)` (`nvsmi_id(device)`; None: every GPU)
+runs one `nvidia-smi --query-gpu=... -lms <interval>` process for its lifetime (one process, not one a sample; on
+Linux it dies with the process that started it, however that ends), stamps each line with the host's monotonic clock
+on arrival, and `span(label)` marks the stretches a label's work ran, so
 `summary(label)` describes only the samples taken inside them (samples land within ~the interval of the truth).
 A sample is busy unless the driver reports the GPU idle (reason bit 0x1); shares are of busy samples:
     power_capped_share = busy samples with the SW power cap reason (0x4) / busy samples
@@ -120,8 +120,9 @@ def _die_with_parent() -> Callable[[], None] | None:
     """What the child runs before exec (Linux): prctl(PR_SET_PDEATHSIG, SIGTERM), so the sampler's nvidia-smi goes
     when the process that started it dies - a benchmark killed by `timeout` or SIGKILL runs no __exit__, and a pipe
     a forked worker still holds would keep a bare nvidia-smi looping. Looked up here, in the parent, so the forked
-    child runs one foreign call and no import; None where there is no prctl (not Linux). The kernel sends the signal when
-the *thread* that forked ends, so enter a sampler from a thread that outlives it (every caller here: the main one)."""
+    child runs one foreign call and no import; None where there is no prctl (not Linux). The kernel sends the signal
+    when the *thread* that forked ends, so enter a sampler from a thread that outlives it (every caller here: the
+    main one)."""
     try:
         import ctypes
         import signal
