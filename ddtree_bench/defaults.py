@@ -83,6 +83,7 @@ SWEEP_ORDER = "interleaved"        # with --repeats N: rounds of every point, sh
 HEAVY_LOAD_PER_CORE = 1.0          # fallback without /proc/stat: 1-min load average / CPU cores before a point above this = heavy
 ENV_PROBE_TIMEOUT_S = 5.0          # nvidia-smi query of GPU clocks and utilisation
 GPU_CLOCK_SAMPLE_MS = 100          # noise/gpu_clocks.py: nvidia-smi samples SM clock, power and throttle reasons this often while GPU work is timed
+GPU_CAPPED_NOTE_SHARE = 0.5        # the report notes a point whose GPU samples were at the power cap at least this often
 HEAVY_OTHER_CORES_SHARE = 0.5      # other processes busy on more than this share of the cores during a point = heavy load
 # Scale-out: points in parallel (sweep/executors.py, sweep/ray_executor.py) and the plan (sweep/plan.py)
 SWEEP_EXECUTORS = ("local", "ray")

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddtree_bench import defaults as D
 from ddtree_bench import metrics
 from ddtree_bench.errors import UsageError
 from ddtree_bench.stats import BOOTSTRAP, BOOTSTRAP_2WAY, STUDENT_T, Interval
@@ -52,7 +53,7 @@ CSV_NUMBERS = (
     "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
     "speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high", "output_throughput_tok_s_ci_low", "output_throughput_tok_s_ci_high",
     "other_cpu_share", "load_avg_1m_before", "load_avg_1m_after", "cpu_mhz_before", "cpu_mhz_after", "repeats_ok",
-    "throughput_ratio_vs_ar", "batch_size_mean", "batch_size_max",
+    "throughput_ratio_vs_ar", "batch_size_mean", "batch_size_max", "gpu_sm_clock_mhz_during", "gpu_power_capped_share",
 )
 AGGREGATE = "all"        # summary.csv `repeat` of a configuration's row over its repeats
 # (key in Point.values, summary.json path, summary.csv column)
@@ -160,6 +161,28 @@ class Point:
         if isinstance(self.noise, dict) and _num(self.noise.get("other_cpu_share")) is not None:
             return _num(self.noise["other_cpu_share"])
         return _num((self.csv_row or {}).get("other_cpu_share"))
+
+    def gpu_during(self, key: str, column: str) -> float | None:
+        """A figure of the GPUs' clocks during the point (noise.gpu_during[key], noise/gpu_clocks.py), else the
+        CSV's `column`; None where no GPU was sampled."""
+        during = self.noise.get("gpu_during") if isinstance(self.noise, dict) else None
+        if isinstance(during, dict) and _num(during.get(key)) is not None:
+            return _num(during[key])
+        return _num((self.csv_row or {}).get(column))
+
+    @property
+    def gpu_power_capped_share(self) -> float | None:
+        return self.gpu_during("power_capped_share", "gpu_power_capped_share")
+
+    @property
+    def gpu_sm_clock_mhz(self) -> float | None:
+        return self.gpu_during("sm_clock_mhz_median", "gpu_sm_clock_mhz_during")
+
+    @property
+    def gpu_capped(self) -> bool:
+        """Its GPU samples were at the power cap at least defaults.GPU_CAPPED_NOTE_SHARE of the time."""
+        share = self.gpu_power_capped_share
+        return share is not None and share >= D.GPU_CAPPED_NOTE_SHARE
 
     @property
     def concurrency_honoured(self) -> bool | None:

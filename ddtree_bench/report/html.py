@@ -230,6 +230,14 @@ def _heavy_text(p: Point) -> str | None:
     return "heavy machine load" + (f" (other processes used {100 * share:.0f}% of the CPU cores)" if share is not None else "")
 
 
+def _gpu_text(p: Point) -> str | None:
+    if not p.gpu_capped:
+        return None
+    mhz = p.gpu_sm_clock_mhz
+    return (f"GPU at its power cap on {100 * p.gpu_power_capped_share:.0f}% of samples"
+            + (f" (median SM clock {mhz:,.0f} MHz)" if mhz is not None else ""))
+
+
 def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
     """Per load level: the fastest configuration when the intervals say so, else which are indistinguishable
     and how many repeats would separate them; then every configuration's intervals and the noise flags."""
@@ -324,7 +332,8 @@ _LOAD_COLUMNS = ("tok/s \u00d7 AR", "batch fill", "load honoured")  # kept whene
 
 
 def _note(p: Point) -> str:
-    return "; ".join(x for x in (p.error, _not_honoured_text(p) if p.load_not_honoured else None, _heavy_text(p)) if x)
+    return "; ".join(x for x in (p.error, _not_honoured_text(p) if p.load_not_honoured else None, _heavy_text(p),
+                                 _gpu_text(p)) if x)
 
 
 def _point_speedup(p: Point, v: dict[str, Any]) -> str:
@@ -344,7 +353,8 @@ def section_headline(data: ReportData, anchors: dict[int, str]) -> Html:
     keep = [i for i, col in enumerate(_HEADLINE_COLUMNS)
             if col[4] or len({str(r[i][1]) for r in cells}) > 1
             or (col[0] in _LOAD_COLUMNS and loaded)
-            or (col[0] == "note" and any(p.error or p.heavy_load or p.load_not_honoured for p in data.points))]
+            or (col[0] == "note" and any(p.error or p.heavy_load or p.load_not_honoured or p.gpu_capped
+                                         for p in data.points))]
     head = el("tr", *[el("th", _HEADLINE_COLUMNS[i][0], title=_HEADLINE_COLUMNS[i][1]) for i in keep])
     rows = []
     for p, row in zip(data.points, cells):

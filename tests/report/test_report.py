@@ -512,3 +512,31 @@ def main_rc(argv) -> int:
     except SystemExit as e:
         return e.code
     return 0
+
+
+def test_a_point_timed_on_a_power_capped_gpu_says_so_in_its_note(fx, tmp_path):
+    """summary.csv's gpu_power_capped_share / gpu_sm_clock_mhz_during (noise/probe.py samples the GPUs all through a
+    point): at least half its samples at the power cap puts the share and the median SM clock in the point's note; a
+    point under that says nothing. (A point's status.json `noise.gpu_during` is read first where there is one.)"""
+    import csv
+    import shutil
+
+    sw = tmp_path / "sw"
+    shutil.copytree(fx.sweep, sw)
+    with open(sw / "summary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    fields = list(rows[0]) + ["gpu_sm_clock_mhz_during", "gpu_power_capped_share"]
+    for row, share in zip(rows, ("0.91", "0.2")):
+        row.update(gpu_sm_clock_mhz_during="1530", gpu_power_capped_share=share)
+    with open(sw / "summary.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fields)
+        w.writeheader()
+        w.writerows(rows)
+    notes = [r.get("note", "") for r in _headline_rows(render_report([sw]))]
+    assert sum("GPU at its power cap on 91% of samples (median SM clock 1,530 MHz)" in n for n in notes) == 1
+    assert not any("20% of samples" in n for n in notes)
+    data = rdata.load([sw])
+    assert sorted(p.gpu_power_capped_share for p in data.points if p.gpu_power_capped_share is not None) == [0.2, 0.91]
+    p = next(p for p in data.points if p.gpu_power_capped_share == 0.2)
+    p.noise = {"gpu_during": {"power_capped_share": 0.6, "sm_clock_mhz_median": 1400.0}}   # status.json wins
+    assert p.gpu_capped and p.gpu_sm_clock_mhz == 1400.0
