@@ -152,7 +152,7 @@ class ClockSampler:
             try:
                 self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                               preexec_fn=_die_with_parent())
-            except OSError as e:
+            except (OSError, subprocess.SubprocessError) as e:   # a preexec failure is a SubprocessError
                 self.error = f"nvidia-smi did not start: {e}"
             else:
                 self._reader = threading.Thread(target=self._read, daemon=True)
