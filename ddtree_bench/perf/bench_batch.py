@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -56,11 +57,13 @@ import torch
 
 from ddtree_bench import defaults as D
 from ddtree_bench.display import table
+from ddtree_bench.noise.gpu_clocks import ClockSampler, nvsmi_id, span
 from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.perf.timing import median
 
 COLUMNS = ["batch", "max_batch", "method", "budget", "rounds", *[f"{s}_ms" for s in ROUND_STAGES], "round_ms",
-           "step_ms", "gap_ms", "first_round_ms", "single_round_ms", "x_single", "x_serial", "tau", "tau_source", "tok_s", "tok_s_per_request", "bucket"]
+           "step_ms", "gap_ms", "first_round_ms", "single_round_ms", "x_single", "x_serial", "tau", "tau_source", "tok_s",
+           "tok_s_per_request", "bucket", "sm_clock_mhz", "power_capped_share"]
 
 
 @dataclass
@@ -92,8 +95,9 @@ def parse_batches(text: str) -> list[int]:
 
 @torch.inference_mode()
 def batch_row(target, drafter, method: str, budget: int, batch: int, spec: BatchBenchSpec,
-              max_batch: int | None = None) -> dict[str, Any]:
-    """One (batch, method, budget) measurement in a loop of max_batch slots (default: batch) (module docstring)."""
+              max_batch: int | None = None, sampler: ClockSampler | None = None) -> dict[str, Any]:
+    """One (batch, method, budget) measurement in a loop of max_batch slots (default: batch) (module docstring);
+    with a sampler (CUDA), also the median SM clock and power-capped share of the measured rounds' samples."""
     from ddtree_bench.engine.batch import BatchRequest
     from ddtree_bench.engine.gpu.batch_loop import BatchFastLoop
     from ddtree_bench.engine.proposer import DFlashProposer
@@ -117,10 +121,15 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
     n0 = {id(st): len(st.accept_lengths) for st in loop.active}
     start = len(loop.rounds)
     steps_ms = []
-    for _ in range(spec.rounds):
-        t = time.perf_counter_ns()
-        loop.step()
-        steps_ms.append((time.perf_counter_ns() - t) / 1e6)
+    label = f"{method}:{budget}:{batch}:{max_batch or batch}"
+    with span(sampler, label):
+        for _ in range(spec.rounds):
+            t = time.perf_counter_ns()
+            loop.step()
+            steps_ms.append((time.perf_counter_ns() - t) / 1e6)
+        if cuda:
+            torch.cuda.synchronize()
+    clock = sampler.summary(label) if sampler is not None else None
     measured = [r for r in loop.rounds[start:] if r["batch"] == batch]
     acc = [a for st in loop.active for a in st.accept_lengths[n0.get(id(st), 0):]]
     med = {f"{s}_ms": median([r.get(s, 0.0) for r in measured]) for s in ROUND_STAGES if any(s in r for r in measured)}
@@ -142,7 +151,9 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
            "bucket": measured[0]["bucket"] if measured else None,
            # DDTree's tree builder at this batch (batch 1: the single loop's) and rounds redone after a failed certificate
            "builder": (loop.solo.tree_builder(budget) if batch == 1 and loop.solo is not None else loop.tree_builder)
-           if method == "ddtree" else None, "redone_rounds": loop.redone_rounds}
+           if method == "ddtree" else None, "redone_rounds": loop.redone_rounds,
+           "sm_clock_mhz": clock.sm_clock_mhz_median if clock else None,
+           "power_capped_share": clock.power_capped_share if clock else None}
     loop.release()
     del loop
     gc.collect()
@@ -186,13 +197,31 @@ def run_batch_bench(target, drafter, spec: BatchBenchSpec, progress: Callable[[s
     runs = [(b, None) for b in spec.batches]
     if len(spec.batches) > 1 and 1 in spec.batches:   # serve --max-batch N at concurrency 1
         runs.insert(1, (1, max(spec.batches)))
+    with ExitStack() as stack:
+        cuda = target.lm_head.weight.device.type == "cuda"
+        sampler = stack.enter_context(ClockSampler(nvsmi_id(target.lm_head.weight.device))) if cuda else None
+        rows = _batch_rows(target, drafter, spec, runs, points, single, sampler, progress)
+    shape = None
+    if spec.verify_shape:
+        ns = sorted({r["batch"] * (1 + (r["budget"] or 0)) for r in rows if "error" not in r and r["method"] != "dflash"})
+        progress(f"one request's verify at n = {', '.join(map(str, ns))} (the cost model's shape)")
+        try:
+            shape = verify_shape_ms(target, drafter, spec, ns)
+        except Exception as e:  # noqa: BLE001 - the model then extends its verify linearly, as before
+            progress(f"verify shape: {type(e).__name__}: {e}")
+    return {"kind": "bench-engine-batch", "version": 2, "rows": rows, "best": best_per_batch(rows),
+            "verify_shape_ms": shape, "model": model_check(rows, shape), "spec": {k: v for k, v in spec.__dict__.items()}}
+
+
+def _batch_rows(target, drafter, spec: BatchBenchSpec, runs, points, single, sampler, progress) -> list[dict[str, Any]]:
+    """run_batch_bench's rows, one (batch, method point) each, with their single-loop ratios."""
     rows = []
     for batch, slots in runs:
         for method, budget in points:
             what = f"batch {batch}{f' of {slots}' if slots else ''}: {method}{f' B={budget}' if method == 'ddtree' else ''}"
             progress(what)
             try:
-                row = batch_row(target, drafter, method, budget, batch, spec, slots)
+                row = batch_row(target, drafter, method, budget, batch, spec, slots, sampler)
             except Exception as e:  # one shape that cannot run (memory, a kernel) must not lose the others
                 row = {"batch": batch, "max_batch": slots or batch, "method": method,
                        "budget": budget if method == "ddtree" else None, "error": f"{type(e).__name__}: {e}"}
@@ -206,16 +235,7 @@ def run_batch_bench(target, drafter, spec: BatchBenchSpec, progress: Callable[[s
                                     f"round {row['round_ms']:.3f} ms (single loop {one or float('nan'):.3f}), "
                                     f"first {row['first_round_ms']:.0f} ms, {row['tok_s']:.1f} tok/s"))
             rows.append(row)
-    shape = None
-    if spec.verify_shape:
-        ns = sorted({r["batch"] * (1 + (r["budget"] or 0)) for r in rows if "error" not in r and r["method"] != "dflash"})
-        progress(f"one request's verify at n = {', '.join(map(str, ns))} (the cost model's shape)")
-        try:
-            shape = verify_shape_ms(target, drafter, spec, ns)
-        except Exception as e:  # noqa: BLE001 - the model then extends its verify linearly, as before
-            progress(f"verify shape: {type(e).__name__}: {e}")
-    return {"kind": "bench-engine-batch", "version": 2, "rows": rows, "best": best_per_batch(rows),
-            "verify_shape_ms": shape, "model": model_check(rows, shape), "spec": {k: v for k, v in spec.__dict__.items()}}
+    return rows
 
 
 @torch.inference_mode()
@@ -278,6 +298,7 @@ def render_batch(result: dict[str, Any]) -> str:
         return None if x is None else (round(x, d) if isinstance(x, float) else x)
 
     ok = [r for r in result["rows"] if "error" not in r]
+    clocked = any(r.get("sm_clock_mhz") is not None for r in ok)
     failed = [f"  batch {r['batch']} {r['method']} {r['budget'] or ''}: {r['error']}" for r in result["rows"] if "error" in r]
     rows = [[r["batch"], r.get("max_batch", r["batch"]), r["method"], r["budget"] if r["budget"] is not None else "-", r["rounds"]]
             + [f(r.get(f"{s}_ms"), 3) for s in ROUND_STAGES] + [f(r["round_ms"], 3), f(r.get("step_ms"), 3),
@@ -286,11 +307,13 @@ def render_batch(result: dict[str, Any]) -> str:
                                                                 f(r["first_round_ms"], 1),
                                                                 f(r["tau"]), r["tau_source"], f(r["tok_s"], 1),
                                                                 f(r["tok_s_per_request"], 1)]
+            + ([None if r.get("sm_clock_mhz") is None else round(r["sm_clock_mhz"]),
+                None if r.get("power_capped_share") is None else round(100 * r["power_capped_share"])] if clocked else [])
             for r in ok]
     head = ["batch", "slots", "method", "budget", "rounds", *ROUND_STAGES, "round", "step", "gap", "single", "x single",
             "x serial",
             "first round",
-            "tau", "tau from", "tok/s", "tok/s/req"]
+            "tau", "tau from", "tok/s", "tok/s/req"] + (["MHz", "capped %"] if clocked else [])
     best = [[b["batch"], b["best_budget"], f(b["ddtree_tok_s"], 1), f(b["dflash_tok_s"], 1), f(b["ar_tok_s"], 1)]
             for b in result["best"]]
     model = result.get("model") or {"cells": [], "best": []}
@@ -308,7 +331,8 @@ def render_batch(result: dict[str, Any]) -> str:
             "step = host wall time of one loop step, gap = step - round (host work the device waited for); "
             "x single = round / single; x serial = batch x single / round, tok/s against serving the batch's requests one "
             "after another (--max-batch 1); slots = the loop's max_batch; first round = cold start of the shape, graphs "
-            "captured):\n"
+            "captured" + ("; MHz = median SM clock of the measured rounds, capped % = their samples at the power cap"
+                          if clocked else "") + "):\n"
             + table(rows, head) + "\n\nbest DDTree budget per batch (output tok/s):\n"
             + table(best, ["batch", "best budget", "ddtree tok/s", "dflash tok/s", "ar tok/s"]) + checked
             + ("\n\nfailed:\n" + "\n".join(failed) if failed else ""))

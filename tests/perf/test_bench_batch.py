@@ -61,6 +61,36 @@ def test_batch_table_rows_and_sane_numbers(tmp_path, capsys):
     assert len(rows) == len(res["rows"]) and {"tok_s", "verify_ms", "first_round_ms", "x_serial", "step_ms",
                                               "gap_ms"} <= set(rows[0])
     assert "x serial" in text and "gap = step - round" in text
+    assert all(r["sm_clock_mhz"] is None and r["power_capped_share"] is None for r in res["rows"])   # no GPU, no clock
+    assert "MHz" not in text and {"sm_clock_mhz", "power_capped_share"} <= set(rows[0])
+
+
+def test_a_batch_row_gets_the_clock_of_its_measured_rounds(tmp_path):
+    """With a sampler (CUDA's nvidia-smi; here the stand-in), the row's clock is from samples inside its measured
+    rounds only, and the table gains its MHz and capped % columns."""
+    from nvsmi_support import fake_nvidia_smi
+
+    from ddtree_bench.engine.loading import random_pair
+    from ddtree_bench.noise.gpu_clocks import ClockSampler
+    from ddtree_bench.perf.bench_batch import BatchBenchSpec, batch_row, render_batch
+
+    target, drafter = random_pair(seed=1)
+    spec = BatchBenchSpec(batches=[2], budgets=[4], prefix_len=12, rounds=30, single=False, verify_shape=False)
+    import time
+
+    with ClockSampler(None, 20, exe=fake_nvidia_smi(tmp_path)) as sampler:
+        deadline = time.monotonic() + 10
+        while len(sampler.samples) < 3 and time.monotonic() < deadline:   # samples before the row starts
+            time.sleep(0.01)
+        row = batch_row(target, drafter, "ddtree", 4, 2, spec, None, sampler)
+    (lo, hi), = sampler.spans["ddtree:4:2:2"]
+    inside = [x.sm_clock_mhz for x in sampler.samples if lo <= x.t_s <= hi]
+    assert inside and min(inside) <= row["sm_clock_mhz"] <= max(inside) and 0 < row["power_capped_share"] < 1
+    assert min(x.t_s for x in sampler.samples) < lo   # samples before the measured rounds (captures) left out
+    text = render_batch({"rows": [row], "best": [], "model": None})
+    assert "MHz = median SM clock of the measured rounds" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("2 "))
+    assert line.split()[-2:] == [str(round(row["sm_clock_mhz"])), str(round(100 * row["power_capped_share"]))]
 
 
 def test_parse_batches_and_bad_batch_exits_2(capsys):
