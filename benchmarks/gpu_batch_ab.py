@@ -27,7 +27,7 @@ import torch
 from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.errors import UsageError
 from ddtree_bench.perf.bench import BenchSpec, load_bench_pair
-from ddtree_bench.noise.gpu_clocks import ClockSampler, nvsmi_id, span
+from ddtree_bench.noise.gpu_clocks import ClockSampler, clock_fields, nvsmi_id, span
 from ddtree_bench.perf.knob_ab import Arm, arm_env
 
 
@@ -72,10 +72,9 @@ def ab(target, drafter, method: str, budget: int, batch: int, arms: list[Arm], a
             per_round[arm.name].append(statistics.median(_round_ms(x) for x in loop.rounds[start:]))
     for _, loop in loops.values():
         loop.release()
-    clock = {arm.name: sampler.summary(arm.name) if sampler is not None else None for arm in arms}
     return {k: statistics.median(v) for k, v in per_round.items()} | {
         f"{k} spread": max(v) - min(v) for k, v in per_round.items()} | {
-        f"{k} MHz": c.sm_clock_mhz_median if c else None for k, c in clock.items()}
+        f"{arm.name} MHz": clock_fields(sampler, arm.name)["sm_clock_mhz"] for arm in arms}
 
 
 def main(argv: list[str] | None = None) -> int:

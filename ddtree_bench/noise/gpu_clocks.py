@@ -25,7 +25,8 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 from typing import Callable, Iterator
 
 from ddtree_bench import defaults as D
@@ -204,3 +205,15 @@ class ClockSampler:
 def span(sampler: ClockSampler | None, label: str) -> AbstractContextManager:
     """sampler.span(label), or nothing where there is no sampler (off CUDA)."""
     return sampler.span(label) if sampler is not None else nullcontext()
+
+
+def summary_dict(sampler: ClockSampler | None, label: str | None = None) -> dict[str, Any] | None:
+    """sampler.summary(label) as a plain dict (what a JSON result stores); None without a sampler or samples."""
+    s = sampler.summary(label) if sampler is not None else None
+    return asdict(s) if s is not None else None
+
+
+def clock_fields(sampler: ClockSampler | None, label: str | None = None) -> dict[str, float | None]:
+    """The two figures a table row carries: {"sm_clock_mhz": the median busy SM clock, "power_capped_share"}."""
+    s = sampler.summary(label) if sampler is not None else None
+    return {"sm_clock_mhz": s.sm_clock_mhz_median if s else None, "power_capped_share": s.power_capped_share if s else None}

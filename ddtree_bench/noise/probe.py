@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddtree_bench import defaults as D
-from ddtree_bench.noise.gpu_clocks import ClockSampler
+from ddtree_bench.noise.gpu_clocks import ClockSampler, summary_dict
 
 GPU_BUSY_PCT = 5.0
 _NVSMI_FIELDS = ("index", "clocks.sm", "clocks.mem", "utilization.gpu", "temperature.gpu")
@@ -208,12 +208,9 @@ class Window:
         other = None
         if self.busy0 is not None and busy1 is not None and wall_s > 0:
             other = max(0.0, (busy1 - self.busy0 - own) / (wall_s * os.sysconf("SC_CLK_TCK")))
-        during = None
         if self.clocks is not None:
             self.clocks.__exit__(None, None, None)
-            s = self.clocks.summary()
-            during = asdict(s) if s is not None else None
-        return describe(self.before, snapshot(), other, wall_s, during)
+        return describe(self.before, snapshot(), other, wall_s, summary_dict(self.clocks))
 
 
 def start(pids: list[int] | None = None) -> Window:

@@ -32,7 +32,7 @@ import torch
 from ddtree_bench import defaults as D
 from ddtree_bench.run_spec import parse_budgets
 from ddtree_bench.engine.interface import ROUND_STAGES
-from ddtree_bench.noise.gpu_clocks import ClockSampler, nvsmi_id, span
+from ddtree_bench.noise.gpu_clocks import ClockSampler, nvsmi_id, span, summary_dict
 from ddtree_bench.perf.shapes import BLOCK_SIZE
 from ddtree_bench.perf.roofline import AttentionShape, linear_bytes_and_params, roofline_ms, roofline_rows, weight_bytes_and_params
 from ddtree_bench.perf.timing import graph_time_fn, median, sync, time_fn
@@ -253,7 +253,7 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
                 out["gemm_only"][n] = (graph_time_fn(gemms, reps=reps) if on_graphs
                                        else time_fn(gemms, device, reps=max(3, reps // 4), warmup=1))
             if sampler is not None:
-                out.setdefault("clocks", {})[n] = {col: _summary_dict(sampler, f"{col}@{n}") for col in ("graph", "gemm_only")}
+                out.setdefault("clocks", {})[n] = {col: summary_dict(sampler, f"{col}@{n}") for col in ("graph", "gemm_only")}
             if profile:
                 for col in profiles:
                     wall = out[col].get(n) if on_graphs or col == "gemm_only" else out["eager"].get(n)
@@ -265,10 +265,6 @@ def verify_curve(target, layers, prefix_len: int, tokens: list[int], device: tor
         out["profile"] = profiles
     return out
 
-
-def _summary_dict(sampler: ClockSampler, label: str) -> dict[str, Any] | None:
-    s = sampler.summary(label)
-    return asdict(s) if s is not None else None
 
 
 # ---------------------------------------------------------------------------- 2. rounds

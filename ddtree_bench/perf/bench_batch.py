@@ -57,7 +57,7 @@ import torch
 
 from ddtree_bench import defaults as D
 from ddtree_bench.display import table
-from ddtree_bench.noise.gpu_clocks import ClockSampler, nvsmi_id, span
+from ddtree_bench.noise.gpu_clocks import ClockSampler, clock_fields, nvsmi_id, span
 from ddtree_bench.engine.interface import ROUND_STAGES
 from ddtree_bench.perf.timing import median
 
@@ -129,7 +129,6 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
             steps_ms.append((time.perf_counter_ns() - t) / 1e6)
         if cuda:
             torch.cuda.synchronize()
-    clock = sampler.summary(label) if sampler is not None else None
     measured = [r for r in loop.rounds[start:] if r["batch"] == batch]
     acc = [a for st in loop.active for a in st.accept_lengths[n0.get(id(st), 0):]]
     med = {f"{s}_ms": median([r.get(s, 0.0) for r in measured]) for s in ROUND_STAGES if any(s in r for r in measured)}
@@ -152,8 +151,7 @@ def batch_row(target, drafter, method: str, budget: int, batch: int, spec: Batch
            # DDTree's tree builder at this batch (batch 1: the single loop's) and rounds redone after a failed certificate
            "builder": (loop.solo.tree_builder(budget) if batch == 1 and loop.solo is not None else loop.tree_builder)
            if method == "ddtree" else None, "redone_rounds": loop.redone_rounds,
-           "sm_clock_mhz": clock.sm_clock_mhz_median if clock else None,
-           "power_capped_share": clock.power_capped_share if clock else None}
+           **clock_fields(sampler, label)}
     loop.release()
     del loop
     gc.collect()

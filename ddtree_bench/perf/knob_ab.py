@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ddtree_bench.engine.gpu.graphs import capture
-from ddtree_bench.noise.gpu_clocks import ClockSampler, nvsmi_id, span
+from ddtree_bench.noise.gpu_clocks import ClockSampler, clock_fields, nvsmi_id, span
 from ddtree_bench.perf.timing import time_fn
 
 
@@ -118,12 +118,6 @@ def run_ab(setup, arms: list[Arm], tokens: list[int], rounds: int = 7, reps: int
     return rows
 
 
-def _clock(sampler: ClockSampler | None, label: str) -> dict[str, float | None]:
-    s = sampler.summary(label) if sampler is not None else None
-    return {"sm_clock_mhz": s.sm_clock_mhz_median if s else None,
-            "power_capped_share": s.power_capped_share if s else None}
-
-
 def _run_ab(setup, arms, tokens, rounds, reps, progress, floors, sampler) -> list[dict[str, Any]]:
     device = setup.device
     rows = []
@@ -147,12 +141,12 @@ def _run_ab(setup, arms, tokens, rounds, reps, progress, floors, sampler) -> lis
                     with span(sampler, labels[i]):
                         per_round[i].append(time_fn(runners[i].run, device, reps=reps, warmup=0))
         meds = [statistics.median(x) for x in per_round]
-        timings = [ArmTiming(a.name, m, max(x) - min(x), d, m / meds[0], **_clock(sampler, label))
+        timings = [ArmTiming(a.name, m, max(x) - min(x), d, m / meds[0], **clock_fields(sampler, label))
                    for a, m, x, d, label in zip(arms, meds, per_round, diffs, labels)]
-        floor_rows = [{"name": name, "ms": m, "spread_ms": max(x) - min(x), **_clock(sampler, label)}
+        floor_rows = [{"name": name, "ms": m, "spread_ms": max(x) - min(x), **clock_fields(sampler, label)}
                       for name, m, x, label in zip(floors, meds[len(arms):], per_round[len(arms):], labels[len(arms):])]
         rows.append({"tokens": n, "depth": pt.depth, "arms": [asdict(t) for t in timings], "floors": floor_rows,
-                     "power_capped_share": _clock(sampler, f"@{n}")["power_capped_share"]})
+                     "power_capped_share": clock_fields(sampler, f"@{n}")["power_capped_share"]})
         if progress:
             progress(f"n={n}: " + "  ".join(f"{t.arm} {t.ms:.3f}" for t in timings)
                      + "".join(f"  {f['name']} {f['ms']:.3f}" for f in floor_rows))
