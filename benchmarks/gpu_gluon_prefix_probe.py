@@ -38,6 +38,10 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ddtree_bench.engine.gpu.kernels.tree_attention import _prefix_step
 
+# Gluon's TMA load is `async_copy_global_to_shared` in Triton 3.6 (the device's) and `async_load` from 3.7 on, where the
+# old name raises: the probe takes whichever this Triton has
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
 LOG2E = 1.4426950408889634
 
 
@@ -83,8 +87,8 @@ def _gluon_prefix_kernel(Q, O, k_desc, v_desc, PREFIX, M, S, sqh, sot, qk_scale,
     for i in gl.static_range(PRELOAD):   # overlap: every slot (tile 0's frees only after tile 1's q k^T)
         ok = i < n_tiles
         mbarrier.expect(bars.index(i), nbytes, pred=ok)
-        tma.async_copy_global_to_shared(k_desc, [row0 + i * BLOCK_N, 0], bars.index(i), k_smem.index(i), pred=ok)
-        tma.async_copy_global_to_shared(v_desc, [row0 + i * BLOCK_N, 0], bars.index(i), v_smem.index(i), pred=ok)
+        _tma_load(k_desc, [row0 + i * BLOCK_N, 0], bars.index(i), k_smem.index(i), pred=ok)
+        _tma_load(v_desc, [row0 + i * BLOCK_N, 0], bars.index(i), v_smem.index(i), pred=ok)
 
     m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -123,9 +127,9 @@ def _gluon_prefix_kernel(Q, O, k_desc, v_desc, PREFIX, M, S, sqh, sot, qk_scale,
             nxt = j + STAGES - 1
             ok = nxt < n_tiles
             mbarrier.expect(bars.index(prev), nbytes, pred=ok)
-            tma.async_copy_global_to_shared(k_desc, [row0 + nxt * BLOCK_N, 0], bars.index(prev), k_smem.index(prev),
+            _tma_load(k_desc, [row0 + nxt * BLOCK_N, 0], bars.index(prev), k_smem.index(prev),
                                             pred=ok)
-            tma.async_copy_global_to_shared(v_desc, [row0 + nxt * BLOCK_N, 0], bars.index(prev), v_smem.index(prev),
+            _tma_load(v_desc, [row0 + nxt * BLOCK_N, 0], bars.index(prev), v_smem.index(prev),
                                             pred=ok)
         last = (n_tiles - 1) % STAGES
         acc_tok = warpgroup_mma(p_prev, v_smem.index(last), acc, is_async=True)
@@ -136,8 +140,8 @@ def _gluon_prefix_kernel(Q, O, k_desc, v_desc, PREFIX, M, S, sqh, sot, qk_scale,
             ok = nxt < n_tiles
             ns = nxt % STAGES
             mbarrier.expect(bars.index(ns), nbytes, pred=ok)
-            tma.async_copy_global_to_shared(k_desc, [row0 + nxt * BLOCK_N, 0], bars.index(ns), k_smem.index(ns), pred=ok)
-            tma.async_copy_global_to_shared(v_desc, [row0 + nxt * BLOCK_N, 0], bars.index(ns), v_smem.index(ns), pred=ok)
+            _tma_load(k_desc, [row0 + nxt * BLOCK_N, 0], bars.index(ns), k_smem.index(ns), pred=ok)
+            _tma_load(v_desc, [row0 + nxt * BLOCK_N, 0], bars.index(ns), v_smem.index(ns), pred=ok)
             slot = j % STAGES
             mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
             s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -220,6 +224,23 @@ def triton_prefix(q, k, v, prefix, block_m=64, block_n=64, stages=2):
                                 v.stride(1), Hq * D, D ** -0.5 * LOG2E, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n,
                                 num_warps=4, num_stages=stages)
     return out
+
+
+def compile_sm90(block_m: int, block_n: int, stages: int, overlap: bool, G: int = 4, D: int = 128) -> str:
+    """The Gluon kernel compiled for sm_90 (H100 / H200) with no GPU, as a launch of gluon_prefix would build it:
+    its PTX (the CPU test reads where the wgmma waits sit)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    layout = gl.NVMMASharedLayout.get_default_for([block_n, D], gl.bfloat16)
+    desc = f"tensordesc<bf16[{block_n}, {D}],{layout!r}>"
+    sig = {"Q": "*bf16", "O": "*bf16", "k_desc": desc, "v_desc": desc, "PREFIX": "*i64", "M": "i32", "S": "i32",
+           "sqh": "i32", "sot": "i32", "qk_scale": "fp32"}
+    consts = {"G": G, "D": D, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages,
+              "PRELOAD": stages if overlap else stages - 1, "OVERLAP": overlap, "num_warps": block_m // 16}
+    sig.update({name: "constexpr" for name in consts})
+    src = GluonASTSource(_gluon_prefix_kernel, sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": block_m // 16}).asm["ptx"]
 
 
 def reference(q, k, v, prefix: int):
