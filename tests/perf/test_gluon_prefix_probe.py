@@ -30,10 +30,34 @@ def test_the_overlap_arm_keeps_one_wgmma_in_flight_and_the_sync_arm_none():
     probe = _probe()
     overlap = probe.compile_sm90(64, 64, 3, overlap=True)
     sync = probe.compile_sm90(64, 128, 2, overlap=False)
-    for ptx in (overlap, sync):
+    tree = probe.compile_sm90(64, 64, 3, overlap=True, tree=True)
+    for ptx in (overlap, sync, tree):
         assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
-    assert "wgmma.wait_group.sync.aligned 1;" in overlap
+    assert "wgmma.wait_group.sync.aligned 1;" in overlap and "wgmma.wait_group.sync.aligned 1;" in tree
     assert "wgmma.wait_group.sync.aligned 1;" not in sync
+
+
+def test_the_tree_arms_reference_is_the_engines_tree_attention_under_the_interpreter():
+    """The tree mode checks every arm against reference_tree over random_tree's rows: both must be what the engine's
+    tree_attend computes (the engine arm is checked against them on the GPU too)."""
+    code = (
+        "import torch, importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('p', {str(SCRIPT)!r})\n"
+        "p = importlib.util.module_from_spec(spec); spec.loader.exec_module(p)\n"
+        "from ddtree_bench.engine.gpu.kernels.tree_attention import tree_attend, vis_words\n"
+        "torch.manual_seed(0)\n"
+        "n, prefix = 70, 64\n"
+        "q = torch.randn(8, n, 32); k = torch.randn(2, prefix + n, 32); v = torch.randn(2, prefix + n, 32)\n"
+        "path, depth = p.random_tree(n)\n"
+        "assert int(depth.max()) == 15 and (path[torch.arange(n), depth] == torch.arange(n)).all()\n"
+        "pre = torch.tensor(prefix)\n"
+        "got = tree_attend(q, k, v, path, pre + depth, pre, words=vis_words(path, pre + depth, pre))\n"
+        "err = (got - p.reference_tree(q, k, v, path, depth, prefix)).abs().max().item()\n"
+        "assert err < 1e-4, err\n"
+        "print('ok')\n")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(SCRIPT.parents[1])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
 def test_the_triton_arm_equals_the_reference_under_the_interpreter():
