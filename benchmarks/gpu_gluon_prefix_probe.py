@@ -7,17 +7,21 @@ this loop (it waits on each q k^T right after issuing it). Gluon, shipped inside
 (`triton.experimental.gluon`), lets the kernel say where each asynchronous wgmma is waited for. This script times,
 on the Qwen3-8B attention shape (32 query heads over 8 KV heads, head dim 128, bf16), the dense prefix phase alone
 - every folded query row (t-major: row = t * G + head in the group, as kernels/tree_attention.py folds them) against
-slots [0, prefix) of its KV head, no mask but the tail tile's - three ways:
+slots [0, prefix) of its KV head, no mask but the tail tile's - four ways:
 * `triton`: the engine's own prefix step (`tree_attention._prefix_step`) in a loop, at the engine's launch shapes
   for that row count (64 x 64 keys, two stages; 64 x 32 in three, the H100 / H200's narrow tiles);
 * `gluon-sync`: a Gluon kernel with TMA loads of K / V into a ring of STAGES tiles, q k^T and P V on wgmma, each
   waited for at once (FlashAttention-2's order, with Hopper's instructions);
 * `gluon-overlap`: the same with FlashAttention-3's intra-warpgroup order: tile j's q k^T and tile j-1's P V issued
-  together, the softmax of tile j run while P V is on the tensor cores.
-Each result is checked against an fp32 SDPA over the same rows before it is timed; the times are CUDA-graph replays
+  together, the softmax of tile j run while P V is on the tensor cores;
+* `sdpa`: PyTorch's SDPA over the unfolded heads, for scale.
+With `--mode tree` it times the whole tree verify attention instead: the engine's `tree_attend` at the card's default
+launch (split ranges and combine included) against `gluon-tree`, the overlap kernel carried on over the tree's
+64-slot tiles masked by vis_words (one range, no combine). Each result is checked against an fp32 SDPA over the same
+rows (with the tree's mask in tree mode) before it is timed; the times are CUDA-graph replays
 (`perf/timing`'s convention: median of rounds, each the mean of `--replays` replays) and TFLOP/s counts 4 Hq D n
 prefix. A probe, not a path of the engine: nothing here is called by the product.
-    PYTHONPATH=. python benchmarks/gpu_gluon_prefix_probe.py --tokens 64,128,256,512,1024 --prefix 1024
+    PYTHONPATH=. python benchmarks/gpu_gluon_prefix_probe.py --tokens 64,128,256,512,1024 --prefix 1024 [--mode tree]
 Needs a Hopper GPU and a Triton with Gluon's Hopper module (3.6 has it); prints what it cannot run and goes on.
 """
 
