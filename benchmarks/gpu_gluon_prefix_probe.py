@@ -19,7 +19,7 @@ With `--mode tree` it times the whole tree verify attention instead: the engine'
 launch (split ranges and combine included) against `gluon-tree`, the overlap kernel carried on over the tree's
 64-slot tiles masked by vis_words (one range, no combine). Each result is checked against an fp32 SDPA over the same
 rows (with the tree's mask in tree mode) before it is timed; the times are CUDA-graph replays
-(`perf/timing`'s convention: median of rounds, each the mean of `--replays` replays) and TFLOP/s counts 4 Hq D n
+(median of `--rounds` replays of a graph of `--replays` calls, divided by them) and TFLOP/s counts 4 Hq D n
 prefix. A probe, not a path of the engine: nothing here is called by the product.
     PYTHONPATH=. python benchmarks/gpu_gluon_prefix_probe.py --tokens 64,128,256,512,1024 --prefix 1024 [--mode tree]
 Needs a Hopper GPU and a Triton with Gluon's Hopper module (3.6 has it); prints what it cannot run and goes on.
@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ddtree_bench.engine.gpu.graphs import replay_ms
 from ddtree_bench.engine.gpu.kernels.tree_attention import _prefix_step
 
 # Gluon's TMA load is `async_copy_global_to_shared` in Triton 3.6 (the device's) and `async_load` from 3.7 on, where the
@@ -419,23 +420,9 @@ def reference(q, k, v, prefix: int):
 
 
 def timed_ms(fn, replays: int, rounds: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(replays):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / replays)
-    return sorted(times)[len(times) // 2]
+    """ms a call: graphs.replay_ms (median of `rounds` replays) over a graph of `replays` calls, so the graph's own
+    launch is spread over them (a call here is 4-60 us)."""
+    return replay_ms(lambda: [fn() for _ in range(replays)], reps=rounds) / replays
 
 
 def main(argv=None) -> int:

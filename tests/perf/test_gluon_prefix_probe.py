@@ -26,6 +26,17 @@ def _probe():
     return mod
 
 
+def _interpreted(body: str) -> None:
+    """Run `body` with the probe imported as `p` under Triton's interpreter (a fresh process: the flag is read at
+    import); it prints "ok" when its asserts hold."""
+    code = ("import torch, importlib.util\n"
+            f"spec = importlib.util.spec_from_file_location('p', {str(SCRIPT)!r})\n"
+            "p = importlib.util.module_from_spec(spec); spec.loader.exec_module(p)\n" + body)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(SCRIPT.parents[1])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 def test_the_overlap_arm_keeps_one_wgmma_in_flight_and_the_sync_arm_none():
     probe = _probe()
     overlap = probe.compile_sm90(64, 64, 3, overlap=True)
@@ -41,9 +52,6 @@ def test_the_tree_arms_reference_is_the_engines_tree_attention_under_the_interpr
     """The tree mode checks every arm against reference_tree over random_tree's rows: both must be what the engine's
     tree_attend computes (the engine arm is checked against them on the GPU too)."""
     code = (
-        "import torch, importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('p', {str(SCRIPT)!r})\n"
-        "p = importlib.util.module_from_spec(spec); spec.loader.exec_module(p)\n"
         "from ddtree_bench.engine.gpu.kernels.tree_attention import tree_attend, vis_words\n"
         "torch.manual_seed(0)\n"
         "n, prefix = 70, 64\n"
@@ -55,16 +63,11 @@ def test_the_tree_arms_reference_is_the_engines_tree_attention_under_the_interpr
         "err = (got - p.reference_tree(q, k, v, path, depth, prefix)).abs().max().item()\n"
         "assert err < 1e-4, err\n"
         "print('ok')\n")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(SCRIPT.parents[1])}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    _interpreted(code)
 
 
 def test_the_triton_arm_equals_the_reference_under_the_interpreter():
     code = (
-        "import torch, importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('p', {str(SCRIPT)!r})\n"
-        "p = importlib.util.module_from_spec(spec); spec.loader.exec_module(p)\n"
         "torch.manual_seed(0)\n"
         "q = torch.randn(8, 5, 32); k = torch.randn(2, 90, 32); v = torch.randn(2, 90, 32)\n"
         "for prefix in (64, 77):\n"
@@ -72,6 +75,4 @@ def test_the_triton_arm_equals_the_reference_under_the_interpreter():
         "    err = (got - p.reference(q, k, v, prefix)).abs().max().item()\n"
         "    assert err < 1e-4, (prefix, err)\n"
         "print('ok')\n")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(SCRIPT.parents[1])}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    _interpreted(code)
