@@ -51,15 +51,19 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _gluon_prefix_kernel(Q, O, k_desc, v_desc, PREFIX, M, S, sqh, sot, qk_scale,
-                         G: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, PRELOAD: gl.constexpr, OVERLAP: gl.constexpr,
-                         num_warps: gl.constexpr):
-    """One program: BLOCK_M folded rows of KV head program_id(0) against its prefix slots; O normalised."""
+def _gluon_attn_kernel(Q, O, WORDS, k_desc, v_desc, PREFIX, M, T, S, W, sqh, sot, qk_scale,
+                       G: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       STAGES: gl.constexpr, PRELOAD: gl.constexpr, OVERLAP: gl.constexpr, TREE: gl.constexpr,
+                       num_warps: gl.constexpr):
+    """One program: BLOCK_M folded rows of KV head program_id(0) against its prefix slots and, TREE, the tree's
+    64-slot tiles up to the block's last node, a row seeing a tree slot iff its bit is set in vis_words (BLOCK_N ==
+    64: one word a row and tile; WORDS is None without TREE). OVERLAP: FlashAttention-3's order (TREE needs it); else
+    each wgmma waited at once. One range; O normalised."""
     h = gl.program_id(0)
     pid_m = gl.program_id(1)
     prefix = gl.load(PREFIX).to(gl.int32)
     dtype: gl.constexpr = Q.dtype.element_ty
+    gl.static_assert(OVERLAP or not TREE, "the tree kernel runs in the overlap order only")
 
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -86,15 +90,28 @@ def _gluon_prefix_kernel(Q, O, k_desc, v_desc, PREFIX, M, S, sqh, sot, qk_scale,
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()
 
-    n_tiles = gl.cdiv(prefix, BLOCK_N)
+    n_pre = gl.cdiv(prefix, BLOCK_N)
+    if TREE:
+        t_last = gl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G, T - 1)
+        n_tiles = n_pre + t_last // BLOCK_N + 1
+        tree_shift = prefix - n_pre * BLOCK_N   # a tree tile i >= n_pre starts at slot prefix + (i - n_pre) * BLOCK_N
+    else:
+        n_tiles = n_pre
     row0 = h * S
     nbytes: gl.constexpr = 2 * BLOCK_N * D * 2
     for i in gl.static_range(PRELOAD):   # overlap: every slot (tile 0's frees only after tile 1's q k^T)
         ok = i < n_tiles
+        c = row0 + i * BLOCK_N
+        if TREE:
+            c += (i >= n_pre).to(gl.int32) * tree_shift
         mbarrier.expect(bars.index(i), nbytes, pred=ok)
-        _tma_load(k_desc, [row0 + i * BLOCK_N, 0], bars.index(i), k_smem.index(i), pred=ok)
-        _tma_load(v_desc, [row0 + i * BLOCK_N, 0], bars.index(i), v_smem.index(i), pred=ok)
+        _tma_load(k_desc, [c, 0], bars.index(i), k_smem.index(i), pred=ok)
+        _tma_load(v_desc, [c, 0], bars.index(i), v_smem.index(i), pred=ok)
 
+    if TREE:   # each row's visibility words, one int64 a 64-slot tree tile
+        srows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        smask = srows < M
+        wrow = WORDS + gl.where(smask, srows // G, 0) * W
     m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
@@ -102,7 +119,8 @@ def _gluon_prefix_kernel(Q, O, k_desc, v_desc, PREFIX, M, S, sqh, sot, qk_scale,
     cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
 
     if OVERLAP:
-        # tile 0 alone: its scores, then the loop issues tile j's q k^T beside tile j-1's P V
+        # tile 0 alone (a prefix tile: prefix >= 1): its scores, then the loop issues tile j's q k^T beside tile
+        # j-1's P V
         mbarrier.wait(bars.index(0), 0)
         s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
@@ -117,9 +135,16 @@ def _gluon_prefix_kernel(Q, O, k_desc, v_desc, PREFIX, M, S, sqh, sot, qk_scale,
             mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
             s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             acc_tok = warpgroup_mma(p_prev, v_smem.index(prev), acc, is_async=True)
-            s = warpgroup_mma_wait(1, deps=(s_tok, ))
-            cols = j * BLOCK_N + cols0
-            s = gl.where((cols < prefix)[None, :], s * qk_scale, float("-inf"))
+            if TREE:
+                tree = j >= n_pre
+                w = gl.load(wrow + (j - n_pre), mask=smask & tree, other=0)
+                seen = ((w[:, None] >> cols0[None, :].to(gl.int64)) & 1) != 0
+                seen = gl.where(tree, seen, ((j * BLOCK_N + cols0) < prefix)[None, :])
+                s = warpgroup_mma_wait(1, deps=(s_tok, ))
+            else:
+                s = warpgroup_mma_wait(1, deps=(s_tok, ))
+                seen = ((j * BLOCK_N + cols0) < prefix)[None, :]
+            s = gl.where(seen, s * qk_scale, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, axis=1))
             alpha = gl.exp2(m_i - m_new)
             p = gl.exp2(s - m_new[:, None])
@@ -131,11 +156,12 @@ def _gluon_prefix_kernel(Q, O, k_desc, v_desc, PREFIX, M, S, sqh, sot, qk_scale,
             # tile j-1's slot is free now that its P V is done: the tile STAGES - 1 ahead goes there
             nxt = j + STAGES - 1
             ok = nxt < n_tiles
+            c = row0 + nxt * BLOCK_N
+            if TREE:
+                c += (nxt >= n_pre).to(gl.int32) * tree_shift
             mbarrier.expect(bars.index(prev), nbytes, pred=ok)
-            _tma_load(k_desc, [row0 + nxt * BLOCK_N, 0], bars.index(prev), k_smem.index(prev),
-                                            pred=ok)
-            _tma_load(v_desc, [row0 + nxt * BLOCK_N, 0], bars.index(prev), v_smem.index(prev),
-                                            pred=ok)
+            _tma_load(k_desc, [c, 0], bars.index(prev), k_smem.index(prev), pred=ok)
+            _tma_load(v_desc, [c, 0], bars.index(prev), v_smem.index(prev), pred=ok)
         last = (n_tiles - 1) % STAGES
         acc_tok = warpgroup_mma(p_prev, v_smem.index(last), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
@@ -162,109 +188,6 @@ def _gluon_prefix_kernel(Q, O, k_desc, v_desc, PREFIX, M, S, sqh, sot, qk_scale,
             acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(slot), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
 
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
-    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-    orows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    odims = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    omask = orows < M
-    ot = gl.where(omask, orows // G, 0)
-    oh = h * G + orows % G
-    gl.store(O + ot[:, None] * sot + oh[:, None] * D + odims[None, :], out.to(dtype), mask=omask[:, None])
-
-
-@gluon.jit
-def _gluon_tree_kernel(Q, O, WORDS, k_desc, v_desc, PREFIX, M, T, S, W, sqh, sot, qk_scale,
-                       G: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       STAGES: gl.constexpr, num_warps: gl.constexpr):
-    """The whole tree verify attention, FlashAttention-3's order: the prefix tiles, then the tree's 64-slot tiles up to
-    the block's last node, each row seeing a tree slot iff its bit is set in vis_words (BLOCK_N == 64: one word a
-    row and tile). One range; O normalised."""
-    h = gl.program_id(0)
-    pid_m = gl.program_id(1)
-    prefix = gl.load(PREFIX).to(gl.int32)
-    dtype: gl.constexpr = Q.dtype.element_ty
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                               warps_per_cta=[num_warps, 1], order=[1, 0])
-    q_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-
-    rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_layout))
-    dims = gl.arange(0, D, layout=gl.SliceLayout(0, ld_layout))
-    rmask = rows < M
-    t = gl.where(rmask, rows // G, 0)
-    qh = h * G + rows % G
-    q = gl.load(Q + qh[:, None] * sqh + t[:, None] * D + dims[None, :], mask=rmask[:, None], other=0.0)
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_smem_layout, q)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], v_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
-    fence_async_shared()
-
-    n_pre = gl.cdiv(prefix, BLOCK_N)
-    t_last = gl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G, T - 1)
-    n_tiles = n_pre + t_last // BLOCK_N + 1
-    row0 = h * S
-    tree_shift = prefix - n_pre * BLOCK_N   # a tree tile i >= n_pre starts at slot prefix + (i - n_pre) * BLOCK_N
-    nbytes: gl.constexpr = 2 * BLOCK_N * D * 2
-    for i in gl.static_range(STAGES):
-        ok = i < n_tiles
-        c = row0 + i * BLOCK_N + (i >= n_pre).to(gl.int32) * tree_shift
-        mbarrier.expect(bars.index(i), nbytes, pred=ok)
-        _tma_load(k_desc, [c, 0], bars.index(i), k_smem.index(i), pred=ok)
-        _tma_load(v_desc, [c, 0], bars.index(i), v_smem.index(i), pred=ok)
-
-    srows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    wrow = WORDS + gl.where(srows < M, srows // G, 0) * W
-    smask = srows < M
-    cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-
-    mbarrier.wait(bars.index(0), 0)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s_tok, ))
-    s = gl.where((cols0 < prefix)[None, :], s * qk_scale, float("-inf"))   # tile 0 is a prefix tile (prefix >= 1)
-    m_i = gl.maximum(m_i, gl.max(s, axis=1))
-    p = gl.exp2(s - m_i[:, None])
-    l_i = gl.sum(p, axis=1)
-    p_prev = gl.convert_layout(p.to(dtype), p_layout)
-    for j in range(1, n_tiles):
-        slot = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        acc_tok = warpgroup_mma(p_prev, v_smem.index(prev), acc, is_async=True)
-        tree = j >= n_pre
-        w = gl.load(wrow + (j - n_pre), mask=smask & tree, other=0)
-        seen = ((w[:, None] >> cols0[None, :].to(gl.int64)) & 1) != 0
-        seen = gl.where(tree, seen, ((j * BLOCK_N + cols0) < prefix)[None, :])
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))
-        s = gl.where(seen, s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        p_prev = gl.convert_layout(p.to(dtype), p_layout)
-        acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        nxt = j + STAGES - 1
-        ok = nxt < n_tiles
-        c = row0 + nxt * BLOCK_N + (nxt >= n_pre).to(gl.int32) * tree_shift
-        mbarrier.expect(bars.index(prev), nbytes, pred=ok)
-        _tma_load(k_desc, [c, 0], bars.index(prev), k_smem.index(prev), pred=ok)
-        _tma_load(v_desc, [c, 0], bars.index(prev), v_smem.index(prev), pred=ok)
-    last = (n_tiles - 1) % STAGES
-    acc_tok = warpgroup_mma(p_prev, v_smem.index(last), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
     out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
@@ -314,10 +237,10 @@ def gluon_prefix(q, k, v, prefix, block_m=64, block_n=128, stages=2, overlap=Tru
     v_desc = TensorDescriptor(v, [Hkv * S, D], [D, 1], [block_n, D], layout)
     out = torch.empty(T, Hq * D, dtype=q.dtype, device=q.device)
     grid = (Hkv, triton.cdiv(M, block_m))
-    _gluon_prefix_kernel[grid](q, out, k_desc, v_desc, prefix, M, S, q.stride(0), Hq * D, D ** -0.5 * LOG2E,
-                               G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-                               PRELOAD=stages if overlap else stages - 1, OVERLAP=overlap,
-                               num_warps=block_m // 16)
+    _gluon_attn_kernel[grid](q, out, None, k_desc, v_desc, prefix, M, T, S, 0, q.stride(0), Hq * D, D ** -0.5 * LOG2E,
+                             G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+                             PRELOAD=stages if overlap else stages - 1, OVERLAP=overlap, TREE=False,
+                             num_warps=block_m // 16)
     return out
 
 
@@ -334,9 +257,9 @@ def gluon_tree(q, k, v, words, prefix, block_m=64, stages=3):
     v_desc = TensorDescriptor(v, [Hkv * S, D], [D, 1], [block_n, D], layout)
     out = torch.empty(T, Hq * D, dtype=q.dtype, device=q.device)
     grid = (Hkv, triton.cdiv(M, block_m))
-    _gluon_tree_kernel[grid](q, out, words, k_desc, v_desc, prefix, M, T, S, words.shape[-1], q.stride(0), Hq * D,
+    _gluon_attn_kernel[grid](q, out, words, k_desc, v_desc, prefix, M, T, S, words.shape[-1], q.stride(0), Hq * D,
                              D ** -0.5 * LOG2E, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-                             num_warps=block_m // 16)
+                             PRELOAD=stages, OVERLAP=True, TREE=True, num_warps=block_m // 16)
     return out
 
 
@@ -395,18 +318,16 @@ def compile_sm90(block_m: int, block_n: int, stages: int, overlap: bool, G: int 
 
     layout = gl.NVMMASharedLayout.get_default_for([block_n, D], gl.bfloat16)
     desc = f"tensordesc<bf16[{block_n}, {D}],{layout!r}>"
-    sig = {"Q": "*bf16", "O": "*bf16", "k_desc": desc, "v_desc": desc, "PREFIX": "*i64", "M": "i32", "S": "i32",
-           "sqh": "i32", "sot": "i32", "qk_scale": "fp32"}
+    sig = {"Q": "*bf16", "O": "*bf16", "WORDS": "*i64" if tree else "constexpr", "k_desc": desc, "v_desc": desc,
+           "PREFIX": "*i64", "M": "i32", "T": "i32", "S": "i32", "W": "i32", "sqh": "i32", "sot": "i32",
+           "qk_scale": "fp32"}
     consts = {"G": G, "D": D, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages,
-              "PRELOAD": stages if overlap else stages - 1, "OVERLAP": overlap, "num_warps": block_m // 16}
-    kernel = _gluon_prefix_kernel
-    if tree:
-        sig = {"Q": "*bf16", "O": "*bf16", "WORDS": "*i64", "k_desc": desc, "v_desc": desc, "PREFIX": "*i64",
-               "M": "i32", "T": "i32", "S": "i32", "W": "i32", "sqh": "i32", "sot": "i32", "qk_scale": "fp32"}
-        consts = {"G": G, "D": D, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages, "num_warps": block_m // 16}
-        kernel = _gluon_tree_kernel
+              "PRELOAD": stages if overlap or tree else stages - 1, "OVERLAP": overlap or tree, "TREE": tree,
+              "num_warps": block_m // 16}
+    if not tree:
+        consts["WORDS"] = None
     sig.update({name: "constexpr" for name in consts})
-    src = GluonASTSource(kernel, sig, constexprs=consts)
+    src = GluonASTSource(_gluon_attn_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": block_m // 16}).asm["ptx"]
 
 
