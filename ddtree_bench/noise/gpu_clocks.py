@@ -65,7 +65,8 @@ class ClockSummary:
     thermal_share: float | None
 
 
-def _num(cell: str) -> float | None:
+def cell_number(cell: str) -> float | None:
+    """An nvidia-smi or /proc cell's leading number ('1980 MHz' -> 1980.0); None for '[N/A]', blanks and words."""
     try:
         return float(cell.strip().split()[0])
     except (ValueError, IndexError):
@@ -82,7 +83,8 @@ def parse_line(line: str, t_s: float) -> ClockSample | None:
         mask = int(reasons, 16) if reasons.lower().startswith("0x") else None
     except ValueError:
         mask = None
-    sample = ClockSample(t_s, _num(sm), _num(sm_max), _num(power), _num(limit), _num(temp), mask)
+    n = cell_number
+    sample = ClockSample(t_s, n(sm), n(sm_max), n(power), n(limit), n(temp), mask)
     return sample if sample.sm_clock_mhz is not None or sample.power_w is not None else None
 
 

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddtree_bench import defaults as D
-from ddtree_bench.noise.gpu_clocks import ClockSampler, summary_dict
+from ddtree_bench.noise.gpu_clocks import ClockSampler, cell_number, summary_dict
 
 GPU_BUSY_PCT = 5.0
 _NVSMI_FIELDS = ("index", "clocks.sm", "clocks.mem", "utilization.gpu", "temperature.gpu")
@@ -79,18 +79,11 @@ class EnvSnapshot:
         return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k != "gpus"}, gpus=gpus)
 
 
-def _float(x: str) -> float | None:
-    try:
-        return float(x.strip())
-    except (TypeError, ValueError):
-        return None
-
-
 def cpu_mhz() -> float | None:
     """Mean current CPU frequency over cores, MHz."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            vals = [_float(line.split(":", 1)[1]) for line in f if line.lower().startswith("cpu mhz")]
+            vals = [cell_number(line.split(":", 1)[1]) for line in f if line.lower().startswith("cpu mhz")]
         vals = [v for v in vals if v]
         if vals:
             return sum(vals) / len(vals)
@@ -100,7 +93,7 @@ def cpu_mhz() -> float | None:
     for path in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_cur_freq"):
         try:
             with open(path, encoding="utf-8") as f:
-                v = _float(f.read())
+                v = cell_number(f.read())
             if v:
                 vals.append(v / 1000.0)  # kHz -> MHz
         except OSError:
@@ -114,9 +107,10 @@ def parse_nvidia_smi(text: str) -> list[GpuState]:
     out = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) != len(_NVSMI_FIELDS) or _float(cells[0]) is None:
+        if len(cells) != len(_NVSMI_FIELDS) or cell_number(cells[0]) is None:
             continue
-        out.append(GpuState(int(float(cells[0])), _float(cells[1]), _float(cells[2]), _float(cells[3]), _float(cells[4])))
+        sm, mem, util, temp = (cell_number(c) for c in cells[1:5])
+        out.append(GpuState(int(float(cells[0])), sm_clock_mhz=sm, mem_clock_mhz=mem, utilization_pct=util, temperature_c=temp))
     return out
 
 
