@@ -226,41 +226,33 @@ def _triton_prefix_kernel(Q, K, V, PREFIX, O, M, sqh, skh, skn, svh, svn, sot, q
     tl.store(O + t[:, None] * sot + qh[:, None] * D + dims[None, :], out.to(O.dtype.element_ty), mask=rmask[:, None])
 
 
-def gluon_prefix(q, k, v, prefix, block_m=64, block_n=128, stages=2, overlap=True):
-    """q [Hq, T, D], k / v [Hkv, S, D] contiguous, prefix 0-d long -> [T, Hq*D]."""
+def _gluon_attend(q, k, v, prefix, words, block_m, block_n, stages, overlap):
+    """One launch of `_gluon_attn_kernel`: TMA descriptors over k / v, the output, the grid (words None: no tree)."""
     Hq, T, D = q.shape
     Hkv, S, _ = k.shape
     G = Hq // Hkv
-    M = G * T
     layout = gl.NVMMASharedLayout.get_default_for([block_n, D], gl.bfloat16)
     k_desc = TensorDescriptor(k, [Hkv * S, D], [D, 1], [block_n, D], layout)
     v_desc = TensorDescriptor(v, [Hkv * S, D], [D, 1], [block_n, D], layout)
     out = torch.empty(T, Hq * D, dtype=q.dtype, device=q.device)
-    grid = (Hkv, triton.cdiv(M, block_m))
-    _gluon_attn_kernel[grid](q, out, None, k_desc, v_desc, prefix, M, T, S, 0, q.stride(0), Hq * D, D ** -0.5 * LOG2E,
-                             G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-                             PRELOAD=stages if overlap else stages - 1, OVERLAP=overlap, TREE=False,
+    tree = words is not None
+    grid = (Hkv, triton.cdiv(G * T, block_m))
+    _gluon_attn_kernel[grid](q, out, words, k_desc, v_desc, prefix, G * T, T, S, words.shape[-1] if tree else 0,
+                             q.stride(0), Hq * D, D ** -0.5 * LOG2E, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n,
+                             STAGES=stages, PRELOAD=stages if overlap else stages - 1, OVERLAP=overlap, TREE=tree,
                              num_warps=block_m // 16)
     return out
+
+
+def gluon_prefix(q, k, v, prefix, block_m=64, block_n=128, stages=2, overlap=True):
+    """q [Hq, T, D], k / v [Hkv, S, D] contiguous, prefix 0-d long -> [T, Hq*D]."""
+    return _gluon_attend(q, k, v, prefix, None, block_m, block_n, stages, overlap)
 
 
 def gluon_tree(q, k, v, words, prefix, block_m=64, stages=3):
     """The tree verify's whole attention: q [Hq, T, D], k / v [Hkv, S, D] contiguous (the tree's K / V at slots
     prefix + 0..T-1), words vis_words' [1, T, W], prefix 0-d long -> [T, Hq*D]."""
-    Hq, T, D = q.shape
-    Hkv, S, _ = k.shape
-    G = Hq // Hkv
-    M = G * T
-    block_n = 64
-    layout = gl.NVMMASharedLayout.get_default_for([block_n, D], gl.bfloat16)
-    k_desc = TensorDescriptor(k, [Hkv * S, D], [D, 1], [block_n, D], layout)
-    v_desc = TensorDescriptor(v, [Hkv * S, D], [D, 1], [block_n, D], layout)
-    out = torch.empty(T, Hq * D, dtype=q.dtype, device=q.device)
-    grid = (Hkv, triton.cdiv(M, block_m))
-    _gluon_attn_kernel[grid](q, out, words, k_desc, v_desc, prefix, M, T, S, words.shape[-1], q.stride(0), Hq * D,
-                             D ** -0.5 * LOG2E, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-                             PRELOAD=stages, OVERLAP=True, TREE=True, num_warps=block_m // 16)
-    return out
+    return _gluon_attend(q, k, v, prefix, words, block_m, 64, stages, True)
 
 
 def random_tree(n: int, L: int = 15, device="cpu", seed: int = 0):
