@@ -22,7 +22,11 @@
 `free_port()` picks a free TCP port on the host. A port free when it was picked can be taken before the
 server binds it (by another server starting at the same moment; SGLang also picks its own torch.distributed port
 itself, from 22000-29999, and its scheduler binds it seconds later): `port_clash(err)` tells such a failed start
-from the others by its log tail, and callers start it again on fresh ports (`D.SERVER_PORT_CLASH_RETRIES` times).
+from the others by its log, and callers start it again on fresh ports (`D.SERVER_PORT_CLASH_RETRIES` times).
+`wait_ready` reads the log as it grows: a clash line that names the server's own port ends the wait at once, since
+the server cannot be ready there (SGLang's uvicorn logs the lost port and the process stays up, unserved, until its
+own warmup gives up 12 minutes later); the clash line, wherever it stands in the log, heads the error's tail, so
+`port_clash` sees it however much the server printed after it.
 Knows nothing of profiles, grids or results.
 """
 
@@ -62,6 +66,11 @@ class ServerError(RuntimeError):
 
 # what Python, uvicorn, torch.distributed (c10d's EADDRINUSE), ZMQ and llama.cpp print when a port they bind is taken
 _PORT_CLASH = re.compile(r"address already in use|EADDRINUSE|\[Errno 98\]|couldn't bind HTTP server socket", re.I)
+
+
+def clash_names_port(line: str, port: int) -> bool:
+    """Whether a port-clash line names `port` (as a whole number: 8000 is not in 18000)."""
+    return re.search(rf"(?<!\d){port}(?!\d)", line) is not None
 
 
 def port_clash(err: ServerError) -> bool:
@@ -119,6 +128,8 @@ class ServerProcess:
         self._watchdog: tuple[subprocess.Popen, int] | None = None   # (process, write end of its pipe)
         self._log = None
         self._log_start = 0
+        self._scanned_to = 0                   # log offset read so far for a port clash
+        self._clash_line: str | None = None    # the first clash line of this start's log
         self.started_at: float | None = None
         self.ready_after_s: float | None = None
 
@@ -138,6 +149,7 @@ class ServerProcess:
         self._log_start = self._log.tell()   # log_tail reads this start's lines only (a retry appends to the same log)
         self._log.write(f"$ {' '.join(self.argv)}\n".encode())
         self._log.flush()
+        self._scanned_to, self._clash_line = self._log.tell(), None
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -162,20 +174,40 @@ class ServerProcess:
         while True:
             rc = self.proc.poll()
             if rc is not None:
-                tail = self.log_tail()
-                self.stop()
-                raise ServerError(f"server exited with code {rc} before it was ready ({self.argv[0]})", tail)
+                self._scan_for_clash(final=True)
+                self._fail(f"server exited with code {rc} before it was ready ({self.argv[0]})")
             status, _, err = http_get(self.url + self.health_path, self.request_timeout_s, self.api_key)
             if status == 200:
                 self.ready_after_s = time.monotonic() - (self.started_at or time.monotonic())
                 return self
             last = err or f"HTTP {status}"
+            clash = self._scan_for_clash()
+            if clash is not None and clash_names_port(clash, self.port):
+                self._fail(f"port {self.port} was taken before the server could bind it ({self.argv[0]})")
             if time.monotonic() >= deadline:
-                tail = self.log_tail()
-                self.stop()
-                raise ServerError(f"server not ready after {self.startup_timeout_s:g} s "
-                                  f"(GET {self.health_path}: {last})", tail)
+                self._fail(f"server not ready after {self.startup_timeout_s:g} s (GET {self.health_path}: {last})")
             time.sleep(self.poll_interval_s)
+
+    def _fail(self, message: str) -> None:
+        """Stop the server and raise ServerError with its log tail, headed by a clash line the tail would miss."""
+        tail = self.log_tail()
+        if self._clash_line is not None and self._clash_line not in tail:
+            tail = f"{self._clash_line}\n[...]\n{tail}"
+        self.stop()
+        raise ServerError(message, tail)
+
+    def _scan_for_clash(self, final: bool = False) -> str | None:
+        """Read the log's new whole lines (and a last unfinished one when `final`: the process has exited); remember
+        the first that says a port was taken. Returns it (or None)."""
+        if self._clash_line is None:
+            chunk = self.log_slice(self._scanned_to)
+            whole = chunk if final else chunk[:chunk.rfind(b"\n") + 1]
+            self._scanned_to += len(whole)
+            for line in whole.decode("utf-8", errors="replace").splitlines():
+                if _PORT_CLASH.search(line):
+                    self._clash_line = line.strip()
+                    break
+        return self._clash_line
 
     def alive(self, settle_s: float = 0.0) -> bool:
         """Is the server process still running? With settle_s, a process that is dying gets that long

@@ -21,8 +21,10 @@ FAKE_SERVER = textwrap.dedent(r'''
     """A fake inference server. argv: MODE PORT PIDFILE. It starts a grandchild (`sleep`) in its
     process group and writes {"pid", "grandchild"} to PIDFILE.
     MODE: ready (health 200), crash (exit 3 at once), never (health 503 forever),
-    stubborn (ready, ignores SIGTERM), hang (ready; POSTs never answer)."""
-    import json, signal, subprocess, sys, time
+    stubborn (ready, ignores SIGTERM), hang (ready; POSTs never answer); and three that log a lost port, then 60
+    lines: squatted (its own port, then stays up unserved: SGLang's uvicorn), clash-exit (another port, then
+    SIGKILLs itself), clash-other (another port, then ready)."""
+    import json, os, signal, subprocess, sys, time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     mode, port, pidfile = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -33,6 +35,16 @@ FAKE_SERVER = textwrap.dedent(r'''
     if mode == "crash":
         print("RuntimeError: CUDA out of memory (fake)", flush=True)
         sys.exit(3)
+    if mode in ("squatted", "clash-exit", "clash-other"):
+        lost = port if mode == "squatted" else port + 1
+        print(f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {lost}): "
+              "address already in use", flush=True)
+        for i in range(60):
+            print(f"warmup: GET /model_info timed out, retry {i}", flush=True)
+        if mode == "squatted":
+            time.sleep(300)
+        if mode == "clash-exit":
+            os.kill(os.getpid(), signal.SIGKILL)
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, lambda *a: print("ignoring SIGTERM", flush=True))
 
@@ -201,6 +213,42 @@ def test_a_start_that_lost_its_port_is_started_again_on_a_fresh_one(fake, tmp_pa
         tail = srv.log_tail()
         assert "Address already in use" not in tail and f"fake server ready on {ports[1]}" in tail
     assert not srv.alive()
+
+
+def test_a_server_that_lost_its_own_port_and_stays_up_is_given_up_at_once_and_started_again(fake, tmp_path):
+    """SGLang's way (CI, 2026-12-07): uvicorn logs that the HTTP port is taken, the process stays up unserved and
+    prints on (its warmup retries for 12 minutes). The wait ends at the clash line, not at the startup timeout; the
+    error names the port and its tail holds the clash line 60 lines up; start_ready starts it again elsewhere."""
+    srv, _ = _server(fake, tmp_path, "squatted", startup_timeout_s=120)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match=f"port {srv.port} was taken") as e:
+        srv.start().wait_ready()
+    assert time.monotonic() - t0 < 30 and not srv.alive()
+    assert port_clash(e.value) and f"'127.0.0.1', {srv.port}" in e.value.log_tail.splitlines()[0]
+    assert "retry 59" in e.value.log_tail
+    made = []
+
+    def make():
+        made.append(_server(fake, tmp_path, "squatted" if not made else "ready", startup_timeout_s=120)[0])
+        return made[-1]
+
+    with start_ready(make) as ready:
+        assert ready is made[1] and ready.alive() and not made[0].alive()
+
+
+def test_a_clash_line_far_above_the_end_of_the_log_still_counts(fake, tmp_path):
+    """A server that lost an internal port, printed on and died: the 40-line tail alone would not show why, so the
+    start would not be retried; the clash line heads the error's tail."""
+    srv, _ = _server(fake, tmp_path, "clash-exit", startup_timeout_s=120)
+    with pytest.raises(ServerError, match="exited with code -9") as e:
+        srv.start().wait_ready()
+    assert port_clash(e.value) and e.value.log_tail.splitlines()[0].startswith("ERROR:    [Errno 98]")
+
+
+def test_a_clash_on_another_port_does_not_end_a_start_that_goes_on_to_serve(fake, tmp_path):
+    srv, _ = _server(fake, tmp_path, "clash-other", startup_timeout_s=60)
+    with srv:
+        assert srv.alive() and "address already in use" in srv.log_path.read_text()
 
 
 def test_a_start_that_failed_otherwise_is_not_started_again(fake, tmp_path):
