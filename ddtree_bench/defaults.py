@@ -51,6 +51,7 @@ SERVER_HEALTH_TIMEOUT_S = 5.0      # per readiness request (vLLM binds its port 
 SERVER_STOP_GRACE_S = 10.0         # SIGTERM, then SIGKILL to the whole process group
 SERVER_DEATH_SETTLE_S = 5.0        # after a point whose requests failed: how long a dying server gets to exit before it counts as alive
 SERVER_PORT_CLASH_RETRIES = 2     # a server whose start failed on a port taken meanwhile is started again on fresh ports
+SERVER_PORTS = (12000, 21999)      # where free_port draws: below Linux's ephemeral ports (32768-60999) and SGLang's own 22000-29999
 CROSSCHECK_REL_TOL = 0.05          # client-side vs server-counter acceptance length: flag beyond 5%
 # `ddtree-bench serve` and the OpenAI-compatible HTTP client (backends/standalone.py, backends/client.py)
 SERVE_MAX_QUEUE = 128              # requests waiting for the engine before new ones get 503

@@ -19,9 +19,11 @@
   (same boot, same start time; or the leader gone but its group still alive, which Linux never
   lets a new process join), so a pid reused by an unrelated process is never signalled.
 
-`free_port()` picks a free TCP port on the host. A port free when it was picked can be taken before the
-server binds it (by another server starting at the same moment; SGLang also picks its own torch.distributed port
-itself, from 22000-29999, and its scheduler binds it seconds later): `port_clash(err)` tells such a failed start
+`free_port()` picks a free TCP port on the host, at random from `D.SERVER_PORTS`: below the kernel's ephemeral
+range, where every other process's bind to port 0 lands (vLLM's torch.distributed store took an SGLang server's
+ephemeral port in CI on 2026-12-07), and below SGLang's own torch.distributed ports (22000-29999). A port free when
+it was picked can still be taken before the server binds it (by another server starting at the same moment, or a
+host whose ephemeral range covers ours, where it falls back to port 0): `port_clash(err)` tells such a failed start
 from the others by its log, and callers start it again on fresh ports (`D.SERVER_PORT_CLASH_RETRIES` times).
 `wait_ready` reads the log as it grows: a clash line that names the server's own port ends the wait at once, since
 the server cannot be ready there (SGLang's uvicorn logs the lost port and the process stays up, unserved, until its
@@ -36,6 +38,7 @@ import atexit
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -79,8 +82,36 @@ def port_clash(err: ServerError) -> bool:
     return bool(_PORT_CLASH.search(err.log_tail or ""))
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to port 0, read it back, release it)."""
+def ephemeral_ports(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int] | None:
+    """The kernel's range for binds to port 0 and outgoing connections (Linux), or None where it cannot be read."""
+    try:
+        lo, hi = (int(x) for x in Path(path).read_text().split())
+    except (OSError, ValueError):
+        return None
+    return lo, hi
+
+
+def port_range(ephemeral: tuple[int, int] | None) -> tuple[int, int] | None:
+    """`D.SERVER_PORTS` cut to what lies below the ephemeral range (None: nothing does; no range known: as it is)."""
+    lo, hi = D.SERVER_PORTS
+    if ephemeral is not None:
+        hi = min(hi, ephemeral[0] - 1)
+    return (lo, hi) if lo <= hi else None
+
+
+def free_port(host: str = "127.0.0.1", tries: int = 64) -> int:
+    """A TCP port that was free a moment ago: one of `port_range` that binds (released at once), else what a bind
+    to port 0 gives."""
+    span = port_range(ephemeral_ports())
+    draw = random.SystemRandom()   # not the process's seeded generator: forked workers draw apart
+    for _ in range(tries if span else 0):
+        port = draw.randint(*span)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from ddtree_bench import defaults as D
-from ddtree_bench.sweep.server import ServerError, ServerProcess, free_port, http_get, port_clash, start_ready
+from ddtree_bench.sweep.server import ServerError, ServerProcess, ephemeral_ports, free_port, http_get, port_clash, \
+    port_range, start_ready
 
 FAKE_SERVER = textwrap.dedent(r'''
     """A fake inference server. argv: MODE PORT PIDFILE. It starts a grandchild (`sleep`) in its
@@ -275,6 +276,37 @@ def test_a_port_that_stays_taken_is_tried_a_bounded_number_of_times(fake, tmp_pa
         start_ready(make)
     assert port_clash(e.value) and len(made) == D.SERVER_PORT_CLASH_RETRIES + 1
     assert not any(m.alive() for m in made)
+
+
+def test_ports_are_drawn_below_the_ephemeral_range_where_there_is_room():
+    """Where another process's bind to port 0 cannot land (vLLM's c10d store took an SGLang server's ephemeral port
+    in CI, 2026-12-07); cut to the room below the kernel's range, none where there is none."""
+    lo, hi = D.SERVER_PORTS
+    assert port_range((32768, 60999)) == (lo, hi) and port_range(None) == (lo, hi)
+    assert port_range((lo + 10, 65535)) == (lo, lo + 9) and port_range((lo, 65535)) is None
+    span = port_range(ephemeral_ports())
+    ports = {free_port() for _ in range(20)}
+    if span is not None:
+        assert all(span[0] <= p <= span[1] for p in ports) and len(ports) > 1
+    import socket
+
+    for port in ports:   # each one free: it binds
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_a_full_range_falls_back_to_a_port_the_kernel_picks(monkeypatch):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", free_port()))
+        held.listen(1)
+        mine = held.getsockname()[1]
+        monkeypatch.setattr(D, "SERVER_PORTS", (mine, mine))   # the whole range: one port, taken
+        port = free_port()
+        assert port != mine and port > 0
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
 
 
 def test_missing_executable_is_a_server_error(tmp_path):
