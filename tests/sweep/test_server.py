@@ -279,8 +279,8 @@ def test_a_port_that_stays_taken_is_tried_a_bounded_number_of_times(fake, tmp_pa
 
 
 def test_ports_are_drawn_below_the_ephemeral_range_where_there_is_room():
-    """Where another process's bind to port 0 cannot land (vLLM's c10d store took an SGLang server's ephemeral port
-    in CI, 2026-12-07); cut to the room below the kernel's range, none where there is none."""
+    """Where another process's bind to port 0 cannot land (a listener took an SGLang server's ephemeral port in CI,
+    2026-12-07); cut to the room below the kernel's range, none where there is none."""
     lo, hi = D.SERVER_PORTS
     assert port_range((32768, 60999)) == (lo, hi) and port_range(None) == (lo, hi)
     assert port_range((lo + 10, 65535)) == (lo, lo + 9) and port_range((lo, 65535)) is None
