@@ -20,16 +20,16 @@
   lets a new process join), so a pid reused by an unrelated process is never signalled.
 
 `free_port()` picks a free TCP port on the host, at random from `D.SERVER_PORTS`: below the kernel's ephemeral
-range, where every other process's bind to port 0 lands (in CI on 2026-12-07 a listener of another process took
-an SGLang server's ephemeral port while it loaded: it accepted connections and never answered), and below SGLang's own torch.distributed ports (22000-29999, drawn below the
-ephemeral range for the same reason: sglang 0.5.23, `srt/utils/network.py`). A port free when
-it was picked can still be taken before the server binds it (by another server starting at the same moment, or a
-host whose ephemeral range covers ours, where it falls back to port 0): `port_clash(err)` tells such a failed start
-from the others by its log, and callers start it again on fresh ports (`D.SERVER_PORT_CLASH_RETRIES` times).
-`wait_ready` reads the log as it grows: a clash line that names the server's own port ends the wait at once, since
-the server cannot be ready there (SGLang's uvicorn logs the lost port and the process stays up, unserved, until its
-own warmup gives up 12 minutes later); the clash line, wherever it stands in the log, heads the error's tail, so
-`port_clash` sees it however much the server printed after it.
+range, where every other process's bind to port 0 lands (in CI on 2026-12-07 a listener of another process took an
+SGLang server's ephemeral port while it loaded: it accepted connections and never answered), and below SGLang's own
+torch.distributed ports (22000-29999, drawn below the ephemeral range for the same reason: sglang 0.5.23,
+`srt/utils/network.py`). A port free when it was picked can still be taken before the server binds it (by another
+server starting at the same moment, or a host whose ephemeral range covers ours, where it falls back to port 0):
+`port_clash(err)` tells such a failed start from the others by its log, and callers start it again on fresh ports
+(`D.SERVER_PORT_CLASH_RETRIES` times). `wait_ready` reads the log as it grows: a clash line that names the server's
+own port ends the wait at once, since the server cannot be ready there (SGLang's uvicorn logs the lost port and the
+process stays up, unserved, until its own warmup gives up 12 minutes later); the clash line, wherever it stands in
+the log, heads the error's tail, so `port_clash` sees it however much the server printed after it.
 Knows nothing of profiles, grids or results.
 """
 
