@@ -50,7 +50,7 @@ import urllib.error
 import urllib.request
 import weakref
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from ddtree_bench import defaults as D
 
@@ -220,7 +220,7 @@ class ServerProcess:
                 self._fail(f"server not ready after {self.startup_timeout_s:g} s (GET {self.health_path}: {last})")
             time.sleep(self.poll_interval_s)
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str) -> NoReturn:
         """Stop the server and raise ServerError with its log tail, headed by a clash line the tail would miss."""
         tail = self.log_tail()
         if self._clash_line is not None and self._clash_line not in tail:
