@@ -161,7 +161,7 @@ class ServerProcess:
         self._log = None
         self._log_start = 0
         self._scanned_to = 0                   # log offset read so far for a port clash
-        self._clash_line: str | None = None    # the first clash line of this start's log
+        self._clash_line: str | None = None    # this start's first clash line (its own port's, once seen)
         self.started_at: float | None = None
         self.ready_after_s: float | None = None
 
@@ -213,8 +213,7 @@ class ServerProcess:
                 self.ready_after_s = time.monotonic() - (self.started_at or time.monotonic())
                 return self
             last = err or f"HTTP {status}"
-            clash = self._scan_for_clash()
-            if clash is not None and clash_names_port(clash, self.port):
+            if self._scan_for_clash():
                 self._fail(f"port {self.port} was taken before the server could bind it ({self.argv[0]})")
             if time.monotonic() >= deadline:
                 self._fail(f"server not ready after {self.startup_timeout_s:g} s (GET {self.health_path}: {last})")
@@ -228,18 +227,23 @@ class ServerProcess:
         self.stop()
         raise ServerError(message, tail)
 
-    def _scan_for_clash(self, final: bool = False) -> str | None:
-        """Read the log's new whole lines (and a last unfinished one when `final`: the process has exited); remember
-        the first that says a port was taken. Returns it (or None)."""
-        if self._clash_line is None:
-            chunk = self.log_slice(self._scanned_to)
-            whole = chunk if final else chunk[:chunk.rfind(b"\n") + 1]
-            self._scanned_to += len(whole)
-            for line in whole.decode("utf-8", errors="replace").splitlines():
-                if _PORT_CLASH.search(line):
+    def _scan_for_clash(self, final: bool = False) -> bool:
+        """Read the log's new whole lines (and a last unfinished one when `final`: the process has exited) for lines
+        that say a port was taken: remember the first, or the first that names this server's own port once one does.
+        Returns whether one has (the server cannot become ready there)."""
+        if self._clash_line is not None and clash_names_port(self._clash_line, self.port):
+            return True
+        chunk = self.log_slice(self._scanned_to)
+        whole = chunk if final else chunk[:chunk.rfind(b"\n") + 1]
+        self._scanned_to += len(whole)
+        for line in whole.decode("utf-8", errors="replace").splitlines():
+            if _PORT_CLASH.search(line):
+                own = clash_names_port(line, self.port)
+                if self._clash_line is None or own:
                     self._clash_line = line.strip()
-                    break
-        return self._clash_line
+                if own:
+                    return True
+        return False
 
     def alive(self, settle_s: float = 0.0) -> bool:
         """Is the server process still running? With settle_s, a process that is dying gets that long

@@ -22,9 +22,10 @@ FAKE_SERVER = textwrap.dedent(r'''
     """A fake inference server. argv: MODE PORT PIDFILE. It starts a grandchild (`sleep`) in its
     process group and writes {"pid", "grandchild"} to PIDFILE.
     MODE: ready (health 200), crash (exit 3 at once), never (health 503 forever),
-    stubborn (ready, ignores SIGTERM), hang (ready; POSTs never answer); and three that log a lost port, then 60
+    stubborn (ready, ignores SIGTERM), hang (ready; POSTs never answer); and four that log a lost port, then 60
     lines: squatted (its own port, then stays up unserved: SGLang's uvicorn), clash-exit (another port, then
-    SIGKILLs itself), clash-other (another port, then ready)."""
+    SIGKILLs itself), clash-other (another port, then ready), clash-twice (another port, then its own, then stays
+    up unserved)."""
     import json, os, signal, subprocess, sys, time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -36,13 +37,13 @@ FAKE_SERVER = textwrap.dedent(r'''
     if mode == "crash":
         print("RuntimeError: CUDA out of memory (fake)", flush=True)
         sys.exit(3)
-    if mode in ("squatted", "clash-exit", "clash-other"):
-        lost = port if mode == "squatted" else port + 1
-        print(f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {lost}): "
-              "address already in use", flush=True)
-        for i in range(60):
-            print(f"warmup: GET /model_info timed out, retry {i}", flush=True)
-        if mode == "squatted":
+    if mode in ("squatted", "clash-exit", "clash-other", "clash-twice"):
+        for lost in [port] if mode == "squatted" else [port + 1, port] if mode == "clash-twice" else [port + 1]:
+            print(f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {lost}): "
+                  "address already in use", flush=True)
+            for i in range(60):
+                print(f"warmup: GET /model_info timed out, retry {i}", flush=True)
+        if mode in ("squatted", "clash-twice"):
             time.sleep(300)
         if mode == "clash-exit":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -244,6 +245,17 @@ def test_a_clash_line_far_above_the_end_of_the_log_still_counts(fake, tmp_path):
     with pytest.raises(ServerError, match="exited with code -9") as e:
         srv.start().wait_ready()
     assert port_clash(e.value) and e.value.log_tail.splitlines()[0].startswith("ERROR:    [Errno 98]")
+
+
+def test_a_lost_own_port_after_a_clash_on_another_port_still_ends_the_wait_at_once(fake, tmp_path):
+    """The first clash line names another port (an internal one the server got past); the later one names its HTTP
+    port. The wait ends there, and the error's tail is headed by the line that names the server's own port."""
+    srv, _ = _server(fake, tmp_path, "clash-twice", startup_timeout_s=120)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match=f"port {srv.port} was taken") as e:
+        srv.start().wait_ready()
+    assert time.monotonic() - t0 < 30 and not srv.alive()
+    assert f"'127.0.0.1', {srv.port})" in e.value.log_tail.splitlines()[0]
 
 
 def test_a_clash_on_another_port_does_not_end_a_start_that_goes_on_to_serve(fake, tmp_path):
