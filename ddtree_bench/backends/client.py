@@ -512,16 +512,20 @@ class HTTPBackend:
 
 
 def probe_server_info(url: str, api_key: str | None = None, timeout_s: float = D.HTTP_PROBE_TIMEOUT_S) -> dict[str, Any] | None:
-    """The server's GET /server_info as a dict, or None (unreachable, no such route, not JSON)."""
+    """The server's GET /server_info as a dict: {} where it answered without one (no such route, not a JSON object);
+    None where it did not answer at all."""
     import requests
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         resp = requests.get(normalize_url(url) + "/server_info", headers=headers, timeout=timeout_s)
-        body = resp.json() if resp.status_code == 200 else None
-    except (requests.RequestException, ValueError):
+    except requests.RequestException:
         return None
-    return body if isinstance(body, dict) else None
+    try:
+        body = resp.json() if resp.status_code == 200 else None
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def adopt_server_labels(spec, flags_given: tuple[str, ...] | list[str] | set[str] = ()) -> Any:
@@ -539,7 +543,9 @@ def adopt_server_labels(spec, flags_given: tuple[str, ...] | list[str] | set[str
     if spec.backend not in ("standalone", "openai") or not spec.url:
         return spec
     info = probe_server_info(spec.url, spec.api_key)
-    method = (info or {}).get("method")
+    if info is None:   # not reachable: the first request says so, not a note about labels
+        return spec
+    method = info.get("method")
     if method not in D.METHODS:
         if spec.backend == "openai" and "method" not in flags_given:
             label = spec.method + (f" B={spec.budget}" if spec.method == "ddtree" else "")

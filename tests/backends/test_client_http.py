@@ -475,6 +475,21 @@ def test_server_without_labels_keeps_the_flags(tmp_path, capsys):
     assert "the run is labelled ddtree B=64 (the --method default)" in capsys.readouterr().err
 
 
+def test_an_unreachable_server_gets_one_error_and_no_note_about_labels(tmp_path, capsys):
+    """Nothing listens: the run fails with exit 2 naming the URL, and does not first claim the server 'does not say
+    what it runs' (it said nothing because it is not there)."""
+    from ddtree_bench.cli import main
+    from ddtree_bench.sweep.server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--backend", "openai", "--url", url, "--suite", "smoke", "--limit", "1", "--warmup", "0",
+              "--quiet", "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"cannot reach the server at {url}" in err
+    assert "does not say what it runs" not in err and "Traceback" not in err and not (tmp_path / "a").exists()
+
+
 def test_records_of_run_json_version_1_still_read_without_token_source(tmp_path):
     import json
 
