@@ -99,3 +99,8 @@ def test_bad_input_is_exit_2(tmp_path, capsys):
     (ar / "records.jsonl").write_text("")
     p = cli(capsys, "explain", str(ar), check=False)
     assert p.returncode == 2 and "dflash or ddtree" in p.stderr
+    for text, says in (("{}", 'no "spec" object'), ("[1]", "expected a JSON object"), ("\x00\x01", "malformed JSON"),
+                       ('{"kind": "other", "spec": {"method": "ddtree"}}', "not a ddtree-bench run")):
+        (ar / "run.json").write_text(text)
+        p = cli(capsys, "explain", str(ar), check=False)
+        assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, (text, p.stderr)
