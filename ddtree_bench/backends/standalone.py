@@ -279,7 +279,8 @@ class Prepared:
 
 
 def _context_error(n_tokens: str, req: ServeRequest, limit: int) -> ApiError:
-    return ApiError(400, f"prompt ({n_tokens} tokens) + max_tokens ({req.max_tokens}) exceeds the model's context of "
+    """n_tokens: the prompt's size as words, e.g. "812 tokens" or "at least 1 token"."""
+    return ApiError(400, f"prompt ({n_tokens}) + max_tokens ({req.max_tokens}) exceeds the model's context of "
                     f"{limit} tokens", param="max_tokens")
 
 
@@ -291,7 +292,7 @@ def prepare(st: ServerState, raw: bytes, kind: str) -> Prepared:
         raise ApiError(400, "logprobs need a model: the null engine has none", param="logprobs")
     limit = src.max_model_len
     if req.max_tokens >= limit:
-        raise _context_error("at least 1", req, limit)
+        raise _context_error("at least 1 token", req, limit)
     tok = src.tokenizer
     if req.kind == "chat":
         try:
@@ -305,15 +306,15 @@ def prepare(st: ServerState, raw: bytes, kind: str) -> Prepared:
         nbytes = len(text.encode("utf-8"))
         at_least = -(-nbytes // (TOKENIZER_MARGIN * st.max_token_bytes))
         if at_least > room:
-            raise _context_error(f"at least {at_least}: {nbytes} bytes of text", req, limit)
+            raise _context_error(f"at least {at_least} tokens: {nbytes} bytes of text", req, limit)
     try:
         ids = req.prompt_ids if text is None else encode(tok, text, room)
     except PromptTooLong as e:
-        raise _context_error(str(e.n_tokens), req, limit) from None
+        raise _context_error(f"{e.n_tokens} tokens", req, limit) from None
     if not ids:
         raise ApiError(400, "the prompt is empty after tokenization", param="prompt")
     if len(ids) + req.max_tokens > limit:
-        raise _context_error(str(len(ids)), req, limit)
+        raise _context_error(f"{len(ids)} tokens", req, limit)
     stop = list(req.stop_token_ids or []) + ([] if req.ignore_eos else src.stop_ids)
     return Prepared(req, ids, stop)
 

@@ -86,7 +86,7 @@ def sse_events(resp):
     ("/v1/completions", {"prompt": "x", "n": 2}, 400, "only n = 1"),
     ("/v1/completions", {"prompt": "x", "stop": ["\n"]}, 400, "stop strings are not supported"),
     ("/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "'logprobs' must be in [0, 20]"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 2_000_000}, 400, "exceeds the model's context"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 2_000_000}, 400, "prompt (at least 1 token) + max_tokens (2000000) exceeds"),
     ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "'gpt-4' does not exist"),
     ("/v1/embeddings", {"input": "x"}, 404, "Not Found"),
 ])
