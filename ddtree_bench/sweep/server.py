@@ -27,9 +27,10 @@ torch.distributed ports (22000-29999, drawn below the ephemeral range for the sa
 server starting at the same moment, or a host whose ephemeral range covers ours, where it falls back to port 0):
 `port_clash(err)` tells such a failed start from the others by its log, and callers start it again on fresh ports
 (`D.SERVER_PORT_CLASH_RETRIES` times). `wait_ready` reads the log as it grows: a clash line that names the server's
-own port ends the wait at once, since the server cannot be ready there (SGLang's uvicorn logs the lost port and the
-process stays up, unserved, until its own warmup gives up 12 minutes later); the clash line, wherever it stands in
-the log, heads the error's tail, so `port_clash` sees it however much the server printed after it.
+own port ends the wait at once, even after clashes on other ports, since the server cannot be ready there (SGLang's
+uvicorn logs the lost port and the process stays up, unserved, until its own warmup gives up 12 minutes later); the
+clash line (its own port's, else the first), wherever it stands in the log, heads the error's tail, so `port_clash`
+sees it however much the server printed after it.
 Knows nothing of profiles, grids or results.
 """
 

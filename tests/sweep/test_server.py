@@ -38,7 +38,7 @@ FAKE_SERVER = textwrap.dedent(r'''
         print("RuntimeError: CUDA out of memory (fake)", flush=True)
         sys.exit(3)
     if mode in ("squatted", "clash-exit", "clash-other", "clash-twice"):
-        for lost in [port] if mode == "squatted" else [port + 1, port] if mode == "clash-twice" else [port + 1]:
+        for lost in {"squatted": [port], "clash-twice": [port + 1, port]}.get(mode, [port + 1]):
             print(f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {lost}): "
                   "address already in use", flush=True)
             for i in range(60):
