@@ -215,6 +215,14 @@ def check_run_info(info: Any, path: Path | str) -> dict[str, Any]:
     return info
 
 
+def run_spec(info: dict[str, Any], path: Path | str) -> dict[str, Any]:
+    """A checked run.json's spec, for readers that cannot go on without one (report, explain)."""
+    spec = info.get("spec")
+    if not isinstance(spec, dict):
+        raise UsageError(f"{path}: no \"spec\" object (not a ddtree-bench run.json)")
+    return spec
+
+
 def read_run_info(run_dir: Path | str) -> dict[str, Any]:
     """run.json of a run directory, checked by `check_run_info`."""
     path = Path(run_dir) / "run.json"

@@ -71,7 +71,7 @@ FIXES = {
 
 def load_server_side(run_dir: Path) -> dict[str, Any]:
     """run.json + records.jsonl (+ summary.json) of a run, checked to be something explain can use."""
-    from ddtree_bench.results import is_run_dir, read_json, read_records, read_run_info
+    from ddtree_bench.results import is_run_dir, read_json, read_records, read_run_info, run_spec
 
     run_dir = Path(run_dir)
     if not run_dir.exists():
@@ -80,9 +80,7 @@ def load_server_side(run_dir: Path) -> dict[str, Any]:
         raise UsageError(f"{run_dir} is not a run directory (no run.json / records.jsonl)",
                          hint="pass a directory written by `ddtree-bench run`")
     run = read_run_info(run_dir)
-    spec = run.get("spec")
-    if not spec:
-        raise UsageError(f"{run_dir / 'run.json'}: no \"spec\" object (not a ddtree-bench run.json)")
+    spec = run_spec(run, run_dir / "run.json")
     method = spec.get("method")
     if method not in ("dflash", "ddtree"):
         raise UsageError(f"{run_dir}: method {method!r} has no acceptance to explain; explain needs a dflash or ddtree run")

@@ -400,12 +400,10 @@ def _fill_values(p: Point) -> None:
 def load_run(path: Path, source: str) -> Point:
     """A run directory -> Point (records and summary included)."""
     path = Path(path)
-    from ddtree_bench.results import check_run_info
+    from ddtree_bench.results import check_run_info, run_spec
 
     run = check_run_info(_read_json_obj(path / "run.json"), path / "run.json")
-    spec = run.get("spec")
-    if not isinstance(spec, dict):
-        raise UsageError(f"{path / 'run.json'}: no \"spec\" object (not a ddtree-bench run.json)")
+    spec = run_spec(run, path / "run.json")
     try:
         records = read_records(path)
     except (AttributeError, UnicodeDecodeError, ValueError) as e:  # a line that is JSON but not a record object
