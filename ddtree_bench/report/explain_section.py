@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddtree_bench.report.markup import el, fmt
+from ddtree_bench.report.markup import el, fmt, join
 
 
 def section_explain(data: Any) -> str:
@@ -48,7 +48,7 @@ def section_explain(data: Any) -> str:
         if rows:
             head = el("tr", *[el("th", h) for h in ("variant", "\u03c4", "distance", "identical requests", "what it changes")])
             parts.append(el("div", el("table", el("thead", head), el("tbody", *rows), class_="grid"), class_="table-wrap"))
-        blocks.append("".join(parts))
+        blocks.append(join(parts))
     if not blocks:
         return ""
     intro = el("p", "From ", el("code", "ddtree-bench explain RUN"), ": the run replayed on the reference engine under known "

@@ -87,7 +87,7 @@ def test_faithful_run_matches_and_the_report_shows_it(tmp_path, capsys):
     html = tmp_path / "r.html"
     cli(capsys, "report", str(run), "--out", str(html))
     page = html.read_text(encoding="utf-8")
-    assert 'id="explain"' in page and "accepts like z-lab" in page
+    assert 'id="explain"' in page and "accepts like z-lab" in page and "&lt;h3&gt;" not in page
 
 
 def test_bad_input_is_exit_2(tmp_path, capsys):
