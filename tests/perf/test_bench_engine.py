@@ -85,6 +85,17 @@ def test_bench_engine_bad_input_exits_2(argv, capsys):
     assert capsys.readouterr().err.startswith("error: ")
 
 
+@pytest.mark.parametrize("argv", [[], ["--batch", "1,2"]])
+def test_bench_engine_refuses_a_hybrid_model_before_loading_it(argv, capsys):
+    """The stage timings assume a dense target: the bundled hybrid pair is refused with exit 2 and a pointer to
+    --shape qwen3.6-27b, not an AttributeError from deep in the verify curve."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench-engine", "--model", "toy-hybrid", "--budgets", "16", "--rounds", "1", "--no-e2e", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error: bench-engine --model times dense targets" in err
+    assert "--shape qwen3.6-27b" in err and "Traceback" not in err
+
+
 def test_verify_table_shows_the_cublas_sdpa_and_unfused_graphs_beside_the_engine_one():
     from ddtree_bench.perf.tables import render
 
