@@ -98,6 +98,9 @@ def bench_engine_cmd(
         result = bench_hybrid(shape, device=device, dtype=dtype, sizes=sizes, prefix_len=prefix_len, reps=rounds, say=say)
         typer.echo(render_hybrid(result))
         if out is not None:
+            from ddtree_bench.outpaths import make_dirs
+
+            make_dirs(out.parent)
             write_json_atomic(out, json_safe(result))
         typer.echo(json.dumps(json_safe(result)))
         return

@@ -38,14 +38,20 @@ def explain_cmd(
 
     from ddtree_bench.explain.analyse import explain, format_text
     from ddtree_bench.records import json_safe
+    from ddtree_bench.outpaths import make_dirs
     from ddtree_bench.results import check_out_parent, write_json_atomic
 
     target = out if out is not None else Path(run) / "explain.json"
     if out is not None:
         check_out_parent(out)
     names = [v for v in (variants or "").split(",") if v.strip()] if variants is not None else None
+    if names == []:
+        from ddtree_bench.errors import UsageError
+
+        raise UsageError(f"--variants {variants!r} names no variant", hint="leave it out to try the whole catalog (docs/explain.md), or name some, e.g. --variants causal")
     res = explain(run, model, draft, server_draft, names, limit, dtype, device, progress=not quiet,
                   full_replay=full_replay, threads=threads)
+    make_dirs(target.parent)
     write_json_atomic(target, res)
     if json_out:
         typer.echo(json.dumps(json_safe(res), ensure_ascii=False, allow_nan=False))

@@ -88,6 +88,10 @@ def test_faithful_run_matches_and_the_report_shows_it(tmp_path, capsys):
     cli(capsys, "report", str(run), "--out", str(html))
     page = html.read_text(encoding="utf-8")
     assert 'id="explain"' in page and "accepts like z-lab" in page and "&lt;h3&gt;" not in page
+    nested = tmp_path / "not" / "yet" / "x.json"   # --out's directories are made, after the replay as before it
+    cli(capsys, "explain", str(run), "--draft", str(TOY_DIR / "draft"), "--variants", "reference", "--limit", "1",
+        "--quiet", "--out", str(nested))
+    assert json.loads(nested.read_text())["verdict"]["status"] == "matches"
 
 
 def test_bad_input_is_exit_2(tmp_path, capsys):
@@ -99,6 +103,9 @@ def test_bad_input_is_exit_2(tmp_path, capsys):
     (ar / "records.jsonl").write_text("")
     p = cli(capsys, "explain", str(ar), check=False)
     assert p.returncode == 2 and "dflash or ddtree" in p.stderr
+    for empty in ("", " , "):
+        p = cli(capsys, "explain", str(ar), "--variants", empty, check=False)
+        assert p.returncode == 2 and "names no variant" in p.stderr, p.stderr
     for text, says in (("{}", 'no "spec" object'), ("[1]", "expected a JSON object"), ("\x00\x01", "malformed JSON"),
                        ('{"kind": "other", "spec": {"method": "ddtree"}}', "not a ddtree-bench run")):
         (ar / "run.json").write_text(text)
