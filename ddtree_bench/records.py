@@ -93,8 +93,64 @@ class RequestRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RequestRecord":
+        """A record from its JSON object; unknown keys are ignored, a field of the wrong type or range is a
+        ValueError naming it (so a hand-edited or foreign records.jsonl is refused, not half-computed)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        kept = {k: v for k, v in d.items() if k in names}
+        if "prompt_id" not in kept:
+            raise ValueError('no "prompt_id"')
+        if isinstance(kept["prompt_id"], int) and not isinstance(kept["prompt_id"], bool):
+            kept["prompt_id"] = str(kept["prompt_id"])
+        for k, v in kept.items():
+            check, what = _FIELD_RULES[k]
+            if not check(v):
+                raise ValueError(f'"{k}" must be {what}, got {json.dumps(v)[:60]}')
+        ct, ck = kept.get("chunk_times_ns") or [], kept.get("chunk_tokens") or []
+        if ct and ck and len(ct) != len(ck):
+            raise ValueError(f'"chunk_times_ns" has {len(ct)} entries for {len(ck)} in "chunk_tokens"')
+        return cls(**kept)
+
+
+def _is_int(v: Any, lo: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _ints(lo: int = 0):
+    return lambda v: isinstance(v, list) and all(_is_int(x, lo) for x in v)
+
+
+def _or_none(check):
+    return lambda v: v is None or check(v)
+
+
+_STR = lambda v: isinstance(v, str)  # noqa: E731
+_FIELD_RULES: dict[str, tuple[Any, str]] = {   # field -> (check, what it must be, for the error line)
+    "prompt_id": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    "turn": (_is_int, "an integer >= 0"),
+    "prompt_ids": (_or_none(_ints()), "a list of token ids (integers >= 0) or null"),
+    "output_ids": (_or_none(_ints()), "a list of token ids (integers >= 0) or null"),
+    "output_text": (_STR, "a string"),
+    "accept_lengths": (_or_none(_ints(1)), "a list of integers >= 1 (each round counts its bonus token) or null"),
+    "accept_lengths_source": (_or_none(_STR), "a string or null"),
+    "num_prompt_tokens": (_or_none(_is_int), "an integer >= 0 or null"),
+    "num_output_tokens": (_or_none(_is_int), "an integer >= 0 or null"),
+    "finish_reason": (_or_none(_STR), "a string or null"),
+    "t_send_ns": (_or_none(_is_num), "a number (ns) or null"),
+    "t_first_token_ns": (_or_none(_is_num), "a number (ns) or null"),
+    "t_done_ns": (_or_none(_is_num), "a number (ns) or null"),
+    "t_dispatch_ns": (_or_none(_is_num), "a number (ns) or null"),
+    "chunk_times_ns": (lambda v: isinstance(v, list) and all(_is_num(x) for x in v), "a list of numbers (ns)"),
+    "chunk_tokens": (_ints(), "a list of integers >= 0"),
+    "stage_ms": (_or_none(lambda v: isinstance(v, dict) and all(_is_num(x) or x is None for x in v.values())),
+                 "an object of numbers (ms) or null"),
+    "server_stats": (_or_none(lambda v: isinstance(v, dict)), "an object or null"),
+    "error": (_or_none(_STR), "a string or null"),
+    "token_source": (_or_none(_STR), "a string or null"),
+}
 
 
 def _clean(obj: Any) -> Any:

@@ -183,8 +183,8 @@ def read_records(path: Path) -> list[RequestRecord]:
     for i, obj in iter_jsonl(path, expect="a request record (JSON object)"):
         try:
             out.append(RequestRecord.from_dict(obj))
-        except TypeError as e:
-            raise UsageError(f"{path}:{i}: not a valid record ({e})") from None
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"{path}:{i}: not a valid request record ({e})") from None
     return out
 
 

@@ -186,6 +186,36 @@ def test_run_json_of_unknown_version_or_kind_is_refused_and_older_versions_read(
             load(d)
 
 
+BAD_FIELDS = {   # a hand-edited or foreign records.jsonl: each field's wrong type or range, named in the error
+    "accept_lengths": ([1, 2, "x"], '"accept_lengths" must be a list of integers >= 1'),
+    "accept_lengths ": ([0, 0], '"accept_lengths" must be a list of integers >= 1'),
+    "num_output_tokens": ("x", '"num_output_tokens" must be an integer >= 0'),
+    "t_send_ns": ("x", '"t_send_ns" must be a number'),
+    "error": (5, '"error" must be a string or null'),
+    "prompt_ids": ([-1], '"prompt_ids" must be a list of token ids'),
+    "chunk_tokens": ([1, 2], '"chunk_times_ns" has 1 entries for 2'),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FIELDS))
+def test_records_with_a_field_of_the_wrong_type_are_exit_2_naming_it(case, files, no_model, capsys, tmp_path):
+    value, says = BAD_FIELDS[case]
+    d = shutil.copytree(files["run"], tmp_path / "r")
+    lines = (d / "records.jsonl").read_text().splitlines()
+    rec = json.loads(lines[1])
+    rec[case.strip()] = value
+    if case == "chunk_tokens":
+        rec["chunk_times_ns"] = [5]
+    lines[1] = json.dumps(rec)
+    (d / "records.jsonl").write_text("\n".join(lines) + "\n")
+    for argv in (["compare", d, "--baseline", files["base"]], ["gate", d, "--baseline", files["base"]],
+                 ["report", d, "--out", tmp_path / "r.html"], ["explain", d]):
+        code, _, err = cli(argv, capsys)
+        one_error_line(code, err)
+        assert "records.jsonl:2: not a valid request record" in err and says in err, (argv[0], err)
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_compare_json_of_a_newer_version_is_refused_by_report(files, capsys, tmp_path):
     code, out, _ = cli(["compare", files["run"], "--baseline", files["base"], "--json"], capsys)
     doc = json.loads(out)
