@@ -32,6 +32,7 @@ def explain_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     full_replay: Annotated[bool, typer.Option("--full-replay", help="Replay every drafter variant in full on the reference engine instead of scoring it against the one reference decode (slower; the same figures).")] = False,
     threads: Annotated[int, typer.Option("--threads", help="torch intra-op threads while the reference engine runs on a CPU.")] = EXPLAIN_CPU_THREADS,
+    allow_model_mismatch: Annotated[bool, typer.Option("--allow-model-mismatch", help="Replay on a --model whose weights are not the run's (refused otherwise: exit 2; then a config finding says so).")] = False,
 ) -> None:
     """Explain an acceptance gap: replay the run on the reference engine under known drafter variants and name the one that reproduces the server."""
     import json
@@ -50,7 +51,7 @@ def explain_cmd(
 
         raise UsageError(f"--variants {variants!r} names no variant", hint="leave it out to try the whole catalog (docs/explain.md), or name some, e.g. --variants causal")
     res = explain(run, model, draft, server_draft, names, limit, dtype, device, progress=not quiet,
-                  full_replay=full_replay, threads=threads)
+                  full_replay=full_replay, threads=threads, allow_model_mismatch=allow_model_mismatch)
     make_dirs(target.parent)
     write_json_atomic(target, res)
     if json_out:

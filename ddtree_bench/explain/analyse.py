@@ -32,7 +32,7 @@ from typing import Any
 
 from ddtree_bench import defaults as D
 from ddtree_bench.errors import UsageError
-from ddtree_bench.explain.config_check import check_pair, diff_configs
+from ddtree_bench.explain.config_check import Finding, check_pair, diff_configs
 from ddtree_bench.explain.curves import Acceptance, curve_distance, first_parting, round_agreement
 from ddtree_bench.explain.replay import ReplayRequest, replay
 from ddtree_bench.pair import BUILTIN
@@ -90,6 +90,20 @@ def load_server_side(run_dir: Path) -> dict[str, Any]:
     records = [r for r in read_records(run_dir / "records.jsonl") if r.ok]
     summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
     return {"run": run, "spec": spec, "records": records, "summary": summary}
+
+
+def _model_mismatch(run: dict[str, Any], model: str, target_dir: Path | None) -> str | None:
+    """Why the reference target is not the run's (both hashes known and different), else None."""
+    from ddtree_bench.engine.loading import dir_hash
+    from ddtree_bench.results import run_fact
+
+    want = run_fact(run, "model_hash")
+    if not want or target_dir is None or not (Path(target_dir) / "config.json").exists():
+        return None
+    got = dir_hash(target_dir)
+    if got == want:
+        return None
+    return f"the reference target {model} ({got}) is not the run's {run_fact(run, 'model') or '?'} ({want})"
 
 
 def _stop_ids(run: dict[str, Any], fallback: list[int]) -> list[int]:
@@ -291,11 +305,13 @@ def _replay_variants(eng, todo: list, targets: list, sr: _ServerRequests, method
 
 def explain(run_dir: str | Path, model: str | None = None, draft: str | None = None, server_draft: str | None = None,
             variants: list[str] | None = None, limit: int | None = None, dtype: str = D.DTYPE, device: str = D.DEVICE,
-            progress: bool = True, full_replay: bool = False, threads: int | None = EXPLAIN_CPU_THREADS) -> dict[str, Any]:
+            progress: bool = True, full_replay: bool = False, threads: int | None = EXPLAIN_CPU_THREADS,
+            allow_model_mismatch: bool = False) -> dict[str, Any]:
     """Everything explain finds about one run, as a JSON-ready dict (see the module docstring).
     `full_replay`: replay every drafter variant in full instead of scoring it by reuse of the
     reference decode (the slow twin). `threads`: torch's intra-op threads while the engine runs on
-    a CPU (None: leave torch's setting)."""
+    a CPU (None: leave torch's setting). A reference target whose hash is not the run's is refused
+    (UsageError) unless `allow_model_mismatch`, then named in the config findings."""
     from ddtree_bench.engine.draft_variants import REFERENCE, catalog
     from ddtree_bench.env import environment, now_iso
     from ddtree_bench.pair import load_pair, model_dirs
@@ -312,6 +328,11 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
     model, draft = _reference_dirs(model, draft, spec)
     target_dir, draft_dir = model_dirs(model, draft)
     findings = _config_findings(target_dir, draft_dir, server_draft)
+    mismatch = _model_mismatch(run, model, target_dir)
+    if mismatch and not allow_model_mismatch:
+        raise UsageError(mismatch, hint="pass the run's --model, or --allow-model-mismatch to replay on this one anyway")
+    if mismatch:
+        findings.append(Finding("warning", "model_mismatch", mismatch + ": its acceptance is not the server's target's"))
     fatal = [f for f in findings if f.severity == "error" and not f.code.startswith("server_")]
     method, budget = spec["method"], int(spec.get("budget") or D.BUDGET)
     sr = _server_requests(run_dir, spec, records, summary, limit)

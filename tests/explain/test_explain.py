@@ -92,6 +92,11 @@ def test_faithful_run_matches_and_the_report_shows_it(tmp_path, capsys):
     cli(capsys, "explain", str(run), "--draft", str(TOY_DIR / "draft"), "--variants", "reference", "--limit", "1",
         "--quiet", "--out", str(nested))
     assert json.loads(nested.read_text())["verdict"]["status"] == "matches"
+    p = cli(capsys, "explain", str(run), "--model", "toy-hybrid", "--quiet", check=False)   # not the run's target
+    assert p.returncode == 2 and "is not the run's toy" in p.stderr and "--allow-model-mismatch" in p.stderr, p.stderr
+    cli(capsys, "explain", str(run), "--model", "toy-hybrid", "--variants", "reference", "--limit", "1", "--quiet",
+        "--allow-model-mismatch", "--out", str(nested))
+    assert [f["code"] for f in json.loads(nested.read_text())["config_findings"]] == ["model_mismatch"]
 
 
 def test_bad_input_is_exit_2(tmp_path, capsys):
