@@ -212,6 +212,16 @@ class Point:
         return self.status == "ok" and (self.summary is not None or self.values.get("tok_s") is not None)
 
     @property
+    def model(self) -> str:
+        """The target as the spec names it (a bundled name or a directory)."""
+        return str(self.spec.get("model") or "?")
+
+    @property
+    def model_name(self) -> str:
+        """The target's short name: a directory's last part."""
+        return Path(self.model).name or self.model
+
+    @property
     def config_label(self) -> str:
         """'ar', 'dflash' or 'ddtree B=64'."""
         return f"ddtree B={self.budget}" if self.method == "ddtree" else self.method
@@ -313,9 +323,10 @@ class Config:
         return [p for p in self.points if p.heavy_load]
 
     def group_key(self) -> tuple:
-        """What the takeaways compare within: suite, temperature, load."""
+        """What the takeaways compare within: target model, suite, temperature, load (backends of one model
+        are ranked together; two models' speedups and tok/s are two workloads, never one ranking)."""
         p = self.first
-        return (p.suite, p.temperature, p.load_label)
+        return (p.model, p.suite, p.temperature, p.load_label)
 
     def value(self, metric: str) -> float | None:
         return self.speedup_value if metric == "speedup_vs_ar" else self.tok_s_value

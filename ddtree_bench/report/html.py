@@ -181,7 +181,7 @@ def section_metadata(data: ReportData) -> Html:
 
 
 def verdicts(data: ReportData) -> list[tuple[tuple, Verdict]]:
-    """One verdict per (suite, temperature, load): by speedup vs AR when every configuration has one,
+    """One verdict per (model, suite, temperature, load): by speedup vs AR when every configuration has one,
     else by tok/s; a winner only when its interval clears the runner-up's (noise/verdict.py). A load
     level some point did not honour (summary.json `concurrency_honoured` false) gets none."""
     groups: dict[tuple, list[Config]] = defaultdict(list)
@@ -198,7 +198,7 @@ def verdicts(data: ReportData) -> list[tuple[tuple, Verdict]]:
 
 
 def unhonoured_groups(data: ReportData) -> list[tuple[tuple, Point]]:
-    """(suite, temperature, load) and its first point whose concurrency was not honoured, per load level
+    """(model, suite, temperature, load) and its first point whose concurrency was not honoured, per load level
     that therefore gets no takeaway (said in the Takeaways section, never skipped silently)."""
     out: dict[tuple, Point] = {}
     for c in data.configs:
@@ -247,25 +247,31 @@ def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
         return Html("")
     pct = f"{100 * D.CI_LEVEL:g}%"
     items = []
-    for (suite, temp, load), v in vs:
-        head = f"{suite}, {load}" + (f", T={temp:g}" if temp else "") + ": "
+    models = len({c.first.model for c in data.configs}) > 1   # heads and rows of two models say which
+
+    def group_head(p: Point) -> str:
+        return ", ".join([*([p.model_name] if models else []), p.suite, p.load_label,
+                          *([f"T={p.temperature:g}"] if p.temperature else [])]) + ": "
+
+    for _, v in vs:
+        head = group_head(v.ranked[0].ref.first)
         link = []
         if v.winner is not None:
             link = [" (", el("a", "row", href=f"#{anchors[id(v.winner.ref.first)]}"), ")"]
         items.append(el("li", head, sentence(v), *link))
-    for (suite, temp, load), p in skipped:
-        head = f"{suite}, {load}" + (f", T={temp:g}" if temp else "") + ": "
+    for _, p in skipped:
+        head = group_head(p)
         items.append(el("li", head, el("strong", "no takeaway"), f" \u2014 {p.config_label} at this load: {_not_honoured_text(p)}. "
                         "Its figures are not measurements at that load, so they are not ranked or compared across loads (",
                         el("a", "row", href=f"#{anchors[id(p)]}"), ").", class_="warn"))
     rows = []
     temps = len({c.first.temperature for c in data.configs}) > 1  # rows of two temperatures say which
     suites = len({c.first.suite for c in data.configs}) > 1
-    for (_, _, _), v in vs:
+    for _, v in vs:
         for c in v.ranked:
             cfg: Config = c.ref
             heavy = cfg.heavy_points
-            where = ", ".join([*([cfg.first.suite] if suites else []), cfg.first.load_label,
+            where = ", ".join([*([cfg.first.model_name] if models else []), *([cfg.first.suite] if suites else []), cfg.first.load_label,
                                *([f"T={cfg.first.temperature:g}"] if temps else [])])
             rows.append(el("tr", el("td", el("a", cfg.label, href=f"#{anchors[id(cfg.first)]}")),
                            el("td", where), el("td", cfg.repeats, class_="num"),
@@ -273,7 +279,7 @@ def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
                            el("td", _iv_text(cfg, "output_throughput_tok_s", 1), class_="num"),
                            el("td", f"{len(heavy)} of {cfg.repeats}" if heavy else "", class_="num"),
                            class_="best" if v.winner is c and len(v.ranked) > 1 else None))
-    head = el("tr", *[el("th", h) for h in ("configuration", "settings" if (temps or suites) else "load", "repeats", f"speedup vs AR [{pct} CI]",
+    head = el("tr", *[el("th", h) for h in ("configuration", "settings" if (temps or suites or models) else "load", "repeats", f"speedup vs AR [{pct} CI]",
                                             f"tok/s [{pct} CI]", "heavy-load repeats")])
     table = el("div", el("table", el("thead", head), el("tbody", *rows), class_="grid"), class_="table-wrap")
     method = el("p", (
@@ -302,6 +308,7 @@ def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
 # (header, tooltip, cell, css class, kept even when every row has the same value)
 _HEADLINE_COLUMNS: tuple[tuple[str, str | None, Any, str | None, bool], ...] = (
     ("point", "run directory / grid point", lambda p, v: el("code", p.id), "id", True),
+    ("model", "the target model (its directory's name)", lambda p, v: p.model_name, None, False),
     ("suite", None, lambda p, v: p.suite, None, False),
     ("backend", "where the point ran: inprocess, standalone, vllm, sglang, ...", lambda p, v: p.spec.get("backend"), None, False),
     ("method", None, lambda p, v: p.method, None, True),

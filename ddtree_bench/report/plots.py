@@ -120,11 +120,14 @@ def _percent_log_ticks(ax) -> None:
 
 
 def _groups(points: list[Point]) -> tuple[dict[str, list[Point]], bool]:
-    """Points by suite (and temperature when several are present); bool: more than one group."""
-    temps = {p.temperature for p in points}
+    """Points by suite, and by model, backend and temperature where the points hold several of each (a curve
+    never averages two deployments' points); bool: more than one group."""
+    many = lambda get: len({get(p) for p in points}) > 1  # noqa: E731
+    models, backends, temps = many(lambda p: p.model), many(lambda p: str(p.spec.get("backend"))), many(lambda p: p.temperature)
     out: dict[str, list[Point]] = defaultdict(list)
     for p in points:
-        key = p.suite if len(temps) <= 1 else f"{p.suite}, T={p.temperature:g}"
+        key = ", ".join([*([p.model_name] if models else []), *([str(p.spec.get("backend"))] if backends else []), p.suite,
+                         *([f"T={p.temperature:g}"] if temps else [])])
         out[key].append(p)
     return dict(out), len(out) > 1
 

@@ -390,12 +390,12 @@ def test_a_load_the_backend_did_not_honour_gives_no_takeaway(fx):
 
     data = rdata.load([fx.sweep])
     before = {key for key, _ in rhtml.verdicts(data)}
-    assert ("smoke", 0.0, "c=2") in before
+    assert ("random", "smoke", 0.0, "c=2") in before
     for p in data.points:
         if p.load_label == "c=2" and p.summary is not None:
             p.summary = {**p.summary, "concurrency_honoured": False}
     after = {key for key, _ in rhtml.verdicts(data)}
-    assert after == before - {("smoke", 0.0, "c=2")}
+    assert after == before - {("random", "smoke", 0.0, "c=2")}
 
 
 def _headline_rows(html: str) -> list[dict[str, str]]:
