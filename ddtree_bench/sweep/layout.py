@@ -73,7 +73,10 @@ class SweepDir:
         return self.points_dir / pid
 
     def finished(self, pid: str) -> bool:
-        return (self.point_dir(pid) / "summary.json").exists()
+        """The point's results are whole: run.json, records.jsonl and summary.json all there (a point missing
+        one - a crash between writes, a hand deletion - runs again on --resume rather than pass unjudged)."""
+        d = self.point_dir(pid)
+        return all((d / name).is_file() for name in ("summary.json", "run.json", "records.jsonl"))
 
     # ------------------------------------------------------------------ sweep.json
 

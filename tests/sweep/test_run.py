@@ -80,6 +80,12 @@ def test_inprocess_sweep_loads_once_resumes_and_loads_into_pandas(tmp_path, monk
     changed = [n for n, m in mtimes.items() if (out / "points" / n / "records.jsonl").stat().st_mtime_ns != m]
     assert changed == [victim]
     assert len(csv_rows(out)) == 4 and len(load(out).records) == 16
+    # a point whose records.jsonl is gone (its summary.json kept) is not finished either: it runs again
+    victim = sweep["points"][3]["id"]
+    (out / "points" / victim / "records.jsonl").unlink()
+    assert run_cli(["sweep", "--resume", str(out), "-q", "--no-report"]) == 0
+    assert {(r.prompt_id, r.turn) for r in read_records(out / "points" / victim)} == SMOKE_TURNS
+    assert len(csv_rows(out)) == 4 and len(load(out).records) == 16
 
 
 def test_a_failed_point_exits_1_and_a_bare_resume_completes_it(tmp_path, monkeypatch, capsys):
