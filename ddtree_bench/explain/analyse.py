@@ -170,7 +170,9 @@ def _server_requests(run_dir: Path, spec: dict[str, Any], records: list, summary
     summary_rates = (summary.get("metrics") or summary).get("acceptance_rate_by_depth") if isinstance(summary, dict) else None
     if not with_rounds:
         if not records or not any(r.prompt_ids for r in records):
-            raise UsageError(f"{run_dir}: no request has both prompt ids and acceptance lengths; nothing to replay")
+            raise UsageError(f"{run_dir}: no request has both prompt ids and acceptance lengths; nothing to replay",
+                             hint="the server returned no prompt token ids (llama.cpp's chat endpoint keeps none): re-run "
+                             "with `run --endpoint completions`, which sends the ids" if records else None)
         if not summary_rates:
             raise UsageError(f"{run_dir}: the server reported no acceptance (no accept_lengths, no per-depth rates)",
                              hint="for vLLM, launch with --per-request-spec-decode-metrics detailed")

@@ -11,8 +11,10 @@ For each (prompt_id, turn) present in both, `kind` is one of:
                     run_truncated / baseline_truncated (hit max_new_tokens), eos_stripped (one side
                     omits the final stop token), stop_ignored (the longer one ran past a stop
                     token), early_stop (the shorter ended with neither);
-  prompt_mismatch   the prompt token ids differ: different template, tokenizer or suite, so the
-                    outputs are not comparable (flagged, never diffed);
+  prompt_mismatch   the prompt token ids differ (or, where the run has no prompt ids, the server's
+                    prompt-token count is not the baseline prompt's length): different template,
+                    tokenizer or suite, so the outputs are not comparable (flagged, never diffed);
+                    `prompt_check` says how each prompt was checked: "ids", "count" or None (not at all);
   after_divergence  a later turn whose prompt differs only because an earlier turn's answer
                     diverged (it carries that answer), so it cannot be compared;
   error             the run's request failed;
@@ -63,6 +65,7 @@ class PromptResult:
     context_ids: dict[str, Any] | None = None
     tau_run: float | None = None
     tau_baseline: float | None = None
+    prompt_check: str | None = None   # how the prompt was checked: "ids" | "count" (server's token count only) | None
 
 
 @dataclass
@@ -180,6 +183,16 @@ def compare_one(rec: RequestRecord, entry: BaselineEntry, near_tie_gap: float, s
     if not rec.ok:
         r.kind, r.match, r.explanation = "error", False, rec.error
         return r
+    if rec.prompt_ids is not None and entry.prompt_ids is not None:
+        r.prompt_check = "ids"
+    elif rec.num_prompt_tokens is not None and entry.prompt_ids is not None:
+        r.prompt_check = "count"
+        if rec.num_prompt_tokens != len(entry.prompt_ids) and not earlier_diverged and (token_comparable or rec.turn == 0):
+            r.kind, r.match, r.reason = "prompt_mismatch", None, "num_prompt_tokens"
+            r.explanation = (f"the server counted {rec.num_prompt_tokens} prompt tokens, the baseline's prompt has "
+                             f"{len(entry.prompt_ids)} (the run has no prompt ids to diff): different chat template, "
+                             "tokenizer or suite? Outputs not compared")
+            return r
     if rec.prompt_ids is not None and entry.prompt_ids is not None and rec.prompt_ids != entry.prompt_ids:
         if earlier_diverged:
             r.kind, r.match = "after_divergence", None

@@ -122,10 +122,26 @@ def _near_tie_check(c: Comparison, rules: Rules, recheck: RecheckReport | None) 
     return chk
 
 
+def _prompt_check(c: Comparison, rules: Rules) -> Check:
+    """The cap on prompt mismatches, saying how the prompts were checked: by token ids, by the server's prompt-token
+    count only, or not at all (a run without prompt ids or counts: skipped, never a silent pass)."""
+    judged = [p for p in c.prompts if p.kind != "error"]
+    how = {k: sum(1 for p in judged if p.prompt_check == k) for k in ("ids", "count", None)}
+    if judged and how[None] == len(judged):
+        return Check("prompt_mismatches", "correctness", "skip", "not checked: the run's records carry no prompt token ids "
+                     "or counts (llama.cpp's chat endpoint returns no ids; `run --endpoint completions` sends and keeps them)",
+                     kinds=("prompt_mismatch",))
+    chk = _count_check("prompt_mismatches", c.count("prompt_mismatch"), rules.max_prompt_mismatches,
+                       "prompts whose token ids differ from the baseline's", ("prompt_mismatch",), _examples(c, "prompt_mismatch"))
+    if how["count"] or how[None]:
+        chk.message += (f"; checked by token ids {how['ids']}, by the server's prompt-token count only {how['count']}, "
+                        f"not at all {how[None]} of {len(judged)}")
+    return chk
+
+
 def correctness_checks(c: Comparison, rules: Rules, num_errors: int, recheck: RecheckReport | None = None) -> list[Check]:
     checks = [_count_check("request_errors", num_errors, rules.max_errors, "failed requests", ("error",), _examples(c, "error"))]
-    checks.append(_count_check("prompt_mismatches", c.count("prompt_mismatch"), rules.max_prompt_mismatches,
-                               "prompts whose token ids differ from the baseline's", ("prompt_mismatch",), _examples(c, "prompt_mismatch")))
+    checks.append(_prompt_check(c, rules))
     token_rules = [
         ("confident_divergences", "divergence", rules.max_confident_divergences, "confident divergences", ()),
         ("unknown_gap_divergences", "unknown", rules.max_unknown_gap, "divergences where the baseline has no logit gap", ()),

@@ -141,3 +141,25 @@ def test_prompt_mismatches_fail_and_total_mismatch_is_bad_input(tmp_path, base, 
     every = run_dir(tmp_path / "every", [record("a", OUT, prompt=[9]), record("b", OUT, prompt=[9])])
     code, _, err = cli(["gate", every, "--baseline", base], capsys)
     assert code == 2 and "every prompt" in err
+
+
+def _no_ids(rec, count):
+    """A record as a server that returns no prompt ids writes it (llama.cpp's chat endpoint): its count, or none."""
+    from dataclasses import replace
+
+    return replace(rec, prompt_ids=None, num_prompt_tokens=count)
+
+
+def test_prompts_without_ids_are_checked_by_count_or_said_unchecked(tmp_path, base, capsys):
+    """The baseline's prompts have 4 tokens. A server count of 4 passes by count; 41 is a prompt mismatch (the
+    outputs are not diffed); no ids and no counts skip the check and say so - never a silent 'PASS 0'."""
+    ok = [record("a", OUT, accept=[3, 3, 2]), record("b", OUT, accept=[3, 3, 2])]
+    same = run_dir(tmp_path / "same", [_no_ids(r, 4) for r in ok])
+    code, out, _ = cli(["gate", same, "--baseline", base], capsys)
+    assert code == 0 and "by the server's prompt-token count only 2" in out, out
+    off = run_dir(tmp_path / "off", [_no_ids(ok[0], 41), _no_ids(ok[1], 4)])
+    code, out, err = cli(["gate", off, "--baseline", base], capsys)
+    assert code == 1 and "prompt_mismatches" in err and "a turn 0" in out
+    blind = run_dir(tmp_path / "blind", [_no_ids(r, None) for r in ok])
+    code, out, _ = cli(["gate", blind, "--baseline", base], capsys)
+    assert code == 0 and "not checked: the run's records carry no prompt token ids" in out and "--endpoint completions" in out
