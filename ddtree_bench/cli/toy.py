@@ -13,7 +13,7 @@ from ddtree_bench.cli.app import toy_app
 @toy_app.command("train", epilog="\b\nExamples:\n  ddtree-bench toy train --out /tmp/toy --device cuda\n  ddtree-bench toy train --hybrid --out /tmp/toy-hybrid --device cuda --time-budget-s 420")
 def toy_train_cmd(
     out: Annotated[Path, typer.Option("--out", help="Directory to write target/ and draft/ into.")],
-    device: Annotated[str, typer.Option("--device", help="cpu | cuda (minutes on one GPU; hours on a CPU).")] = "cpu",
+    device: Annotated[str, typer.Option("--device", help="cpu | cuda (the dense pair: minutes on one GPU, hours on a CPU; --hybrid: a GPU only).")] = "cpu",
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed (default: the recipe's).")] = None,
     target_steps: Annotated[Optional[int], typer.Option("--target-steps", help="Override the recipe's target steps.")] = None,
     draft_steps: Annotated[Optional[int], typer.Option("--draft-steps", help="Override the recipe's drafter steps.")] = None,
@@ -45,6 +45,10 @@ def toy_train_cmd(
         from ddtree_bench.toy import train_hybrid
 
         train_hybrid.require_transformers()
+        if resolve_device(device).type != "cuda":
+            raise UsageError("toy train --hybrid needs a CUDA device: its target batches (64 x 1024 tokens through "
+                             "transformers' reference Gated DeltaNet) do not fit a 24 GiB CPU machine",
+                             hint="pass --device cuda, or train the dense pair on a CPU (without --hybrid)")
         recipe = dataclasses.replace(train_hybrid.HybridRecipe(), time_budget_s=time_budget_s, **overrides)
         train_hybrid.train(recipe, out, device=device, max_files=max_files, log=lambda m: typer.echo(m, err=True))
         typer.echo(f"toy hybrid pair: {out}")

@@ -178,3 +178,14 @@ def test_time_budget_needs_hybrid(tmp_path, capsys):
 
     rc = run_cli(["toy", "train", "--out", str(tmp_path / "o"), "--time-budget-s", "60"])
     assert rc == 2 and "--hybrid" in capsys.readouterr().err
+
+
+def test_hybrid_training_on_a_cpu_is_refused_before_any_work(tmp_path, capsys):
+    """The hybrid recipe's batches were killed for memory on a 24 GiB CPU machine after ~77 s with no error line;
+    the CLI refuses a CPU device up front (exit 2) and writes nothing."""
+    from process_support import run_cli
+
+    rc = run_cli(["toy", "train", "--hybrid", "--out", str(tmp_path / "o"), "--time-budget-s", "10"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "needs a CUDA device" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
