@@ -16,9 +16,17 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    epilog="\b\nExamples:\n  ddtree-bench sweep                      # the main job on the bundled toy pair\n"
+           "  ddtree-bench run --backend sglang --url http://127.0.0.1:30000 --model /models/Qwen3.6-27B --out results/prod\n"
+           "  ddtree-bench gate results/prod --baseline baselines/q36.jsonl\n"
+           "  ddtree-bench COMMAND --help            # each command's own examples",
 )
-baseline_app = typer.Typer(help="Record or import greedy baselines.", no_args_is_help=True)
-toy_app = typer.Typer(help="The bundled toy target + DFlash drafter pair.", no_args_is_help=True)
+baseline_app = typer.Typer(help="Record or import greedy baselines.", no_args_is_help=True,
+                           epilog="\b\nExamples:\n  ddtree-bench baseline record --suite gsm8k --limit 32 --out baselines/toy-gsm8k.jsonl\n"
+                                  "  ddtree-bench baseline import authors_output.pt --tokenizer /models/Qwen3-8B --suite gsm8k --out baselines/zlab.jsonl")
+toy_app = typer.Typer(help="The bundled toy target + DFlash drafter pair.", no_args_is_help=True,
+                      epilog="\b\nExamples:\n  ddtree-bench toy train --out /tmp/toy\n"
+                             "  ddtree-bench toy train --hybrid --out /tmp/toy-hybrid --device cuda --time-budget-s 420")
 app.add_typer(baseline_app, name="baseline")
 app.add_typer(toy_app, name="toy")
 
