@@ -1,6 +1,7 @@
 """text_file.parse_text_file through its two callers, results.read_json and
 yaml_mapping.read_yaml_mapping: each bad file gives the one error line it gave before the two shared
-the helper (binary bytes, syntax error, nesting too deep, unreadable, missing), and good files parse."""
+the helper (binary bytes, syntax error, nesting too deep, unreadable, missing), a YAML key given twice is
+refused, and good files parse."""
 
 from __future__ import annotations
 
@@ -47,6 +48,12 @@ def test_yaml_errors_start_with_the_label(tmp_path):
     assert read_yaml_mapping(f, "L", "x") == {}
     f.write_text("budgets: [16, 32]\n")
     assert read_yaml_mapping(f, "L", "x") == {"budgets": [16, 32]}
+    f.write_text("limit: 1\nbudgets: [16]\nlimit: 2\n")   # YAML would keep limit: 2 and say nothing
+    assert _error(read_yaml_mapping, f, "L", "x") == "L: malformed YAML (key 'limit' given twice at line 3, column 1)"
+    f.write_text("correctness:\n  max_errors: 0\n  max_errors: 1\n")
+    assert "key 'max_errors' given twice at line 3" in _error(read_yaml_mapping, f, "L", "x")
+    f.write_text("base: &b {limit: 1, suites: [gsm8k]}\ngrid:\n  <<: *b\n  limit: 2\n")   # a merge key may be overridden
+    assert read_yaml_mapping(f, "L", "x")["grid"] == {"limit": 2, "suites": ["gsm8k"]}
 
 
 def test_nesting_too_deep_and_a_custom_detail(tmp_path):
