@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from ddtree_bench.explain.config_check import Finding, check_pair, diff_configs
 from ddtree_bench.explain.curves import Acceptance, curve_distance, first_parting, round_agreement
 from ddtree_bench.explain.replay import ReplayRequest, replay
 from ddtree_bench.pair import BUILTIN
+from ddtree_bench.verdict import comparable_acceptance
 
 KIND = "ddtree-bench-explain"
 # One intra-op thread while explain's engine runs on a CPU: its forwards are small (a 16-row draft
@@ -140,10 +141,20 @@ class _ServerRequests:
     summary_rates: list[Any] | None      # summary.json's per-depth rates (when the records have none)
     requests: list[ReplayRequest]
     max_new_tokens: int
+    shortened: bool = False              # the server shortens its last drafts to the token budget (llama.cpp)
 
     @property
     def keys(self) -> list[tuple[str, int]]:
         return [q.key for q in self.requests]
+
+    def comparable(self, acc: Acceptance) -> Acceptance:
+        """`acc` as the server would record it: for a draft-shortening server, every request's rounds under
+        comparable_acceptance.shorten_to_budget (idempotent on the server's own); else unchanged."""
+        if not self.shortened:
+            return acc
+        from ddtree_bench.verdict.comparable_acceptance import shorten_to_budget
+
+        return replace(acc, rounds={k: shorten_to_budget(r, self.max_new_tokens) for k, r in acc.rounds.items()})
 
 
 def _config_findings(target_dir: Path | None, draft_dir: Path | None, server_draft: str | None) -> list:
@@ -158,7 +169,8 @@ def _config_findings(target_dir: Path | None, draft_dir: Path | None, server_dra
     return findings
 
 
-def _server_requests(run_dir: Path, spec: dict[str, Any], records: list, summary: Any, limit: int | None) -> _ServerRequests:
+def _server_requests(run_dir: Path, spec: dict[str, Any], records: list, summary: Any, limit: int | None,
+                     shortened: bool = False) -> _ServerRequests:
     """The records explain can use (acceptance lengths and prompt ids; else summary.json's per-depth
     rates), the first `limit` of them. UsageError when the run has nothing to replay or compare."""
     with_rounds = [r for r in records if r.accept_lengths and r.prompt_ids]
@@ -179,13 +191,15 @@ def _server_requests(run_dir: Path, spec: dict[str, Any], records: list, summary
     req_records = with_rounds or [r for r in records if r.prompt_ids][: limit or None]
     max_new = int(spec.get("max_new_tokens") or D.MAX_NEW_TOKENS)
     requests = [ReplayRequest((r.prompt_id, r.turn), list(r.prompt_ids), max_new) for r in req_records]
-    return _ServerRequests(bool(with_rounds), ordered, server, summary_rates, requests, max_new)
+    sr = _ServerRequests(bool(with_rounds), ordered, server, summary_rates, requests, max_new, shortened)
+    sr.acceptance = sr.comparable(server)
+    return sr
 
 
 def _row(v, res, sr: _ServerRequests, depth: int, s_rates: list[float], s_tau: float | None) -> dict[str, Any]:
     """One variant's row: tau, per-depth rates, distance to the server, outputs equal, round agreement."""
     keys = sr.keys
-    acc = res.acceptance
+    acc = sr.comparable(res.acceptance)
     rates = acc.rates(depth, keys)
     tau = acc.tau(keys)
     return {**v.to_dict(), "tau": tau, "rates_by_depth": rates, "distance": curve_distance(s_rates, rates or []),
@@ -337,7 +351,7 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
         findings.append(Finding("warning", "model_mismatch", mismatch + ": its acceptance is not the server's target's"))
     fatal = [f for f in findings if f.severity == "error" and not f.code.startswith("server_")]
     method, budget = spec["method"], int(spec.get("budget") or D.BUDGET)
-    sr = _server_requests(run_dir, spec, records, summary, limit)
+    sr = _server_requests(run_dir, spec, records, summary, limit, comparable_acceptance.shortens_drafts(run))
 
     result: dict[str, Any] = {
         "kind": KIND, "version": VERSION, "run": str(run_dir), "created_at": now_iso(),
@@ -386,11 +400,12 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
     ranked = sorted(ran, key=lambda r: (r["distance"], not r["changes"] == {})) + [r for r in rows if "skipped" in r]
     ref_row = next(r for r in ran if r["changes"] == {})
     result["reference"] = {"tau": ref_row["tau"], "rates_by_depth": ref_row["rates_by_depth"], "distance": ref_row["distance"],
-                           "rounds": len(ref_res.acceptance.pooled(keys)) if ref_res else None,
+                           "rounds": len(sr.comparable(ref_res.acceptance).pooled(keys)) if ref_res else None,
                            "outputs_equal_to_server": ref_row["outputs_equal_to_server"]}
     result["variants"] = ranked
+    result["acceptance_definition"] = comparable_acceptance.DEFINITION if sr.shortened else "rounds as recorded"
     if sr.ordered and ref_res is not None:
-        result["parting"] = _partings(sr.acceptance, ref_res, keys, method)
+        result["parting"] = _partings(sr.acceptance, replace(ref_res, acceptance=sr.comparable(ref_res.acceptance)), keys, method)
     result["depth_gap"] = _depth_gap(s_rates, ref_row["rates_by_depth"] or [])
     result["verdict"] = _verdict(result, ranked, ref_row, findings)
     result["versions"] = environment(device)["versions"]

@@ -99,6 +99,32 @@ def test_faithful_run_matches_and_the_report_shows_it(tmp_path, capsys):
     assert [f["code"] for f in json.loads(nested.read_text())["config_findings"]] == ["model_mismatch"]
 
 
+@pytest.mark.slow
+def test_a_server_that_shortens_its_last_drafts_matches_under_its_rule(tmp_path, capsys):
+    """A correct llama.cpp-like server: the reference's rounds with the last drafts cut to the token budget
+    (verdict/comparable_acceptance.py). explain puts the reference's rounds under the same rule, so the run
+    matches round for round; on raw rounds the last ones differ by construction and a variant could win."""
+    from ddtree_bench.verdict.comparable_acceptance import shorten_to_budget
+
+    run = tmp_path / "lcpp"
+    cli(capsys, "run", "--model", "toy", "--out", str(run), *RUN_ARGS)
+    info = json.loads((run / "run.json").read_text())
+    info["backend"] = {**(info.get("backend") or {}), "drafts_shortened_to_budget": True}
+    (run / "run.json").write_text(json.dumps(info))
+    lines = [json.loads(x) for x in (run / "records.jsonl").read_text().splitlines()]
+    changed = 0
+    for rec in lines:
+        short = shorten_to_budget(rec["accept_lengths"], 48)
+        changed += short != rec["accept_lengths"]
+        rec["accept_lengths"] = short
+    assert changed, "the requests must reach the budget for the rule to matter"
+    (run / "records.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    res = explain(capsys, run)
+    assert res["acceptance_definition"].startswith("rounds as a server that shortens")
+    assert res["verdict"]["status"] == "matches", res["verdict"]
+    assert res["reference"]["distance"] == 0.0 and res["parting"]["requests_parted"] == 0
+
+
 def test_bad_input_is_exit_2(tmp_path, capsys):
     p = cli(capsys, "explain", str(tmp_path / "nope"), check=False)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "Traceback" not in p.stderr
