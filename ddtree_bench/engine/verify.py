@@ -39,7 +39,8 @@ def pick(logits: torch.Tensor, temperature: float = 0.0, top_p: float = 1.0, gen
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the most probable token
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p
+        keep[..., 0] = True   # the most probable token, also where top_p underflows to 0 in float32
         sorted_p = sorted_p * keep
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -156,3 +156,5 @@ def test_pick_temperature_and_top_p_law():
         assert counts[want == 0].sum() == 0, f"top_p={top_p}: drew outside the nucleus"
         pv, _ = chi_square_pvalue({i: int(counts[i]) for i in range(8)}, {i: float(want[i]) for i in range(8)}, n)
         assert pv > ALPHA, (top_p, pv, counts.tolist())
+    for tiny in (1e-46, 1e-300, 5e-324):   # valid top_p (> 0) that is 0 in float32: the nucleus is the top token
+        assert pick(logits.repeat(4, 1), t, tiny, torch.Generator().manual_seed(1)).tolist() == [1] * 4
