@@ -182,8 +182,10 @@ def _bound(x: float) -> str:
 def _range_text(f: Field) -> str:
     if (f.lo, f.hi) == (INT64_MIN, INT64_MAX):
         return "a 64-bit signed integer"
-    if f.hi == INT64_MAX:
+    if f.hi == INT64_MAX and "number" in f.kinds:
         return f"> {_bound(f.lo)}" if f.lo_open else f">= {_bound(f.lo)}"
+    if f.hi == INT64_MAX:   # an integer field: name the 64-bit ceiling too (2^63 is a 400 as well)
+        return f"an integer {'>' if f.lo_open else '>='} {_bound(f.lo)} and <= 2^63 - 1"
     return f"in {'(' if f.lo_open else '['}{_bound(f.lo)}, {_bound(f.hi)}]"
 
 
@@ -349,7 +351,7 @@ def parse_request(obj: Any, kind: str, served_model: str, vocab_size: int) -> Se
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise ApiError(400, f"'messages[{i}]' must be an object with a string 'role'", param="messages")
             if m["role"] not in ("system", "user", "assistant", "developer"):
-                raise ApiError(400, f"'messages[{i}].role' {_show(m['role'])} is not supported (system, user, assistant)", param="messages")
+                raise ApiError(400, f"'messages[{i}].role' {_show(m['role'])} is not supported (system, developer, user, assistant)", param="messages")
             if m.get("name") is not None and not isinstance(m["name"], str):
                 raise ApiError(400, f"'messages[{i}].name' must be a string, got {_show(m['name'])}", param="messages")
             out.append({"role": m["role"], "content": _message_content(m, i)})

@@ -39,6 +39,7 @@ import asyncio
 import hmac
 import json
 import logging
+import secrets
 import signal
 import sys
 import time
@@ -346,7 +347,8 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     if st.draining:
         return _error(503, "the server is shutting down", "server_error")
     req = prep.req
-    job = Job(prep.prompt_ids, req.max_tokens, req.temperature, req.top_p, req.seed, prep.stop_ids, logprobs=req.logprobs)
+    seed = req.seed if req.seed is not None or req.temperature < D.GREEDY_EPS else secrets.randbits(63)  # OpenAI: a fresh sample
+    job = Job(prep.prompt_ids, req.max_tokens, req.temperature, req.top_p, seed, prep.stop_ids, logprobs=req.logprobs)
     try:
         async with st.scheduler.turn():
             if st.draining:

@@ -78,7 +78,8 @@ def sse_events(resp):
     ("/v1/completions", {"prompt": ["a", "b"]}, 400, "batched prompts are not supported"),
     ("/v1/completions", {"prompt": [1, 100000]}, 400, "outside the vocabulary"),
     ("/v1/completions", {"prompt": "x", "max_tokens": "10"}, 400, "'max_tokens' must be an integer"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "'max_tokens' must be >= 1"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "'max_tokens' must be an integer >= 1 and <= 2^63 - 1"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 2**63}, 400, "'max_tokens' must be an integer >= 1 and <= 2^63 - 1"),
     ("/v1/completions", {"prompt": "x", "temperature": -0.5}, 400, "'temperature' must be in [0, 2]"),
     ("/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "'temperature' must be a number"),
     ("/v1/completions", {"prompt": "x", "top_p": 0}, 400, "'top_p' must be in (0, 1]"),
@@ -95,6 +96,31 @@ def test_malformed_requests_get_a_4xx_that_says_what_is_wrong(server, path, body
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert needle in err["message"] and err["code"] == status
+
+
+class SeedSource(NullSource):
+    """A null engine that records the seed each job reached it with."""
+
+    def __init__(self):
+        super().__init__("seeds")
+        self.seeds = []
+
+    async def stream(self, job):
+        self.seeds.append(job.seed)
+        async for ev in super().stream(job):
+            yield ev
+
+
+def test_a_sampled_request_without_a_seed_gets_a_fresh_one_as_openai_does():
+    """T > 0 and no seed: each request samples afresh (a new random seed), not seed 0 every time; a given
+    seed is kept (reproducible), and greedy requests need none."""
+    src = SeedSource()
+    with ThreadedServer(build_app(src)) as s:
+        for body in ({"temperature": 1.0}, {"temperature": 1.0}, {"temperature": 1.0, "seed": 7}, {"temperature": 0}):
+            assert post(s, "/v1/completions", {"prompt": "x", "max_tokens": 2, **body}).status_code == 200
+    a, b, kept, greedy = src.seeds
+    assert isinstance(a, int) and isinstance(b, int) and a != b
+    assert kept == 7 and greedy is None
 
 
 def test_body_over_the_limit_is_413(server):
