@@ -63,9 +63,23 @@ def _ids(v: Any, where: str) -> list[int]:
         v = v.reshape(-1).tolist()
     elif isinstance(v, list) and len(v) == 1 and isinstance(v[0], list):
         v = v[0]
-    if not isinstance(v, list) or not all(isinstance(x, int) for x in v):
-        raise UsageError(f"{where}: output_ids must be a tensor or list of token ids")
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+        raise UsageError(f"{where}: output_ids must be a tensor or list of token ids (integers >= 0)")
     return [int(x) for x in v]
+
+
+def _accept_lengths(v: Any, where: str) -> list[int] | None:
+    """acceptance_lengths as a list of integers >= 1 (a list, tuple or tensor; None when absent or empty)."""
+    if hasattr(v, "reshape") and hasattr(v, "tolist"):
+        v = v.reshape(-1).tolist()
+    if v is None or (isinstance(v, (list, tuple)) and not v):
+        return None
+    ok = isinstance(v, (list, tuple)) and all(
+        (isinstance(a, int) and not isinstance(a, bool)) or (isinstance(a, float) and a.is_integer()) for a in v)
+    if not ok or any(a < 1 for a in v):
+        raise UsageError(f"{where}: acceptance_lengths must be a list of integers >= 1 (each round counts its bonus "
+                         f"token), got {str(v)[:60]}")
+    return [int(a) for a in v]
 
 
 @dataclass
@@ -82,9 +96,7 @@ def split_response(ns: Any, where: str) -> Response:
     n_in = getattr(ns, "num_input_tokens", None)
     if not isinstance(n_in, int) or not 0 < n_in <= len(ids):
         raise UsageError(f"{where}: num_input_tokens must be an integer in 1..len(output_ids)")
-    acc = getattr(ns, "acceptance_lengths", None)
-    acc = [int(a) for a in acc] if isinstance(acc, (list, tuple)) and acc else None
-    return Response(ids[:n_in], ids[n_in:], acc)
+    return Response(ids[:n_in], ids[n_in:], _accept_lengths(getattr(ns, "acceptance_lengths", None), where))
 
 
 def method_budget(name: str) -> tuple[str, int | None]:
@@ -142,6 +154,12 @@ def import_responses(obj: dict[str, Any], tokenizer: Any, prompts: list[Prompt],
         result.matched_by[how] = result.matched_by.get(how, 0) + 1
 
     split = [split_response(r[method], f"{source}: responses[{i}][{method!r}]") for i, r in enumerate(responses)]
+    vocab = getattr(tokenizer, "vocab_size", None)
+    for i, resp in enumerate(split):
+        top = max(resp.prompt_ids + resp.output_ids)
+        if isinstance(vocab, int) and top >= vocab:
+            raise UsageError(f"{source}: responses[{i}][{method!r}]: token id {top} is outside the tokenizer's vocabulary "
+                             f"({vocab} ids)", hint="is --tokenizer the target the file was generated with?")
     pending: list[int] = []
     prev: tuple[str, int] | None = None  # the key matched by the previous response
     for i, resp in enumerate(split):

@@ -149,6 +149,45 @@ def test_missing_method_and_bad_file_exit_2(setup, tmp_path, capsys):
     assert code == 2 and "none of the" in err and not out.exists()
 
 
+@pytest.mark.parametrize("field,value,says", [
+    ("acceptance_lengths", [float("nan")], "acceptance_lengths must be a list of integers >= 1"),
+    ("acceptance_lengths", ["x"], "acceptance_lengths must be a list of integers >= 1"),
+    ("acceptance_lengths", [0, -3, 100], "acceptance_lengths must be a list of integers >= 1"),
+    ("output_ids", [97, 99999], "token id 99999 is outside the tokenizer's vocabulary"),
+    ("output_ids", [97, -5], "output_ids must be a tensor or list of token ids (integers >= 0)"),
+])
+def test_a_pt_with_bad_values_is_exit_2_and_writes_nothing(setup, tmp_path, capsys, field, value, says):
+    """Values the baseline reader would refuse later (or that crashed the import) are refused at import."""
+    d, tok, suite, _, responses = setup
+    bad = [dict(r) for r in responses]
+    ns = bad[0]["baseline"]
+    prompt = ns.output_ids[0, : ns.num_input_tokens].tolist()
+    if field == "output_ids":
+        bad[0]["baseline"] = SimpleNamespace(**{**vars(ns), "output_ids": prompt + value, "num_input_tokens": len(prompt)})
+    else:
+        bad[0]["baseline"] = SimpleNamespace(**{**vars(ns), field: value})
+    pt = tmp_path / "bad.pt"
+    torch.save({"responses": bad, "block_size": 16, "args": {"max_new_tokens": 2048, "dataset": "mt-bench"}}, pt)
+    out = tmp_path / "x.jsonl"
+    code, _, err = cli(["baseline", "import", pt, "--trust-pickle", "--tokenizer", d / "tok", "--suite", suite,
+                        "--out", out], capsys)
+    assert code == 2 and says in err and "internal error" not in err, err
+    assert not out.exists()
+
+
+def test_acceptance_lengths_as_a_tensor_are_kept(setup, tmp_path, capsys):
+    d, tok, suite, _, responses = setup
+    as_tensor = [{m: SimpleNamespace(**{**vars(ns), "acceptance_lengths": torch.tensor(ns.acceptance_lengths)})
+                  for m, ns in r.items()} for r in responses]
+    pt = tmp_path / "t.pt"
+    torch.save({"responses": as_tensor, "block_size": 16, "args": {"max_new_tokens": 2048, "dataset": "mt-bench"}}, pt)
+    out = tmp_path / "t.jsonl"
+    code, _, err = cli(["baseline", "import", pt, "--trust-pickle", "--tokenizer", d / "tok", "--suite", suite,
+                        "--method", "dflash", "--out", out], capsys)
+    assert code == 0, err
+    assert all(e.accept_lengths == [3, 2, 3] for e in read_baseline(out).entries)
+
+
 def test_gaps_from_model_rescore_equals_the_engines_own_gaps(setup, capsys):
     """--gaps-from-model re-scores teacher-forced; on the model's own greedy output that must give the
     gaps the engine reported while decoding (up to fp32 reduction order)."""
