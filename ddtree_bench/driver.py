@@ -11,8 +11,9 @@ Load shapes:
 Multi-turn prompts run turn by turn, each turn's messages carrying the model's own earlier answers;
 later turns of a conversation are sent as soon as the previous turn finished. Warmup requests
 (short, on the first prompt) run before the clock starts and are not recorded; if every warmup
-request fails the run stops with `UsageError` (bad URL, model name, key: exit 2) before anything is
-measured. A backend exception inside one request becomes that request's `error`, never a crash.
+request fails, one request on each of the next prompts tells a bad first prompt from a bad deployment,
+and only when they fail too does the run stop with `UsageError` (bad URL, model name, key: exit 2)
+before anything is measured. A backend exception inside one request becomes that request's `error`, never a crash.
 
 `drive` owns the backend's connection for one call: `start()` before the first request (where an
 unreachable server raises `UsageError`), `aclose()` after the last, so a backend object can be
@@ -32,6 +33,7 @@ from ddtree_bench.errors import UsageError
 from ddtree_bench.records import GenerationRequest, Prompt, RequestRecord
 
 WARMUP_MAX_NEW_TOKENS = 16
+WARMUP_PROBES = 3   # prompts tried (the first, then one request each) before a failed warmup ends the run
 
 
 def poisson_schedule(n: int, rate: float, seed: int) -> list[float]:
@@ -86,21 +88,28 @@ async def _run_conversation(backend, prompt: Prompt, index: int, *, max_new_toke
     return records
 
 
-async def _warmup(backend, prompt: Prompt, n: int, parallel: int, *, max_new_tokens: int, temperature: float,
+async def _warmup(backend, prompts: Sequence[Prompt], n: int, parallel: int, *, max_new_tokens: int, temperature: float,
                   top_p: float, seed: int) -> None:
-    """n short single-turn requests on `prompt`, up to `parallel` at once (opens the connections the
-    measured requests will reuse). Raises UsageError if every one of them failed."""
+    """n short single-turn requests on the first prompt, up to `parallel` at once (opens the connections the
+    measured requests will reuse). When all of them fail, one request on each of the next WARMUP_PROBES - 1
+    prompts tells a bad prompt (say, one over the context: it fails again in the measured run, as that
+    request's error) from a bad deployment: UsageError only when every prompt tried failed."""
     sem = asyncio.Semaphore(max(1, parallel))
-    warm = Prompt(prompt.prompt_id, prompt.turns[:1])
+    kw = dict(max_new_tokens=min(WARMUP_MAX_NEW_TOKENS, max_new_tokens), temperature=temperature, top_p=top_p, seed=seed)
 
-    async def one(w: int) -> list[RequestRecord]:
+    async def one(prompt: Prompt, w: int) -> list[RequestRecord]:
         async with sem:
-            return await _run_conversation(backend, warm, 10_000 + w, max_new_tokens=min(WARMUP_MAX_NEW_TOKENS, max_new_tokens),
-                                           temperature=temperature, top_p=top_p, seed=seed)
+            return await _run_conversation(backend, Prompt(prompt.prompt_id, prompt.turns[:1]), 10_000 + w, **kw)
 
-    recs = [r for rs in await asyncio.gather(*(one(w) for w in range(n))) for r in rs]
+    tried = list(prompts[:WARMUP_PROBES])
+    recs = [r for rs in await asyncio.gather(*(one(tried[0], w) for w in range(n))) for r in rs]
+    for k, prompt in enumerate(tried[1:], start=1):
+        if not recs or any(r.ok for r in recs):
+            return
+        recs += await one(prompt, n + k)
     if recs and not any(r.ok for r in recs):
-        raise UsageError(f"every warmup request failed (first: {recs[0].error})",
+        which = f"the first {len(tried)} prompts" if len(tried) > 1 else "the first prompt"
+        raise UsageError(f"every warmup request failed, on {which} (first: {recs[0].error})",
                          hint="check --url, --model, --api-key and the server's log")
 
 
@@ -115,7 +124,7 @@ async def drive(backend, prompts: Sequence[Prompt], *, max_new_tokens: int, temp
     try:
         kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
         if warmup and prompts:
-            await _warmup(backend, prompts[0], warmup, min(warmup, concurrency if request_rate is None else warmup), **kw)
+            await _warmup(backend, prompts, warmup, min(warmup, concurrency if request_rate is None else warmup), **kw)
 
         total = sum(len(p.turns) for p in prompts)
         bar = tqdm(total=total, desc=desc, unit="req", disable=not progress, leave=False)

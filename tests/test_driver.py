@@ -186,3 +186,14 @@ def test_every_warmup_failing_is_a_usage_error_before_anything_is_measured():
     # without warmup the same failures are per-request errors of a finished run
     recs = run(FakeBackend(fail=lambda req: "http 404: nope"), prompts(3), warmup=0)
     assert [r.error for r in recs] == ["http 404: nope"] * 3
+
+
+def test_a_bad_first_prompt_is_its_own_error_not_a_failed_warmup():
+    """The warmup runs on the first prompt; when only that prompt fails (e.g. over the context: a 400), the
+    next prompt's warmup succeeds, the run goes on and the bad prompt is that request's error."""
+    too_long = "http 400: prompt (25019 tokens) + max_tokens (4) exceeds the model's context of 4096 tokens"
+    b = FakeBackend(fail=lambda req: too_long if req.prompt_id == "p0" else None)
+    recs = {r.prompt_id: r for r in run(b, prompts(3), warmup=2)}
+    assert recs["p0"].error == too_long and recs["p1"].ok and recs["p2"].ok
+    with pytest.raises(UsageError, match="on the first 3 prompts"):   # every prompt failing is still a bad deployment
+        run(FakeBackend(fail=lambda req: "http 404: nope"), prompts(5), warmup=1)
