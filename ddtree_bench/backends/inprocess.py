@@ -92,6 +92,15 @@ class InProcessBackend:
             return list(req.prompt_ids)
         return self.pair.tokenizer.apply_chat_template(req.messages)
 
+    def _prompt(self, rec: RequestRecord, req: GenerationRequest) -> list[int]:
+        """The prompt ids, recorded; ContextTooLong when they and max_new_tokens do not fit the target's context."""
+        from ddtree_bench.engine.interface import check_context
+
+        ids = self.prompt_ids(req)
+        rec.prompt_ids, rec.num_prompt_tokens = ids, len(ids)
+        check_context(len(ids), req.max_new_tokens, getattr(self.pair.engine.target.cfg, "max_position_embeddings", None))
+        return ids
+
     def _fill(self, rec: RequestRecord, g, batch_sizes: list[int]) -> RequestRecord:
         rec.output_ids = g.output_ids
         rec.output_text = self.pair.tokenizer.decode(g.output_ids)
@@ -107,16 +116,17 @@ class InProcessBackend:
         return rec
 
     def _failed(self, rec: RequestRecord, e: Exception) -> RequestRecord:
+        from ddtree_bench.engine.interface import ContextTooLong
+
         rec.t_done_ns = time.perf_counter_ns()
-        rec.error = f"engine: {type(e).__name__}: {e}"
+        rec.error = str(e) if isinstance(e, ContextTooLong) else f"engine: {type(e).__name__}: {e}"
         return rec
 
     def generate_sync(self, req: GenerationRequest) -> RequestRecord:
         rec = RequestRecord(prompt_id=req.prompt_id, turn=req.turn)
         rec.t_send_ns = time.perf_counter_ns()
         try:
-            ids = self.prompt_ids(req)
-            rec.prompt_ids, rec.num_prompt_tokens = ids, len(ids)
+            ids = self._prompt(rec, req)
             g = self.pair.engine.generate(
                 ids, method=self.method, budget=self.budget, max_new_tokens=req.max_new_tokens,
                 temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop_ids=self.stop_ids,
@@ -131,8 +141,7 @@ class InProcessBackend:
         rec = RequestRecord(prompt_id=req.prompt_id, turn=req.turn)
         rec.t_send_ns = time.perf_counter_ns()
         try:
-            ids = self.prompt_ids(req)
-            rec.prompt_ids, rec.num_prompt_tokens = ids, len(ids)
+            ids = self._prompt(rec, req)
             fut = self._sched.submit(BatchRequest(ids, req.max_new_tokens, req.temperature, req.top_p, req.seed, self.stop_ids))
             g = await asyncio.wrap_future(fut)
         except Exception as e:  # one bad request must not end the run

@@ -63,6 +63,7 @@ def record(model: str = D.MODEL, draft: str | None = None, suite: str = D.SUITE,
     """AR-greedy baseline of a suite: (header, entries). All input is validated before the model loads."""
     from tqdm.auto import tqdm
 
+    from ddtree_bench.engine.interface import ContextTooLong, check_context
     from ddtree_bench.pair import load_pair
     from ddtree_bench.suites.prompts import load_suite
 
@@ -82,6 +83,11 @@ def record(model: str = D.MODEL, draft: str | None = None, suite: str = D.SUITE,
             for turn, text in enumerate(p.turns):
                 messages = messages + [{"role": "user", "content": text}]
                 ids = tok.apply_chat_template(messages)
+                try:
+                    check_context(len(ids), limit_p, getattr(engine.target.cfg, "max_position_embeddings", None))
+                except ContextTooLong as e:
+                    raise UsageError(f"{p.prompt_id} turn {turn}: {e}", hint="shorten the suite's prompts or "
+                                     "--max-new-tokens; no server serves this prompt, so no baseline can hold it") from None
                 g = engine.generate(ids, method="ar", max_new_tokens=limit_p, stop_ids=stops, return_logit_gaps=True)
                 out_text = tok.decode(g.output_ids)
                 e = BaselineEntry(p.prompt_id, turn, list(ids), list(g.output_ids), out_text,

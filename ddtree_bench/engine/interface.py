@@ -19,6 +19,18 @@ STAGES = ("prefill", "draft", "tree_build", "verify", "commit")
 ROUND_STAGES = ("draft", "tree_build", "tree_compile", "verify", "walk", "commit")
 
 
+class ContextTooLong(ValueError):
+    """A request whose prompt plus max_new_tokens does not fit the target's context (max_position_embeddings)."""
+
+
+def check_context(n_prompt: int, max_new_tokens: int, limit: int | None) -> None:
+    """ContextTooLong when n_prompt + max_new_tokens > limit: positions the target was not built for (a server
+    answers such a request 400, so a reference or baseline made there could never be met)."""
+    if limit and n_prompt + max_new_tokens > limit:
+        raise ContextTooLong(f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                             f"context of {limit} tokens")
+
+
 @dataclass
 class RoundTrace:
     """One DDTree/DFlash round, for debugging and plots: the tree and which nodes were accepted."""

@@ -1,0 +1,39 @@
+"""Prompts longer than the target's context: the in-process backend makes such a request its own error (the
+message a server's 400 gives), batch-1 and batched alike, and `baseline record` refuses the suite (exit 2,
+nothing written) - a reference decoded at positions the model was not built for could never be met."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from baseline_support import cli
+from ddtree_bench.results import read_records
+
+TOO_LONG = "prompt (25019 tokens) + max_new_tokens (4) exceeds the model's context of 4096 tokens"
+
+
+@pytest.fixture
+def suite(tmp_path):
+    f = tmp_path / "long.jsonl"
+    f.write_text(json.dumps({"id": "long", "turns": ["word " * 5000]}) + "\n" + json.dumps({"id": "short", "turns": ["hi"]}) + "\n")
+    return f
+
+
+@pytest.mark.parametrize("method,concurrency", [("ar", 1), ("ddtree", 2)])
+def test_a_prompt_over_the_context_is_that_requests_error(suite, tmp_path, capsys, method, concurrency):
+    out = tmp_path / "r"
+    code, _, err = cli(["run", "--suite", suite, "--max-new-tokens", "4", "--method", method, "--budget", "16",
+                        "--concurrency", concurrency, "--out", out, "-q"], capsys)
+    assert code == 0, err
+    recs = {r.prompt_id: r for r in read_records(out)}
+    assert recs["long"].error == TOO_LONG and recs["long"].num_prompt_tokens == 25019 and recs["long"].output_ids is None
+    assert recs["short"].ok and len(recs["short"].output_ids) == 4
+
+
+def test_baseline_record_refuses_a_prompt_over_the_context(suite, tmp_path, capsys):
+    out = tmp_path / "b.jsonl"
+    code, _, err = cli(["baseline", "record", "--suite", suite, "--max-new-tokens", "4", "--out", out, "-q"], capsys)
+    assert code == 2 and f"error: long turn 0: {TOO_LONG}" in err and "Traceback" not in err
+    assert not out.exists()
