@@ -17,7 +17,8 @@ from ddtree_bench.errors import UsageError
 def iter_jsonl(path: Path, expect: str = "a JSON object") -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (line number, object) for every non-blank line; a line that is not valid JSON, or not a
     JSON object, raises UsageError("{path}:{line}: ..."); so do bytes that are not UTF-8 (a binary
-    file), JSON nested beyond Python's recursion limit, and a path that cannot be read."""
+    file), JSON nested beyond Python's recursion limit, and a path that cannot be read. A UTF-8
+    byte-order mark opening the file is dropped."""
     try:
         f = open(path, "rb")
     except OSError as e:
@@ -25,7 +26,7 @@ def iter_jsonl(path: Path, expect: str = "a JSON object") -> Iterator[tuple[int,
     with f:
         for i, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if i == 1 else "utf-8")   # a byte-order mark some editors write: dropped
             except UnicodeDecodeError as e:
                 raise UsageError(f"{path}:{i}: not UTF-8 text (a binary file?) at byte {e.start} of the line") from None
             if not line.strip():

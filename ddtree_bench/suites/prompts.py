@@ -78,6 +78,12 @@ def read_jsonl_suite(path: Path) -> list[Prompt]:
         turns = obj.get("turns")
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise UsageError(f"{path}:{i}: \"turns\" must be a non-empty list of strings")
+        for t, text in enumerate(turns):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:   # a JSON escape of half a surrogate pair: no tokenizer takes it
+                raise UsageError(f"{path}:{i}: turn {t} holds a lone surrogate ({text[e.start]!r} at character {e.start}), "
+                                 "not text", hint="a \\uD8xx escape needs its \\uDCxx pair after it") from None
         raw_id = obj.get("id", obj.get("question_id", i - 1))
         pid = str(raw_id)
         if pid in seen:

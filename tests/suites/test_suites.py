@@ -312,11 +312,18 @@ def test_render_errors_name_the_item(suite_dir):
     ('["a"]\n', r"x\.jsonl:1: expected an object"),
     ('{"id": "a", "turns": ["hi"], "max_new_tokens": 0}\n', r"x\.jsonl:1: \"max_new_tokens\""),
     ('\n', "has no prompts"),
+    ('{"id": "a", "turns": ["hi"]}\n{"id": "b", "turns": ["ok", "x\\ud800y"]}\n', r"x\.jsonl:2: turn 1 holds a lone surrogate"),
 ])
 def test_custom_jsonl_errors_name_the_line(tmp_path, lines, match):
     p = _write(tmp_path, "x.jsonl", lines)
     with pytest.raises(UsageError, match=match):
         load_suite(str(p))
+
+
+def test_a_byte_order_mark_opening_a_suite_is_dropped(tmp_path):
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps({"id": "a", "turns": ["hi"]}).encode() + b"\n")
+    assert [x.prompt_id for x in load_suite(str(p)).prompts] == ["a"]
 
 
 def test_custom_jsonl_suite(tmp_path):
