@@ -25,5 +25,5 @@ def report_cmd(
 
     check_output_file(out, "--out")
     docs = [load_compare(p) for p in compare or []]
-    path = write_report(list(results), out, docs, title=title)
+    path = write_report(list(results), out, docs, title=title, warn=lambda m: typer.echo(f"warning: {m}", err=True))
     typer.echo(f"report: {path}")

@@ -16,28 +16,33 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ddtree_bench.errors import UsageError
 
 
-def render_report(paths: list[Path], compare: list[dict[str, Any]] | None = None, *, title: str | None = None) -> str:
-    """The report page as a string (no file written)."""
+def render_report(paths: list[Path], compare: list[dict[str, Any]] | None = None, *, title: str | None = None,
+                  warn: Callable[[str], None] | None = None) -> str:
+    """The report page as a string (no file written). `warn` hears what the page warns of in its inputs
+    (a compare result of a run the report does not hold)."""
     from ddtree_bench.report import data as _data
     from ddtree_bench.report import html as _html
     from ddtree_bench.report import plots as _plots
 
     loaded = _data.load([Path(p) for p in paths], compare)
+    for c in loaded.compares:
+        if c.foreign and warn is not None:
+            warn(f"{c.source}: {c.foreign}")
     return _html.render(loaded, _plots.make_figures(loaded), title)
 
 
 def write_report(paths: list[Path], out: Path, compare: list[dict[str, Any]] | None = None, *,
-                 title: str | None = None) -> Path:
+                 title: str | None = None, warn: Callable[[str], None] | None = None) -> Path:
     """Render the report of `paths` (run and/or sweep directories) into `out`, atomically. Returns `out`."""
     out = Path(out)
     if out.exists() and out.is_dir():
         raise UsageError(f"--out {out} is a directory; give a file name such as report.html")
-    page = render_report(paths, compare, title=title)
+    page = render_report(paths, compare, title=title, warn=warn)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

@@ -343,6 +343,7 @@ class CompareResult:
     source: str
     data: dict[str, Any]
     point: Point | None = None
+    foreign: str | None = None   # why this result is not of any run in the report (shown as a warning), else None
 
     def output_text(self, prompt_id: Any, turn: Any) -> str | None:
         """The run's output for that prompt/turn when the records are at hand."""
@@ -581,7 +582,29 @@ def load(paths: list[Path], compare: list[dict[str, Any]] | None = None) -> Repo
             compares.append(c)
         else:
             compares.append(CompareResult(label=f"compare #{i + 1}", source="(given)", data=_check_compare(c, f"compare #{i + 1}")))
+    for c in compares:
+        if c.point is None:
+            _own_point(c, points)
     return ReportData(sources=sources, points=points, compares=compares, configs=configs)
+
+
+def _own_point(c: CompareResult, points: list[Point]) -> None:
+    """The report's point a given compare result is of (its `run`: the same directory, else the same directory
+    name), or `foreign` saying it is of none, so a page never shows another run's correctness as its own."""
+    run = c.data.get("run")
+    if not isinstance(run, str) or not run:
+        c.foreign = "this compare result does not name its run; it may not be of this report's runs"
+        return
+    dirs = [p for p in points if p.path is not None]
+    try:
+        same = [p for p in dirs if p.path.resolve() == Path(run).resolve()]
+    except OSError:
+        same = []
+    same = same or [p for p in dirs if p.path.name == Path(run).name]
+    if len(same) == 1:
+        c.point = same[0]
+    elif not same:
+        c.foreign = f"this compare result is of run {run}, which is not among this report's inputs"
 
 
 def _fill_speedups(points: list[Point]) -> None:

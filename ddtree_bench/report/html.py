@@ -469,6 +469,8 @@ def _compare_block(c: CompareResult, ids: Ids) -> Html:
             ("near ties", fmt(d.get("num_near_ties")), None),
         )])
     notes = []
+    if c.foreign:
+        notes.append(el("p", el("strong", "Not this report's run: "), c.foreign, class_="warn"))
     if d.get("token_comparable") is False:
         notes.append(el("p", "Not token-comparable: ", d.get("not_comparable_reason") or "(no reason given)", class_="warn"))
     warnings = d.get("warnings")

@@ -255,6 +255,22 @@ def test_cli_writes_the_report_atomically(fx, tmp_path, capsys):
     assert "compare-extra.json" in Page(out.read_text(encoding="utf-8")).all_text()
 
 
+def test_a_compare_result_of_another_run_is_flagged_not_shown_as_this_ones(fx, tmp_path, capsys):
+    """--compare of a run the report does not hold (its `run` names neither a given directory nor its name)
+    carries a warning on the page and on stderr; one naming a given run is that run's, with no warning."""
+    doc = {**json.loads(fx.compare.read_text()), "run": "results/x"}
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(doc))
+    out = tmp_path / "r.html"
+    code, err = _cli(["report", str(fx.run), "--out", str(out), "--compare", str(other)], capsys)
+    assert code == 0 and f"warning: {other}: this compare result is of run results/x, which is not among" in err
+    assert "Not this report&#x27;s run: " in out.read_text(encoding="utf-8")
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({**doc, "run": str(fx.ar_run)}))
+    code, err = _cli(["report", str(fx.run), str(fx.ar_run), "--out", str(out), "--compare", str(mine)], capsys)
+    assert code == 0 and "warning" not in err and "Not this report" not in out.read_text(encoding="utf-8")
+
+
 def _corrupt(kind: str, fx, tmp: Path) -> list[str]:
     """Arguments (inputs and flags) that are bad in one way."""
     run = tmp / "run"
