@@ -16,9 +16,9 @@ DFlash papers and vLLM do):
 * ITL samples are per token: a chunk carrying k tokens that arrives a gap g after the previous
   chunk contributes k samples of g / k (tokens of the first chunk are covered by TTFT).
 * output_throughput_tok_s = sum output tokens / (last t_done - first t_send) over ok requests.
-* speedup_vs_ar = sum over paired requests of AR e2e / sum of the method's e2e, for requests that
-  exist (ok) in both runs and produced the same number of output tokens when greedy; see
-  `speedup_vs_ar`.
+* speedup_vs_ar = sum_p (e2e_AR,p / n_AR,p) * n_m,p / sum_p e2e_m,p over the requests ok in both runs
+  (paired by prompt and turn; each side per output token, so pairs of different lengths still compare
+  time per token; for equal lengths exactly sum e2e_AR / sum e2e_m); see `speedup_vs_ar`.
 * intervals (`speedup_vs_ar_interval`, `output_throughput_interval`; methods in `stats.py`): the
   speedup's is a percentile bootstrap over paired prompts (two-way over repeats and prompts when
   there are several), tok/s's a Student t interval over repeats (>= 2). Level, resamples and seed

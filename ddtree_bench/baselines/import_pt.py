@@ -313,8 +313,12 @@ def import_baseline(pt: str | Path, trust_pickle: bool, tokenizer: str, suite: s
         suite = args.get("dataset")
         if not isinstance(suite, str):
             raise UsageError(f"{pt} names no dataset in its args; pass --suite")
-    if limit is None and isinstance(args.get("max_samples"), int):
-        limit = args["max_samples"]  # with the zlab-paper subset rule this selects the authors' items
+    n = args.get("max_samples")
+    if limit is None and n is not None:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise UsageError(f"{pt}: args.max_samples must be a positive integer, got {n!r}",
+                             hint="pass --limit N to say how many of the suite's items the file holds")
+        limit = n  # with the zlab-paper subset rule this selects the authors' items
     tok, stop_ids, tok_desc = resolve_tokenizer(tokenizer)
     loaded = load_suite(suite, limit, subset=subset)
     prompts, info = loaded.prompts, loaded.info

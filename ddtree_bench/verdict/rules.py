@@ -10,6 +10,8 @@ Knows the rules' YAML; nothing of runs, baselines or how a rule is judged (`gate
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,7 +87,7 @@ def check_number(v: Any, where: str, integer: bool = False, allow_null: bool = T
     if v is None and allow_null:
         return None
     ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if not ok or isinstance(v, bool) or v < 0:
+    if not ok or isinstance(v, bool) or not math.isfinite(v) or v < 0:   # .nan / .inf in YAML too
         raise UsageError(f"{where} must be {'an integer' if integer else 'a number'} >= 0{' or null' if allow_null else ''}, got {v!r}")
     return v
 

@@ -229,3 +229,8 @@ def test_suite_and_sample_count_default_to_the_files_args(setup, tmp_path, capsy
     b = read_baseline(out)
     assert b.header["suite"] == "mt-bench" and b.header["subset_rule"] == "zlab-paper"
     assert [e.key for e in b.entries] == [(p.prompt_id, t) for p in prompts for t in (0, 1)]
+    for bad in (True, 0, -1, "4"):   # the file's own value is named, not a --limit the user never passed
+        build_pt(pt, tok, [{"id": p.prompt_id, "turns": p.turns} for p in prompts],
+                 args={"dataset": "mt-bench", "max_samples": bad}, junk_at=None)
+        code, _, err = cli(["baseline", "import", pt, "--trust-pickle", "--tokenizer", d / "tok", "--out", tmp_path / "x.jsonl"], capsys)
+        assert code == 2 and "args.max_samples must be a positive integer" in err and "--limit N" in err, (bad, err)

@@ -128,6 +128,8 @@ def test_rules_files_merge_over_defaults_and_reject_unknown_keys(tmp_path):
                      ("metrics:\n  - metric: tok_per_s\n    tolerance: 0.1\n", "unknown metric"),
                      ("metrics:\n  - metric: output_throughput_tok_s\n    against: baseline\n    tolerance: 0.1\n", "only acceptance"),
                      ("correctness:\n  max_errors: -1\n", "max_errors"),
+                     ("correctness:\n  near_tie_gap: .nan\n", "correctness.near_tie_gap must be a number >= 0"),
+                     ("correctness:\n  near_tie_gap: .inf\n", "correctness.near_tie_gap must be a number >= 0"),
                      ("correctness: [1\n", "malformed YAML")):
         f.write_text(bad)
         with pytest.raises(UsageError, match=msg):
