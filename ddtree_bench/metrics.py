@@ -335,7 +335,8 @@ def concurrency_summary(records: Sequence[RequestRecord], concurrency: int, requ
     `batching` is the backend's own account ({"max_batch", "honoured", "why"}; None when the backend
     cannot tell, e.g. a server). Without one, a closed-loop run at concurrency > 1 in which no two
     requests were ever decoding at the same time (`max_decode_overlap` <= 1) is marked not
-    honoured; otherwise `concurrency_honoured` stays None (unknown). Open-loop runs request a rate,
+    honoured; otherwise `concurrency_honoured` stays None (unknown). Fewer conversations than the
+    concurrency (each runs one turn at a time) is not honoured either. Open-loop runs request a rate,
     not a concurrency: `concurrency_requested` is None there.
     """
     requested = None if request_rate is not None else concurrency
@@ -347,6 +348,10 @@ def concurrency_summary(records: Sequence[RequestRecord], concurrency: int, requ
     if honoured is None and requested is not None and requested > 1 and overlap is not None and overlap <= 1:
         honoured = False
         why = f"no two requests were decoding at the same time at --concurrency {requested}: the backend ran them one at a time"
+    conversations = len({r.prompt_id for r in records})
+    if requested is not None and requested > 1 and 0 < conversations < requested and honoured is not False:
+        honoured = False   # each conversation is one request at a time: the load never reached `requested`
+        why = f"only {conversations} conversations for --concurrency {requested}: at most {conversations} were ever in flight"
     if requested == 1 and honoured is None:
         honoured = True
     return {"concurrency_requested": requested, "concurrency_honoured": honoured, "concurrency_why": why,

@@ -8,6 +8,7 @@ finalised without summary.json and raises `RunFailed` (exit 1).
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,9 @@ def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backe
     out = check_run_out(out or default_out(spec), overwrite)
     if suite is None:
         suite = load_suite(spec.suite, spec.limit, subset=spec.subset)
+        if spec.limit and len(suite.prompts) < spec.limit and progress:
+            print(f"note: --limit {spec.limit}, but {spec.suite} has {len(suite.prompts)} prompts: running "
+                  f"{len(suite.prompts)}", file=sys.stderr)
     elif not suite.answers(spec.suite, spec.limit, spec.subset):
         raise ValueError(f"execute: suite {suite.suite!r} (limit {suite.limit}, subset {suite.subset}) is not the spec's "
                          f"{spec.suite!r} (limit {spec.limit}, subset {spec.subset})")

@@ -88,3 +88,9 @@ def test_a_loaded_suite_that_is_not_the_specs_is_refused_before_anything_is_writ
     with pytest.raises(ValueError, match="is not the spec's"):
         runner.execute(_spec("gsm8k", 2), tmp_path / "run", progress=False, backend=EchoBackend(), suite=loaded)
     assert not (tmp_path / "run" / "run.json").exists()
+
+
+def test_a_limit_over_the_suites_size_is_said_not_silently_shrunk(tmp_path, capsys):
+    res = runner.execute(_spec("smoke", 10), tmp_path / "run", progress=True, backend=EchoBackend())
+    assert len({r.prompt_id for r in res.records}) == 3
+    assert "note: --limit 10, but smoke has 3 prompts: running 3" in capsys.readouterr().err

@@ -255,4 +255,7 @@ def test_a_server_that_reports_a_smaller_batch_than_the_concurrency_is_not_honou
     b.info["server_info"] = {"max_batch": 2}
     s = metrics.concurrency_summary(recs, 4, None, b.batching())
     assert s["max_decode_overlap"] == 2 and s["concurrency_honoured"] is False and "max_batch = 2" in s["concurrency_why"]
-    assert metrics.concurrency_summary(recs, 4, None, None)["concurrency_honoured"] is None
+    recs4 = recs + [rec("c", 0, 30, 300), rec("d", 0, 40, 400)]
+    assert metrics.concurrency_summary(recs4, 4, None, None)["concurrency_honoured"] is None
+    few = metrics.concurrency_summary(recs, 4, None, None)   # two conversations cannot make a load of four
+    assert few["concurrency_honoured"] is False and "only 2 conversations for --concurrency 4" in few["concurrency_why"]
