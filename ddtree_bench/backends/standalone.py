@@ -246,12 +246,23 @@ async def _health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def _models(request: web.Request) -> web.Response:
-    st: ServerState = request.app[STATE]
+def _model_card(st: "ServerState") -> dict[str, Any]:
     s = st.source
-    return web.json_response({"object": "list", "data": [{
-        "id": s.model_id, "object": "model", "created": int(st.started), "owned_by": "ddtree-bench",
-        "root": s.info.get("model_path") or s.model_id, "max_model_len": s.max_model_len}]})
+    return {"id": s.model_id, "object": "model", "created": int(st.started), "owned_by": "ddtree-bench",
+            "root": s.info.get("model_path") or s.model_id, "max_model_len": s.max_model_len}
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [_model_card(request.app[STATE])]})
+
+
+async def _model(request: web.Request) -> web.Response:
+    """GET /v1/models/{id}: the one model's card, or 404 naming the model served (OpenAI's retrieve-model)."""
+    st: ServerState = request.app[STATE]
+    want = request.match_info["model"]
+    if want != st.source.model_id:
+        return _error(404, f"the model '{want}' does not exist; this server serves '{st.source.model_id}'", "not_found_error")
+    return web.json_response(_model_card(st))
 
 
 async def _version(request: web.Request) -> web.Response:
@@ -521,6 +532,7 @@ def build_app(source, *, api_key: str | None = None, max_queue: int = D.SERVE_MA
     app.on_cleanup.append(close_pool)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/models/{model:.+}", _model)
     app.router.add_get("/version", _version)
     app.router.add_get("/server_info", _server_info)
     app.router.add_get("/metrics", _metrics)

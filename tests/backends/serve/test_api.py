@@ -186,6 +186,9 @@ def test_health_models_version_server_info(server):
     assert requests.get(server.url + "/health", timeout=10).json() == {"status": "ok"}
     models = requests.get(server.url + "/v1/models", timeout=10).json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["null"]
+    assert requests.get(server.url + "/v1/models/null", timeout=10).json() == models["data"][0]   # retrieve one
+    other = requests.get(server.url + "/v1/models/org/gpt-4", timeout=10)
+    assert other.status_code == 404 and "'org/gpt-4' does not exist; this server serves 'null'" in other.json()["error"]["message"]
     info = requests.get(server.url + "/server_info", timeout=10).json()
     assert info["engine"] == "null" and info["block_size"] == 4 and "version" in info
     assert "version" in requests.get(server.url + "/version", timeout=10).json()
