@@ -294,13 +294,16 @@ def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
     heavy_pts = [p for p in data.ok_points if p.heavy_load]
     noise = []
     if heavy_pts:
-        noise.append(el("p", el("strong", f"{len(heavy_pts)} of {len(data.ok_points)} points ran under heavy load"),
+        noise.append(el("p", el("strong", f"{len(heavy_pts)} of {len(data.ok_points)} measured points ran under heavy load"),
                         f" ({HEAVY_RULE}); they are marked in the headline table. Their times include waiting for "
                         "the CPU, so compare them with care.", class_="warn"))
     recorded = [p for p in data.ok_points if p.noise]
     if recorded and not heavy_pts:
-        noise.append(el("p", f"Machine load was recorded for {len(recorded)} points; none ran under heavy load "
-                             f"({HEAVY_RULE}).", class_="muted"))
+        failed_heavy = sum(1 for p in data.points if not p.ok and p.heavy_load)
+        noise.append(el("p", f"Machine load was recorded for {len(recorded)} measured points; none ran under heavy load "
+                             f"({HEAVY_RULE})" + (f"; {failed_heavy} failed point{'s' if failed_heavy > 1 else ''} did, as "
+                                                  "its note in the headline table says" if failed_heavy else "") + ".",
+                        class_="muted"))
     note = el("p", "Measured on these inputs only; check the curves below for how sharp the optimum is.", class_="muted")
     return el("section", el("h2", "Takeaways"), el("ul", *items), *noise, table, method, note, id="takeaways")
 

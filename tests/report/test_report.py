@@ -390,7 +390,7 @@ def test_a_sweep_with_repeats_reports_intervals_error_bars_and_heavy_load(tmp_pa
     text = Page(html).all_text()
     takeaways = _takeaways_text(html)
     assert ("fastest is" in takeaways) != ("indistinguishable" in takeaways)
-    assert "1 of 6 points ran under heavy load" in takeaways and "1 of 2" in takeaways
+    assert "1 of 6 measured points ran under heavy load" in takeaways and "1 of 2" in takeaways
     assert "heavy machine load (other processes used 90% of the CPU cores)" in text
     assert "Error bars (and shaded bands around the DFlash / AR lines) are 95% confidence intervals" in text
     data = rdata.load([out])
