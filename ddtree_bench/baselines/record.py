@@ -154,6 +154,26 @@ def rescore_gaps(engine: Any, prompt_ids: list[int], output_ids: list[int]) -> l
         return (top2[:, 0] - top2[:, 1]).tolist()
 
 
+def token_deficits(engine: Any, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+    """Teacher-forced, over a run's own output: deficit i = the top-1 logit minus the logit of output_ids[i], on
+    the row that predicts it (0 where the run took the top-1). A greedy decode with near-tie flips has every
+    deficit below the near-tie threshold; one at or above it is a confident divergence from the run's own prefix.
+    One target forward over prompt + output[:-1], as `rescore_gaps`."""
+    import torch
+
+    if not output_ids:
+        return []
+    target = engine.target
+    seq = list(prompt_ids) + list(output_ids[:-1])
+    dev = engine.device
+    with torch.inference_mode():
+        cache = target.new_cache(len(seq))
+        logits, _ = target(torch.tensor(seq, dtype=torch.long, device=dev), torch.arange(len(seq), device=dev), cache, 0)
+        rows = logits[len(prompt_ids) - 1:].float()
+        took = rows.gather(-1, torch.tensor(output_ids, dtype=torch.long, device=dev)[:, None])[:, 0]
+        return (rows.max(dim=-1).values - took).tolist()
+
+
 # ---------------------------------------------------------------------------- from a running server
 
 SERVER_KINDS = ("vllm", "sglang", "standalone", "openai")

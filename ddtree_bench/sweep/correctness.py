@@ -139,9 +139,8 @@ class _Rescorer:
         self.engine: Any = None
         self.failed: dict[tuple, str] = {}
 
-    def gaps(self, p: Point, entry: BaselineEntry) -> tuple[list[float] | None, str | None]:
-        from ddtree_bench.baselines.record import rescore_gaps
-
+    def engine_for(self, p: Point) -> tuple[Any, str | None]:
+        """(the reference engine of p's model, dtype and device, None) or (None, why it cannot load)."""
         key = (p.model, p.dtype, p.device)
         if key in self.failed:
             return None, self.failed[key]
@@ -155,8 +154,16 @@ class _Rescorer:
             except (UsageError, OSError, ValueError, RuntimeError, ImportError) as e:
                 self.failed[key] = f"the reference engine cannot load {p.model!r} to re-score the AR gaps: {e}"
                 return None, self.failed[key]
+        return self.engine, None
+
+    def gaps(self, p: Point, entry: BaselineEntry) -> tuple[list[float] | None, str | None]:
+        from ddtree_bench.baselines.record import rescore_gaps
+
+        engine, why = self.engine_for(p)
+        if engine is None:
+            return None, why
         try:
-            return [float(g) for g in rescore_gaps(self.engine, entry.prompt_ids or [], entry.output_ids)], None
+            return [float(g) for g in rescore_gaps(engine, entry.prompt_ids or [], entry.output_ids)], None
         except (RuntimeError, ValueError, IndexError) as e:
             return None, f"re-scoring the AR output failed: {type(e).__name__}: {e}"
 
@@ -222,10 +229,48 @@ def judge_vs_ar(sdir, p: Point, ar: Point | None, cache: dict[str, Baseline | No
             if e.logit_gap is None:
                 e.logit_gap, why = rescorer.gaps(p, e)
         c = _compare(sdir, p, base, gap)
+    if rescorer is not None and any(r.kind == "near_tie" for r in c.prompts):
+        _recheck_near_ties(sdir, p, c, base, rescorer)
     j = judge(c, "ar")
     if j.verdict == "unjudged":
         j.note = why or "the AR output's logit gaps were not re-scored"
     return j, c
+
+
+def _recheck_near_ties(sdir, p: Point, c: Any, base: Baseline, rescorer: _Rescorer) -> None:
+    """What a near tie may excuse: a near-tie prompt's whole output, teacher-forced through the reference engine on
+    its own prefix (`baselines.record.token_deficits`). A correct decode that flipped on near ties has every token
+    within the near-tie threshold of the reference's top-1 there; the first token at or past it makes the prompt a
+    divergence (reason `after_near_tie`), so a server emitting garbage after a first token that happened to fall
+    on a near tie fails the sweep. Nothing changes where the engine cannot load."""
+    from ddtree_bench.baselines.record import token_deficits
+    from ddtree_bench.results import read_records
+
+    engine, _ = rescorer.engine_for(p)
+    if engine is None:
+        return
+    recs = {(r.prompt_id, r.turn): r for r in read_records(sdir.point_dir(p.id))}
+    for r in c.prompts:
+        rec = recs.get((r.prompt_id, r.turn))
+        if r.kind != "near_tie" or rec is None or rec.prompt_ids is None or not rec.output_ids or r.first_divergence is None:
+            continue
+        try:
+            deficits = token_deficits(engine, rec.prompt_ids, rec.output_ids)
+        except (RuntimeError, ValueError, IndexError) as e:
+            r.explanation = f"{r.explanation}; not re-checked ({type(e).__name__}: {e})"
+            continue
+        at = next((i for i in range(r.first_divergence, len(deficits)) if deficits[i] >= c.near_tie_gap), None)
+        if at is None:
+            worst = max(deficits[r.first_divergence:], default=0.0)
+            r.explanation = (f"{r.explanation}; re-checked on the run's own prefix: every later token within {worst:.3g} of "
+                             "the reference's top-1")
+        else:
+            r.kind, r.reason, r.match = "divergence", "after_near_tie", False
+            where = (f"token {at} is not a near runner-up" if at == r.first_divergence
+                     else f"after the near tie at token {r.first_divergence}, token {at}")
+            r.explanation = (f"{where}: it is {deficits[at]:.3g} below the reference's top-1 on the run's own prefix "
+                             f"(threshold {c.near_tie_gap:g})")
+            r.first_divergence, r.gap = at, deficits[at]
 
 
 def check_baseline_model(baseline: Baseline, models: list[str], allow: bool) -> None:

@@ -81,8 +81,10 @@ def loadable(header: dict[str, Any]) -> tuple[bool, str]:
     return True, f"{model} ({header.get('dtype') or 'float32'}, {device})"
 
 
-def _recheck_one(engine: Any, prompt_ids: list[int], out: list[int], i: int, gap_threshold: float,
-                 stops: list[int]) -> Recheck:
+def recheck_one(engine: Any, prompt_ids: list[int], out: list[int], i: int, gap_threshold: float,
+                stops: list[int]) -> Recheck:
+    """One near-tie prompt re-decoded from the run's own prefix (module docstring): the gate's re-check and
+    the sweep's (sweep/correctness.py) both call it."""
     flips, pos = 1, i
     while True:
         prefix = list(prompt_ids) + list(out[:pos + 1])
@@ -146,6 +148,6 @@ def recheck_near_ties(comparison: Any, records: list[Any], baseline: Any, enable
         if rec is None or rec.prompt_ids is None or rec.output_ids is None or p.first_divergence is None:
             report.results[(p.prompt_id, p.turn)] = Recheck("inconclusive", "the run's record has no token ids to re-check")
             continue
-        report.results[(p.prompt_id, p.turn)] = _recheck_one(pair.engine, rec.prompt_ids, rec.output_ids,
+        report.results[(p.prompt_id, p.turn)] = recheck_one(pair.engine, rec.prompt_ids, rec.output_ids,
                                                              p.first_divergence, comparison.near_tie_gap, stops)
     return report

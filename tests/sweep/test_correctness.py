@@ -93,6 +93,24 @@ def test_a_near_tie_is_shown_and_does_not_fail_the_sweep(tmp_path, monkeypatch, 
     assert "1/2 same, 1 tie" in printed and "1 near ties (shown, not failed)" in printed
 
 
+def test_a_wrong_token_on_a_near_tie_is_not_excused_when_it_is_no_near_runner_up(tmp_path, monkeypatch, capsys):
+    """The AR gap at the corrupted position is below the threshold (a near tie by the baseline alone), but the
+    token put there is far below the reference's top-1 on the run's own prefix: the sweep re-checks it and
+    fails (a server emitting garbage from a near-tie position on passed as 'near ties', exit 0)."""
+    import ddtree_bench.sweep.correctness as K
+
+    chosen = _corrupt_ddtree(monkeypatch, "min")
+    monkeypatch.setattr(K, "near_tie_gap_for", lambda p: chosen["smoke-0"][1] + 1e-3)
+    out = tmp_path / "sw"
+    assert run_cli(["sweep", *TOY, "--out", str(out)]) == 1
+    rows = _rows(out)
+    assert rows["ddtree"]["correctness"] == "DIVERGES" and rows["ddtree"]["near_ties"] == "0", rows["ddtree"]
+    doc = json.loads((out / "points" / rows["ddtree"]["point_id"] / "compare_ar.json").read_text())
+    bad = [p for p in doc["prompts"] if p["kind"] == "divergence"]
+    assert len(bad) == 1 and bad[0]["reason"] == "after_near_tie" and "below the reference's top-1" in bad[0]["explanation"]
+    assert bad[0]["first_divergence"] >= chosen["smoke-0"][0]
+
+
 def test_sweep_baseline_is_compared_and_one_of_another_model_is_exit_2(tmp_path, capsys):
     base = tmp_path / "random.jsonl"
     assert run_cli(["baseline", "record", "--model", "random", "--suite", "smoke", "--limit", "2",
