@@ -24,6 +24,8 @@ def make_executor(grid: GridSpec, points: list[Point], echo: Callable[[str], Non
         ex.connect()
         return ex
     if grid.workers <= 1:
+        if needs_gpu(points):   # the serial loop's CUDA points run on this host's GPUs too: as many as a point takes
+            assign_slots(1, grid.gpus_per_point, True, visible_devices(), available_cores())
         return None
     slots = assign_slots(grid.workers, grid.gpus_per_point, needs_gpu(points), visible_devices(), available_cores())
     return LocalExecutor(slots)

@@ -44,11 +44,17 @@ def prepare(grid: GridSpec, api_key: str | None = None, external_device_fn: Call
         if not loaded.prompts:
             raise UsageError(f"suite {s!r} has no prompts")
     prep = Prepared(points, suites, {}, api_key)
+    checked: set[str] = set()
     for p in points:
         if p.backend == "inprocess" or p.model in BUNDLED:
             from ddtree_bench.pair import model_dirs
 
-            model_dirs(p.model, p.draft)  # the bundled toy pair must be installed
+            target_dir, _ = model_dirs(p.model, p.draft)  # the bundled toy pair must be installed
+            if p.backend in ("inprocess", "standalone") and target_dir is not None and p.model not in checked:
+                from ddtree_bench.engine.loading import read_config
+
+                read_config(target_dir, "model")   # our engine loads it: a missing or broken directory is bad input
+                checked.add(p.model)
         if p.backend not in SERVER_BACKENDS:
             continue
         if p.backend not in prep.profiles:

@@ -396,3 +396,18 @@ def test_a_bad_gpu_knob_is_exit_2_before_any_work(env, said, capsys, monkeypatch
     res = cli_in_process(capsys, "suites", check=False)
     assert res.returncode == 2 and said in res.stderr and len(res.stderr.strip().splitlines()) <= 2
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a host without CUDA")
+@pytest.mark.parametrize("argv,says", [
+    (["--device", "cuda"], "needs 1 GPUs; 0 visible"),
+    (["--device", "cuda", "--gpus-per-point", "2", "--dry-run"], "needs 2 GPUs; 0 visible"),
+    (["--models", "/nonexistent/model"], "model directory /nonexistent/model does not exist"),
+])
+def test_a_sweep_refuses_what_run_refuses_before_writing_anything(argv, says, tmp_path, capsys):
+    """Input `run` refuses with exit 2 (no CUDA here, no model directory) was exit 1 in a sweep after it had
+    written points/, summary.csv and a report; the serial loop checked no GPU count at all."""
+    out = tmp_path / "sw"
+    code, _, err = cli(["sweep", "--methods", "ar", "--limit", "1", "--max-new-tokens", "2", "--out", out, "-q", *argv], capsys)
+    one_error_line(code, err)
+    assert says in err and not out.exists()
