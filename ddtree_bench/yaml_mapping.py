@@ -22,7 +22,7 @@ def read_yaml_mapping(path: str | Path, label: str, expect: str) -> dict[str, An
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"{label} does not exist")
-    data = parse_text_file(path, label, "YAML", lambda text: yaml.load(text, Loader=_unique_keys_loader()), yaml.YAMLError,
+    data = parse_text_file(path, label, "YAML", lambda text: yaml.load(text, Loader=unique_keys_loader()), yaml.YAMLError,
                            _yaml_error)
     if data is None:
         return {}
@@ -31,7 +31,7 @@ def read_yaml_mapping(path: str | Path, label: str, expect: str) -> dict[str, An
     return data
 
 
-def _unique_keys_loader():
+def unique_keys_loader():
     """yaml.SafeLoader that refuses a key given twice in one mapping (a ConstructorError naming key and line)."""
     import yaml
 

@@ -253,8 +253,10 @@ def load_spec_file(path: Path) -> SuiteSpec:
         raise UsageError(f"suite file {path}: not UTF-8 text (a binary file?) at byte {e.start}") from None
     except OSError as e:
         raise UsageError(f"cannot read suite file {path}: {e.strerror or e}") from None
+    from ddtree_bench.yaml_mapping import unique_keys_loader
+
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=unique_keys_loader())   # a key given twice is refused, as in grid and rules files
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

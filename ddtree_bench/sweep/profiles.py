@@ -122,12 +122,22 @@ def parse_profile(data: Any, source: str) -> Profile:
     v = data.get("version")
     if v is not None and not (isinstance(v, dict) and set(v) <= {"path", "key"} and "path" in v):
         raise UsageError(f"profile {source}: version must be {{path: /..., key: name}}")
+    for key, what in (("defaults", "map parameter names to values"), ("env", "map NAME to a value"),
+                      ("notes", "map ar/dflash/ddtree to text")):
+        if not isinstance(data.get(key) or {}, dict):
+            raise UsageError(f"profile {source}: {key} must {what}")
+    devices = data.get("devices") or ["cpu", "cuda"]
+    if not isinstance(devices, list) or not devices or not all(d in ("cpu", "cuda") for d in devices):
+        raise UsageError(f"profile {source}: devices must be a list of cpu and/or cuda, got {devices!r}")
+    t = data.get("startup_timeout_s")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")):
+        raise UsageError(f"profile {source}: startup_timeout_s must be a positive number of seconds, got {t!r}")
     return Profile(
         name=str(data["name"]), argv=data["argv"], method_args={k: list(v) for k, v in ma.items()},
         health_path=str(data.get("health_path", "/health")), description=str(data.get("description", "")),
         requires=str(data.get("requires", "")), optional_args={k: list(v) for k, v in oa.items()},
         defaults=dict(data.get("defaults") or {}), env={str(k): str(x) for k, x in (data.get("env") or {}).items()},
-        devices=[str(d) for d in (data.get("devices") or ["cpu", "cuda"])],
+        devices=[str(d) for d in devices],
         device_args={str(k): list(v) for k, v in da.items()},
         device_env={str(k): {str(n): str(x) for n, x in v.items()} for k, v in de.items()},
         python_module=pm, method_probe={str(k): str(v) for k, v in mp.items()},
@@ -139,8 +149,6 @@ def parse_profile(data: Any, source: str) -> Profile:
 
 def load_profile(backend: str, override_dir: str | Path | None = None) -> Profile:
     """The profile for `backend`: `<override_dir>/<backend>.yaml` if present, else the bundled one."""
-    import yaml
-
     candidates = []
     if override_dir is not None:
         d = Path(override_dir).expanduser()
@@ -150,11 +158,9 @@ def load_profile(backend: str, override_dir: str | Path | None = None) -> Profil
     candidates.append(BUNDLED_DIR / f"{backend}.yaml")
     for path in candidates:
         if path.is_file():
-            try:
-                data = yaml.safe_load(path.read_text(encoding="utf-8"))
-            except (yaml.YAMLError, UnicodeDecodeError) as e:
-                raise UsageError(f"profile {path}: malformed YAML ({str(e).splitlines()[0]})") from None
-            return parse_profile(data, str(path))
+            from ddtree_bench.yaml_mapping import read_yaml_mapping
+
+            return parse_profile(read_yaml_mapping(path, f"profile {path}", "a mapping of profile keys"), str(path))
     raise UsageError(f"no profile for backend {backend!r}", hint=f"add {backend}.yaml to --profiles DIR")
 
 

@@ -268,6 +268,7 @@ def test_user_suite_dir_and_relative_file(suite_dir):
     (GOOD + "temperature: 0\n", r"bad\.yaml: unknown key 'temperature'"),
     (GOOD.replace("source: {file: items.jsonl}", "source: {file: items.jsonl, revision: x}"), r"bad\.yaml: unknown key 'source\.revision'"),
     ("source: {file: items.jsonl\nturns: [x]\n", r"bad\.yaml:\d+: malformed YAML"),
+    ("source: {file: items.jsonl}\nn: 1\nturns: [x]\nn: 3\n", r"bad\.yaml:4: malformed YAML \(key 'n' given twice\)"),
     (GOOD + "name: other\n", "must match"),
     (GOOD.replace("subset: first", "subset: shuffle"), "unknown subset rule 'shuffle'"),
     (GOOD + "turns_from: turns\n", "exactly one of 'turns'"),

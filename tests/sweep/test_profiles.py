@@ -154,6 +154,18 @@ def test_profiles_reject_bad_input(tmp_path):
         parse_profile({"name": "x", "argv": ["x"], "method_args": {"ar": []}, "method_probe": {"tree": "pass"}}, "x.yaml")
     with pytest.raises(UsageError, match="unknown key 'flags'"):
         parse_profile({"name": "x", "argv": ["x"], "method_args": {"ar": []}, "flags": 1}, "x.yaml")
+    for bad, says in (({"defaults": [1]}, "defaults must map"), ({"env": ["a"]}, "env must map"),
+                      ({"notes": "x"}, "notes must map"), ({"devices": "gpu"}, "devices must be a list of cpu"),
+                      ({"devices": ["gpu"]}, "devices must be a list of cpu"),
+                      ({"startup_timeout_s": "abc"}, "startup_timeout_s must be a positive number"),
+                      ({"startup_timeout_s": -1}, "startup_timeout_s must be a positive number")):
+        with pytest.raises(UsageError, match=says):   # each was an internal error, or accepted and failed later
+            parse_profile({"name": "x", "argv": ["x"], "method_args": {"ar": []}, **bad}, "x.yaml")
+    d = tmp_path / "dup"
+    d.mkdir()
+    (d / "standalone.yaml").write_text("name: s\nargv: [x]\nmethod_args: {ar: []}\nname: t\n")
+    with pytest.raises(UsageError, match="key 'name' given twice at line 4"):
+        load_profile("standalone", d)
     prof = parse_profile({"name": "x", "argv": ["srv", "--m", "{modle}"], "method_args": {"ar": []}}, "x.yaml")
     with pytest.raises(UsageError, match="unknown placeholder"):
         build_command(prof, point_params(prof, model="m", draft=None, method="ar", budget=None, spec_tokens=None,
