@@ -27,6 +27,8 @@ from ddtree_bench.report.data import Point, ReportData
 STAGE_ORDER = ("prefill", "draft", "tree_build", "verify", "commit")
 STAGE_COLOURS = {"prefill": "#9e9e9e", "draft": "#4c72b0", "tree_build": "#dd8452", "verify": "#55a868", "commit": "#c44e52"}
 MAX_PANELS = 16
+MAX_DEPTH_CURVES = 12   # lines in the acceptance-by-depth chart before it stops being readable
+MAX_LATENCY_CURVES = 10  # configurations in the latency-vs-load charts
 MAX_BARS = 32
 RC = {
     "svg.hashsalt": "ddtree-bench-report",
@@ -130,6 +132,11 @@ def _groups(points: list[Point]) -> tuple[dict[str, list[Point]], bool]:
                          *([f"T={p.temperature:g}"] if temps else [])])
         out[key].append(p)
     return dict(out), len(out) > 1
+
+
+def _shown(most: int, total: int) -> str:
+    """The caption's note when a figure draws only the first `most` of `total` configurations."""
+    return f" Showing the first {most} of {total} configurations (the headline table has them all)." if total > most else ""
 
 
 def _mean(vals: list[float | None]) -> float | None:
@@ -363,7 +370,7 @@ def fig_accept_by_depth(data: ReportData) -> Figure | None:
     fig, axes = _new(w=7.5, h=3.6)
     ax = axes[0][0]
     colours = _config_colour_map([(lbl, ps) for lbl, _, ps in entries])
-    for lbl, r, ps in entries[:12]:
+    for lbl, r, ps in entries[:MAX_DEPTH_CURVES]:
         ax.plot(range(1, len(r) + 1), r, marker="o" if len(r) <= 16 else None, ms=3, color=colours[lbl],
                 ls="--" if ps[0].method == "dflash" else "-", label=lbl)
     ax.set_xlabel("depth d (drafted tokens past the root)")
@@ -377,7 +384,7 @@ def fig_accept_by_depth(data: ReportData) -> Figure | None:
             "For each depth d, the fraction of verify rounds that accepted at least d drafted tokens beyond the root "
             "(for a chain this is vLLM's per-position acceptance rate). The curve starts at the first-token acceptance "
             "rate and falls with depth; a larger budget lifts the whole curve because the tree carries more "
-            "alternatives at every depth. Dashed: DFlash."),
+            "alternatives at every depth. Dashed: DFlash." + _shown(MAX_DEPTH_CURVES, len(entries))),
         _to_uri(fig), "Line chart of the fraction of rounds reaching each accepted depth")
 
 
@@ -433,7 +440,8 @@ def _fig_latency(data: ReportData, closed_loop: bool) -> Figure | None:
     xs_all = sorted({x for p in pts if (x := xval(p)) is not None})
     if len(xs_all) < 2:
         return None
-    entries = _config_entries(pts, with_ar=True)[:10]
+    every = _config_entries(pts, with_ar=True)
+    entries = every[:MAX_LATENCY_CURVES]
     colours = _config_colour_map(entries)
     # points whose concurrency was not honoured are no measurement at their load: marked, never on a curve
     unhonoured = sorted({p.load_label for p in pts if p.load_not_honoured})
@@ -475,7 +483,8 @@ def _fig_latency(data: ReportData, closed_loop: bool) -> Figure | None:
                     "that load, so they are on no curve, and no trend across load should be read from them. ")
     caption += ("Speculative decoding should lower TPOT at low load; where the curves are drawn, watch where its TPOT "
                 "curve crosses AR's as load grows \u2014 past that point the tree's extra verify work costs more than "
-                "it saves. TTFT includes queueing, so it grows with load for every method.")
+                "it saves. TTFT includes queueing, so it grows with load for every method."
+                + _shown(MAX_LATENCY_CURVES, len(every)))
     return Figure(
         f"fig-latency-vs-{'concurrency' if closed_loop else 'rate'}", f"TTFT and TPOT percentiles vs {which}", caption,
         _to_uri(fig), f"Line charts of TTFT and TPOT percentiles against {which}")
@@ -498,10 +507,13 @@ def fig_stage_split(data: ReportData) -> Figure | None:
         lowest = min(pts, key=lambda p: (p.request_rate is not None, p.request_rate or p.concurrency or 0)).load_label
         pts = [p for p in pts if p.load_label == lowest][:MAX_BARS]
     groups, many = _groups(pts)
+    group_of = {id(q): g for g, qs in groups.items() for q in qs}   # model / backend / suite / T, where several
     several_loads = len({p.load_label for p in pts}) > 1
+    several_repeats = len({p.repeat for p in pts}) > 1
     labels, rows = [], []
     for p in pts:
-        lbl = p.config_label + (f" {p.load_label}" if several_loads else "") + (f" [{p.suite}]" if many else "")
+        lbl = (p.config_label + (f" {p.load_label}" if several_loads else "") + (f" [{group_of[id(p)]}]" if many else "")
+               + (f" #{p.repeat}" if several_repeats else ""))
         labels.append(lbl)
         n = float(p.summary["total_output_tokens"])
         rows.append({k: v / n for k, v in p.stage_ms.items()})

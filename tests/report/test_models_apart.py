@@ -47,3 +47,12 @@ def test_plot_groups_never_mix_models(runs):
     assert all(len({p.model for p in pts}) == 1 for pts in groups.values())
     one = [p for p in data.ok_points if p.model == "random"]
     assert list(_groups(one)[0]) == ["smoke"]   # one model: the group is named by its suite alone, as before
+
+
+def test_a_chart_that_draws_only_some_configurations_says_so(runs, monkeypatch):
+    from ddtree_bench.report import plots
+
+    data = report_data.load(runs)
+    assert "Showing the first" not in plots.fig_accept_by_depth(data).caption
+    monkeypatch.setattr(plots, "MAX_DEPTH_CURVES", 1)
+    assert "Showing the first 1 of 2 configurations" in plots.fig_accept_by_depth(data).caption
