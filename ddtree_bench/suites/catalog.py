@@ -73,6 +73,9 @@ def get_spec(name: str) -> SuiteSpec:
             raise UsageError(f"suite file {p} does not exist")
         return _load_spec(p)
     spec = find_spec(name)
+    if spec is None and name == "smoke":
+        raise UsageError("the built-in smoke suite has no definition (it is three prompts in the code), so it cannot "
+                         "be part of a mix", hint="mix suites that `ddtree-bench suites` lists with a file")
     if spec is None:
         known = ", ".join(suite_names()) or "none found"
         raise UsageError(f"unknown suite {name!r} (known: {known})",

@@ -117,8 +117,10 @@ class SuiteSpec:
                     fields = ", ".join(sorted(map(str, item))) or "none"
                     raise UsageError(f"suite {self.name!r}: turn {t} template needs a field that {where} lacks ({e.message}); "
                                      f"its fields: {fields}") from None
-                except jinja2.TemplateError as e:
-                    raise UsageError(f"suite {self.name!r}: turn {t} template failed on {where}: {e}") from None
+                except (jinja2.TemplateError, ArithmeticError, ValueError, TypeError, MemoryError) as e:
+                    # the sandbox's own limits (range(10**9) is an OverflowError) and a template's runtime errors
+                    raise UsageError(f"suite {self.name!r}: turn {t} template failed on {where}: "
+                                     f"{type(e).__name__}: {e}") from None
         for t, text in enumerate(out):
             if not text.strip():
                 raise UsageError(f"suite {self.name!r}: turn {t} of {where} renders to an empty string")

@@ -285,6 +285,17 @@ def test_bad_suite_yaml_is_a_usage_error_naming_the_file(suite_dir, text, match)
     assert "bad.yaml" in str(e.value)
 
 
+@pytest.mark.parametrize("text, match", [
+    (GOOD.replace("Q: {{ q }}", "{% for x in range(10**9) %}a{% endfor %}"), r"template failed on item 0 .*OverflowError"),
+    ("mix: [{suite: smoke, n: 2}]\n", "the built-in smoke suite has no definition"),
+])
+def test_template_runtime_errors_and_a_mix_of_smoke_are_usage_errors(suite_dir, text, match):
+    _write(suite_dir, "items.jsonl", '{"key": "a", "q": "one"}\n{"key": "b", "q": "two"}\n')
+    _write(suite_dir, "bad.yaml", text)
+    with pytest.raises(UsageError, match=match):
+        load_suite("bad")
+
+
 def test_unknown_key_exits_2_from_the_cli(suite_dir, capsys):
     from ddtree_bench.cli import main
 
