@@ -280,8 +280,9 @@ def load(path: str | Path) -> Loaded:
                 frames.append(df)
         records = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         if len(records) and "point_id" in summary.columns:  # each request row also says which point it belongs to
-            keys = [c for c in ("backend", "model", "method", "budget", "spec_tokens", "concurrency", "request_rate",
-                                "temperature", "suite", "status") if c in summary.columns and c not in records.columns]
+            keys = [c for c in ("backend", "model", "draft", "dtype", "device", "method", "budget", "spec_tokens",
+                                "concurrency", "request_rate", "temperature", "suite", "repeat", "status")
+                    if c in summary.columns and c not in records.columns]
             records = records.merge(summary[["point_id", *keys]], on="point_id", how="left")
         return Loaded(summary, records)
     if not is_run_dir(path):

@@ -65,7 +65,7 @@ def test_inprocess_sweep_loads_once_resumes_and_loads_into_pandas(tmp_path, monk
     data = load(out)
     assert len(data.summary) == 4 and list(data.summary.columns[: len(DESIGN_COLUMNS)]) == DESIGN_COLUMNS
     assert len(data.records) == 16 and set(data.records["point_id"]) == {p["id"] for p in sweep["points"]}
-    assert {"method", "budget"} <= set(data.records.columns)
+    assert {"method", "budget", "repeat", "dtype", "device", "draft"} <= set(data.records.columns)
 
     # resume with everything finished: nothing runs, nothing is duplicated
     mtimes = {p.name: (p / "records.jsonl").stat().st_mtime_ns for p in (out / "points").iterdir()}
