@@ -345,6 +345,9 @@ def run_gate(results: str | Path, baseline_path: str | Path, rules_path: str | P
         ref = Path(ref)
         if not is_run_dir(ref) or not (ref / "summary.json").exists():
             raise UsageError(f"--reference-run {ref} is not a finished run directory (run.json + records.jsonl + summary.json)")
+        if ref.resolve() == results.resolve():
+            raise UsageError(f"--reference-run {ref} is the run being gated: it cannot be its own reference",
+                             hint="pass an earlier run of the same deployment (repeat the flag for noise-aware tolerances)")
         refs.append((str(ref), read_run_info(ref), read_json(ref / "summary.json")))
     info = read_run_info(results)
     records = read_records(results)

@@ -89,6 +89,8 @@ def test_reference_runs_and_noise(tmp_path, base, capsys):
     code, out, _ = cli(args + [x for r in noisy for x in ("--reference-run", r)], capsys)
     # t(0.975, 2) = 4.303; 4.303 x s 20 x sqrt(1 + 1/3) / mean 100 = 99.4%: three runs this noisy say little
     assert code == 0 and "widened by noise 99.4%" in out
+    code, _, err = cli(args + ["--reference-run", tmp_path / "run"], capsys)   # the gated run itself
+    assert code == 2 and "is the run being gated: it cannot be its own reference" in err
 
 
 def test_reference_spread_is_the_t_prediction_interval():
