@@ -132,6 +132,18 @@ def record(model: str = D.MODEL, draft: str | None = None, suite: str = D.SUITE,
     return header, entries
 
 
+def _teacher_forced_rows(engine: Any, prompt_ids: list[int], output_ids: list[int]):
+    """One target forward over prompt + output[:-1]: the float logits of the rows that predict each output token."""
+    import torch
+
+    seq = list(prompt_ids) + list(output_ids[:-1])
+    dev = engine.device
+    with torch.inference_mode():
+        cache = engine.target.new_cache(len(seq))
+        logits, _ = engine.target(torch.tensor(seq, dtype=torch.long, device=dev), torch.arange(len(seq), device=dev), cache, 0)
+        return logits[len(prompt_ids) - 1:].float()
+
+
 def rescore_gaps(engine: Any, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
     """Teacher-forced logit gaps: one target forward over prompt + output[:-1]; gap i is the
     top-1 minus top-2 logit of the row that predicts output_ids[i]. (A full-sequence forward is
@@ -140,38 +152,25 @@ def rescore_gaps(engine: Any, prompt_ids: list[int], output_ids: list[int]) -> l
 
     if not output_ids:
         return []
-    target = engine.target
-    seq = list(prompt_ids) + list(output_ids[:-1])
-    dev = engine.device
-    with torch.inference_mode():
-        cache = target.new_cache(len(seq))
-        ids = torch.tensor(seq, dtype=torch.long, device=dev)
-        logits, _ = target(ids, torch.arange(len(seq), device=dev), cache, 0)
-        rows = logits[len(prompt_ids) - 1:].float()
-        if rows.shape[-1] < 2:
-            return [float("inf")] * rows.shape[0]
-        top2 = torch.topk(rows, 2, dim=-1).values
-        return (top2[:, 0] - top2[:, 1]).tolist()
+    rows = _teacher_forced_rows(engine, prompt_ids, output_ids)
+    if rows.shape[-1] < 2:
+        return [float("inf")] * rows.shape[0]
+    top2 = torch.topk(rows, 2, dim=-1).values
+    return (top2[:, 0] - top2[:, 1]).tolist()
 
 
 def token_deficits(engine: Any, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
     """Teacher-forced, over a run's own output: deficit i = the top-1 logit minus the logit of output_ids[i], on
     the row that predicts it (0 where the run took the top-1). A greedy decode with near-tie flips has every
     deficit below the near-tie threshold; one at or above it is a confident divergence from the run's own prefix.
-    One target forward over prompt + output[:-1], as `rescore_gaps`."""
+    The same one forward as `rescore_gaps`."""
     import torch
 
     if not output_ids:
         return []
-    target = engine.target
-    seq = list(prompt_ids) + list(output_ids[:-1])
-    dev = engine.device
-    with torch.inference_mode():
-        cache = target.new_cache(len(seq))
-        logits, _ = target(torch.tensor(seq, dtype=torch.long, device=dev), torch.arange(len(seq), device=dev), cache, 0)
-        rows = logits[len(prompt_ids) - 1:].float()
-        took = rows.gather(-1, torch.tensor(output_ids, dtype=torch.long, device=dev)[:, None])[:, 0]
-        return (rows.max(dim=-1).values - took).tolist()
+    rows = _teacher_forced_rows(engine, prompt_ids, output_ids)
+    took = rows.gather(-1, torch.tensor(output_ids, dtype=torch.long, device=rows.device)[:, None])[:, 0]
+    return (rows.max(dim=-1).values - took).tolist()
 
 
 # ---------------------------------------------------------------------------- from a running server
