@@ -230,14 +230,14 @@ def judge_vs_ar(sdir, p: Point, ar: Point | None, cache: dict[str, Baseline | No
                 e.logit_gap, why = rescorer.gaps(p, e)
         c = _compare(sdir, p, base, gap)
     if rescorer is not None and any(r.kind == "near_tie" for r in c.prompts):
-        _recheck_near_ties(sdir, p, c, base, rescorer)
+        _recheck_near_ties(sdir, p, c, rescorer)
     j = judge(c, "ar")
     if j.verdict == "unjudged":
         j.note = why or "the AR output's logit gaps were not re-scored"
     return j, c
 
 
-def _recheck_near_ties(sdir, p: Point, c: Any, base: Baseline, rescorer: _Rescorer) -> None:
+def _recheck_near_ties(sdir, p: Point, c: Any, rescorer: _Rescorer) -> None:
     """What a near tie may excuse: a near-tie prompt's whole output, teacher-forced through the reference engine on
     its own prefix (`baselines.record.token_deficits`). A correct decode that flipped on near ties has every token
     within the near-tie threshold of the reference's top-1 there; the first token at or past it makes the prompt a

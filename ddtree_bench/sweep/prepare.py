@@ -46,7 +46,7 @@ def prepare(grid: GridSpec, api_key: str | None = None, external_device_fn: Call
     prep = Prepared(points, suites, {}, api_key)
     checked: set[str] = set()
     for p in points:
-        if p.backend == "inprocess" or p.model in BUNDLED:
+        if p.backend in ("inprocess", "standalone") or p.model in BUNDLED:
             from ddtree_bench.pair import model_dirs
 
             target_dir, _ = model_dirs(p.model, p.draft)  # the bundled toy pair must be installed

@@ -78,7 +78,7 @@ BINARY_INPUTS = {
     "rules YAML": (["gate", "run", "--baseline", "base.jsonl", "--rules", "bin.yaml"], "not UTF-8"),
     "grid YAML": (["sweep", "--config", "bin.yaml", "--out", "o", "--no-report"], "not UTF-8"),
     "sweep.json (resume)": (["sweep", "--resume", "sw_bin", "--no-report"], "sweep.json: not UTF-8"),
-    "profile YAML": (["sweep", "--backends", "standalone", "--profiles", "prof", "--out", "o", *SW], "malformed YAML"),
+    "profile YAML": (["sweep", "--backends", "standalone", "--profiles", "prof", "--out", "o", *SW], "not UTF-8"),
     "compare JSON (report)": (["report", "run", "--out", "r.html", "--compare", "bin.bin"], "not UTF-8"),
 }
 
