@@ -238,13 +238,13 @@ def judge_vs_ar(sdir, p: Point, ar: Point | None, cache: dict[str, Baseline | No
 
 
 def _recheck_near_ties(sdir, p: Point, c: Any, rescorer: _Rescorer) -> None:
-    """What a near tie may excuse: a near-tie prompt's whole output, teacher-forced through the reference engine on
-    its own prefix (`baselines.record.token_deficits`). A correct decode that flipped on near ties has every token
-    within the near-tie threshold of the reference's top-1 there; the first token at or past it makes the prompt a
-    divergence (reason `after_near_tie`), so a server emitting garbage after a first token that happened to fall
-    on a near tie fails the sweep. Nothing changes where the engine cannot load."""
-    from ddtree_bench.baselines.record import token_deficits
+    """What a near tie may excuse, by the gate's rule (`verdict.near_tie_recheck.recheck_one`: the run's output
+    teacher-forced through the reference engine on its own prefix): a `diverged` prompt becomes a divergence
+    (reason `after_near_tie`), so a server emitting garbage after a first token that happened to fall on a near tie
+    fails the sweep; `confirmed` and `inconclusive` stay near ties and say so. Nothing changes where the engine
+    cannot load."""
     from ddtree_bench.results import read_records
+    from ddtree_bench.verdict.near_tie_recheck import recheck_one
 
     engine, _ = rescorer.engine_for(p)
     if engine is None:
@@ -255,22 +255,16 @@ def _recheck_near_ties(sdir, p: Point, c: Any, rescorer: _Rescorer) -> None:
         if r.kind != "near_tie" or rec is None or rec.prompt_ids is None or not rec.output_ids or r.first_divergence is None:
             continue
         try:
-            deficits = token_deficits(engine, rec.prompt_ids, rec.output_ids)
+            check = recheck_one(engine, rec.prompt_ids, rec.output_ids, r.first_divergence, c.near_tie_gap)
         except (RuntimeError, ValueError, IndexError) as e:
             r.explanation = f"{r.explanation}; not re-checked ({type(e).__name__}: {e})"
             continue
-        at = next((i for i in range(r.first_divergence, len(deficits)) if deficits[i] >= c.near_tie_gap), None)
-        if at is None:
-            worst = max(deficits[r.first_divergence:], default=0.0)
-            r.explanation = (f"{r.explanation}; re-checked on the run's own prefix: every later token within {worst:.3g} of "
-                             "the reference's top-1")
-        else:
+        if check.status == "diverged":
             r.kind, r.reason, r.match = "divergence", "after_near_tie", False
-            where = (f"token {at} is not a near runner-up" if at == r.first_divergence
-                     else f"after the near tie at token {r.first_divergence}, token {at}")
-            r.explanation = (f"{where}: it is {deficits[at]:.3g} below the reference's top-1 on the run's own prefix "
-                             f"(threshold {c.near_tie_gap:g})")
-            r.first_divergence, r.gap = at, deficits[at]
+            r.first_divergence, r.gap = check.position, check.gap
+            r.explanation = check.note
+        else:
+            r.explanation = f"{r.explanation}; re-checked ({check.status}): {check.note}"
 
 
 def check_baseline_model(baseline: Baseline, models: list[str], allow: bool) -> None:

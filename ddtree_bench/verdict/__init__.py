@@ -4,7 +4,7 @@ Modules, one concept each:
 * `compare`          — greedy diff of a run against a baseline per (prompt, turn), near-tie triage,
   acceptance deltas (`ddtree-bench compare`);
 * `compare_render`   — the human view of a `Comparison` (the JSON is `Comparison.to_json`);
-* `near_tie_recheck` — what a near tie may excuse: re-decoding the run's own prefix with the
+* `near_tie_recheck` — what a near tie may excuse: the run's own output teacher-forced through the
   reference engine;
 * `distribution`     — the T > 0 verdict: every emitted token scored under the target's tempered
   distribution, the pooled randomised PIT u tested for uniformity (KS);

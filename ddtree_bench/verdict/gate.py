@@ -163,7 +163,7 @@ def correctness_checks(c: Comparison, rules: Rules, num_errors: int, recheck: Re
                     and r.status == "diverged"]
             n += len(late)
             examples += [f"{p.prompt_id} turn {p.turn} at token {r.position} after a near tie at {p.first_divergence}"
-                         + (f" (gap {r.gap:.3g})" if r.gap is not None else "") for p, r in late]
+                         + (f" ({r.gap:.3g} below the top-1)" if r.gap is not None else "") for p, r in late]
         checks.append(_count_check(name, n, limit, what, (kind,), examples))
     if rules.min_exact_match_rate is not None:
         rate = c.exact_match_rate

@@ -5,19 +5,22 @@
 from a different prefix than the baseline's, so it cannot be compared with the baseline token by
 token — and without a further check a garbage continuation would pass as "a near tie".
 
-Re-check (where the reference engine can load the baseline's model): take the run's own prefix,
-prompt_ids + run.output_ids[:i+1] (the flipped token included), decode it greedily with the
-reference engine for as many tokens as the run's continuation has, and compare:
-  * equal                                   -> `confirmed`: the run is an exact greedy decode of
-                                               its own prefix; the flip was the only difference;
-  * first differs at k with reference gap g -> g < threshold: another near tie, re-check again
-    from the run's prefix up to k (at most MAX_FLIPS flips a prompt, then `inconclusive`);
-    g >= threshold: `diverged` — a confident divergence after the near tie (a bug);
-  * the reference stops where the run goes on, or the other way round -> `diverged`.
+Re-check (where the reference engine can load the baseline's model): teacher-force the run's own
+output through the reference engine, one forward over prompt_ids + run.output_ids, and read each
+token's deficit (the reference's top-1 logit minus the logit of the token the run took, on the row
+that predicts it; 0 where the run took the top-1). From the flipped token on:
+  * every deficit below the threshold      -> `confirmed`: a greedy decode of its own prefix up to
+                                               near ties (the flips were the only differences);
+  * the first deficit at or past it         -> `diverged`: a confident divergence after the near tie
+                                               (a bug; so is a stop token the run emitted, or went
+                                               past, where the reference was confident otherwise);
+  * more than MAX_FLIPS tokens off the top-1 -> `inconclusive` (counted against the gate's cap: a
+                                               low-temperature sampler is not a greedy decode).
+The sweep's correctness step applies the same rule (`recheck_one`).
 Where the engine cannot load the model (server or imported baselines, a model directory that is
 not on this machine, a CUDA baseline on a machine without CUDA, a different model hash) nothing
 is re-checked and the gate's `max_near_ties` cap is the only guard; `RecheckReport.guard` says
-which applied, and why. Knows baselines, records and the engine's `generate`; nothing of rules.
+which applied, and why. Knows baselines, records and the engine's teacher-forced forward; nothing of rules.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import Any
 
 from ddtree_bench.pair import BUILTIN
 
-MAX_FLIPS = 8   # near-tie flips re-checked per prompt before the prompt is called inconclusive
+MAX_FLIPS = 8   # tokens off the reference's top-1 a near-tie prompt may have before it is inconclusive
+OFF_TOP1 = 1e-3  # a deficit above this is a token off the top-1 (below: float noise of the teacher-forced forward)
 
 
 @dataclass
@@ -36,8 +40,8 @@ class Recheck:
     status: str                      # confirmed | diverged | inconclusive
     note: str
     position: int | None = None      # output index of the divergence after the near tie (diverged)
-    gap: float | None = None         # the reference's gap there
-    flips: int = 1                   # near-tie flips seen on this prompt (the first included)
+    gap: float | None = None         # the run token's deficit there (the reference's top-1 minus its logit)
+    flips: int = 1                   # tokens off the reference's top-1 from the near tie on (the first included)
 
 
 @dataclass
@@ -48,14 +52,6 @@ class RecheckReport:
 
     def count(self, status: str) -> int:
         return sum(1 for r in self.results.values() if r.status == status)
-
-
-def _first_difference(a: list[int], b: list[int]) -> int | None:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return None if len(a) == len(b) else n
 
 
 def loadable(header: dict[str, Any]) -> tuple[bool, str]:
@@ -81,42 +77,30 @@ def loadable(header: dict[str, Any]) -> tuple[bool, str]:
     return True, f"{model} ({header.get('dtype') or 'float32'}, {device})"
 
 
-def recheck_one(engine: Any, prompt_ids: list[int], out: list[int], i: int, gap_threshold: float,
-                stops: list[int]) -> Recheck:
-    """One near-tie prompt re-decoded from the run's own prefix (module docstring): the gate's re-check and
-    the sweep's (sweep/correctness.py) both call it."""
-    flips, pos = 1, i
-    while True:
-        prefix = list(prompt_ids) + list(out[:pos + 1])
-        cont = list(out[pos + 1:])
-        if not cont:  # the flipped token was the run's last: nothing after it to judge
-            return Recheck("confirmed", f"the near-tie token {pos} was the run's last token", flips=flips)
-        ref = engine.generate(prefix, method="ar", max_new_tokens=len(cont), stop_ids=stops, return_logit_gaps=True)
-        r_out, gaps = list(ref.output_ids), list(ref.logit_gaps or [])
-        k = _first_difference(cont, r_out)
-        if k is None:
-            extra = f" (and {flips - 1} more near-tie flips)" if flips > 1 else ""
-            return Recheck("confirmed", f"after the near tie at token {i}{extra} the run equals the reference engine's "
-                                        "greedy continuation of the run's own prefix", flips=flips)
-        at = pos + 1 + k
-        if k == min(len(cont), len(r_out)):
-            if len(r_out) < len(cont):
-                return Recheck("diverged", f"after the near tie at token {i} the reference stops at token {at} "
-                                           f"(stop id {r_out[-1] if r_out else '?'}) and the run goes on", at, None, flips)
-            return Recheck("diverged", f"after the near tie at token {i} the run stops at token {at} and the reference "
-                                       "goes on", at, None, flips)
-        g = gaps[k] if k < len(gaps) else None
-        if g is not None and g < gap_threshold:
-            flips += 1
-            if flips > MAX_FLIPS:
-                return Recheck("inconclusive", f"more than {MAX_FLIPS} near-tie flips after token {i}; not re-checked further",
-                               at, g, flips)
-            pos = at
-            continue
-        gtxt = f"{g:.3g}" if g is not None else "unknown"
-        return Recheck("diverged", f"after the near tie at token {i} the run diverges at token {at} from the reference "
-                                   f"engine's continuation of the run's own prefix, where the reference was confident "
-                                   f"(gap {gtxt})", at, g, flips)
+def recheck_one(engine: Any, prompt_ids: list[int], out: list[int], i: int, gap_threshold: float) -> Recheck:
+    """One near-tie prompt judged on the run's own prefix (module docstring), the one rule of the gate and the
+    sweep (sweep/correctness.py): the run's output teacher-forced through the reference engine
+    (`baselines.record.token_deficits`, one forward); from the flipped token `i` on, the first token whose deficit
+    (the reference's top-1 logit minus the run token's) is >= `gap_threshold` is `diverged`; more than MAX_FLIPS
+    tokens off the reference's top-1 is `inconclusive`; else `confirmed`."""
+    from ddtree_bench.baselines.record import token_deficits
+
+    deficits = token_deficits(engine, prompt_ids, out)[i:]
+    off = [k for k, d in enumerate(deficits) if d > OFF_TOP1]
+    bad = next((k for k in off if deficits[k] >= gap_threshold), None)
+    if bad is not None:
+        at, d = i + bad, deficits[bad]
+        where = (f"the near-tie token {i} itself" if at == i else f"after the near tie at token {i} the run's token {at}")
+        return Recheck("diverged", f"{where} is {d:.3g} below the reference's top-1 on the run's own prefix "
+                                   f"(threshold {gap_threshold:g})", at, d, len(off[:off.index(bad) + 1]))
+    if len(off) > MAX_FLIPS:
+        return Recheck("inconclusive", f"{len(off)} tokens from {i} on are off the reference's top-1 (each within "
+                                       f"{gap_threshold:g}); more than {MAX_FLIPS} near-tie flips are not excused",
+                       i + off[MAX_FLIPS], deficits[off[MAX_FLIPS]], len(off))
+    worst = max(deficits, default=0.0)
+    extra = f" ({len(off)} tokens off its top-1, the worst {worst:.3g} below)" if len(off) > 1 else ""
+    return Recheck("confirmed", f"from the near tie at token {i} on, every token of the run is within {gap_threshold:g} "
+                                f"of the reference's top-1 on the run's own prefix{extra}", flips=max(1, len(off)))
 
 
 def recheck_near_ties(comparison: Any, records: list[Any], baseline: Any, enabled: bool = True) -> RecheckReport | None:
@@ -142,12 +126,11 @@ def recheck_near_ties(comparison: Any, records: list[Any], baseline: Any, enable
         return RecheckReport("cap", f"the model loaded here ({got}) is not the baseline's ({want})")
     by_key = {(r.prompt_id, r.turn): r for r in records}
     report = RecheckReport("recheck", f"re-decoded from the run's own prefix with the reference engine: {why}")
-    stops = list(baseline.stop_ids or pair.stop_ids)
     for p in near:
         rec = by_key.get((p.prompt_id, p.turn))
         if rec is None or rec.prompt_ids is None or rec.output_ids is None or p.first_divergence is None:
             report.results[(p.prompt_id, p.turn)] = Recheck("inconclusive", "the run's record has no token ids to re-check")
             continue
         report.results[(p.prompt_id, p.turn)] = recheck_one(pair.engine, rec.prompt_ids, rec.output_ids,
-                                                             p.first_divergence, comparison.near_tie_gap, stops)
+                                                             p.first_divergence, comparison.near_tie_gap)
     return report

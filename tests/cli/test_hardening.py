@@ -293,9 +293,12 @@ def test_near_ties_are_capped_where_no_reference_engine_can_recheck(tmp_path, ca
 
 @pytest.fixture(scope="module")
 def toy_near_tie(tmp_path_factory):
-    """A toy baseline with one crafted near tie, and two runs that flip there: one continues as the
-    reference engine would from the flipped prefix, the other with garbage."""
+    """A toy baseline and two runs that flip at its nearest tie to the reference's runner-up there: one continues
+    as the reference engine would from the flipped prefix, the other with garbage where the reference is confident."""
+    import torch
+
     from ddtree_bench.baselines.file import read_baseline
+    from ddtree_bench.baselines.record import _teacher_forced_rows
     from ddtree_bench.cli import main
     from ddtree_bench.pair import load_pair
 
@@ -304,17 +307,14 @@ def toy_near_tie(tmp_path_factory):
         main(["baseline", "record", "--suite", "smoke", "--limit", "1", "--max-new-tokens", "24", "--out", str(d / "b.jsonl"), "-q"])
     except SystemExit as e:
         assert not e.code
-    lines = (d / "b.jsonl").read_text().splitlines()
-    e0 = json.loads(lines[1])
-    base_out, i = e0["output_ids"], 3
-    e0["logit_gap"][i] = 0.1  # the near tie
-    (d / "b.jsonl").write_text("\n".join([lines[0], json.dumps(e0), *lines[2:]]) + "\n")
+    e0 = json.loads((d / "b.jsonl").read_text().splitlines()[1])
     baseline = read_baseline(d / "b.jsonl")
-    engine = load_pair("toy", None, "ar").engine
-    flip = next(t for t in (104, 105, 106) if t != base_out[i])
-    prefix = e0["prompt_ids"] + base_out[:i] + [flip]
-    ref = engine.generate(prefix, method="ar", max_new_tokens=len(base_out) - i - 1, stop_ids=baseline.stop_ids,
-                          return_logit_gaps=True)
+    base_out, engine = e0["output_ids"], load_pair("toy", None, "ar").engine
+    i = min(range(1, len(base_out) - 8), key=lambda j: e0["logit_gap"][j])  # the toy's own nearest tie
+    assert e0["logit_gap"][i] < D.NEAR_TIE_GAP
+    flip = int(torch.topk(_teacher_forced_rows(engine, e0["prompt_ids"], base_out)[i], 2).indices[1])  # runner-up
+    ref = engine.generate(e0["prompt_ids"] + base_out[:i] + [flip], method="ar", max_new_tokens=len(base_out) - i - 1,
+                          stop_ids=baseline.stop_ids, return_logit_gaps=True)
     good = base_out[:i] + [flip] + list(ref.output_ids)
     k = next(j for j, g in enumerate(ref.logit_gaps) if g >= D.NEAR_TIE_GAP)  # the reference is confident here
     bad_tok = next(t for t in (120, 121, 122) if t != ref.output_ids[k])
@@ -324,21 +324,39 @@ def toy_near_tie(tmp_path_factory):
         runs[name] = run_dir(d / name, [record(e0["prompt_id"], out, prompt=e0["prompt_ids"],
                                                finish="stop" if out[-1] in baseline.stop_ids else "length")],
                              model="toy", suite="smoke", max_new_tokens=24)
-    return d / "b.jsonl", runs, i + 1 + k
+    # a run whose token at the near tie is neither the top-1 nor near it: a divergence there, not a near tie
+    worst = int(torch.argmin(_teacher_forced_rows(engine, e0["prompt_ids"], base_out)[i]))
+    runs["far"] = run_dir(d / "far", [record(e0["prompt_id"], base_out[:i] + [worst] + list(ref.output_ids),
+                                             prompt=e0["prompt_ids"])], model="toy", suite="smoke", max_new_tokens=24)
+    return d / "b.jsonl", runs, i, i + 1 + k
 
 
 def test_a_near_tie_is_rechecked_from_the_runs_own_prefix_with_the_reference_engine(toy_near_tie, capsys):
-    base, runs, bad_at = toy_near_tie
+    base, runs, tie_at, bad_at = toy_near_tie
     code, out, _ = cli(["gate", runs["good"], "--baseline", base], capsys)
     assert code == 0, out
     assert "re-checked from the run's own prefix with the reference engine: 1 confirmed, 0 diverged" in out
     code, out, err = cli(["gate", runs["bad"], "--baseline", base], capsys)
     assert code == 1 and "confident_divergences" in err
-    assert f"at token {bad_at} after a near tie at 3" in out and "1 confirmed" not in out
+    assert f"at token {bad_at} after a near tie at {tie_at}" in out and "1 confirmed" not in out
+    code, out, err = cli(["gate", runs["far"], "--baseline", base], capsys)
+    assert code == 1 and f"at token {tie_at} after a near tie at {tie_at}" in out  # the flipped token itself judged
     rules = Path(base).with_name("cap-only.yaml")
     rules.write_text("correctness:\n  recheck_near_ties: false\n")
     code, out, _ = cli(["gate", runs["bad"], "--baseline", base, "--rules", rules], capsys)
     assert code == 0 and "the cap is the only guard" in out  # what the cap alone lets through, and says so
+
+
+def test_the_recheck_calls_a_near_greedy_sampler_inconclusive(monkeypatch):
+    """More than MAX_FLIPS tokens off the reference's top-1, each within the threshold, is not a greedy decode;
+    float noise of the teacher-forced forward (deficits ~1e-6) is no flip."""
+    import ddtree_bench.baselines.record as R
+    from ddtree_bench.verdict import near_tie_recheck as N
+
+    cases = {"confirmed": [0.0, 0.3] + [1e-6] * 30, "inconclusive": [0.0, 0.3] + [0.0, 0.2] * (N.MAX_FLIPS + 1)}
+    for want, deficits in cases.items():
+        monkeypatch.setattr(R, "token_deficits", lambda e, p, o, d=deficits: d)
+        assert N.recheck_one(None, [1], [0] * len(deficits), 1, 1.0).status == want
 
 
 def test_sweep_help_defaults_come_from_defaults(capsys):
