@@ -13,6 +13,7 @@ import typer
 
 from ddtree_bench.cli import options as O
 from ddtree_bench.cli.app import app
+from ddtree_bench.errors import UsageError
 
 suites_app = typer.Typer(help="List benchmark suites (no arguments), or show one's rendered prompts.",
                          epilog="\b\nExamples:\n  ddtree-bench suites\n  ddtree-bench suites --json\n  ddtree-bench suites show mt-bench --limit 1")
@@ -49,21 +50,36 @@ def suites_list(
 
     entries = [{"name": "smoke", "source": "built-in", "data": "offline", "n": len(SMOKE), "subset": None,
                 "template": "3 fixed prompts (one two-turn)", "description": "Tiny built-in smoke test.", "file": None}]
-    for spec in catalog.list_specs():
-        entries.append({
-            "name": spec.name, "source": catalog.describe_source(spec),
-            "data": "offline" if catalog.is_offline(spec) else "needs datasets",
-            "n": spec.n, "subset": spec.subset, "template": spec.template_text(),
-            "description": spec.description, "file": str(spec.path),
-        })
+    specs, errors = catalog.list_specs_and_errors()
+    for spec in specs:
+        try:
+            row = {"name": spec.name, "source": catalog.describe_source(spec),
+                   "data": "offline" if catalog.is_offline(spec) else "needs datasets",
+                   "n": spec.n, "subset": spec.subset, "template": spec.template_text(),
+                   "description": spec.description, "file": str(spec.path)}
+        except UsageError as e:  # a mix naming a broken or missing part
+            errors.append(UsageError(f"{spec.path}: {e}"))
+            continue
+        entries.append(row)
     if as_json:
         typer.echo(json.dumps(entries, indent=2, ensure_ascii=False))
+        _refuse_broken(errors)
         return
     rows = [[e["name"], e["source"] if len(e["source"]) <= 48 else e["source"][:45] + "...", e["data"],
              "all" if e["n"] is None else str(e["n"]), e["subset"] or "-", _one_line(e["template"])] for e in entries]
     typer.echo(_rows_table(rows, ["suite", "source", "data", "n", "subset", "template"]))
     typer.echo("\n`ddtree-bench suites show NAME` prints a suite's rendered prompts; a JSONL file of "
                "{\"id\", \"turns\"} is a suite too. Suite dirs: " + ", ".join(str(d) for d in catalog.suite_dirs()))
+    _refuse_broken(errors)
+
+
+def _refuse_broken(errors: list[UsageError]) -> None:
+    """After the listing of the good suites: each broken suite file one line, then exit 2 (bad input)."""
+    if not errors:
+        return
+    for e in errors[:-1]:
+        typer.echo(f"error: {e}", err=True)
+    raise UsageError(str(errors[-1]), hint=f"{len(errors)} suite file(s) could not be read; the suites listed above can")
 
 
 @suites_app.command("show", epilog="\b\nExamples:\n  ddtree-bench suites show gsm8k --limit 2")
@@ -78,7 +94,6 @@ def suites_show(
     """Print the first prompts of a suite exactly as a run would send them (user turns only)."""
     import json
 
-    from ddtree_bench.errors import UsageError
     from ddtree_bench.suites.prompts import load_suite
 
     if limit <= 0:

@@ -94,6 +94,17 @@ def list_specs() -> list[SuiteSpec]:
     return [_load_spec(p) for _, p in sorted(spec_files().items())]
 
 
+def list_specs_and_errors() -> tuple[list[SuiteSpec], list[UsageError]]:
+    """Every suite YAML that loads, and the error of each that does not (the listing shows the good ones)."""
+    specs, errors = [], []
+    for _, p in sorted(spec_files().items()):
+        try:
+            specs.append(_load_spec(p))
+        except UsageError as e:
+            errors.append(e)
+    return specs, errors
+
+
 def is_offline(spec: SuiteSpec, _depth: int = 0) -> bool:
     """True when the suite loads with no network and no `datasets` (bundled or local files only)."""
     if spec.mix is None:

@@ -119,3 +119,20 @@ def test_hf_suite_without_hub_fails_with_one_line(tmp_path, suite, env, reason):
     assert lines[0].startswith(f"error: suite '{suite}' needs the Hugging Face dataset ") and reason in lines[0]
     assert len(lines) == 2 and lines[1].startswith("hint: ") and "Traceback" not in r.stderr
     assert time.monotonic() - t0 < 60
+
+
+def test_list_shows_the_good_suites_and_names_each_broken_file(capsys, tmp_path, monkeypatch):
+    """One bad YAML under DDTREE_BENCH_SUITES: the listing still shows every good suite, then one error line per
+    broken file and exit 2 (a mix that names a missing part is broken too)."""
+    from ddtree_bench.suites import catalog
+
+    monkeypatch.setenv(catalog.ENV_DIRS, str(tmp_path))
+    (tmp_path / "bad.yaml").write_text("source: {file: x.jsonl\nturns: [x]\n")
+    (tmp_path / "mixed.yaml").write_text("mix: [{suite: nowhere, n: 1}]\n")
+    for args in (("suites",), ("suites", "--json")):
+        code, out, err = _cli(capsys, *args)
+        assert code == 2 and "gsm8k" in out and "smoke" in out and "bad.yaml" not in out, (args, out)
+        lines = err.strip().splitlines()
+        assert [ln.startswith("error: ") for ln in lines].count(True) == 2 and "bad.yaml" in err and "mixed.yaml: unknown suite 'nowhere'" in err
+        assert "Traceback" not in err
+    assert _cli(capsys, "suites", "show", "gsm8k", "--limit", "1")[0] == 0
