@@ -5,7 +5,9 @@
 
 Estimate of one point still to run: the mean `duration_s` of the finished points in the directory
 with the same (backend, method), else the same backend, else any finished point, else the stated
-`D.PLAN_POINT_S[backend]`. A batch costs the sum of its points plus one server start (the mean
+`D.PLAN_POINT_S[backend]` (for D.SWEEP_LIMIT prompts of D.SWEEP_MAX_NEW_TOKENS tokens) scaled by the grid's
+limit x max_new_tokens against those defaults (a suite run whole, `limit: all`, is not scaled: its size is
+not known before it loads). A batch costs the sum of its points plus one server start (the mean
 `ready_after_s` measured for that backend, else `D.PLAN_SERVER_START_S`). Wall time with W workers
 is the longest-processing-time-first schedule of the batches on W workers: each batch, longest
 first, goes to the worker free soonest (a bound within 4/3 of the best). Ray: W = the number of
@@ -79,8 +81,15 @@ def makespan(costs: list[float], workers: int) -> float:
     return max(loads) if costs else 0.0
 
 
+def work_scale(limit: int | None, max_new_tokens: int) -> float:
+    """The grid's prompts x tokens per point against the defaults the stated per-point times are for."""
+    if limit is None:
+        return 1.0
+    return (limit * max_new_tokens) / (D.SWEEP_LIMIT * D.SWEEP_MAX_NEW_TOKENS)
+
+
 def build_plan(points: list[Point], batches: list, sdir: SweepDir | None, workers: int, executor: str,
-               where: list[str] | None = None) -> Plan:
+               where: list[str] | None = None, scale: float = 1.0) -> Plan:
     per, starts = _measured(sdir, points)
     every = [x for xs in per.values() for x in xs]
 
@@ -88,7 +97,7 @@ def build_plan(points: list[Point], batches: list, sdir: SweepDir | None, worker
         for xs in (per.get((p.backend, p.method)), [x for (b, _), v in per.items() if b == p.backend for x in v], every):
             if xs:
                 return mean(xs)
-        return D.PLAN_POINT_S.get(p.backend, D.PLAN_POINT_S["inprocess"])
+        return D.PLAN_POINT_S.get(p.backend, D.PLAN_POINT_S["inprocess"]) * scale
 
     def start_s(backend: str) -> float:
         xs = starts.get(backend)
@@ -102,7 +111,8 @@ def build_plan(points: list[Point], batches: list, sdir: SweepDir | None, worker
             costs.append(start_s(left[0].backend) + sum(point_s(p) for p in left))
     n_measured = len(every)
     source = (f"from {n_measured} point{'s' if n_measured != 1 else ''} measured in this directory" if n_measured
-              else "from stated defaults (defaults.PLAN_POINT_S / PLAN_SERVER_START_S)")
+              else "from stated defaults (defaults.PLAN_POINT_S / PLAN_SERVER_START_S" +
+              (f", x{scale:.2g} for this grid's prompts x tokens)" if scale != 1.0 else ")"))
     w = len(costs) if executor == "ray" else workers
     return Plan(len(points), len(finished), len(costs), w if executor != "ray" else max(1, w), executor,
                 makespan(costs, w), sum(costs), source, list(where or []))
@@ -115,7 +125,8 @@ def plan_for(grid, points: list[Point], sdir: SweepDir | None, executor=None) ->
     name = getattr(executor, "name", "serial")
     workers = len(getattr(executor, "slots", [])) or 1
     return build_plan(points, O.schedule_for(grid, points), sdir, workers, name,
-                      executor.describe() if executor is not None else [])
+                      executor.describe() if executor is not None else [],
+                      work_scale(getattr(grid, "limit", D.SWEEP_LIMIT), getattr(grid, "max_new_tokens", D.SWEEP_MAX_NEW_TOKENS)))
 
 
 def dry_run(grid, sweep_dir=None, api_key: str | None = None) -> list[str]:

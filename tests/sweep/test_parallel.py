@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_bench import defaults as D
 from ddtree_bench.sweep.executors import assign_slots
 from ddtree_bench.sweep.layout import COLUMNS
 from process_support import run_cli, csv_rows, alive, wait_for
@@ -235,6 +236,22 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "results").exists()
     assert run_cli(["sweep", "--dry-run", "--workers", "0"]) == 2
     assert "workers: 0 is below the minimum 1" in capsys.readouterr().err
+
+
+def test_the_stated_estimate_scales_with_the_grids_prompts_and_tokens(tmp_path, monkeypatch, capsys):
+    """--limit / --max-new-tokens change the work of every point: the estimate from stated defaults follows."""
+    import re
+
+    monkeypatch.chdir(tmp_path)
+
+    def estimate(*args: str) -> int:
+        assert run_cli(["sweep", "--dry-run", "--budgets", "16", *args]) == 0
+        m = re.search(r"plan: estimated (?:(\d+) min )?(\d+) s", capsys.readouterr().out)
+        return int(m.group(1) or 0) * 60 + int(m.group(2))
+
+    base = estimate()
+    assert estimate("--limit", str(4 * D.SWEEP_LIMIT)) == pytest.approx(4 * base, abs=2)
+    assert estimate("--max-new-tokens", str(D.SWEEP_MAX_NEW_TOKENS // 4)) == pytest.approx(base / 4, abs=2)
 
 
 def test_plan_wall_time_is_the_longest_first_schedule():
