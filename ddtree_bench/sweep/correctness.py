@@ -361,6 +361,20 @@ def failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             and FAILING in (r.get("correctness"), r.get("correctness_vs_baseline"))]
 
 
+_LABEL_KEYS = (("backend", "{}"), ("model", "{}"), ("suite", "{}"), ("concurrency", "c={}"), ("request_rate", "rate={}/s"),
+               ("repeat", "repeat {}"))
+
+
+def _point_label(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """'ddtree B=32 T=0.8', then whichever of backend, model, suite, load and repeat vary over `rows` (so the
+    per-point lines of a sweep over several loads or repeats tell their points apart)."""
+    label = config_label(r) + (f" T={r.get('temperature')}" if float(r.get("temperature") or 0) > 0 else "")
+    for key, fmt in _LABEL_KEYS:
+        if len({str(x.get(key)) for x in rows}) > 1 and r.get(key) not in (None, ""):
+            label += " " + fmt.format(r.get(key))
+    return label
+
+
 def closing_lines(rows: list[dict[str, Any]], baseline: str | None = None,
                   judged: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """The sweep's correctness verdict for the console: one line per reference (totals over the
@@ -388,7 +402,7 @@ def closing_lines(rows: list[dict[str, Any]], baseline: str | None = None,
             if r in greedy and r.get(f"correctness{suffix}") != "unjudged":
                 continue
             note = ((judged or {}).get(str(r.get("point_id"))) or {}).get(key) or {}
-            label = config_label(r) + (f" T={r.get('temperature')}" if float(r.get("temperature") or 0) > 0 else "")
+            label = _point_label(r, per)
             lines.append(f"  {label} vs {'AR' if not suffix else 'baseline'}: {r.get(f'correctness{suffix}')}"
                          + (f" - {note.get('note')}" if note.get("note") else ""))
     return lines

@@ -146,3 +146,15 @@ def test_repeats_sum_the_counts_and_keep_the_worst_verdict():
     got = _correctness(reps)
     assert got["correctness"] == "DIVERGES" and got["compared"] == 4 and got["exact_match"] == 3 and got["divergences"] == 1
     assert "correctness_vs_baseline" not in got
+
+
+def test_closing_lines_tell_points_apart_by_what_varies():
+    """T > 0 points of several loads and repeats each get a line that names its load and repeat (they read alike)."""
+    from ddtree_bench.sweep.correctness import closing_lines
+
+    rows = [{"point_id": f"p{c}{r}", "status": "ok", "repeat": r, "method": "ddtree", "budget": 16, "temperature": 0.8,
+             "concurrency": c, "backend": "inprocess", "model": "toy", "suite": "smoke", "correctness": "not judged"}
+            for c in (1, 4) for r in (0, 1)]
+    rows.append({**rows[0], "repeat": "all"})  # the aggregate row is no point
+    lines = closing_lines(rows)
+    assert sorted(lines) == sorted(f"  ddtree B=16 T=0.8 c={c} repeat {r} vs AR: not judged" for c in (1, 4) for r in (0, 1))
