@@ -37,3 +37,19 @@ def test_baseline_record_refuses_a_prompt_over_the_context(suite, tmp_path, caps
     code, _, err = cli(["baseline", "record", "--suite", suite, "--max-new-tokens", "4", "--out", out, "-q"], capsys)
     assert code == 2 and f"error: long turn 0: {TOO_LONG}" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_the_engine_itself_refuses_a_request_over_the_context():
+    """`Engine.generate` and the batched loop's admission check the context too (the GPU loops share these entry
+    points), so no caller can decode at positions the target lacks."""
+    from ddtree_bench.engine.batch import BatchRequest
+    from ddtree_bench.engine.interface import ContextTooLong
+    from ddtree_bench.pair import load_pair
+
+    engine = load_pair("toy", None, "ddtree").engine
+    limit = engine.target.cfg.max_position_embeddings
+    with pytest.raises(ContextTooLong, match=f"exceeds the model's context of {limit} tokens"):
+        engine.generate([1] * (limit - 3), method="ddtree", budget=16, max_new_tokens=4)
+    with pytest.raises(ContextTooLong):
+        engine.batch_loop("ddtree", 16, 2).check(BatchRequest([1] * (limit - 3), 4))
+    assert len(engine.generate([1] * (limit - 5), method="ar", budget=0, max_new_tokens=4).output_ids) == 4

@@ -528,33 +528,54 @@ def probe_server_info(url: str, api_key: str | None = None, timeout_s: float = D
     return body if isinstance(body, dict) else {}
 
 
+def server_method(backend: str, info: dict[str, Any]) -> tuple[str | None, int | None]:
+    """(method, budget) a server's /server_info reports, (None, None) where it says nothing we can read:
+    ddtree-bench serve names `method` (and `budget`); SGLang names `speculative_algorithm` (None: plain AR;
+    DFLASH: dflash; DDTREE: ddtree, budget unknown); vLLM, llama.cpp and transformers serve have no such route."""
+    if backend == "sglang":
+        if "speculative_algorithm" not in info:
+            return None, None
+        alg = str(info.get("speculative_algorithm") or "").upper()
+        return {"": "ar", "NONE": "ar", "DFLASH": "dflash", "DDTREE": "ddtree"}.get(alg), None
+    method = info.get("method")
+    if method not in D.METHODS:
+        return None, None
+    budget = info.get("budget") if method == "ddtree" else None
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
+        budget = None
+    return method, budget
+
+
 def adopt_server_labels(spec, flags_given: tuple[str, ...] | list[str] | set[str] = ()) -> Any:
     """The run's method and budget labels from the server itself, where it reports them.
 
     An HTTP client cannot choose what the server runs: `ddtree-bench serve --budget 32` runs B = 32
-    whatever `run --budget` says. So when the server's /server_info names its `method` (and
-    `budget` for ddtree) -- ddtree-bench serve does; SGLang, vLLM and transformers serve do not --
-    the run is labelled with those values (and `spec.extra["labels_from"]` records it). A flag the
-    user gave (`flags_given` holds "method" / "budget") that contradicts the server is an error
-    (exit 2): the user meant another server. Flags left at their defaults simply yield. Returns
-    `spec` (changed in place); unchanged when the server says nothing or cannot be reached (the
-    first request then reports that).
+    whatever `run --budget` says. So when the server's /server_info names its method (`server_method`:
+    ddtree-bench serve and SGLang do; vLLM, llama.cpp and transformers serve do not) the run is labelled
+    with it (and `spec.extra["labels_from"]` records it). A flag the user gave (`flags_given` holds
+    "method" / "budget") that contradicts the server is an error (exit 2): the user meant another server.
+    Flags left at their defaults simply yield. Where the server says nothing and --method was not given,
+    a note says the label is the --method default and `labels_from` records that (explain warns on it).
+    Returns `spec` (changed in place); unchanged when the server cannot be reached (the first request then
+    reports that).
     """
-    if spec.backend not in ("standalone", "openai") or not spec.url:
+    if spec.backend == "inprocess" or not spec.url:
         return spec
     info = probe_server_info(spec.url, spec.api_key)
     if info is None:   # not reachable: the first request says so, not a note about labels
         return spec
-    method = info.get("method")
-    if method not in D.METHODS:
-        if spec.backend == "openai" and "method" not in flags_given:
+    method, budget = server_method(spec.backend, info)
+    if method is None:
+        if "method" not in flags_given:
             label = spec.method + (f" B={spec.budget}" if spec.method == "ddtree" else "")
-            print(f"note: the server does not say what it runs; the run is labelled {label} (the --method default); "
+            why = ("" if spec.backend in ("openai", "standalone") else
+                   f" (a {spec.backend} server does not report it; neither vLLM nor SGLang ships DDTree: a DFlash "
+                   "deployment is --method dflash)")
+            print(f"note: the server does not say what it runs; the run is labelled {label} (the --method default){why}; "
                   "pass --method to label it", file=sys.stderr)
+            spec.extra = {**spec.extra, "labels_from": {"source": "--method default (the server does not say)",
+                                                        "method": spec.method, "budget": spec.budget}}
         return spec
-    budget = info.get("budget") if method == "ddtree" else None
-    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
-        budget = None
     label = method + (f" B={budget}" if budget is not None else "")
     conflicts = []
     if "method" in flags_given and spec.method != method:

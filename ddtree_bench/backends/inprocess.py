@@ -94,11 +94,11 @@ class InProcessBackend:
 
     def _prompt(self, rec: RequestRecord, req: GenerationRequest) -> list[int]:
         """The prompt ids, recorded; ContextTooLong when they and max_new_tokens do not fit the target's context."""
-        from ddtree_bench.engine.interface import check_context
+        from ddtree_bench.engine.interface import check_context, context_limit
 
         ids = self.prompt_ids(req)
         rec.prompt_ids, rec.num_prompt_tokens = ids, len(ids)
-        check_context(len(ids), req.max_new_tokens, getattr(self.pair.engine.target.cfg, "max_position_embeddings", None))
+        check_context(len(ids), req.max_new_tokens, context_limit(self.pair.engine.target))
         return ids
 
     def _fill(self, rec: RequestRecord, g, batch_sizes: list[int]) -> RequestRecord:

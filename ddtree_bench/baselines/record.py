@@ -63,7 +63,7 @@ def record(model: str = D.MODEL, draft: str | None = None, suite: str = D.SUITE,
     """AR-greedy baseline of a suite: (header, entries). All input is validated before the model loads."""
     from tqdm.auto import tqdm
 
-    from ddtree_bench.engine.interface import ContextTooLong, check_context
+    from ddtree_bench.engine.interface import ContextTooLong, check_context, context_limit
     from ddtree_bench.pair import load_pair
     from ddtree_bench.suites.prompts import load_suite
 
@@ -84,7 +84,7 @@ def record(model: str = D.MODEL, draft: str | None = None, suite: str = D.SUITE,
                 messages = messages + [{"role": "user", "content": text}]
                 ids = tok.apply_chat_template(messages)
                 try:
-                    check_context(len(ids), limit_p, getattr(engine.target.cfg, "max_position_embeddings", None))
+                    check_context(len(ids), limit_p, context_limit(engine.target))
                 except ContextTooLong as e:
                     raise UsageError(f"{p.prompt_id} turn {turn}: {e}", hint="shorten the suite's prompts or "
                                      "--max-new-tokens; no server serves this prompt, so no baseline can hold it") from None

@@ -47,7 +47,8 @@ def run_cmd(
     from ddtree_bench.display import run_summary
     from ddtree_bench.runner import execute
 
-    if backend == "llamacpp" and url is None:  # no server given: convert to GGUF and start one for this run
+    launched = backend == "llamacpp" and url is None
+    if launched:  # no server given: convert to GGUF and start one for this run
         import contextlib
 
         from ddtree_bench.backends.llamacpp_launch import launched_server
@@ -72,7 +73,7 @@ def run_cmd(
         if backend != "inprocess":
             raise UsageError("--target-variant changes the in-process engine; it does not apply to --backend " + backend)
         spec.extra["target_variant"] = target_variant
-    if backend != "inprocess":  # a server's own /server_info labels the run (backends/client.py)
+    if backend != "inprocess" and not launched:  # a server's own /server_info labels the run (backends/client.py)
         from ddtree_bench.backends.client import adopt_server_labels
 
         # by name: typer may vendor its own click, whose ParameterSource is not click's

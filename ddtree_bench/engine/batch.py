@@ -48,7 +48,8 @@ import torch
 
 from ddtree_bench.engine.batch_forward import DraftRow, TargetRow, drafter_forward_batch, target_forward_batch
 from ddtree_bench.engine.cache import KVCache
-from ddtree_bench.engine.interface import METHODS, STAGES, Generation, OutputStream, RoundTrace, logit_gaps, wants_round
+from ddtree_bench.engine.interface import (METHODS, STAGES, Generation, OutputStream, RoundTrace, check_context,
+                                          context_limit, logit_gaps, wants_round)
 from ddtree_bench.engine.model import Target
 from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.tree import build_tree, build_tree_fast, chain_tree, compile_tree, verify_mask
@@ -238,6 +239,7 @@ class BatchLoop:
             raise ValueError("empty prompt")
         if req.max_new_tokens <= 0:
             raise ValueError("max_new_tokens must be positive")
+        check_context(len(req.prompt_ids), req.max_new_tokens, context_limit(self.target))
 
     @property
     def free_slots(self) -> int:

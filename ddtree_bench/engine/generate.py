@@ -34,7 +34,8 @@ import torch
 
 from ddtree_bench.engine.draft import DFlashDrafter
 from ddtree_bench.engine.batch import BatchLoop
-from ddtree_bench.engine.interface import METHODS, STAGES, Generation, OutputStream, RoundTrace, logit_gaps, wants_round
+from ddtree_bench.engine.interface import (METHODS, STAGES, Generation, OutputStream, RoundTrace, check_context,
+                                          context_limit, logit_gaps, wants_round)
 from ddtree_bench.engine.model import Target
 from ddtree_bench.engine.proposer import DFlashProposer
 from ddtree_bench.engine.tree import build_tree, build_tree_fast, chain_tree, compile_tree, verify_mask
@@ -258,6 +259,7 @@ class Engine:
             raise ValueError("empty prompt")
         if max_new_tokens <= 0:
             raise ValueError("max_new_tokens must be positive")
+        check_context(len(prompt_ids), max_new_tokens, context_limit(self.target))
         loop = self.fast_loop() if self.cuda_graphs and self.fast_loop().supports(method, budget) else self.plain
         return loop.generate(prompt_ids, method, budget, max_new_tokens, temperature, top_p, seed, stop_ids,
                              on_chunk, record_trees, return_logit_gaps)

@@ -9,7 +9,7 @@ it knows nothing of models, trees, caches, graphs or HTTP.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -21,6 +21,11 @@ ROUND_STAGES = ("draft", "tree_build", "tree_compile", "verify", "walk", "commit
 
 class ContextTooLong(ValueError):
     """A request whose prompt plus max_new_tokens does not fit the target's context (max_position_embeddings)."""
+
+
+def context_limit(target: Any) -> int | None:
+    """The target's context in tokens (its config's max_position_embeddings), None where it names none."""
+    return getattr(getattr(target, "cfg", None), "max_position_embeddings", None)
 
 
 def check_context(n_prompt: int, max_new_tokens: int, limit: int | None) -> None:

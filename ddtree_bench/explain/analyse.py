@@ -351,6 +351,11 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
         findings.append(Finding("warning", "model_mismatch", mismatch + ": its acceptance is not the server's target's"))
     fatal = [f for f in findings if f.severity == "error" and not f.code.startswith("server_")]
     method, budget = spec["method"], int(spec.get("budget") or D.BUDGET)
+    if str(((spec.get("extra") or {}).get("labels_from") or {}).get("source", "")).startswith("--method default"):
+        label = method + (f" B={budget}" if method == "ddtree" else "")
+        findings.append(Finding("warning", "method_unlabelled", f"the run is labelled {label} by the --method default: "
+                                "its server did not say what it runs, and explain replays that method (a DFlash "
+                                "server's run replayed as DDTree looks 'unexplained'); re-run with the server's --method"))
     sr = _server_requests(run_dir, spec, records, summary, limit, comparable_acceptance.shortens_drafts(run))
 
     result: dict[str, Any] = {

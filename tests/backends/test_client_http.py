@@ -475,6 +475,37 @@ def test_server_without_labels_keeps_the_flags(tmp_path, capsys):
     assert "the run is labelled ddtree B=64 (the --method default)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("backend,info,given,want", [
+    ("sglang", {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 16}, [], "dflash"),
+    ("sglang", {"speculative_algorithm": None, "version": "0.5.23"}, [], "ar"),
+    ("sglang", {"version": "0.5.23"}, [], None),            # no speculative_algorithm key: says nothing
+    ("vllm", {}, [], None),                                  # vLLM has no /server_info
+    ("vllm", {}, ["method"], "given"),                       # --method given: no note
+])
+def test_sglang_and_vllm_runs_are_labelled_from_what_the_server_says(backend, info, given, want, capsys):
+    """SGLang's /server_info names its speculative_algorithm: the run is labelled from it; vLLM says nothing, so the
+    --method default label is noted and recorded (explain warns on it) unless --method was given."""
+    from ddtree_bench.backends.client import adopt_server_labels
+    from ddtree_bench.errors import UsageError
+    from ddtree_bench.run_spec import RunSpec
+
+    with ThreadedServer(info_app(info)) as s:
+        spec = adopt_server_labels(RunSpec(backend=backend, url=s.url, model="toy", method="ddtree", budget=64), given)
+    err = capsys.readouterr().err
+    source = (spec.extra.get("labels_from") or {}).get("source")
+    if want in ("dflash", "ar"):
+        assert spec.method == want and source == "server /server_info"
+    elif want is None:
+        assert spec.method == "ddtree" and source.startswith("--method default")
+        assert "labelled ddtree B=64 (the --method default)" in err and "a DFlash deployment is --method dflash" in err
+    else:
+        assert source is None and err == ""
+    with ThreadedServer(info_app(info)) as s:
+        if want == "dflash":  # a contradicting flag is bad input, as with ddtree-bench serve
+            with pytest.raises(UsageError, match="--method ddtree contradicts the server"):
+                adopt_server_labels(RunSpec(backend=backend, url=s.url, model="toy", method="ddtree"), ["method"])
+
+
 def test_an_unreachable_server_gets_one_error_and_no_note_about_labels(tmp_path, capsys):
     """Nothing listens: the run fails with exit 2 naming the URL, and does not first claim the server 'does not say
     what it runs' (it said nothing because it is not there)."""

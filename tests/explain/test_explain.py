@@ -97,6 +97,13 @@ def test_faithful_run_matches_and_the_report_shows_it(tmp_path, capsys):
     cli(capsys, "explain", str(run), "--model", "toy-hybrid", "--variants", "reference", "--limit", "1", "--quiet",
         "--allow-model-mismatch", "--out", str(nested))
     assert [f["code"] for f in json.loads(nested.read_text())["config_findings"]] == ["model_mismatch"]
+    info = json.loads((run / "run.json").read_text())   # labelled by the --method default of an unlabelled server
+    info["spec"]["extra"] = {**(info["spec"].get("extra") or {}),
+                             "labels_from": {"source": "--method default (the server does not say)", "method": "dflash"}}
+    (run / "run.json").write_text(json.dumps(info))
+    cli(capsys, "explain", str(run), "--variants", "reference", "--limit", "1", "--quiet", "--out", str(nested))
+    found = json.loads(nested.read_text())["config_findings"]
+    assert [f["code"] for f in found] == ["method_unlabelled"] and "re-run with the server's --method" in found[0]["message"]
 
 
 @pytest.mark.slow
