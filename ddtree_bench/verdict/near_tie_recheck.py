@@ -125,12 +125,17 @@ def recheck_near_ties(comparison: Any, records: list[Any], baseline: Any, enable
     if want and got and want != got:
         return RecheckReport("cap", f"the model loaded here ({got}) is not the baseline's ({want})")
     by_key = {(r.prompt_id, r.turn): r for r in records}
-    report = RecheckReport("recheck", f"re-decoded from the run's own prefix with the reference engine: {why}")
+    base_by_key = baseline.by_key()
+    report = RecheckReport("recheck", f"teacher-forced on the run's own output with the reference engine: {why}")
     for p in near:
-        rec = by_key.get((p.prompt_id, p.turn))
-        if rec is None or rec.prompt_ids is None or rec.output_ids is None or p.first_divergence is None:
-            report.results[(p.prompt_id, p.turn)] = Recheck("inconclusive", "the run's record has no token ids to re-check")
+        rec, entry = by_key.get((p.prompt_id, p.turn)), base_by_key.get((p.prompt_id, p.turn))
+        # a server that returns no prompt ids (llama.cpp / transformers serve chat) was sent the baseline's prompt:
+        # compare's prompt check matched it by token count, so the baseline's ids stand in for the run's
+        prompt = rec.prompt_ids if rec is not None and rec.prompt_ids is not None else getattr(entry, "prompt_ids", None)
+        if rec is None or prompt is None or rec.output_ids is None or p.first_divergence is None:
+            report.results[(p.prompt_id, p.turn)] = Recheck("inconclusive", "neither the run's record nor the baseline "
+                                                                             "has the token ids to re-check")
             continue
-        report.results[(p.prompt_id, p.turn)] = recheck_one(pair.engine, rec.prompt_ids, rec.output_ids,
+        report.results[(p.prompt_id, p.turn)] = recheck_one(pair.engine, prompt, rec.output_ids,
                                                              p.first_divergence, comparison.near_tie_gap)
     return report

@@ -324,6 +324,10 @@ def toy_near_tie(tmp_path_factory):
         runs[name] = run_dir(d / name, [record(e0["prompt_id"], out, prompt=e0["prompt_ids"],
                                                finish="stop" if out[-1] in baseline.stop_ids else "length")],
                              model="toy", suite="smoke", max_new_tokens=24)
+    # a chat server that returns no prompt ids (llama.cpp, transformers serve): the baseline's stand in
+    noids = record(e0["prompt_id"], bad, prompt=e0["prompt_ids"], finish="stop" if bad[-1] in baseline.stop_ids else "length")
+    noids.prompt_ids, noids.num_prompt_tokens = None, len(e0["prompt_ids"])
+    runs["bad_noids"] = run_dir(d / "bad_noids", [noids], model="toy", suite="smoke", max_new_tokens=24)
     # a run whose token at the near tie is neither the top-1 nor near it: a divergence there, not a near tie
     worst = int(torch.argmin(_teacher_forced_rows(engine, e0["prompt_ids"], base_out)[i]))
     runs["far"] = run_dir(d / "far", [record(e0["prompt_id"], base_out[:i] + [worst] + list(ref.output_ids),
@@ -339,6 +343,8 @@ def test_a_near_tie_is_rechecked_from_the_runs_own_prefix_with_the_reference_eng
     code, out, err = cli(["gate", runs["bad"], "--baseline", base], capsys)
     assert code == 1 and "confident_divergences" in err
     assert f"at token {bad_at} after a near tie at {tie_at}" in out and "1 confirmed" not in out
+    code, out, err = cli(["gate", runs["bad_noids"], "--baseline", base], capsys)   # passed as a near tie before
+    assert code == 1 and "confident_divergences" in err and f"at token {bad_at} after a near tie at {tie_at}" in out
     code, out, err = cli(["gate", runs["far"], "--baseline", base], capsys)
     assert code == 1 and f"at token {tie_at} after a near tie at {tie_at}" in out  # the flipped token itself judged
     rules = Path(base).with_name("cap-only.yaml")
