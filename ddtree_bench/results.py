@@ -24,6 +24,7 @@ import re
 import secrets
 import shutil
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,9 +144,12 @@ class RunWriter:
         if summary is not None:
             write_json_atomic(self.staging / "summary.json", summary)
         if self.out.is_dir() and any(self.out.iterdir()) and not self.overwrite:
-            self.committed = True  # keep the staging directory: it holds this run's results
+            # this run's results, moved to a visible name no cleanup of dead staging directories touches
+            kept = self.out.with_name(f"{self.out.name}.kept-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            os.replace(self.staging, kept)
+            self.staging, self.committed = kept, True
             raise UsageError(f"--out {self.out} was filled by another process while this run ran; "
-                             f"this run's results are kept in {self.staging}")
+                             f"this run's results are kept in {kept}")
         old = unique_sibling(self.out, "old")
         if self.out.exists():
             os.replace(self.out, old)
@@ -223,9 +227,17 @@ def run_spec(info: dict[str, Any], path: Path | str) -> dict[str, Any]:
     return spec
 
 
+STAGING_RE = re.compile(r"^\..+\.partial-[^/]*$")   # RunWriter's staging name: .NAME.partial-HOST-PID-RANDOM
+
+
 def read_run_info(run_dir: Path | str) -> dict[str, Any]:
-    """run.json of a run directory, checked by `check_run_info`."""
-    path = Path(run_dir) / "run.json"
+    """run.json of a run directory, checked by `check_run_info`; a RunWriter staging directory (an interrupted or
+    still running run: records missing, no summary) is refused, so no verdict is drawn from it."""
+    run_dir = Path(run_dir)
+    if STAGING_RE.match(run_dir.resolve().name):
+        raise UsageError(f"{run_dir} is the staging directory of an unfinished run (interrupted, killed or still "
+                         "running): its records are incomplete", hint="run it again; finished runs are moved to their --out")
+    path = run_dir / "run.json"
     return check_run_info(read_json(path), path)
 
 

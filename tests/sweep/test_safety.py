@@ -198,3 +198,24 @@ def test_run_writers_never_delete_or_truncate_each_others_work(tmp_path):
     assert not dead.exists() and w.staging.exists()
     w.abort()
     w2.abort()
+
+
+def test_a_run_that_lost_its_out_keeps_its_results_under_a_name_no_cleanup_touches(tmp_path, capsys):
+    """Two writers on one --out: the second to commit is refused and its results move to a visible NAME.kept-...;
+    a later writer's clean-up of dead staging never removes them, and the staging name itself is no run to judge."""
+    from ddtree_bench.errors import UsageError
+    from ddtree_bench.results import read_run_info
+
+    out = tmp_path / "run"
+    a, b = RunWriter(out), RunWriter(out)
+    for w in (a, b):
+        w.write_run({"kind": "ddtree-bench-run", "version": 2, "spec": {}})
+    with pytest.raises(UsageError, match="partial"):   # an unfinished run's staging is refused by every reader
+        read_run_info(b.staging)
+    a.commit({"num_requests": 0})
+    with pytest.raises(UsageError, match=r"filled by another process.*kept in .*run\.kept-") as e:
+        b.commit({"num_requests": 0})
+    kept = Path(str(e.value).rsplit("kept in ", 1)[1])
+    assert kept.is_dir() and (kept / "summary.json").exists() and not b.staging.name.startswith(".")
+    RunWriter(out, overwrite=True).abort()   # cleans dead staging: the kept results stay
+    assert kept.is_dir() and read_run_info(kept)["version"] == 2
