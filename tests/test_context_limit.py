@@ -27,6 +27,7 @@ def test_a_prompt_over_the_context_is_that_requests_error(suite, tmp_path, capsy
     code, _, err = cli(["run", "--suite", suite, "--max-new-tokens", "4", "--method", method, "--budget", "16",
                         "--concurrency", concurrency, "--out", out, "-q"], capsys)
     assert code == 0, err
+    assert f"warning: 1 of 2 requests failed; the metrics cover the 1 that succeeded (first error: long turn 0: {TOO_LONG})" in err
     recs = {r.prompt_id: r for r in read_records(out)}
     assert recs["long"].error == TOO_LONG and recs["long"].num_prompt_tokens == 25019 and recs["long"].output_ids is None
     assert recs["short"].ok and len(recs["short"].output_ids) == 4

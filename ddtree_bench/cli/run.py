@@ -88,3 +88,8 @@ def run_cmd(
     if not quiet and result.summary is not None:
         typer.echo(run_summary(result.summary))
     typer.echo(f"results: {result.out}")
+    failed = [r for r in result.records if not r.ok]
+    if failed and result.summary is not None:  # every request failed is exit 1 (runner); some failed is said, even -q
+        typer.echo(f"warning: {len(failed)} of {len(result.records)} requests failed; the metrics cover the "
+                   f"{len(result.records) - len(failed)} that succeeded (first error: {failed[0].prompt_id} turn "
+                   f"{failed[0].turn}: {' '.join(str(failed[0].error).split())[:300]})", err=True)
