@@ -402,6 +402,10 @@ class HTTPBackend:
         if rec.t_done_ns is None:
             rec.t_done_ns = time.perf_counter_ns()
         self._finish(rec, state, sent_ids, texts)
+        if rec.error is None:
+            rec.error = response_fault(rec, req.max_new_tokens)
+        elif rec.error.startswith("timeout") and rec.num_output_tokens:
+            rec.error += f" ({rec.num_output_tokens} tokens had arrived)"
         return rec
 
     def _account(self, rec: RequestRecord, state: StreamState, obj: Any, t_ns: int, texts: list[str]) -> None:
@@ -509,6 +513,29 @@ class HTTPBackend:
         if keep:
             rec.t_first_token_ns = rec.chunk_times_ns[0]
         return True
+
+
+def _bad_ids(ids: Any) -> Any:
+    """The first entry of a token id list that is no token id (not a non-negative int), else None."""
+    if ids is None:
+        return None
+    return next((t for t in ids if not isinstance(t, int) or isinstance(t, bool) or t < 0), None)
+
+
+def response_fault(rec: RequestRecord, max_new_tokens: int) -> str | None:
+    """What makes a complete-looking response no answer (a request error, `bad response: ...`), else None: token ids
+    that are not token ids (the ids are dropped: they describe nothing), no token and no finish_reason (a bare
+    `[DONE]`), more tokens than max_tokens."""
+    for what in ("output_ids", "prompt_ids"):
+        bad = _bad_ids(getattr(rec, what))
+        if bad is not None:
+            rec.output_ids = rec.prompt_ids = None
+            return f"bad response: the server's {what.replace('_', ' ')} hold {bad!r}, not a token id"
+    if not rec.num_output_tokens and not rec.output_text and rec.finish_reason is None:
+        return "bad response: the server sent no token and no finish_reason"
+    if rec.num_output_tokens is not None and rec.num_output_tokens > max_new_tokens:
+        return f"bad response: {rec.num_output_tokens} tokens for max_tokens {max_new_tokens}"
+    return None
 
 
 def probe_server_info(url: str, api_key: str | None = None, timeout_s: float = D.HTTP_PROBE_TIMEOUT_S) -> dict[str, Any] | None:

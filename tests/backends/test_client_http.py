@@ -524,6 +524,8 @@ def test_an_unreachable_server_gets_one_error_and_no_note_about_labels(tmp_path,
 def test_records_of_run_json_version_1_still_read_without_token_source(tmp_path):
     import json
 
+    import json
+
     from ddtree_bench.records import RequestRecord
     from ddtree_bench.results import read_records
 
@@ -536,3 +538,23 @@ def test_records_of_run_json_version_1_still_read_without_token_source(tmp_path)
     (rec,) = read_records(tmp_path)
     assert rec.output_ids == [2, 3] and rec.token_source is None
     assert json.loads(RequestRecord.from_dict(old).to_json())["token_source"] is None
+
+
+@pytest.mark.parametrize("events,want", [
+    ([], "bad response: the server sent no token and no finish_reason"),                    # a bare [DONE]
+    ([content([1000000000, -3], "xy", "stop")], "bad response: the server's output ids hold -3, not a token id"),
+    ([content(list(range(3, 27)), "x" * 24, "length")], "bad response: 24 tokens for max_tokens 8"),
+])
+def test_a_complete_looking_response_that_is_no_answer_is_that_requests_error(events, want):
+    """Each was recorded ok before (0 tokens counted a success; negative ids made records.jsonl unreadable later)."""
+    async def handler(request, body, i):
+        return await stream(request, events)
+
+    with ThreadedServer(fake_app(handler)) as s:
+        (rec,) = drive_sync(backend(s.url), [Prompt("p", ["q"])], max_new_tokens=8, warmup=0)
+    assert not rec.ok and rec.error == want
+    assert rec.output_ids is None or all(isinstance(t, int) and t >= 0 for t in rec.output_ids)
+    import json
+
+    from ddtree_bench.records import RequestRecord
+    assert RequestRecord.from_dict(json.loads(rec.to_json())).error == want   # the record stays readable
