@@ -203,6 +203,7 @@ def logprob_gaps(content: Any) -> list[float | None] | None:
 
 async def _record_server(kind: str, url: str, model: str, prompts, max_new_tokens: int, api_key: str | None,
                          timeout_s: float, top_logprobs: int, bar) -> tuple[dict[str, Any], list[BaselineEntry], list[str]]:
+    import asyncio
     import json
 
     import aiohttp
@@ -224,17 +225,28 @@ async def _record_server(kind: str, url: str, model: str, prompts, max_new_token
                 messages = messages + [{"role": "user", "content": text}]
                 req = GenerationRequest(p.prompt_id, turn, messages, p.max_new_tokens or max_new_tokens, temperature=0.0, top_p=1.0)
                 body, _ = be.payload(req)
-                async with be._session.post(be.url + ENDPOINTS["chat"], data=json.dumps(body).encode(),
-                                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-                    raw = await resp.text()
-                    try:
-                        obj = json.loads(raw)
-                    except ValueError:
-                        obj = None
-                    if resp.status != 200 or not isinstance(obj, dict):
-                        msg = error_message(obj) if isinstance(obj, dict) else raw.strip()[:300]
-                        raise UsageError(f"the server at {be.url} answered {resp.status} to a greedy request with logprobs: {msg}",
-                                         hint="the server must support the OpenAI logprobs/top_logprobs fields (vLLM, SGLang do)")
+                where = f"{p.prompt_id} turn {turn}"
+                try:
+                    async with be._session.post(be.url + ENDPOINTS["chat"], data=json.dumps(body).encode(),
+                                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                        status, raw = resp.status, await resp.text()
+                except asyncio.TimeoutError:
+                    raise UsageError(f"the server at {be.url} gave no complete answer within {timeout_s:g} s ({where})",
+                                     hint="check the server (its log, its load), or raise --timeout") from None
+                except aiohttp.ClientError as e:
+                    raise UsageError(f"the server at {be.url} broke the connection ({where}): {type(e).__name__}: "
+                                     f"{' '.join(str(e).split())}", hint="check that the server is still up (its log)") from None
+                try:
+                    obj = json.loads(raw)
+                except ValueError:
+                    obj = None
+                if status != 200 or not isinstance(obj, dict):
+                    msg = error_message(obj) if isinstance(obj, dict) else raw.strip()[:300]
+                    msg = " ".join(str(msg).split())
+                    what = f"answered {status}" if status != 200 else "answered 200 with no JSON object"
+                    raise UsageError(f"the server at {be.url} {what} to a greedy request with logprobs ({where}): {msg}",
+                                     hint="the server failed: see its log" if status >= 500 else
+                                     "the server must support the OpenAI logprobs/top_logprobs fields (vLLM, SGLang do)")
                 st = parse_response(obj)
                 ch = (obj.get("choices") or [{}])[0]
                 gaps = logprob_gaps(ch.get("logprobs"))
