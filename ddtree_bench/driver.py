@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -103,27 +104,36 @@ async def _warmup(backend, prompts: Sequence[Prompt], n: int, parallel: int, *, 
 
     tried = list(prompts[:WARMUP_PROBES])
     recs = [r for rs in await asyncio.gather(*(one(tried[0], w) for w in range(n))) for r in rs]
-    for k, prompt in enumerate(tried[1:], start=1):
-        if not recs or any(r.ok for r in recs):
-            return
-        recs += await one(prompt, n + k)
+    timed_out = bool(recs) and all((r.error or "").startswith("timeout") for r in recs)
+    tried_n = 1
+    for prompt in tried[1:]:
+        if not recs or any(r.ok for r in recs) or timed_out:  # a server that hangs hangs on every prompt
+            break
+        recs += await one(prompt, n + tried_n)
+        tried_n += 1
     if recs and not any(r.ok for r in recs):
-        which = f"the first {len(tried)} prompts" if len(tried) > 1 else "the first prompt"
+        which = f"the first {tried_n} prompts" if tried_n > 1 else "the first prompt"
         raise UsageError(f"every warmup request failed, on {which} (first: {recs[0].error})",
-                         hint="check --url, --model, --api-key and the server's log")
+                         hint=("the server accepted the request and never finished it: check its log and load, or raise "
+                               "--timeout" if timed_out else "check --url, --model, --api-key and the server's log"))
 
 
 async def drive(backend, prompts: Sequence[Prompt], *, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
                 seed: int = 0, concurrency: int = 1, request_rate: float | None = None, warmup: int = 0,
                 on_record: Callable[[RequestRecord], None] | None = None, progress: bool = True,
-                desc: str = "requests") -> list[RequestRecord]:
-    """Run every prompt (all turns) and return the records in completion order."""
+                desc: str = "requests", announce_warmup: bool = False) -> list[RequestRecord]:
+    """Run every prompt (all turns) and return the records in completion order. `announce_warmup`: one stderr line
+    before an HTTP server's warmup (`run`; a sweep's points stay quiet)."""
     from tqdm.auto import tqdm
 
     await backend.start()
     try:
         kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
         if warmup and prompts:
+            url, timeout_s = getattr(backend, "url", None), getattr(backend, "timeout_s", None)
+            if announce_warmup and url:  # a hanging server would otherwise leave the terminal silent for --timeout
+                print(f"warmup: {warmup} short request{'s' if warmup != 1 else ''} to {url}"
+                      + (f" (each may take up to --timeout {timeout_s:g} s)" if timeout_s else ""), file=sys.stderr)
             await _warmup(backend, prompts, warmup, min(warmup, concurrency if request_rate is None else warmup), **kw)
 
         total = sum(len(p.turns) for p in prompts)

@@ -63,6 +63,7 @@ def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backe
     elif not suite.answers(spec.suite, spec.limit, spec.subset):
         raise ValueError(f"execute: suite {suite.suite!r} (limit {suite.limit}, subset {suite.subset}) is not the spec's "
                          f"{spec.suite!r} (limit {spec.limit}, subset {spec.subset})")
+    own_backend = backend is None   # a sweep passes its own (its points do not announce their warmups)
     if backend is None:
         backend = make_backend(spec)
     with RunWriter(out, overwrite) as writer:
@@ -81,6 +82,7 @@ def execute(spec: RunSpec, out: Path | None = None, progress: bool = True, backe
             backend, suite.prompts, max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p,
             seed=spec.seed, concurrency=spec.concurrency, request_rate=spec.request_rate, warmup=spec.warmup,
             on_record=writer.append, progress=progress, desc=f"{spec.method}" + (f" B={spec.budget}" if spec.method == "ddtree" else ""),
+            announce_warmup=progress and own_backend,
         ))
         writer.update_run(finished_at=now_iso(), backend=backend.describe())
         ok = [r for r in records if r.ok]

@@ -188,6 +188,15 @@ def test_every_warmup_failing_is_a_usage_error_before_anything_is_measured():
     assert [r.error for r in recs] == ["http 404: nope"] * 3
 
 
+def test_a_warmup_that_times_out_is_not_tried_on_more_prompts_and_names_timeout():
+    """A server that accepts requests and never finishes them hangs on every prompt: one round of --timeout, not three,
+    and the hint names --timeout."""
+    b = FakeBackend(fail=lambda req: "timeout: no complete response within 5s")
+    with pytest.raises(UsageError, match="on the first prompt") as e:
+        run(b, prompts(3), warmup=1)
+    assert len(b.calls) == 1 and "--timeout" in e.value.hint
+
+
 def test_a_bad_first_prompt_is_its_own_error_not_a_failed_warmup():
     """The warmup runs on the first prompt; when only that prompt fails (e.g. over the context: a 400), the
     next prompt's warmup succeeds, the run goes on and the bad prompt is that request's error."""
@@ -197,3 +206,13 @@ def test_a_bad_first_prompt_is_its_own_error_not_a_failed_warmup():
     assert recs["p0"].error == too_long and recs["p1"].ok and recs["p2"].ok
     with pytest.raises(UsageError, match="on the first 3 prompts"):   # every prompt failing is still a bad deployment
         run(FakeBackend(fail=lambda req: "http 404: nope"), prompts(5), warmup=1)
+
+
+def test_run_announces_an_http_servers_warmup_and_a_sweep_point_does_not(capsys):
+    """A server that hangs leaves the terminal silent for --timeout: `run` says what it is waiting for first."""
+    b = FakeBackend()
+    b.url, b.timeout_s = "http://127.0.0.1:9", 30.0
+    run(b, prompts(1), warmup=2, announce_warmup=True)
+    assert "warmup: 2 short requests to http://127.0.0.1:9 (each may take up to --timeout 30 s)" in capsys.readouterr().err
+    run(b, prompts(1), warmup=2)
+    assert capsys.readouterr().err == ""
