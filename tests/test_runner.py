@@ -6,6 +6,9 @@ A fake HTTP-kind backend answers every turn with one token, so no model or serve
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -94,3 +97,27 @@ def test_a_limit_over_the_suites_size_is_said_not_silently_shrunk(tmp_path, caps
     res = runner.execute(_spec("smoke", 10), tmp_path / "run", progress=True, backend=EchoBackend())
     assert len({r.prompt_id for r in res.records}) == 3
     assert "note: --limit 10, but smoke has 3 prompts: running 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sig,code,line", [(signal.SIGTERM, 143, "error: terminated (SIGTERM)"),
+                                           (signal.SIGINT, 130, "error: interrupted")])
+def test_an_interrupted_run_says_how_and_leaves_no_staging_behind(tmp_path, sig, code, line):
+    """SIGTERM (a CI timeout, systemd) is handled like Ctrl-C: one line, exit 128 + the signal, the staging directory
+    removed (a SIGTERM killed the process outright before: exit 143 with no word and the staging left)."""
+    from process_support import wait_for
+
+    out = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "ddtree_bench", "run", "--suite", "gsm8k", "--limit", "64",
+                             "--max-new-tokens", "256", "--out", str(out), "-q"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        staged = wait_for(lambda: [d for d in tmp_path.glob(".r.partial-*") if (d / "records.jsonl").stat().st_size > 0],
+                          timeout_s=120)
+        assert staged, "the run never wrote a record"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code and err.strip().splitlines()[-1] == line, err
+    assert "Traceback" not in err and not out.exists() and not list(tmp_path.glob(".r.*"))

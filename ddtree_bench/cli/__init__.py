@@ -12,11 +12,13 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import signal
 import sys
+import threading
 import traceback
 
 from ddtree_bench.cli.app import app, state
-from ddtree_bench.errors import RunFailed, UsageError
+from ddtree_bench.errors import INTERRUPT, RunFailed, UsageError, sigterm_to_interrupt
 
 for _m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
     if _m.name not in ("app",):
@@ -28,6 +30,13 @@ def _fail(code: int, message: str, hint: str | None = None) -> None:
     if hint:
         print(f"hint: {hint}", file=sys.stderr)
     sys.exit(code)
+
+
+def _interrupted() -> None:
+    """Ctrl-C: exit 130; SIGTERM: exit 143 (128 + the signal, as a shell reports it); the command's hint, if any."""
+    if INTERRUPT["sigterm"]:
+        _fail(143, "terminated (SIGTERM)", INTERRUPT["hint"])
+    _fail(130, "interrupted", INTERRUPT["hint"])
 
 
 def take_debug(args: list[str]) -> tuple[list[str], bool]:
@@ -51,16 +60,19 @@ def main(argv: list[str] | None = None) -> None:
     args, debug_flag = take_debug(list(sys.argv[1:] if argv is None else argv))
     debug = debug_flag or os.environ.get("DDTREE_BENCH_DEBUG") == "1"
     state["debug"] = debug
+    INTERRUPT.update(sigterm=False, hint=None)
+    if args[:1] != ["serve"] and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, sigterm_to_interrupt)  # finally blocks run (servers stop, staging is dropped)
     try:
         rv = app(args=args, prog_name="ddtree-bench", standalone_mode=False)
-        if rv == 130:  # typer turns KeyboardInterrupt (Ctrl-C, or SIGTERM in a sweep) into a returned 130
-            _fail(130, "interrupted")
+        if rv == 130:  # typer turns KeyboardInterrupt (Ctrl-C, or SIGTERM) into a returned 130
+            _interrupted()
     except (UsageError, RunFailed) as e:
         if debug or state.get("debug"):
             traceback.print_exc()
         _fail(e.exit_code, str(e), e.hint)
     except KeyboardInterrupt:
-        _fail(130, "interrupted")
+        _interrupted()
     except BrokenPipeError:
         sys.exit(0)
     except Exception as e:
@@ -71,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         if kind == "Exit":
             sys.exit(e.exit_code)
         if kind == "Abort":
-            _fail(130, "interrupted")
+            _interrupted()
         if kind in ("UsageError", "ClickException"):
             ctx = getattr(e, "ctx", None)
             cmd = ctx.command_path if ctx is not None else "ddtree-bench"

@@ -86,16 +86,16 @@ def latest_sweep(root: Path = Path("results")) -> Path:
 
 
 @contextmanager
-def _sigterm_as_interrupt():
-    """Turn SIGTERM into KeyboardInterrupt while the sweep runs, so `finally` blocks stop the servers."""
+def _sigterm_as_interrupt(out: Path):
+    """Turn SIGTERM into KeyboardInterrupt while the sweep runs, so `finally` blocks stop the servers; an interrupted
+    sweep's error line is followed by the command that continues it."""
+    from ddtree_bench.errors import INTERRUPT, sigterm_to_interrupt
+
+    INTERRUPT["hint"] = f"continue it with: ddtree-bench sweep --resume {out}"
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, handler)
+    old = signal.signal(signal.SIGTERM, sigterm_to_interrupt)
     try:
         yield
     finally:
@@ -191,7 +191,7 @@ def _run_locked(grid: GridSpec, out: Path, sdir: SweepDir, resume: bool, api_key
     sweep.executor = executor
     finished_loop = False
     try:
-        with _sigterm_as_interrupt():
+        with _sigterm_as_interrupt(out):
             sweep.run()
         finished_loop = True
     finally:

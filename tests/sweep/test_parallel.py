@@ -218,7 +218,7 @@ def test_ctrl_c_stops_every_worker_and_server_and_leaves_the_sweep_resumable(tmp
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130 and "interrupted" in text, text
+    assert proc.returncode == 130 and "error: interrupted" in text and f"hint: continue it with: ddtree-bench sweep --resume {out}" in text, text
     assert wait_for(lambda: not [p for p in family if alive(p)], timeout_s=30), [p for p in family if alive(p)]
     sweep = json.loads((out / "sweep.json").read_text())
     assert sweep["complete"] is False and not (out / ".sweep.lock").exists()
