@@ -73,6 +73,10 @@ SGLANG_INFO_KEYS = ("version", "model_path", "served_model_name", "dtype", "tp_s
 def normalize_url(url: str) -> str:
     """'http://h:p/' or 'http://h:p/v1' -> 'http://h:p'. Raises UsageError for anything that is not http(s)://host."""
     u = url.strip().rstrip("/")
+    for endpoint in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/chat/completions", "/completions"):
+        if u.endswith(endpoint):
+            raise UsageError(f"--url {url!r} names an endpoint; --url is the server's base URL",
+                             hint=f"--url {u[:-len(endpoint)] or u}")
     if u.endswith("/v1"):
         u = u[:-3]
     parts = urlsplit(u)
@@ -224,6 +228,15 @@ class HTTPBackend:
             await self.aclose()
             raise UsageError(f"the server at {self.url} is not ready (503: {error_message(body)})",
                              hint="wait until its /health answers 200")
+        if status >= 500:
+            await self.aclose()
+            raise UsageError(f"the server at {self.url} failed its model list (GET /v1/models answered {status}: "
+                             f"{' '.join(str(error_message(body) if isinstance(body, dict) else body).split())[:200]})",
+                             hint="see the server's log")
+        if status == 200 and not isinstance(body, dict):
+            await self.aclose()
+            raise UsageError(f"the server at {self.url} answered GET /v1/models with no JSON model list "
+                             f"({' '.join(str(body).split())[:120]!r})", hint="is --url an OpenAI-compatible server's base URL?")
         ids = []
         if status == 200 and isinstance(body, dict) and isinstance(body.get("data"), list):
             ids = [m.get("id") for m in body["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
@@ -372,6 +385,9 @@ class HTTPBackend:
                         self._account(rec, state, obj, rec.t_done_ns, texts)
                         if not self.stream:  # asked for one body: no first-token time to report (TTFT/TPOT stay unknown)
                             rec.t_first_token_ns = None
+                    elif (resp.content_type or "").startswith("text/html"):  # a proxy's or a login page, not the API
+                        rec.error = (f"bad response: 200 with a {resp.content_type} page, not an event stream: "
+                                     f"{' '.join((await resp.text()).split())[:200]}")
                     else:
                         if not await self._read_stream(resp, rec, state, texts):
                             rec.error = (f"truncated stream: the response ended without [DONE] or a finish_reason after "

@@ -558,3 +558,31 @@ def test_a_complete_looking_response_that_is_no_answer_is_that_requests_error(ev
 
     from ddtree_bench.records import RequestRecord
     assert RequestRecord.from_dict(json.loads(rec.to_json())).error == want   # the record stays readable
+
+
+def test_an_endpoint_as_url_a_failing_or_html_model_list_and_an_html_answer_are_said_as_such(capsys):
+    from aiohttp import web as W
+
+    from ddtree_bench.backends.client import normalize_url
+    from ddtree_bench.errors import UsageError
+
+    with pytest.raises(UsageError, match="names an endpoint") as e:
+        normalize_url("http://h:8000/v1/chat/completions")
+    assert e.value.hint == "--url http://h:8000"
+    assert normalize_url("http://h:8000/llm/v1/") == "http://h:8000/llm"   # a path prefix behind a proxy is fine
+
+    for status, text, want in ((500, "<html>oops</html>", "failed its model list"), (200, "<html>login</html>", "no JSON model list")):
+        async def models(request, st=status, t=text):
+            return W.Response(status=st, text=t, content_type="text/html")
+
+        app = W.Application()
+        app.router.add_get("/v1/models", models)
+        with ThreadedServer(app) as s, pytest.raises(UsageError, match=want):
+            drive_sync(backend(s.url), [Prompt("p", ["q"])], warmup=0)
+
+    async def html(request, body, i):
+        return W.Response(text="<html><body>Sign in</body></html>", content_type="text/html")
+
+    with ThreadedServer(fake_app(html)) as s:
+        (rec,) = drive_sync(backend(s.url), [Prompt("p", ["q"])], warmup=0)
+    assert rec.error.startswith("bad response: 200 with a text/html page, not an event stream: <html><body>Sign in")
