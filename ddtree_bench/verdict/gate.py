@@ -259,8 +259,10 @@ def _baseline_rule(rule: MetricRule, c: Comparison, run_info: dict[str, Any], ba
     budget = run_fact(run_info, "budget") or run_spec.get("budget")
     b_method, b_budget = base_header.get("accept_method"), base_header.get("budget")
     if method != b_method or (method == "ddtree" and b_budget is not None and budget != b_budget):
-        return Check(rule.label, "performance", "skip",
-                     f"the baseline's acceptance lengths are from {b_method} B={b_budget}, the run is {method} B={budget}")
+        def label(m: Any, b: Any) -> str:
+            return f"{m} B={b}" if m == "ddtree" else str(m)
+        return Check(rule.label, "performance", "skip", f"the baseline's acceptance lengths are from "
+                     f"{label(b_method, b_budget)}, the run is {label(method, budget)}")
     run_greedy = float(run_spec.get("temperature") or 0.0) < D.GREEDY_EPS
     if run_greedy != (float(c.baseline_info.get("temperature") or 0.0) < D.GREEDY_EPS):
         return Check(rule.label, "performance", "skip", "the run and the baseline decode at different temperatures (tau depends on it)")
@@ -339,7 +341,11 @@ def run_gate(results: str | Path, baseline_path: str | Path, rules_path: str | P
     baseline = read_baseline(baseline_path)
     results = Path(results)
     if not is_run_dir(results):
-        raise UsageError(f"{results} is not a run directory (run.json + records.jsonl)")
+        from ddtree_bench.results import is_sweep_dir
+
+        raise UsageError(f"{results} is not a run directory (run.json + records.jsonl)",
+                         hint="gate one point: SWEEP/points/<point-id>" if is_sweep_dir(results) else
+                         "pass a directory written by `ddtree-bench run`")
     refs = []
     for ref in reference_runs or []:
         ref = Path(ref)

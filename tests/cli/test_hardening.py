@@ -435,3 +435,12 @@ def test_a_sweep_refuses_what_run_refuses_before_writing_anything(argv, says, tm
     code, _, err = cli(["sweep", "--methods", "ar", "--limit", "1", "--max-new-tokens", "2", "--out", out, "-q", *argv], capsys)
     one_error_line(code, err)
     assert says in err and not out.exists()
+
+
+def test_gate_on_a_sweep_directory_points_to_its_points(tmp_path, capsys):
+    base = baseline_file(tmp_path / "b.jsonl", [entry("a", OUT)])
+    sweep = tmp_path / "sw"
+    (sweep / "points").mkdir(parents=True)
+    (sweep / "sweep.json").write_text("{}")
+    code, _, err = cli(["gate", sweep, "--baseline", base], capsys)
+    assert code == 2 and "is not a run directory" in err and "hint: gate one point: SWEEP/points/<point-id>" in err
