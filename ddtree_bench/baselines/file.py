@@ -200,11 +200,15 @@ def portable_path(value: str, cwd: Path | None = None) -> str:
     if not isinstance(value, str) or not value.startswith("/"):
         return value
     path = Path(value)
-    for base, prefix in ((PACKAGE_DIR, BUNDLED_PREFIX), ((cwd or Path.cwd()).resolve(), "")):
-        try:
-            return prefix + path.resolve().relative_to(base).as_posix()
-        except ValueError:
-            continue
+    bases = ((PACKAGE_DIR, BUNDLED_PREFIX),   # ddtree_bench/suite_specs is a link out of the package in a checkout
+             ((PACKAGE_DIR / "suite_specs").resolve(), BUNDLED_PREFIX + "suite_specs/"),
+             ((cwd or Path.cwd()).resolve(), ""))
+    for candidate in (Path(os.path.abspath(path)), path.resolve()):
+        for base, prefix in bases:
+            try:
+                return prefix + candidate.relative_to(base).as_posix()
+            except ValueError:
+                continue
     return value
 
 

@@ -391,6 +391,10 @@ def test_committed_baselines_carry_no_machine_paths_and_old_headers_still_read(t
                          "suite_info": {"spec_file": "/elsewhere/s.yaml"}}, cwd=tmp_path)
     assert p == {"model_path": "bundled:models/toy/target", "command": ["ddtree-bench", "x"],
                  "suite_info": {"spec_file": "/elsewhere/s.yaml"}}
+    # a bundled suite spec recorded from another working directory (suite_specs links out of the package in a checkout)
+    for spec in (PACKAGE_DIR / "suite_specs" / "gsm8k.yaml", (PACKAGE_DIR / "suite_specs" / "gsm8k.yaml").resolve()):
+        got = portable_header({"suite_info": {"spec_file": str(spec)}}, cwd=tmp_path)["suite_info"]["spec_file"]
+        assert got == "bundled:suite_specs/gsm8k.yaml", spec
 
 
 def test_gate_and_compare_use_the_same_near_tie_default_for_a_server_baseline(tmp_path, capsys):
