@@ -23,9 +23,9 @@ app = typer.Typer(
 )
 baseline_app = typer.Typer(help="Record or import greedy baselines.", no_args_is_help=True,
                            epilog="\b\nExamples:\n  ddtree-bench baseline record --suite gsm8k --limit 32 --out baselines/toy-gsm8k.jsonl\n"
-                                  "  ddtree-bench baseline import authors_output.pt --tokenizer /models/Qwen3-8B --suite gsm8k --out baselines/zlab.jsonl")
+                                  "  ddtree-bench baseline import authors_output.pt --trust-pickle --tokenizer /models/Qwen3-8B --suite gsm8k --out baselines/zlab.jsonl")
 toy_app = typer.Typer(help="The bundled toy target + DFlash drafter pair.", no_args_is_help=True,
-                      epilog="\b\nExamples:\n  ddtree-bench toy train --out /tmp/toy\n"
+                      epilog="\b\nExamples:\n  ddtree-bench toy train --out /tmp/toy --device cuda\n"
                              "  ddtree-bench toy train --hybrid --out /tmp/toy-hybrid --device cuda --time-budget-s 420")
 app.add_typer(baseline_app, name="baseline")
 app.add_typer(toy_app, name="toy")

@@ -70,7 +70,7 @@ def record_cmd(
     typer.echo(f"baseline: {out} ({n_prompts} prompts, {len(entries)} turns, {sum(len(e.output_ids) for e in entries)} tokens{extra})")
 
 
-@baseline_app.command("import", epilog="\b\nExamples:\n  ddtree-bench baseline import authors_output.pt --tokenizer /models/Qwen3-8B --suite gsm8k --out b.jsonl")
+@baseline_app.command("import", epilog="\b\nExamples:\n  ddtree-bench baseline import authors_output.pt --trust-pickle --tokenizer /models/Qwen3-8B --suite gsm8k --out b.jsonl")
 def import_cmd(
     pt: Annotated[Path, typer.Argument(help="The DDTree authors' benchmark file (benchmark.py --save-path).", show_default=False)],
     out: OutFile,

@@ -10,7 +10,7 @@ import typer
 from ddtree_bench.cli.app import app
 
 
-@app.command("report", epilog="\b\nExamples:\n  ddtree-bench report results/20261201-sweep-inprocess --out report.html")
+@app.command("report", epilog="\b\nExamples:\n  ddtree-bench report results/20261201-120000-sweep-inprocess --out report.html")
 def report_cmd(
     results: Annotated[list[Path], typer.Argument(help="Run directories (run.json + records.jsonl) and/or sweep directories (sweep.json).", show_default=False, metavar="RESULTS_DIR")],
     out: Annotated[Path, typer.Option("--out", help="The HTML file to write (written atomically).", show_default=False, metavar="FILE.html")],
