@@ -283,10 +283,14 @@ def model_mismatch(run_info: dict[str, Any], header: dict[str, Any]) -> str | No
     """Why the run's target is not the baseline's (both model hashes known and different), else None.
     `compare` and `gate` refuse such a pair (exit 2) unless told --allow-model-mismatch."""
     mine, theirs = run_fact(run_info, "model_hash"), header.get("model_hash")
-    if not mine or not theirs or mine == theirs:
-        return None
-    return (f"the run's target {run_fact(run_info, 'model') or '?'!s} ({mine}) is not the baseline's "
-            f"{header.get('model') or '?'!s} ({theirs})")
+    if mine and theirs and mine != theirs:
+        return (f"the run's target {run_fact(run_info, 'model') or '?'!s} ({mine}) is not the baseline's "
+                f"{header.get('model') or '?'!s} ({theirs})")
+    gaps = header.get("logit_gap_source") or {}   # an import's gaps re-scored by --gaps-from-model
+    if mine and isinstance(gaps, dict) and gaps.get("model_hash") and gaps["model_hash"] != mine:
+        return (f"the baseline's logit gaps come from {gaps.get('model') or '?'!s} ({gaps['model_hash']}), not the "
+                f"run's target {run_fact(run_info, 'model') or '?'!s} ({mine}): they cannot tell its near ties")
+    return None
 
 
 def _warnings(run_info: dict[str, Any], b: Baseline) -> list[str]:

@@ -163,3 +163,21 @@ def test_a_run_whose_concurrency_was_not_honoured_says_so(tmp_path, capsys):
     code, out, _ = cli(["compare", serial, "--baseline", base, "--json"], capsys)
     doc = json.loads(out)
     assert doc["run_info"]["concurrency"] == 4 and doc["run_info"]["concurrency_honoured"] is False
+
+
+def test_gaps_rescored_on_another_model_are_a_model_mismatch(tmp_path, capsys):
+    """An import whose gaps came from --gaps-from-model of another target: its near ties are that model's, so compare
+    and gate refuse the pair (exit 2) unless --allow-model-mismatch, as for the baseline's own model."""
+    from ddtree_bench.verdict.compare import model_mismatch
+
+    header = {"model": "toy-hybrid", "model_hash": None,
+              "logit_gap_source": {"model": "toy", "model_hash": "sha256:dense"}}
+    run = {"spec": {"backend": "inprocess", "model": "toy-hybrid", "model_hash": "sha256:hybrid"}}
+    assert "the baseline's logit gaps come from toy (sha256:dense), not the run's target toy-hybrid" in model_mismatch(run, header)
+    run["spec"]["model_hash"] = "sha256:dense"
+    assert model_mismatch(run, header) is None
+    b = baseline_file(tmp_path / "b.jsonl", [entry("p", OUT, GAPS)], logit_gap_source={"model": "toy", "model_hash": "sha256:dense"})
+    r = run_dir(tmp_path / "r", [record("p", OUT)], model_hash="sha256:hybrid")
+    for cmd in ("compare", "gate"):
+        code, _, err = cli([cmd, r, "--baseline", b], capsys)
+        assert code == 2 and "logit gaps come from toy" in err and "--allow-model-mismatch" in err, (cmd, err)
