@@ -64,6 +64,19 @@ def read_config(model_dir: Path, what: str) -> dict[str, Any]:
     return cfg
 
 
+def check_configs(target_dir: Path, draft_dir: Path | None = None) -> None:
+    """What `load_target` / `load_drafter` check before any weight is read: the target's config parses (dense or
+    hybrid) and the drafter's fits it (target_layer_ids in range, ...). UsageError naming the file otherwise;
+    a sweep calls it for every pair before its first point."""
+    from ddtree_bench.engine.hybrid.config import is_hybrid_config, parse_hybrid_config
+
+    what = f"model {target_dir}"
+    raw = read_config(target_dir, "model")
+    cfg = parse_hybrid_config(raw, what) if is_hybrid_config(raw) else parse_target_config(raw, what)
+    if draft_dir is not None:
+        parse_draft_config(read_config(draft_dir, "draft"), cfg, f"draft {draft_dir}")
+
+
 def load_target(model_dir: Path, dtype: str = "float32", device: str = "cpu", target_variant=None) -> Target:
     """A target from a HF directory. Hybrid / MoE model types (engine/hybrid/) load as `HybridTarget`;
     `target_variant` (a name or a target_variants.TargetVariant) runs it under a target-side variant."""

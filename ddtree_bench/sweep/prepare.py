@@ -44,17 +44,19 @@ def prepare(grid: GridSpec, api_key: str | None = None, external_device_fn: Call
         if not loaded.prompts:
             raise UsageError(f"suite {s!r} has no prompts")
     prep = Prepared(points, suites, {}, api_key)
-    checked: set[str] = set()
+    checked: set[tuple] = set()
     for p in points:
         if p.backend in ("inprocess", "standalone") or p.model in BUNDLED:
             from ddtree_bench.pair import model_dirs
 
-            target_dir, _ = model_dirs(p.model, p.draft)  # the bundled toy pair must be installed
-            if p.backend in ("inprocess", "standalone") and target_dir is not None and p.model not in checked:
-                from ddtree_bench.engine.loading import read_config
+            target_dir, draft_dir = model_dirs(p.model, p.draft)  # the bundled toy pair must be installed
+            key = (p.model, p.draft if p.method != "ar" else None)
+            if p.backend in ("inprocess", "standalone") and target_dir is not None and key not in checked:
+                from ddtree_bench.engine.loading import check_configs
 
-                read_config(target_dir, "model")   # our engine loads it: a missing or broken directory is bad input
-                checked.add(p.model)
+                # our engine loads them: a missing or broken directory, or a drafter that does not fit, is bad input
+                check_configs(target_dir, draft_dir if p.method != "ar" else None)
+                checked.add(key)
         if p.backend not in SERVER_BACKENDS:
             continue
         if p.backend not in prep.profiles:

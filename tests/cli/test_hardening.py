@@ -441,6 +441,33 @@ def test_a_sweep_refuses_what_run_refuses_before_writing_anything(argv, says, tm
     assert says in err and not out.exists()
 
 
+@pytest.mark.parametrize("dry", [False, True])
+def test_a_sweep_checks_every_pairs_configs_before_writing_anything(dry, tmp_path, capsys):
+    """A drafter that does not fit its target, a missing drafter, a hybrid config whose layer_types are short: exit 2
+    with run's own line before anything is written (was exit 1 after writing points and a report, and a --resume
+    hint that failed again; --dry-run passed them)."""
+    from ddtree_bench.pair import BUNDLED
+
+    bad_draft = shutil.copytree(BUNDLED["toy-hybrid"] / "draft", tmp_path / "bad-draft")
+    cfg = json.loads((bad_draft / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [1, 3, 99]
+    (bad_draft / "config.json").write_text(json.dumps(cfg))
+    short = shutil.copytree(BUNDLED["toy-hybrid"], tmp_path / "short")
+    tcfg = json.loads((short / "target" / "config.json").read_text())
+    text = tcfg.get("text_config", tcfg)
+    text["layer_types"] = text["layer_types"][:-1]
+    (short / "target" / "config.json").write_text(json.dumps(tcfg))
+    cases = [(["--models", "toy-hybrid", "--drafts", str(bad_draft)], "[99] outside the target's"),
+             (["--models", "toy-hybrid", "--drafts", str(tmp_path / "nowhere")], "does not exist"),
+             (["--models", str(short / "target"), "--drafts", str(short / "draft")], "layer_types")]
+    for argv, says in cases:
+        out = tmp_path / "sw"
+        code, _, err = cli(["sweep", "--methods", "ddtree", "--budgets", "16", "--limit", "1", "--max-new-tokens", "2",
+                            "--out", out, "-q", *argv, *(["--dry-run"] if dry else [])], capsys)
+        one_error_line(code, err)
+        assert says in err and not out.exists(), (argv, err)
+
+
 def test_gate_on_a_sweep_directory_points_to_its_points(tmp_path, capsys):
     base = baseline_file(tmp_path / "b.jsonl", [entry("a", OUT)])
     sweep = tmp_path / "sw"
