@@ -20,6 +20,7 @@ from ddtree_bench.cli.app import app
 
 @app.command("bench-engine", epilog="\b\nExamples:\n  ddtree-bench bench-engine --model toy --budgets 16..256\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16..1024 --no-plain\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16 --no-plain --no-e2e --projections\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --batch 1,2,4,8,16 --budgets 16,32,64,128 --tau 16:8.6,32:9.3,64:9.75,128:10.2")
 def bench_engine_cmd(
+    ctx: typer.Context,
     model: O.Model = D.MODEL,
     draft: O.Draft = None,
     shape: Annotated[Optional[str], typer.Option("--shape", help="Random weights of a real shape instead of --model: qwen3-8b | qwen3-4b | qwen3-1.7b | qwen3-32b | llama3-8b (+ its 5-layer DFlash drafter), or the hybrid qwen3.6-27b (verify ms and GDN state memory per node, next to qwen3-32b; docs/hybrid-targets.md).")] = None,
@@ -90,6 +91,21 @@ def bench_engine_cmd(
 
     if projections and (shape in HYBRID_SHAPES or batch is not None):
         raise UsageError("--projections times a dense target's single-request verify GEMMs: not with --batch or a hybrid --shape")
+    model_given = getattr(ctx.get_parameter_source("model"), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")
+    if shape is not None and (model_given or draft is not None):
+        raise UsageError("--shape builds random weights of a real shape instead of --model / --draft: give one or the other")
+    if shape in HYBRID_SHAPES:   # what the hybrid bench does not take: refused, not dropped
+        unused = [flag for flag, given in (("--batch", batch is not None), ("--tau", tau is not None), ("--profile", profile),
+                                           ("--verify-tokens", verify_tokens != D.BENCH_VERIFY_TOKENS))
+                  if given]
+        if unused:
+            raise UsageError(f"{', '.join(unused)} do{'es' if len(unused) == 1 else ''} not apply to a hybrid --shape",
+                             hint="it times the verify at each --budgets + 1 tokens, both commit modes, and the GDN state "
+                                  "memory per node (docs/hybrid-targets.md)")
+    if shape is not None and (shape in HYBRID_SHAPES or shape in SHAPES):
+        from ddtree_bench.perf.shapes import check_fits
+
+        check_fits(shape, dtype, device)
     if shape in HYBRID_SHAPES:   # the hybrid target's verify and state memory, then its dense twin (perf/bench_hybrid.py)
         from ddtree_bench.perf.bench_hybrid import bench_hybrid, render_hybrid
 

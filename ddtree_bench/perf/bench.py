@@ -83,7 +83,7 @@ def load_bench_pair(spec: BenchSpec):
     target_dir, _ = model_dirs(spec.model, spec.draft)
     if target_dir is not None and is_hybrid_config(read_config(target_dir, "model")):
         raise UsageError(f"bench-engine --model times dense targets (the fast loop's stages); {spec.model} is a hybrid "
-                         "(Gated DeltaNet) target", hint="--shape qwen3.6-27b times a hybrid verify; `ddtree-bench run "
+                         "(Gated DeltaNet) target", hint="--shape qwen3.6-27b --device cuda --dtype bfloat16 times a hybrid verify; `ddtree-bench run "
                          f"--model {spec.model}` measures its tok/s and acceptance")
     lp = load_pair(spec.model, spec.draft, "ddtree", spec.dtype, spec.device)
     return lp.engine.target, lp.engine.drafter, lp.tokenizer, dict(lp.info)

@@ -130,3 +130,43 @@ def param_count(shape: str | dict, drafter: bool = False) -> int:
         if not drafter and tcfg.tie_word_embeddings:
             m.lm_head.weight = m.model.embed_tokens.weight
     return sum(p.numel() for p in m.parameters())
+
+
+def weights_bytes(shape: str, dtype: str) -> int:
+    """Bytes of random weights `bench-engine --shape` holds at once in `dtype`: a dense shape's target and drafter; a
+    hybrid shape's target, or its dense twin if larger (built one after the other). Meta device: nothing allocated."""
+    size = torch.finfo(torch_dtype(dtype)).bits // 8
+    if shape in HYBRID_SHAPES:
+        from ddtree_bench.engine.hybrid.config import parse_hybrid_config
+        from ddtree_bench.engine.hybrid.model import HybridTarget
+
+        with torch.device("meta"):
+            m = HybridTarget(parse_hybrid_config(HYBRID_SHAPES[shape]["target"], "shape"))
+        hybrid = sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
+        twin = HYBRID_SHAPES[shape].get("dense_twin")
+        return size * max(hybrid, param_count(twin) if twin else 0)
+    return size * (param_count(shape) + param_count(shape, drafter=True))
+
+
+def available_bytes(device: str) -> int | None:
+    """Memory a run on `device` can take: free CUDA memory, else the host's MemAvailable (None where unknown)."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        return torch.cuda.mem_get_info(dev)[0]
+    try:
+        for line in open("/proc/meminfo", encoding="ascii"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_fits(shape: str, dtype: str, device: str) -> None:
+    """UsageError when the shape's weights alone exceed what `device` has free (a CPU run was OOM-killed or got an
+    allocator error after minutes); the message says how much each side has."""
+    need, have = weights_bytes(shape, dtype), available_bytes(device)
+    if have is not None and need > have:
+        gib = 1 << 30
+        raise UsageError(f"--shape {shape} in {dtype} needs {need / gib:.1f} GiB of weights; {device} has "
+                         f"{have / gib:.1f} GiB available", hint="use --device cuda --dtype bfloat16, or a smaller --shape")

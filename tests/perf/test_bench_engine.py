@@ -328,3 +328,31 @@ def test_projections_are_refused_where_they_would_time_nothing(capsys):
         with pytest.raises(SystemExit) as e:
             main(["bench-engine", "--model", "random", "--projections", *extra])
         assert e.value.code == 2 and "--projections" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--shape", "qwen3.6-27b", "--device", "cpu"], "needs 122.0 GiB of weights; cpu has"),   # fp32 on a 24 GiB host
+    (["--shape", "qwen3.6-27b", "--tau", "16:8"], "--tau does not apply to a hybrid --shape"),
+    (["--shape", "qwen3.6-27b", "--profile", "--batch", "1,2"], "--batch, --profile do not apply"),
+    (["--shape", "qwen3-8b", "--model", "toy"], "instead of --model / --draft"),
+])
+def test_bench_engine_refuses_a_shape_that_cannot_fit_or_flags_it_would_drop(argv, says, capsys, monkeypatch):
+    """The hybrid shape on a CPU was an allocator 'internal error' after minutes (or the OOM killer); flags the hybrid
+    bench does not take were accepted and dropped."""
+    import ddtree_bench.perf.shapes as S
+
+    monkeypatch.setattr(S, "available_bytes", lambda device: 24 << 30)
+    with pytest.raises(SystemExit) as e:
+        main(["bench-engine", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err and "Traceback" not in err, err
+
+
+def test_the_weights_estimate_counts_what_is_built():
+    """qwen3-8b + its drafter in bf16, from the meta device: ~8.2 B + ~1 B parameters (docs' W = 16.38 GB for the
+    target alone); the hybrid shape holds the larger of itself and its dense twin."""
+    from ddtree_bench.perf.shapes import param_count, weights_bytes
+
+    assert weights_bytes("qwen3-8b", "bfloat16") == 2 * (param_count("qwen3-8b") + param_count("qwen3-8b", drafter=True))
+    assert 16.3e9 < 2 * param_count("qwen3-8b") < 16.5e9
+    assert weights_bytes("qwen3.6-27b", "float32") == 2 * weights_bytes("qwen3.6-27b", "bfloat16")
