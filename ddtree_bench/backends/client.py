@@ -589,6 +589,28 @@ def server_method(backend: str, info: dict[str, Any]) -> tuple[str | None, int |
     return method, budget
 
 
+def _check_served_model(spec, info: dict[str, Any]) -> None:
+    """A --model that is on this machine and whose weights' hash is not the one the server's /server_info reports
+    (ddtree-bench serve does) is bad input: the run would be labelled with a model the server does not run."""
+    theirs = info.get("model_hash")
+    if not isinstance(theirs, str) or not theirs:
+        return
+    from ddtree_bench.pair import model_dirs
+
+    try:
+        target_dir, _ = model_dirs(spec.model, None)
+    except UsageError:
+        return
+    if target_dir is None or not (Path(target_dir) / "config.json").exists():
+        return
+    from ddtree_bench.engine.loading import dir_hash
+
+    mine = dir_hash(target_dir)
+    if mine != theirs:
+        raise UsageError(f"--model {spec.model} ({mine}) is not the model the server at {normalize_url(spec.url)} runs "
+                         f"({info.get('model') or '?'}, {theirs})", hint="pass the server's --model, or point --url at its server")
+
+
 def adopt_server_labels(spec, flags_given: tuple[str, ...] | list[str] | set[str] = ()) -> Any:
     """The run's method and budget labels from the server itself, where it reports them.
 
@@ -607,6 +629,7 @@ def adopt_server_labels(spec, flags_given: tuple[str, ...] | list[str] | set[str
     info = probe_server_info(spec.url, spec.api_key)
     if info is None:   # not reachable: the first request says so, not a note about labels
         return spec
+    _check_served_model(spec, info)
     method, budget = server_method(spec.backend, info)
     if method is None:
         if "method" not in flags_given:

@@ -586,3 +586,19 @@ def test_an_endpoint_as_url_a_failing_or_html_model_list_and_an_html_answer_are_
     with ThreadedServer(fake_app(html)) as s:
         (rec,) = drive_sync(backend(s.url), [Prompt("p", ["q"])], warmup=0)
     assert rec.error.startswith("bad response: 200 with a text/html page, not an event stream: <html><body>Sign in")
+
+
+def test_a_model_the_server_does_not_run_is_refused_by_its_hash():
+    """ddtree-bench serve reports its model's hash: a standalone run with another local --model was labelled with it."""
+    from ddtree_bench.backends.client import adopt_server_labels
+    from ddtree_bench.engine.loading import dir_hash
+    from ddtree_bench.errors import UsageError
+    from ddtree_bench.pair import model_dirs
+
+    hybrid = dir_hash(model_dirs("toy-hybrid", None)[0])
+    info = {"server": "ddtree-bench serve", "model": "toy-hybrid", "model_hash": hybrid, "method": "ddtree", "budget": 16}
+    with ThreadedServer(info_app(info)) as s:
+        with pytest.raises(UsageError, match=r"--model toy \(.*\) is not the model the server at .* runs \(toy-hybrid"):
+            adopt_server_labels(RunSpec(backend="standalone", url=s.url, model="toy"), [])
+        assert adopt_server_labels(RunSpec(backend="standalone", url=s.url, model="toy-hybrid"), []).budget == 16
+        assert adopt_server_labels(RunSpec(backend="standalone", url=s.url, model="some/hub-id"), []).method == "ddtree"
