@@ -54,3 +54,12 @@ def test_the_engine_itself_refuses_a_request_over_the_context():
     with pytest.raises(ContextTooLong):
         engine.batch_loop("ddtree", 16, 2).check(BatchRequest([1] * (limit - 3), 4))
     assert len(engine.generate([1] * (limit - 5), method="ar", budget=0, max_new_tokens=4).output_ids) == 4
+
+
+def test_max_new_tokens_that_leave_no_room_for_any_prompt_are_bad_input(tmp_path, capsys):
+    """Every request would fail: exit 2 before anything is written (was exit 1 and a directory that blocked the next
+    run's --out)."""
+    out = tmp_path / "r"
+    code, _, err = cli(["run", "--model", "toy-hybrid", "--limit", "1", "--max-new-tokens", "5000", "--out", out, "-q"], capsys)
+    assert code == 2 and "--max-new-tokens 5000 leaves no room for a prompt in the model's context of 4096 tokens" in err
+    assert not out.exists() and not list(tmp_path.glob(".r.*"))

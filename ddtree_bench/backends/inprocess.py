@@ -51,6 +51,13 @@ class InProcessBackend:
         from ddtree_bench.pair import load_pair
 
         pair = load_pair(spec.model, spec.draft, spec.method, spec.dtype, spec.device, cuda_graphs=spec.cuda_graphs)
+        from ddtree_bench.engine.interface import context_limit
+        from ddtree_bench.errors import UsageError
+
+        limit = context_limit(pair.engine.target)
+        if limit and spec.max_new_tokens >= limit:   # no prompt fits: bad input, not a run of failed requests
+            raise UsageError(f"--max-new-tokens {spec.max_new_tokens} leaves no room for a prompt in the model's context "
+                             f"of {limit} tokens", hint=f"pass --max-new-tokens below {limit} minus the prompts' length")
         if spec.extra.get("target_variant"):   # a fault injection (engine/target_variants.py)
             from ddtree_bench.engine.target_variants import apply_to_pair
 
