@@ -72,7 +72,11 @@ class Judgement:
     examples: list[str] | None = None  # "prompt turn at token i (gap g)" of the divergences
 
     def columns(self, suffix: str = "") -> dict[str, Any]:
-        return {**{f"{k}{suffix}": getattr(self, k) for k in COUNTS}, f"correctness{suffix}": self.verdict}
+        """The summary.csv columns; a point not diffed token by token ("not judged", "no reference") leaves its
+        counts empty, not 0 (no divergence was looked for), `compared` kept where prompts were paired (T > 0)."""
+        diffed = self.verdict not in ("not judged", "no reference")
+        return {**{f"{k}{suffix}": getattr(self, k) if diffed or (k == "compared" and self.compared) else None
+                   for k in COUNTS}, f"correctness{suffix}": self.verdict}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Judgement":
@@ -396,8 +400,10 @@ def closing_lines(rows: list[dict[str, Any]], baseline: str | None = None,
                          f"({tot['divergences']} prompt turns; {tot['near_ties']} near ties shown, not failed)")
         elif greedy:
             state = "lossless" if all(v == "lossless" for v in verdicts) else "no confident divergence"
+            rest = len([r for r in judged_rows if r not in greedy])
             lines.append(head + f"{state} - {tot['exact_match']} of {tot['compared']} prompt turns identical, "
-                         f"{tot['near_ties']} near ties (shown, not failed), 0 confident divergences over {len(greedy)} points")
+                         f"{tot['near_ties']} near ties (shown, not failed), 0 confident divergences over {len(greedy)} points"
+                         + (f"; {rest} more not judged (below)" if rest else ""))
         for r in judged_rows:
             if r in greedy and r.get(f"correctness{suffix}") != "unjudged":
                 continue

@@ -158,3 +158,20 @@ def test_closing_lines_tell_points_apart_by_what_varies():
     rows.append({**rows[0], "repeat": "all"})  # the aggregate row is no point
     lines = closing_lines(rows)
     assert sorted(lines) == sorted(f"  ddtree B=16 T=0.8 c={c} repeat {r} vs AR: not judged" for c in (1, 4) for r in (0, 1))
+
+
+def test_points_not_diffed_leave_their_counts_empty_and_the_verdict_line_says_so():
+    """A toy-hybrid point against a toy baseline is 'not judged': its counts are empty, not 0 divergences, and the
+    baseline line that calls the judged points lossless says how many were not judged."""
+    from ddtree_bench.sweep.correctness import Judgement, closing_lines
+
+    cols = Judgement("baseline", "not judged", note="another model").columns("_vs_baseline")
+    assert cols["divergences_vs_baseline"] is None and cols["compared_vs_baseline"] is None
+    assert Judgement("ar", "not judged", compared=4).columns()["compared"] == 4   # T > 0: paired, not diffed
+    ok = {"status": "ok", "repeat": 0, "method": "ddtree", "budget": 16, "temperature": 0.0, "correctness": "lossless",
+          "correctness_vs_baseline": "lossless", "compared_vs_baseline": 2, "exact_match_vs_baseline": 2, "model": "toy"}
+    other = {**ok, "model": "toy-hybrid", "correctness_vs_baseline": "not judged", "compared_vs_baseline": None}
+    lines = closing_lines([ok, other], baseline="b.jsonl")
+    assert any(ln.startswith("correctness vs the baseline b.jsonl: lossless") and ln.endswith("; 1 more not judged (below)")
+               for ln in lines), lines
+    assert "  ddtree B=16 toy-hybrid vs baseline: not judged" in lines
