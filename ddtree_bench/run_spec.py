@@ -56,10 +56,11 @@ class RunSpec:
             raise UsageError(f"unknown --backend {self.backend!r}; expected one of {', '.join(BACKENDS)}")
         if self.method not in D.METHODS:
             raise UsageError(f"unknown --method {self.method!r}; expected one of {', '.join(D.METHODS)}")
-        check_budget(self.budget)
-        if self.method == "ddtree" and self.budget < 1:  # a tree of no nodes drafts nothing: AR with extra work
+        budget_int = isinstance(self.budget, int) and not isinstance(self.budget, bool)
+        if self.method == "ddtree" and budget_int and self.budget < 1:  # a tree of no nodes drafts nothing: AR with extra work
             raise UsageError(f"--budget must be >= 1 for --method ddtree, got {self.budget}",
                              hint="a DDTree budget counts the tree's nodes (root excluded); for no drafting use --method ar")
+        check_budget(self.budget)
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
             raise UsageError(f"--max-new-tokens must be a positive integer, got {self.max_new_tokens!r}")
         if self.limit is not None and self.limit <= 0:

@@ -25,7 +25,7 @@ Limit = Annotated[Optional[int], typer.Option("--limit", help="Number of prompts
 Subset = Annotated[Optional[str], typer.Option("--subset", help="Subset rule: zlab-paper (HF shuffle(seed=0), the DDTree paper's) | zlab-current (random.seed(0) shuffle, z-lab's current script) | first (file order). Default: the suite's.")]
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="Maximum generated tokens per turn.")]
 Temperature = Annotated[float, typer.Option("--temperature", help="0 = greedy.")]
-Seed = Annotated[int, typer.Option("--seed", help="Sampling seed (per request: seed + request index).")]
+Seed = Annotated[int, typer.Option("--seed", help="Sampling seed: prompt i's turn t is sent seed + 16 i + t (the same request gets the same seed in every run and on every backend).")]
 Dtype = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16.")]
 Device = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N.")]
 Concurrency = Annotated[int, typer.Option("--concurrency", help="Closed-loop: requests in flight at once.")]

@@ -63,7 +63,8 @@ def dirs(tmp_path_factory):
 
 @pytest.mark.parametrize("args,needle", [
     (["--method", "beam"], "unknown --method 'beam'"),
-    (["--method", "ddtree", "--budget", "-1"], "--budget must be an integer >= 0"),
+    (["--method", "ddtree", "--budget", "-1"], "--budget must be >= 1 for --method ddtree"),
+    (["--method", "dflash", "--budget", "-1"], "--budget must be an integer >= 0"),
     (["--method", "ddtree", "--budget", "many"], "--budget"),
     (["--method", "ddtree", "--budget", "2.5"], "--budget"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be a positive integer"),
@@ -136,7 +137,7 @@ def test_console_script_exit_code(tmp_path):
     p = subprocess.run([sys.executable, "-m", "ddtree_bench", "run", "--budget", "-3", "--method", "ddtree",
                         "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr
-    assert p.stderr.splitlines()[0] == "error: --budget must be an integer >= 0, got -3"
+    assert p.stderr.splitlines()[0] == "error: --budget must be >= 1 for --method ddtree, got -3"
     assert "Traceback" not in p.stderr and not (tmp_path / "o").exists()
 
 
