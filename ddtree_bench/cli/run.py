@@ -72,6 +72,9 @@ def run_cmd(
         parse_target_variant(target_variant)
         if backend != "inprocess":
             raise UsageError("--target-variant changes the in-process engine; it does not apply to --backend " + backend)
+        if method == "ar" and target_variant not in ("", "reference"):
+            raise UsageError(f"--target-variant {target_variant} changes how a verify's rejected tree nodes are rolled "
+                             "back; --method ar verifies no tree, so it would change nothing", hint="use --method dflash or ddtree")
         spec.extra["target_variant"] = target_variant
     if backend != "inprocess" and not launched:  # a server's own /server_info labels the run (backends/client.py)
         from ddtree_bench.backends.client import adopt_server_labels

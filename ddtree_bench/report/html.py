@@ -147,6 +147,13 @@ def _date_range(points: list[Point]) -> list[str]:
     return [starts[0] + (f" \u2192 {ends[-1]}" if ends else "")]
 
 
+def _fault(p: Point) -> str | None:
+    """'target variant gdn-crop (not lossless by design)' for a fault-injected run, else None."""
+    v = ((p.run.get("backend") or {}).get("target_variant") or ((p.spec.get("extra") or {}).get("target_variant"))
+         if p.run else None)
+    return f"target variant {v} (not lossless by design)" if v and v != "reference" else None
+
+
 def section_metadata(data: ReportData) -> Html:
     pts = [p for p in data.points if p.run] or data.points
     sweep_rows = []
@@ -173,6 +180,8 @@ def section_metadata(data: ReportData) -> Html:
         ("Git sha (ddtree-bench)", lambda p: p.run.get("git_sha"), True),
         ("Command", _command, True),
     ]
+    if any(_fault(p) for p in pts):   # a run made under --target-variant: deliberately not lossless
+        fields.insert(1, ("FAULT INJECTION", lambda p: _fault(p) or "none (the reference target)", False))
     rows = list(sweep_rows)
     for name, get, code in fields:
         values = _date_range(pts) if get is None else _distinct(pts, get)

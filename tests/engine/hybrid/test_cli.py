@@ -37,6 +37,9 @@ def test_run_passes_gate_and_gdn_crop_fails_it(pair, tmp_path, capsys):
         assert run["backend"]["target_variant"] == "gdn-crop"
         res = cli_in_process(capsys, "gate", str(bad), "--baseline", str(base), check=False)
         assert res.returncode == 1, res.stdout + res.stderr
+        assert "FAULT INJECTION: the run's target ran under target variant 'gdn-crop'" in res.stdout + res.stderr
+        cli_in_process(capsys, "report", str(bad), "--out", str(tmp_path / f"{method}.html"))
+        assert "FAULT INJECTION" in (tmp_path / f"{method}.html").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("variant, verdict", [(None, 0), ("gdn-crop", 1)])
@@ -68,9 +71,12 @@ def test_refusals_exit_2_with_one_line(pair, tmp_path, capsys):
     assert "cuda-graphs" in msg and "hybrid" in msg
     msg = one_line_error(cli_in_process(capsys, *run, "--target-variant", "nope", "--out", str(tmp_path / "b"), check=False))
     assert "gdn-crop" in msg
-    msg = one_line_error(cli_in_process(capsys, "run", "--model", "toy", "--method", "ar", "--target-variant", "gdn-crop",
+    msg = one_line_error(cli_in_process(capsys, "run", "--model", "toy", "--method", "dflash", "--target-variant", "gdn-crop",
                                         *COMMON, "--out", str(tmp_path / "c"), check=False))
     assert "hybrid" in msg
+    msg = one_line_error(cli_in_process(capsys, "run", "--model", str(pair.target), "--method", "ar", "--target-variant",
+                                        "gdn-crop", *COMMON, "--out", str(tmp_path / "d"), check=False))
+    assert "--method ar verifies no tree, so it would change nothing" in msg
 
 
 @pytest.mark.parametrize("change, needle", [
