@@ -166,6 +166,9 @@ def _config_findings(target_dir: Path | None, draft_dir: Path | None, server_dra
             if not (Path(server_draft) / "config.json").exists():
                 raise UsageError(f"--server-draft {server_draft} has no config.json")
             findings += diff_configs(draft_dir, Path(server_draft))
+            own = {f.code for f in findings}   # the served drafter's own faults (ids out of range, ...), once
+            findings += [Finding(f.severity, "server_" + f.code, "the server's drafter: " + f.message, f.variant)
+                         for f in check_pair(Path(server_draft), target_dir) if f.code not in own]
     return findings
 
 

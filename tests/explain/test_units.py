@@ -169,3 +169,22 @@ def test_round_agreement_breaks_a_curve_tie():
     assert _verdict(res, [a, b, ref], ref, [])["status"] == "explained"
     b["round_agreement"]["leading_round_share"] = 0.9
     assert _verdict(res, [a, b, ref], ref, [])["status"] == "ambiguous"
+
+
+def test_a_served_drafter_whose_layer_ids_leave_the_target_is_named_so(tmp_path):
+    """--server-draft with target_layer_ids [1, 3, 99] on an 8-layer target: the diff against the reference's ids and
+    the served drafter's own fault (99 is no layer of the target)."""
+    import json
+    import shutil
+
+    from ddtree_bench.explain.analyse import _config_findings
+    from ddtree_bench.pair import BUNDLED
+
+    pair = BUNDLED["toy-hybrid"]
+    served = shutil.copytree(pair / "draft", tmp_path / "served")
+    cfg = json.loads((served / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [1, 3, 99]
+    (served / "config.json").write_text(json.dumps(cfg))
+    found = {f.code: f for f in _config_findings(pair / "target", pair / "draft", str(served))}
+    assert "server_layer_ids" in found and found["server_layer_ids_range"].severity == "error"
+    assert "the server's drafter: target_layer_ids [1, 3, 99] has [99] outside the target's 8 layers" in found["server_layer_ids_range"].message
