@@ -74,7 +74,7 @@ def record_cmd(
 def import_cmd(
     pt: Annotated[Path, typer.Argument(help="The DDTree authors' benchmark file (benchmark.py --save-path).", show_default=False)],
     out: OutFile,
-    tokenizer: Annotated[str, typer.Option("--tokenizer", help="Target model directory with the tokenizer and chat template (or toy / random).")],
+    tokenizer: Annotated[str, typer.Option("--tokenizer", help="Target model directory with the tokenizer and chat template (or toy / toy-hybrid / random).")],
     trust_pickle: Annotated[bool, typer.Option("--trust-pickle", help="Allow loading RUN.pt: it is a pickle, and loading a pickle runs code from the file.")] = False,
     suite: Annotated[Optional[str], typer.Option("--suite", help="Suite the responses came from (default: the file's args.dataset).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Prompts to match against (default: the file's args.max_samples).")] = None,
