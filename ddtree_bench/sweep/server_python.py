@@ -70,7 +70,8 @@ def resolve(module: str, explicit: str | None = None) -> str:
         if can_import(exe, module):
             return exe
     raise UsageError(f"no Python on PATH can import {module!r} (tried: {', '.join(tried) or 'none found'})",
-                     hint="pass --server-python /path/to/venv/bin/python (README: 'A real vLLM')")
+                     hint="pass --server-python /path/to/venv/bin/python of the engine's own venv (scripts/install-vllm-cpu.sh "
+                          "and install-sglang-cpu.sh make one; README: 'Real engines, tested for real')")
 
 
 @functools.lru_cache(maxsize=None)
