@@ -33,9 +33,18 @@ app.add_typer(toy_app, name="toy")
 state = {"debug": False}
 
 
+def _version(value: bool) -> None:
+    if value:
+        from ddtree_bench import __version__
+
+        typer.echo(f"ddtree-bench {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors (accepted anywhere on the line)."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     state["debug"] = state["debug"] or debug  # cli.main takes --debug out of the line wherever it is
     _check_engine_environment()

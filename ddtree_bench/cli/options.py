@@ -16,7 +16,7 @@ Stream = Annotated[bool, typer.Option("--stream/--no-stream", help="HTTP backend
 Url = Annotated[Optional[str], typer.Option("--url", help="Base URL of a running server (backends other than inprocess).")]
 ApiKey = Annotated[Optional[str], typer.Option("--api-key", help="Bearer token for the server.", envvar="DDTREE_BENCH_API_KEY")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds one HTTP request may take, stream included, before it is recorded as an error.")]
-Model = Annotated[str, typer.Option("--model", help="'toy' or 'toy-hybrid' (bundled pairs) or a Hugging Face model directory.")]
+Model = Annotated[str, typer.Option("--model", help="'toy' or 'toy-hybrid' (bundled pairs), 'random' (a seeded random tiny pair in memory: plumbing and speed, no acceptance), or a Hugging Face model directory.")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="DFlash drafter directory (default: the model's bundled drafter for 'toy').")]
 Method = Annotated[str, typer.Option("--method", help="ar | dflash | ddtree.")]
 Budget = Annotated[int, typer.Option("--budget", help="DDTree tree budget: number of tree nodes, root excluded.")]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 import typer
 from typer.testing import CliRunner
 
@@ -35,3 +37,12 @@ def test_every_command_and_group_help_has_examples_of_real_commands():
                 assert words[0] in names and (len(words) == 1 or " ".join(words) in names or words[0] not in ("baseline", "toy")), line
         seen += 1
     assert seen >= 14   # the root, two groups and their commands
+
+
+def test_version_prints_the_package_version(capsys):
+    from ddtree_bench import __version__
+    from ddtree_bench.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"ddtree-bench {__version__}"
