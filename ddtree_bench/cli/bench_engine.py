@@ -18,7 +18,7 @@ from ddtree_bench.cli import options as O
 from ddtree_bench.cli.app import app
 
 
-@app.command("bench-engine", epilog="\b\nExamples:\n  ddtree-bench bench-engine --model toy --budgets 16..256\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16..1024 --no-plain\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16 --no-plain --no-e2e --projections\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --batch 1,2,4,8,16 --budgets 16,32,64,128 --tau 16:8.6,32:9.3,64:9.75,128:10.2")
+@app.command("bench-engine", epilog="\b\nExamples:\n  ddtree-bench bench-engine --model toy --budgets 16,64 --rounds 5 --prefix-len 256 --verify-tokens 1,16,64 --no-e2e --no-build-table   # seconds on a CPU\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16..1024 --no-plain\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --budgets 16 --no-plain --no-e2e --projections\n  ddtree-bench bench-engine --shape qwen3-8b --device cuda --dtype bfloat16 --batch 1,2,4,8,16 --budgets 16,32,64,128 --tau 16:8.6,32:9.3,64:9.75,128:10.2")
 def bench_engine_cmd(
     ctx: typer.Context,
     model: O.Model = D.MODEL,

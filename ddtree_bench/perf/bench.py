@@ -470,7 +470,9 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
     curves = verify_curve(target, layers, spec.prefix_len, spec.verify_tokens, dev, spec.graphs, layer_ops=spec.layer_ops,
                           logit_scale=spec.curve_logit_scale)
     result["verify_curve_ms"] = curves
-    progress(f"verify curve ms: {curves}")
+    timed = curves["graph"] or curves["eager"]
+    progress("verify curve: " + ", ".join(f"n={n} {ms:.2f} ms" for n, ms in timed.items())
+             + (f" ({'graph' if curves['graph'] else 'eager'})" if timed else ""))
     curve = curves["graph"] or curves["eager"]
     result["verify_roofline"] = {"weight_bytes": weight_bytes, "params": params, "timing": "graph" if curves["graph"] else "eager",
                                  "rows": roofline_rows(curve, weight_bytes, params, curves.get("gemm_only")),
@@ -491,14 +493,16 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] = lambda s: None)
         progress(f"rounds {method} {budget or ''}")
         result["rounds"].append(round_times(target, drafter, method, budget, spec.prefix_len, spec.rounds, spec.graphs,
                                             spec.plain, spec.seed, spec.layer_ops))
-        progress(f"rounds: {result['rounds'][-1]}")
+        r = result["rounds"][-1]
+        progress(f"  round {r['fast']['round']:.2f} ms (fast)" + (f", {r['plain']['round']:.2f} ms (plain)" if r.get("plain") else "")
+                 + f", overhead {100 * r['fast']['overhead_share']:.1f}%")
     sync(dev)
 
     if spec.build_table:
         progress("tree build")
         L = (drafter.block_size - 1) if drafter is not None else 15
         result["build_tree_ms"] = build_times(target.cfg.vocab_size, L, spec.budgets, dev, spec.build_reps)
-        progress(f"build: {result['build_tree_ms']}")
+        progress(f"tree build: {len(result['build_tree_ms'])} budgets timed")
 
     has_text = spec.shape is None and drafter is not None and tokenizer is not None  # `random` has the byte tokenizer
     e2e_rounds: dict[tuple[str, int], list[dict[str, float]]] = {}

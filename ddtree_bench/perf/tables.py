@@ -107,7 +107,10 @@ def render(result: dict[str, Any]) -> str:
         if vc.get("clocks_error"):
             clock_note += f"; no clocks: {vc['clocks_error']}"
         parts.append(f"\nverify vs roofline(n) = max(W / 4.3 TB/s, 2 P n / 790 TFLOP/s), W = {roof['weight_bytes'] / 1e9:.2f} GB, "
-                     f"P = {roof['params'] / 1e9:.2f} B ({roof['timing']} timing; H200 limits), and vs the GEMM-only time "
+                     f"P = {roof['params'] / 1e9:.2f} B ({roof['timing']} timing; H200 limits"
+                     + ("" if str((result.get("spec") or {}).get("device", "cuda")).startswith("cuda") else
+                        ": on this CPU the x roofline column says how far it is from an H200, nothing more")
+                     + "), and vs the GEMM-only time "
                      f"(every weight GEMM once on cuBLAS, nothing else, same call){ar_line}{clock_note}:\n" + table(
             [[r["tokens"], _f(r["ms"]), _f(r.get("gemm_only_ms")), _f(r.get("vs_gemm"), 2), _f(r["roofline_ms"]),
               _f(r["ratio"], 2), _f(r["achieved_gb_s"], 0), _f(r["achieved_tflop_s"], 1)]
