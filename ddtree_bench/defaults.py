@@ -94,7 +94,7 @@ SWEEP_GPUS_PER_POINT = 1           # GPUs pinned to each worker (CUDA_VISIBLE_DE
 SWEEP_RAY_CPUS_PER_POINT = 1       # num_cpus each Ray task asks for
 SWEEP_WORKER_STOP_GRACE_S = 20.0   # Ctrl-C / SIGTERM: workers get this long to stop their servers, then SIGKILL
 RAY_CONNECT_TIMEOUT_S = 5.0        # --executor ray: a cluster address must answer (TCP + HTTP/2 preface) within this
-RAY_INSTALL_HINT = 'install the extra: pip install "ddtree-bench[ray]"'
+RAY_INSTALL_HINT = 'install the extra: pip install -e ".[ray]" in the ddtree-bench checkout (or pip install "ray>=2.40")'
 # Plan estimates when the sweep directory has no measured point yet (seconds; stated, not measured here):
 # an in-process toy point of the default sweep took ~11 s on 2 quiet CPU cores (1 min 39 s / 9 points);
 # an 8B model's server start in SGLang or vLLM takes 1-4 min.

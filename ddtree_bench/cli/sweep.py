@@ -58,7 +58,7 @@ def sweep_cmd(
     llama_server: Annotated[Optional[str], _opt("--llama-server", help="llama.cpp's llama-server binary (backend llamacpp). [default: the first llama-server on PATH, else the one scripts/install-llama-cpp.sh built]")] = None,
     workers: Annotated[Optional[int], _opt("--workers", help=f"Server groups run at once on this host, each in its own worker pinned to its own GPUs / CPU cores (allowed with --resume). [default: {D.SWEEP_WORKERS}]")] = None,
     gpus_per_point: Annotated[Optional[int], _opt("--gpus-per-point", help=f"GPUs each worker (or Ray task) gets: CUDA_VISIBLE_DEVICES / num_gpus. [default: {D.SWEEP_GPUS_PER_POINT}]")] = None,
-    executor: Annotated[Optional[str], _opt("--executor", help=f"local (this host) | ray (one Ray task per server group; pip install \"ddtree-bench[ray]\"). [default: {D.SWEEP_EXECUTOR}]")] = None,
+    executor: Annotated[Optional[str], _opt("--executor", help=f"local (this host) | ray (one Ray task per server group; the [ray] extra: pip install -e \".[ray]\"). [default: {D.SWEEP_EXECUTOR}]")] = None,
     ray_address: Annotated[Optional[str], _opt("--ray-address", help="--executor ray: the cluster, HOST:PORT or ray://HOST:PORT. [default: RAY_ADDRESS, else a new local Ray]")] = None,
     ray_resources: Annotated[Optional[str], _opt("--ray-resources", help="--executor ray: custom resources every task asks for, as JSON, e.g. '{\"h200\": 1}'.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (points, server groups, workers, estimated time) and exit.")] = False,

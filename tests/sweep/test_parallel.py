@@ -274,7 +274,7 @@ def test_executor_ray_without_ray_is_exit_2_with_the_install_hint(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     assert run_cli(["sweep", "--models", "random", "--suites", "smoke", "--executor", "ray", "--no-report", "-q"]) == 2
     err = capsys.readouterr().err
-    assert "--executor ray needs the ray package" in err and 'pip install "ddtree-bench[ray]"' in err
+    assert "--executor ray needs the ray package" in err and 'pip install -e ".[ray]"' in err
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
     assert run_cli(["sweep", "--executor", "spark"]) == 2
     assert "unknown executor 'spark'" in capsys.readouterr().err

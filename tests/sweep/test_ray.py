@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray", reason='ray is not installed (pip install "ddtree-bench[ray]")')
+pytest.importorskip("ray", reason='ray is not installed (pip install -e ".[ray]")')
 
 from ddtree_bench.results import read_records  # noqa: E402
 from process_support import csv_rows, members, wait_for  # noqa: E402

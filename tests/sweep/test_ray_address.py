@@ -148,7 +148,7 @@ def test_a_peer_answering_the_http2_preface_passes():
 
 
 def sweep(tmp_path: Path, *args: str, env: dict | None = None, grid: bool = True) -> subprocess.CompletedProcess:
-    pytest.importorskip("ray", reason='ray is not installed (pip install "ddtree-bench[ray]")')
+    pytest.importorskip("ray", reason='ray is not installed (pip install -e ".[ray]")')
     e = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     flags = ["--models", "random", "--suites", "smoke", "--executor", "ray"] if grid else []
     return subprocess.run([sys.executable, "-m", "ddtree_bench", "sweep", *flags, "--out", str(tmp_path / "sw"),
