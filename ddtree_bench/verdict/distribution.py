@@ -267,7 +267,7 @@ class SamplingReport:
         head = f"sampling distribution at T={self.temperature:g}" + (f", top_p={self.top_p:g}" if self.top_p < 1 else "")
         if not self.judged:
             return f"{head}: NOT JUDGED ({self.reason})"
-        skew = {"low": "u skewed low: greedy or too cold?", "high": "u skewed high: too hot?"}.get(self.skew or "", "")
+        skew = {"low": "u skewed low: greedy or too cold?", "high": "u skewed high: too hot, or another distribution (model, state)?"}.get(self.skew or "", "")
         return (f"{head}: KS D = {self.statistic:.4f} over {self.num_tokens} tokens of {self.num_requests} requests, "
                 f"p = {self.p_value:.3g} ({self.p_method}); mean u {self.mean_u:.3f} (0.5 if sampled right)"
                 + (f"; {skew}" if self.p_value is not None and self.p_value < FALSE_ALARM_RATE and skew else ""))

@@ -205,7 +205,8 @@ def _sampling_check(c: Comparison, rules: Rules) -> Check | None:
            f"mean u {d.mean_u:.3f}")
     if not ok:
         msg += ("; u skewed low: the server samples greedily or too cold for its label" if d.skew == "low"
-                else "; u skewed high: the server samples too hot (or ignores top-p)")
+                else "; u skewed high: the server samples too hot, ignores top-p, or samples from another distribution "
+                     "than the target's (a wrong model, a state or cache bug)")
     return Check(name, "correctness", "pass" if ok else "fail", msg, d.p_value, rules.sampling_alpha)
 
 
