@@ -524,8 +524,6 @@ def test_an_unreachable_server_gets_one_error_and_no_note_about_labels(tmp_path,
 def test_records_of_run_json_version_1_still_read_without_token_source(tmp_path):
     import json
 
-    import json
-
     from ddtree_bench.records import RequestRecord
     from ddtree_bench.results import read_records
 
