@@ -121,6 +121,12 @@ def _spec_prompts(spec: SuiteSpec, n: int | None, rule: str | None, _depth: int 
 
     assert spec.source is not None
     items = load_items(spec.name, spec.source, spec.path.parent)
+    if spec.id_field is not None and items and not any(isinstance(it, dict) and it.get(spec.id_field) is not None
+                                                       for it in items):   # a misspelt field, not items without ids
+        fields = sorted({k for it in items[:50] if isinstance(it, dict) for k in it})
+        raise UsageError(f"suite {spec.name!r}: id_field {spec.id_field!r} is in none of its {len(items)} items "
+                         f"(their fields: {', '.join(fields[:12])})",
+                         hint="fix id_field, or drop it to use the items' 0-based indices as ids")
     prompts, seen = [], set()
     for idx in select_indices(len(items), n, rule):
         item = items[idx]

@@ -351,3 +351,14 @@ def test_custom_jsonl_suite(tmp_path):
     assert [x.prompt_id for x in picked] == [f"p{i}" if i < 5 else "99" for i in select_indices(6, 2, "zlab-paper")]
     with pytest.raises(UsageError, match="does not exist"):
         load_suite(str(tmp_path / "missing.jsonl"))
+
+
+def test_an_id_field_in_none_of_the_items_is_a_misspelling(suite_dir):
+    """Items lacking id_field use their index (documented); a field no item has is a typo: exit 2 naming the fields."""
+    _write(suite_dir, "items.jsonl", '{"key": "a", "q": "one"}\n{"key": "b", "q": "two"}\n')
+    _write(suite_dir, "typo.yaml", GOOD.replace("id_field: key", "id_field: kye"))
+    with pytest.raises(UsageError, match=r"id_field 'kye' is in none of its 2 items \(their fields: key, q\)"):
+        load_suite("typo")
+    _write(suite_dir, "some.jsonl", '{"key": "a", "q": "one"}\n{"q": "two"}\n')   # one item lacks it: its index
+    _write(suite_dir, "some.yaml", GOOD.replace("items.jsonl", "some.jsonl"))
+    assert [p.prompt_id for p in load_suite("some").prompts] == ["a", "1"]
