@@ -283,13 +283,26 @@ class Sampler:
         self.p = w / w.sum()
 
     def windows(self, batch: int, length: int) -> np.ndarray:
-        src = self.rng.choice(len(self.names), size=batch, p=self.p)
+        """`batch` windows of `length` tokens, each from a source long enough for it (by source weight)."""
+        fits = np.array([self.c.streams[n].size > length for n in self.names])
+        if not fits.any():
+            from ddtree_bench.errors import UsageError
+
+            longest = max(self.c.streams[n].size for n in self.names)
+            raise UsageError(f"the corpus is too small: its longest source has {longest} tokens, a training window "
+                             f"needs {length + 1}", hint="use more --max-files (or none: the whole bundled corpus)")
+        p = self.p * fits
+        src = self.rng.choice(len(self.names), size=batch, p=p / p.sum())
         out = np.empty((batch, length), dtype=np.int64)
         for i, s in enumerate(src):
             stream = self.c.streams[self.names[s]]
             j = self.rng.integers(0, stream.size - length)
             out[i] = stream[j : j + length]
         return out
+
+    def has_prompt(self, max_len: int) -> bool:
+        """Whether any source has an evaluation-shaped prompt of at most `max_len` tokens (else `prompt` never returns one)."""
+        return any(p.size <= max_len for n in self.names for p in (self.c.prompts.get(n) or []))
 
     def prompt(self, max_len: int) -> np.ndarray | None:
         names = [n for n in self.names if self.c.prompts.get(n)]
@@ -413,6 +426,8 @@ def distill_set(r: Recipe, target: Target, sampler: Sampler, device: torch.devic
     max_ctx = T - n_new
     n_prompt = int(round(r.distill_contexts * r.prompt_fraction))
     prompts: list[np.ndarray] = []
+    if not sampler.has_prompt(max_ctx):   # a corpus cut by --max-files may hold none that fits: random windows only
+        n_prompt = 0
     while len(prompts) < n_prompt:
         p = sampler.prompt(max_ctx)
         if p is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from ddtree_bench.engine.config import parse_draft_config, parse_target_config
@@ -111,3 +112,24 @@ def test_draft_anchors_keep_every_label_inside_the_greedy_part_and_the_loss_read
     assert bool((labels == ids.gather(1, a)[:, :, None] + torch.arange(1, bs)).all())
     logits.scatter_(-1, labels[..., None], 30.0)            # every label predicted with near certainty
     assert float(draft_loss(logits, ids, a, torch.ones(bs - 1))[0]) < 1e-6 < float(loss)
+
+
+def test_a_small_corpus_samples_only_sources_long_enough_and_says_when_none_is():
+    """`toy train --max-files 2` ('quick trials') was an internal error, ValueError: high <= 0, from a source shorter
+    than a training window; a corpus whose prompts are all too long made the distillation loop spin forever."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from ddtree_bench.errors import UsageError
+    from ddtree_bench.toy.train import Sampler
+
+    corpus = SimpleNamespace(weights={"short": 1.0, "long": 1.0},
+                             streams={"short": np.arange(10), "long": np.arange(1000)},
+                             prompts={"short": [np.arange(500)], "long": []})
+    s = Sampler(corpus, seed=0)
+    w = s.windows(64, 100)
+    assert w.shape == (64, 100) and (w[:, 1:] - w[:, :-1] == 1).all() and w.max() < 1000
+    assert not s.has_prompt(100) and s.has_prompt(500)
+    with pytest.raises(UsageError, match="longest source has 1000 tokens, a training window needs 2001"):
+        s.windows(1, 2000)
