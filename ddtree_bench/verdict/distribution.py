@@ -11,7 +11,10 @@ diff them token by token. This module tests the distribution instead.
 Probability integral transform (randomised, exact for discrete distributions). Order the
 vocabulary most-likely-first under q_t, ties by token id. For the emitted token x_t let
     F_t = sum of q_t(y) over the tokens y ordered before x_t,   p_t = q_t(x_t),
-    u_t = F_t + V_t * p_t,   V_t ~ Uniform[0, 1) independent of everything (seeded, `PIT_SEED`).
+    u_t = F_t + V_t * p_t,   V_t ~ Uniform[0, 1) independent of everything (seeded: `PIT_SEED` with the
+    run's own --seed, `run_pit_seed`, so runs at other seeds get fresh V: with one V for every run of a
+    prompt, the test's 1% false-alarm rate held only on average over V, and one unlucky V failed 3 of 19
+    honest 8-token runs).
 If x_t ~ q_t then u_t ~ Uniform[0, 1] exactly, whatever q_t is (the interval [F_t, F_t + p_t) of
 each token has length p_t, and V_t spreads u uniformly inside it), and u_t is independent of the
 tokens before it; so the u of one request, and of all requests pooled, are i.i.d. Uniform[0, 1].
@@ -273,6 +276,14 @@ class SamplingReport:
                 + (f"; {skew}" if self.p_value is not None and self.p_value < FALSE_ALARM_RATE and skew else ""))
 
 
+def run_pit_seed(run_info: dict[str, Any], seed: int = PIT_SEED) -> int:
+    """The V seed of a run: `seed` mixed with the run's own sampling --seed (the same run judged twice gets the same V)."""
+    run_seed = (run_info.get("spec") or {}).get("seed")
+    if run_seed is None:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}/run-seed/{run_seed}".encode()).digest()[:4], "big")
+
+
 def v_generator(prompt_id: str, turn: int, seed: int = PIT_SEED) -> random.Random:
     """The V stream of one request: independent of the request's order in the run and of the server."""
     digest = hashlib.sha256(f"{seed}/{prompt_id}/{turn}".encode()).digest()
@@ -370,6 +381,7 @@ def judge_sampling(records: list[Any], run_info: dict[str, Any], baseline: Any, 
     temperature = float(spec.get("temperature") or 0.0)
     if temperature < D.GREEDY_EPS:
         return None
+    seed = run_pit_seed(run_info, seed)
     top_p = float(spec.get("top_p") if spec.get("top_p") is not None else 1.0)
     ok, why = loadable(baseline.header)
     if not ok:

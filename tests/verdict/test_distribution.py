@@ -159,3 +159,26 @@ def test_requests_without_the_servers_own_ids_are_not_scored():
     retok = dataclasses.replace(record("a", OUT), token_source="retokenized")
     rep = dist.score_records(None, [retok, record("b", None, error="timeout"), record("c", None)], 1.0, 1.0, [STOP])
     assert not rep.judged and rep.num_requests_unscored == 2 and rep.num_requests == 0 and "re-tokenized" in rep.warnings[0]
+
+
+def test_honest_runs_at_other_seeds_false_alarm_at_about_the_stated_rate():
+    """The toy target sampled honestly at T = 1, one gsm8k prompt x 8 tokens, 60 runs at seeds 0..59, each judged
+    as `gate` judges it (V seeded with the run's --seed): at alpha = 0.01 about 0.6 false alarms are expected
+    (P(>= 4) < 0.4%). With one V for every run of a prompt, 51 of 200 such runs failed (2026-12-08): u ~ V on
+    near-degenerate rows, and that V was an unlucky draw for every run alike."""
+    from types import SimpleNamespace
+
+    from ddtree_bench.pair import load_pair
+    from ddtree_bench.suites.prompts import load_suite
+
+    pair = load_pair("toy", None, "ar")
+    prompt = load_suite("gsm8k", 1).prompts[0]
+    ids = pair.tokenizer.apply_chat_template([{"role": "user", "content": prompt.turns[0]}])
+    alarms = 0
+    for s in range(60):
+        g = pair.engine.generate(ids, method="ar", max_new_tokens=8, temperature=1.0, seed=s, stop_ids=pair.stop_ids)
+        rec = SimpleNamespace(ok=True, prompt_ids=ids, output_ids=list(g.output_ids), token_source="server",
+                              prompt_id=prompt.prompt_id, turn=0)
+        rep = dist.score_records(pair.engine.target, [rec], 1.0, 1.0, pair.stop_ids, dist.run_pit_seed({"spec": {"seed": s}}))
+        alarms += rep.p_value < 0.01
+    assert alarms <= 3, alarms
