@@ -23,7 +23,7 @@ Knows the engine, tokenizer, suites and (for servers) the HTTP client; nothing o
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Sequence
 
 from ddtree_bench import defaults as D
 from ddtree_bench.baselines.file import BaselineEntry
@@ -159,18 +159,27 @@ def rescore_gaps(engine: Any, prompt_ids: list[int], output_ids: list[int]) -> l
     return (top2[:, 0] - top2[:, 1]).tolist()
 
 
-def token_deficits(engine: Any, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+def token_deficits(engine: Any, prompt_ids: list[int], output_ids: list[int], implicit_stop: Sequence[int] = ()) -> list[float]:
     """Teacher-forced, over a run's own output: deficit i = the top-1 logit minus the logit of output_ids[i], on
     the row that predicts it (0 where the run took the top-1). A greedy decode with near-tie flips has every
     deficit below the near-tie threshold; one at or above it is a confident divergence from the run's own prefix.
-    The same one forward as `rescore_gaps`."""
+    `implicit_stop` (the stop ids of a run that stopped without emitting one: servers that leave the EOS out) adds
+    one deficit for the stop itself: the top-1 minus the best stop id's logit after the last token. The same one
+    forward as `rescore_gaps`."""
     import torch
 
-    if not output_ids:
+    stops = list(implicit_stop)
+    if not output_ids and not stops:
         return []
-    rows = _teacher_forced_rows(engine, prompt_ids, output_ids)
-    took = rows.gather(-1, torch.tensor(output_ids, dtype=torch.long, device=rows.device)[:, None])[:, 0]
-    return (rows.max(dim=-1).values - took).tolist()
+    seq = list(output_ids) + stops[:1]
+    rows = _teacher_forced_rows(engine, prompt_ids, seq)
+    top = rows.max(dim=-1).values
+    n = len(output_ids)
+    took = rows[:n].gather(-1, torch.tensor(output_ids, dtype=torch.long, device=rows.device)[:, None])[:, 0]
+    out = (top[:n] - took).tolist()
+    if stops:
+        out.append(float(top[n] - rows[n, torch.tensor(stops, dtype=torch.long, device=rows.device)].max()))
+    return out
 
 
 # ---------------------------------------------------------------------------- from a running server

@@ -141,6 +141,7 @@ class _Rescorer:
     def __init__(self) -> None:
         self.key: tuple | None = None
         self.engine: Any = None
+        self.stop_ids: list[int] = []
         self.failed: dict[tuple, str] = {}
 
     def engine_for(self, p: Point) -> tuple[Any, str | None]:
@@ -153,12 +154,16 @@ class _Rescorer:
             try:
                 from ddtree_bench.pair import load_pair
 
-                self.engine = load_pair(p.model, None, "ar", key[1], key[2]).engine
-                self.key = key
+                pair = load_pair(p.model, None, "ar", key[1], key[2])
+                self.engine, self.stop_ids, self.key = pair.engine, list(pair.stop_ids), key
             except (UsageError, OSError, ValueError, RuntimeError, ImportError) as e:
                 self.failed[key] = f"the reference engine cannot load {p.model!r} to re-score the AR gaps: {e}"
                 return None, self.failed[key]
         return self.engine, None
+
+    def stop_ids_for(self, p: Point) -> list[int]:
+        """The stop ids of p's model (after `engine_for`): a stop the run did not emit is judged as one of them."""
+        return self.stop_ids if self.key == (p.model, p.dtype, p.device) else []
 
     def gaps(self, p: Point, entry: BaselineEntry) -> tuple[list[float] | None, str | None]:
         from ddtree_bench.baselines.record import rescore_gaps
@@ -259,7 +264,8 @@ def _recheck_near_ties(sdir, p: Point, c: Any, rescorer: _Rescorer) -> None:
         if r.kind != "near_tie" or rec is None or rec.prompt_ids is None or not rec.output_ids or r.first_divergence is None:
             continue
         try:
-            check = recheck_one(engine, rec.prompt_ids, rec.output_ids, r.first_divergence, c.near_tie_gap)
+            check = recheck_one(engine, rec.prompt_ids, rec.output_ids, r.first_divergence, c.near_tie_gap,
+                                rescorer.stop_ids_for(p), rec.finish_reason)
         except (RuntimeError, ValueError, IndexError) as e:
             r.explanation = f"{r.explanation}; not re-checked ({type(e).__name__}: {e})"
             continue

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ddtree_bench.pair import BUILTIN
 
@@ -77,20 +77,25 @@ def loadable(header: dict[str, Any]) -> tuple[bool, str]:
     return True, f"{model} ({header.get('dtype') or 'float32'}, {device})"
 
 
-def recheck_one(engine: Any, prompt_ids: list[int], out: list[int], i: int, gap_threshold: float) -> Recheck:
+def recheck_one(engine: Any, prompt_ids: list[int], out: list[int], i: int, gap_threshold: float,
+                stop_ids: Sequence[int] = (), finish_reason: str | None = None) -> Recheck:
     """One near-tie prompt judged on the run's own prefix (module docstring), the one rule of the gate and the
     sweep (sweep/correctness.py): the run's output teacher-forced through the reference engine
     (`baselines.record.token_deficits`, one forward); from the flipped token `i` on, the first token whose deficit
     (the reference's top-1 logit minus the run token's) is >= `gap_threshold` is `diverged`; more than MAX_FLIPS
-    tokens off the reference's top-1 is `inconclusive`; else `confirmed`."""
+    tokens off the reference's top-1 is `inconclusive`; else `confirmed`. A run that stopped (`finish_reason`
+    "stop") without a stop id in its output (servers that leave the EOS out) has the stop judged as one more
+    token (position len(out)): stopping where the reference goes on confidently is `diverged` too."""
     from ddtree_bench.baselines.record import token_deficits
 
-    deficits = token_deficits(engine, prompt_ids, out)[i:]
+    implicit = list(stop_ids) if finish_reason == "stop" and stop_ids and (not out or out[-1] not in stop_ids) else []
+    deficits = token_deficits(engine, prompt_ids, out, implicit_stop=implicit)[i:]
     off = [k for k, d in enumerate(deficits) if d > OFF_TOP1]
     bad = next((k for k in off if deficits[k] >= gap_threshold), None)
     if bad is not None:
         at, d = i + bad, deficits[bad]
-        where = (f"the near-tie token {i} itself" if at == i else f"after the near tie at token {i} the run's token {at}")
+        where = (f"the near-tie token {i} itself" if at == i else f"after the near tie at token {i} the run's stop"
+                 if implicit and at == len(out) else f"after the near tie at token {i} the run's token {at}")
         return Recheck("diverged", f"{where} is {d:.3g} below the reference's top-1 on the run's own prefix "
                                    f"(threshold {gap_threshold:g})", at, d, len(off[:off.index(bad) + 1]))
     if len(off) > MAX_FLIPS:
@@ -126,6 +131,7 @@ def recheck_near_ties(comparison: Any, records: list[Any], baseline: Any, enable
         return RecheckReport("cap", f"the model loaded here ({got}) is not the baseline's ({want})")
     by_key = {(r.prompt_id, r.turn): r for r in records}
     base_by_key = baseline.by_key()
+    stops = list(baseline.stop_ids or pair.stop_ids)
     report = RecheckReport("recheck", f"teacher-forced on the run's own output with the reference engine: {why}")
     for p in near:
         rec, entry = by_key.get((p.prompt_id, p.turn)), base_by_key.get((p.prompt_id, p.turn))
@@ -137,5 +143,6 @@ def recheck_near_ties(comparison: Any, records: list[Any], baseline: Any, enable
                                                                              "has the token ids to re-check")
             continue
         report.results[(p.prompt_id, p.turn)] = recheck_one(pair.engine, prompt, rec.output_ids,
-                                                             p.first_divergence, comparison.near_tie_gap)
+                                                             p.first_divergence, comparison.near_tie_gap,
+                                                             stops, rec.finish_reason)
     return report

@@ -328,6 +328,9 @@ def toy_near_tie(tmp_path_factory):
     noids = record(e0["prompt_id"], bad, prompt=e0["prompt_ids"], finish="stop" if bad[-1] in baseline.stop_ids else "length")
     noids.prompt_ids, noids.num_prompt_tokens = None, len(e0["prompt_ids"])
     runs["bad_noids"] = run_dir(d / "bad_noids", [noids], model="toy", suite="smoke", max_new_tokens=24)
+    # a server that stops right after the flip where the reference goes on confidently, leaving the EOS out
+    early = record(e0["prompt_id"], base_out[:i] + [flip] + list(ref.output_ids[:k]), prompt=e0["prompt_ids"], finish="stop")
+    runs["stop_early"] = run_dir(d / "stop_early", [early], model="toy", suite="smoke", max_new_tokens=24)
     # a run whose token at the near tie is neither the top-1 nor near it: a divergence there, not a near tie
     worst = int(torch.argmin(_teacher_forced_rows(engine, e0["prompt_ids"], base_out)[i]))
     runs["far"] = run_dir(d / "far", [record(e0["prompt_id"], base_out[:i] + [worst] + list(ref.output_ids),
@@ -345,6 +348,8 @@ def test_a_near_tie_is_rechecked_from_the_runs_own_prefix_with_the_reference_eng
     assert f"at token {bad_at} after a near tie at {tie_at}" in out and "1 confirmed" not in out
     code, out, err = cli(["gate", runs["bad_noids"], "--baseline", base], capsys)   # passed as a near tie before
     assert code == 1 and "confident_divergences" in err and f"at token {bad_at} after a near tie at {tie_at}" in out
+    code, out, err = cli(["gate", runs["stop_early"], "--baseline", base], capsys)   # was 'confirmed'
+    assert code == 1 and f"at token {bad_at} after a near tie at {tie_at}" in out, out
     code, out, err = cli(["gate", runs["far"], "--baseline", base], capsys)
     assert code == 1 and f"at token {tie_at} after a near tie at {tie_at}" in out  # the flipped token itself judged
     rules = Path(base).with_name("cap-only.yaml")
@@ -361,7 +366,7 @@ def test_the_recheck_calls_a_near_greedy_sampler_inconclusive(monkeypatch):
 
     cases = {"confirmed": [0.0, 0.3] + [1e-6] * 30, "inconclusive": [0.0, 0.3] + [0.0, 0.2] * (N.MAX_FLIPS + 1)}
     for want, deficits in cases.items():
-        monkeypatch.setattr(R, "token_deficits", lambda e, p, o, d=deficits: d)
+        monkeypatch.setattr(R, "token_deficits", lambda e, p, o, d=deficits, **k: d)
         assert N.recheck_one(None, [1], [0] * len(deficits), 1, 1.0).status == want
 
 
