@@ -348,8 +348,18 @@ def score_records(target: Any, records: list[Any], temperature: float, top_p: fl
             continue
         out = cut_after_stop(r.output_ids, stop_ids)
         rep.num_tokens_after_stop += len(r.output_ids) - len(out)
+        vocab = target.cfg.vocab_size
+        if any(t >= vocab for t in r.prompt_ids):
+            rep.num_requests_unscored += 1
+            continue
+        oov = next((k for k, t in enumerate(out) if t >= vocab), None)   # a token the model cannot emit at all
         g = v_generator(r.prompt_id, r.turn, seed)
-        u, outside = score_request(target, r.prompt_ids, out, temperature, top_p, [g.random() for _ in out])
+        scored = out if oov is None else out[:oov]
+        u, outside = score_request(target, r.prompt_ids, scored, temperature, top_p, [g.random() for _ in scored])
+        if oov is not None:   # probability 0 under any distribution of the target: u = 1, as outside the nucleus
+            u, outside = u + [1.0], outside + 1
+            rep.warnings.append(f"{r.prompt_id} turn {r.turn}: token id {out[oov]} is outside the model's vocabulary "
+                                f"of {vocab}; the tokens after it were not scored")
         pooled += u
         rep.num_outside_support += outside
         rep.num_requests += 1

@@ -88,6 +88,12 @@ def recheck_one(engine: Any, prompt_ids: list[int], out: list[int], i: int, gap_
     token (position len(out)): stopping where the reference goes on confidently is `diverged` too."""
     from ddtree_bench.baselines.record import token_deficits
 
+    vocab = engine.target.cfg.vocab_size
+    oov = next((k for k, t in enumerate(out) if t >= vocab), None)
+    if oov is not None or any(t >= vocab for t in prompt_ids):   # no forward can take it: the model cannot emit it
+        at = oov if oov is not None else i
+        return Recheck("diverged", f"token id {out[at] if oov is not None else '(in the prompt)'} at {at} is outside "
+                                   f"the model's vocabulary of {vocab}", at, float("inf"), 1)
     implicit = list(stop_ids) if finish_reason == "stop" and stop_ids and (not out or out[-1] not in stop_ids) else []
     deficits = token_deficits(engine, prompt_ids, out, implicit_stop=implicit)[i:]
     off = [k for k, d in enumerate(deficits) if d > OFF_TOP1]

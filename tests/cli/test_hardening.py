@@ -480,3 +480,17 @@ def test_gate_on_a_sweep_directory_points_to_its_points(tmp_path, capsys):
     (sweep / "sweep.json").write_text("{}")
     code, _, err = cli(["gate", sweep, "--baseline", base], capsys)
     assert code == 2 and "is not a run directory" in err and "hint: gate one point: SWEEP/points/<point-id>" in err
+
+
+def test_a_token_id_outside_the_vocabulary_fails_the_gate_instead_of_crashing_it(toy_near_tie, capsys, tmp_path):
+    """A server that returned id 99999 (the toy's vocabulary is far smaller) at a near tie: 'internal error:
+    IndexError' from the teacher-forced forward before; now a confident divergence that names the id."""
+    from ddtree_bench.baselines.file import read_baseline
+
+    base, _, tie_at, _ = toy_near_tie
+    e0 = read_baseline(base).entries[0]
+    out = list(e0.output_ids[:tie_at]) + [99999] + list(e0.output_ids[tie_at + 1:])
+    run = run_dir(tmp_path / "oov", [record(e0.prompt_id, out, prompt=e0.prompt_ids)], model="toy", suite="smoke",
+                  max_new_tokens=24)
+    code, text, err = cli(["gate", run, "--baseline", base], capsys)
+    assert code == 1 and "confident_divergences" in err and "Traceback" not in err and "internal error" not in err

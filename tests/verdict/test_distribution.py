@@ -182,3 +182,15 @@ def test_honest_runs_at_other_seeds_false_alarm_at_about_the_stated_rate():
         rep = dist.score_records(pair.engine.target, [rec], 1.0, 1.0, pair.stop_ids, dist.run_pit_seed({"spec": {"seed": s}}))
         alarms += rep.p_value < 0.01
     assert alarms <= 3, alarms
+
+
+def test_a_token_outside_the_vocabulary_scores_as_impossible_not_a_crash():
+    from types import SimpleNamespace
+
+    from ddtree_bench.pair import load_pair
+
+    pair = load_pair("toy", None, "ar")
+    ids = pair.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    rec = SimpleNamespace(ok=True, prompt_ids=ids, output_ids=[104, 105, 99999, 106], token_source="server", prompt_id="p", turn=0)
+    rep = dist.score_records(pair.engine.target, [rec], 1.0, 1.0, pair.stop_ids)
+    assert rep.judged and rep.num_outside_support == 1 and any("99999 is outside the model's vocabulary" in w for w in rep.warnings)
