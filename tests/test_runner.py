@@ -109,7 +109,9 @@ def test_an_interrupted_run_says_how_and_leaves_no_staging_behind(tmp_path, sig,
     out = tmp_path / "r"
     proc = subprocess.Popen([sys.executable, "-m", "ddtree_bench", "run", "--suite", "gsm8k", "--limit", "64",
                              "--max-new-tokens", "256", "--out", str(out), "-q"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a shell's background job (CI under nohup) ignores SIGINT, and a child inherits that
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         staged = wait_for(lambda: [d for d in tmp_path.glob(".r.partial-*") if (d / "records.jsonl").stat().st_size > 0],
                           timeout_s=120)
