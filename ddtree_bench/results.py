@@ -230,14 +230,19 @@ def run_spec(info: dict[str, Any], path: Path | str) -> dict[str, Any]:
 STAGING_RE = re.compile(r"^\..+\.partial-[^/]*$")   # RunWriter's staging name: .NAME.partial-HOST-PID-RANDOM
 
 
-def read_run_info(run_dir: Path | str) -> dict[str, Any]:
-    """run.json of a run directory, checked by `check_run_info`; a RunWriter staging directory (an interrupted or
-    still running run: records missing, no summary) is refused, so no verdict is drawn from it."""
+def refuse_staging(run_dir: Path | str) -> None:
+    """A RunWriter staging directory (an interrupted or still running run: records missing, no summary) is refused
+    by every reader (compare, gate, explain, report), so no verdict or chart is drawn from it."""
     run_dir = Path(run_dir)
     if STAGING_RE.match(run_dir.resolve().name):
         raise UsageError(f"{run_dir} is the staging directory of an unfinished run (interrupted, killed or still "
                          "running): its records are incomplete", hint="run it again; finished runs are moved to their --out")
-    path = run_dir / "run.json"
+
+
+def read_run_info(run_dir: Path | str) -> dict[str, Any]:
+    """run.json of a run directory, checked by `check_run_info` (a staging directory refused: `refuse_staging`)."""
+    refuse_staging(run_dir)
+    path = Path(run_dir) / "run.json"
     return check_run_info(read_json(path), path)
 
 

@@ -412,8 +412,9 @@ def _fill_values(p: Point) -> None:
 def load_run(path: Path, source: str) -> Point:
     """A run directory -> Point (records and summary included)."""
     path = Path(path)
-    from ddtree_bench.results import check_run_info, run_spec
+    from ddtree_bench.results import check_run_info, refuse_staging, run_spec
 
+    refuse_staging(path)
     run = check_run_info(_read_json_obj(path / "run.json"), path / "run.json")
     spec = run_spec(run, path / "run.json")
     try:

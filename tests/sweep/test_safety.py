@@ -212,6 +212,10 @@ def test_a_run_that_lost_its_out_keeps_its_results_under_a_name_no_cleanup_touch
         w.write_run({"kind": "ddtree-bench-run", "version": 2, "spec": {}})
     with pytest.raises(UsageError, match="partial"):   # an unfinished run's staging is refused by every reader
         read_run_info(b.staging)
+    from ddtree_bench.report.data import load_run
+
+    with pytest.raises(UsageError, match="staging directory of an unfinished run"):   # the report too
+        load_run(b.staging, "run")
     a.commit({"num_requests": 0})
     with pytest.raises(UsageError, match=r"filled by another process.*kept in .*run\.kept-") as e:
         b.commit({"num_requests": 0})
