@@ -108,6 +108,7 @@ class Point:
     explain: dict[str, Any] | None = None    # explain.json (`ddtree-bench explain`) found in the directory
     correctness: dict[str, Any] | None = None  # a sweep point's correctness.json (sweep/correctness.py)
     sweep_compares: dict[str, dict[str, Any]] = field(default_factory=dict)  # "ar" / "baseline": compare_*.json
+    attached_compares: list[dict[str, Any]] = field(default_factory=list)   # --compare files that are this point's
 
     @property
     def method(self) -> str:
@@ -147,6 +148,38 @@ class Point:
         if r is None and self.csv_row is not None:
             r = _int_or_none(self.csv_row.get("repeat"))
         return r or 0
+
+    @property
+    def fault_injection(self) -> str | None:
+        """The target variant a fault-injected run ran under (run or serve --target-variant), else None."""
+        backend = self.run.get("backend") or {} if self.run else {}
+        for v in (backend.get("target_variant"), (backend.get("server_info") or {}).get("target_variant"),
+                  ((self.spec or {}).get("extra") or {}).get("target_variant")):
+            if v and v != "reference":
+                return str(v)
+        return None
+
+    @property
+    def failed_correctness(self) -> str | None:
+        """Why this point may not be ranked as fastest, else None: a fault injection, a confident divergence (vs
+        the sweep's AR point, a baseline or a compare.json found with it), a failed sampling test."""
+        if self.fault_injection:
+            return f"fault injection (target variant {self.fault_injection})"
+        for against in ("ar", "baseline"):
+            j = self.judgement(against)
+            if j and j.get("verdict") == "DIVERGES":
+                return f"diverges from {'AR' if against == 'ar' else 'the baseline'}"
+        from ddtree_bench.verdict.distribution import FALSE_ALARM_RATE
+
+        for c in [self.compare, *self.sweep_compares.values(), *self.attached_compares]:
+            if not isinstance(c, dict):
+                continue
+            if (c.get("num_confident_divergences") or 0) > 0:
+                return "confident divergences (compare)"
+            d = c.get("distribution")
+            if isinstance(d, dict) and d.get("judged") and (d.get("p_value") if d.get("p_value") is not None else 1) < FALSE_ALARM_RATE:
+                return "failed its sampling test (compare)"
+        return None
 
     @property
     def heavy_load(self) -> bool | None:
@@ -586,6 +619,8 @@ def load(paths: list[Path], compare: list[dict[str, Any]] | None = None) -> Repo
     for c in compares:
         if c.point is None:
             _own_point(c, points)
+            if c.point is not None:
+                c.point.attached_compares.append(c.data)
     return ReportData(sources=sources, points=points, compares=compares, configs=configs)
 
 

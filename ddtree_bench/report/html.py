@@ -148,10 +148,8 @@ def _date_range(points: list[Point]) -> list[str]:
 
 
 def _fault(p: Point) -> str | None:
-    """'target variant gdn-crop (not lossless by design)' for a fault-injected run, else None."""
-    v = ((p.run.get("backend") or {}).get("target_variant") or ((p.spec.get("extra") or {}).get("target_variant"))
-         if p.run else None)
-    return f"target variant {v} (not lossless by design)" if v and v != "reference" else None
+    """'target variant gdn-crop (not lossless by design)' for a fault-injected run or server, else None."""
+    return f"target variant {p.fault_injection} (not lossless by design)" if p.fault_injection else None
 
 
 def section_metadata(data: ReportData) -> Html:
@@ -189,13 +187,19 @@ def section_metadata(data: ReportData) -> Html:
     return el("section", el("h2", "Run metadata"), el("div", el("table", *rows, class_="meta"), class_="table-wrap"), id="metadata")
 
 
+def disqualified(c: Config) -> str | None:
+    """Why a configuration is not ranked (a point of it failed correctness or is a fault injection), else None."""
+    return next((why for p in c.points if (why := p.failed_correctness)), None)
+
+
 def verdicts(data: ReportData) -> list[tuple[tuple, Verdict]]:
     """One verdict per (model, suite, temperature, load): by speedup vs AR when every configuration has one,
     else by tok/s; a winner only when its interval clears the runner-up's (noise/verdict.py). A load
     level some point did not honour (summary.json `concurrency_honoured` false) gets none."""
     groups: dict[tuple, list[Config]] = defaultdict(list)
     for c in data.configs:
-        groups[c.group_key()].append(c)
+        if not disqualified(c):   # a point that failed correctness is never the fastest (listed in the takeaways)
+            groups[c.group_key()].append(c)
     out = []
     for key, cs in groups.items():
         if any(q.load_not_honoured for c in cs for q in c.points):
@@ -252,7 +256,7 @@ def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
     and how many repeats would separate them; then every configuration's intervals and the noise flags."""
     vs = verdicts(data)
     skipped = unhonoured_groups(data)
-    if len(data.ok_points) < 2 or not (vs or skipped):
+    if len(data.ok_points) < 2 or not (vs or skipped or any(disqualified(c) for c in data.configs)):
         return Html("")
     pct = f"{100 * D.CI_LEVEL:g}%"
     items = []
@@ -268,6 +272,11 @@ def section_takeaways(data: ReportData, anchors: dict[int, str]) -> Html:
         if v.winner is not None:
             link = [" (", el("a", "row", href=f"#{anchors[id(v.winner.ref.first)]}"), ")"]
         items.append(el("li", head, sentence(v), *link))
+    for c in data.configs:
+        if (why := disqualified(c)):
+            items.append(el("li", group_head(c.first), el("strong", "not ranked"), f" — {c.label}: {why}; its speed "
+                            "is not a candidate for fastest (", el("a", "row", href=f"#{anchors[id(c.first)]}"), ").",
+                            class_="warn"))
     for _, p in skipped:
         head = group_head(p)
         items.append(el("li", head, el("strong", "no takeaway"), f" \u2014 {p.config_label} at this load: {_not_honoured_text(p)}. "

@@ -299,7 +299,7 @@ def _warnings(run_info: dict[str, Any], b: Baseline) -> list[str]:
     out = []
     variant = run_fact(run_info, "target_variant") or (spec.get("extra") or {}).get("target_variant")
     if variant and variant != "reference":
-        out.append(f"FAULT INJECTION: the run's target ran under target variant {variant!r} (run --target-variant), "
+        out.append(f"FAULT INJECTION: the run's target ran under target variant {variant!r} (--target-variant), "
                    "not lossless by design")
     model_hash, dtype, stops = run_fact(run_info, "model_hash"), run_fact(run_info, "dtype"), run_fact(run_info, "stop_ids")
     if model_hash and h.get("model_hash") and model_hash != h["model_hash"]:

@@ -97,3 +97,19 @@ def test_unsupported_configs_name_what_is_missing(pair, tmp_path, capsys, change
     msg = one_line_error(cli_in_process(capsys, "run", "--model", str(d), "--method", "ar", *COMMON,
                                         "--out", str(tmp_path / "o"), check=False))
     assert needle in msg, msg
+
+
+def test_the_report_never_ranks_a_failed_or_fault_injected_point_fastest(pair, tmp_path, capsys):
+    """A gdn-crop run beside an honest one: the takeaways say 'not ranked' for it, whatever its speed."""
+    runs = []
+    for name, extra in (("ok", []), ("crop", ["--target-variant", "gdn-crop"])):
+        out = tmp_path / name
+        cli_in_process(capsys, "run", "--model", str(pair.target), "--draft", str(pair.draft), "--method", "ddtree",
+                       "--budget", "8", "--out", str(out), *extra, *COMMON)
+        runs.append(str(out))
+    ar = tmp_path / "ar"
+    cli_in_process(capsys, "run", "--model", str(pair.target), "--method", "ar", "--out", str(ar), *COMMON)
+    html = tmp_path / "r.html"
+    cli_in_process(capsys, "report", str(ar), *runs, "--out", str(html))
+    page = html.read_text(encoding="utf-8")
+    assert "not ranked" in page and "fault injection (target variant gdn-crop)" in page
