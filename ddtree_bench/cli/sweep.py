@@ -109,6 +109,12 @@ def sweep_cmd(
     if dry_run:
         from ddtree_bench.sweep.plan import dry_run as plan_dry_run
 
+        if baseline is not None:   # what the sweep would refuse, the dry run refuses too
+            from ddtree_bench.baselines.file import read_baseline
+            from ddtree_bench.sweep.correctness import check_baseline_model
+
+            check_baseline_model(read_baseline(baseline), grid.models, allow_model_mismatch)
+
         for line in plan_dry_run(grid, target if resume else None, api_key):
             typer.echo(line)
         return

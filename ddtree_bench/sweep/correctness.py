@@ -279,8 +279,10 @@ def _recheck_near_ties(sdir, p: Point, c: Any, rescorer: _Rescorer) -> None:
 
 def check_baseline_model(baseline: Baseline, models: list[str], allow: bool) -> None:
     """Before any work: a --baseline recorded with none of the grid's models is bad input (exit 2),
-    unless `allow`. Models that are not local (hub ids of a server) cannot be hashed here and pass."""
-    want = baseline.header.get("model_hash")
+    unless `allow`; so is an import whose gaps were re-scored on none of them (`logit_gap_source`, what compare
+    and gate refuse). Models that are not local (hub ids of a server) cannot be hashed here and pass."""
+    gaps = baseline.header.get("logit_gap_source")
+    want = baseline.header.get("model_hash") or (gaps.get("model_hash") if isinstance(gaps, dict) else None)
     if allow or not want:
         return
     from ddtree_bench.engine.loading import dir_hash
@@ -301,8 +303,9 @@ def check_baseline_model(baseline: Baseline, models: list[str], allow: bool) -> 
         if h == want:
             return
         seen.append(f"{m} ({h})")
-    raise UsageError(f"--baseline {baseline.path} was recorded with model {baseline.header.get('model')!r} ({want}); "
-                     f"the sweep runs {', '.join(seen)}",
+    what = (f"was recorded with model {baseline.header.get('model')!r} ({want})" if baseline.header.get("model_hash")
+            else f"has logit gaps re-scored on {gaps.get('model')!r} ({want})")
+    raise UsageError(f"--baseline {baseline.path} {what}; the sweep runs {', '.join(seen)}",
                      hint="record a baseline with the sweep's --model, or pass --allow-model-mismatch to compare anyway")
 
 

@@ -133,6 +133,17 @@ def test_sweep_baseline_is_compared_and_one_of_another_model_is_exit_2(tmp_path,
     assert run_cli(["sweep", *grid, "--baseline", str(toy), "--out", str(other)]) == 2
     err = capsys.readouterr().err
     assert "was recorded with model 'toy'" in err and "--allow-model-mismatch" in err and not other.exists()
+    assert run_cli(["sweep", *grid, "--baseline", str(toy), "--dry-run"]) == 2   # the dry run refuses it too
+    assert "was recorded with model 'toy'" in capsys.readouterr().err
+    import json
+
+    lines = base.read_text().splitlines()   # an import whose gaps were re-scored on the toy: the same refusal
+    h = json.loads(lines[0])
+    h["model_hash"], h["logit_gap_source"] = None, {"model": "toy", "model_hash": json.loads(toy.read_text().splitlines()[0])["model_hash"]}
+    gapped = tmp_path / "gapped.jsonl"
+    gapped.write_text("\n".join([json.dumps(h), *lines[1:]]) + "\n")
+    assert run_cli(["sweep", *grid, "--baseline", str(gapped), "--out", str(tmp_path / "g")]) == 2
+    assert "has logit gaps re-scored on 'toy'" in capsys.readouterr().err and not (tmp_path / "g").exists()
     assert run_cli(["sweep", *grid, "--baseline", str(toy), "--allow-model-mismatch", "--out", str(other)]) == 0
     assert _rows(other)["ddtree"]["correctness_vs_baseline"] in ("DIVERGES", "near ties", "lossless", "unjudged")
     assert _rows(other)["ddtree"]["correctness"] == "lossless"  # vs its own AR: still lossless
