@@ -594,10 +594,14 @@ def load(paths: list[Path], compare: list[dict[str, Any]] | None = None) -> Repo
     if not paths:
         raise UsageError("no results directories given")
     sources: list[Source] = []
+    seen: dict[Path, Path] = {}
     for raw in paths:
         path = Path(raw)
         if not path.exists():
             raise UsageError(f"{path} does not exist")
+        if path.resolve() in seen:   # the same run twice would count as two repeats of one configuration
+            raise UsageError(f"{path} is given twice (also as {seen[path.resolve()]})", hint="give each run or sweep once")
+        seen[path.resolve()] = path
         if not path.is_dir():
             raise UsageError(f"{path} is not a directory", hint="pass a run directory (run.json + records.jsonl) or a sweep directory (sweep.json)")
         if is_sweep_dir(path):

@@ -297,6 +297,8 @@ def _corrupt(kind: str, fx, tmp: Path) -> list[str]:
     if kind == "csv":
         with open(run / "summary.csv", "a") as f:
             f.write("inprocess,random,ddtree,16,extra,columns,,,,,,,,,,,,,,,,,,,,,,\n")
+    if kind == "twice":   # the same run given twice (once through another spelling of its path)
+        return [str(fx.run), str(fx.run) + "/"]
     if kind in ("compare-bad-json", "compare-shape", "compare-missing"):
         path = tmp / "c.json"
         if kind != "compare-missing":
@@ -306,7 +308,7 @@ def _corrupt(kind: str, fx, tmp: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", ["missing", "not-results", "a-file", "summary", "records", "records-shape", "run-json",
-                                  "csv", "compare-bad-json", "compare-shape", "compare-missing"])
+                                  "csv", "compare-bad-json", "compare-shape", "compare-missing", "twice"])
 def test_cli_bad_input_exits_2_and_writes_nothing(kind, fx, tmp_path, capsys):
     out = tmp_path / "out" / "r.html"
     args = _corrupt(kind, fx, tmp_path)
