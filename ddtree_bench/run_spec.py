@@ -65,8 +65,8 @@ class RunSpec:
             raise UsageError(f"--max-new-tokens must be a positive integer, got {self.max_new_tokens!r}")
         if self.limit is not None and self.limit <= 0:
             raise UsageError(f"--limit must be a positive integer, got {self.limit!r}")
-        if not (self.temperature >= 0.0):
-            raise UsageError(f"--temperature must be >= 0, got {self.temperature!r}")
+        if not (0.0 <= self.temperature < float("inf")):
+            raise UsageError(f"--temperature must be a finite number >= 0, got {self.temperature!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise UsageError(f"--top-p must be in (0, 1], got {self.top_p!r}")
         if self.dtype not in DTYPES:

@@ -333,8 +333,8 @@ def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_g
     """Compare a run's records with a baseline (pure: no files). near_tie_gap None = default_near_tie_gap."""
     if near_tie_gap is None:
         near_tie_gap = default_near_tie_gap(baseline)
-    if not near_tie_gap >= 0:
-        raise UsageError(f"--near-tie-gap must be >= 0, got {near_tie_gap!r}")
+    if not 0 <= near_tie_gap < float("inf"):   # inf would excuse every divergence as a near tie
+        raise UsageError(f"--near-tie-gap must be a finite number >= 0, got {near_tie_gap!r}")
     run_info = run_info or {}
     spec = run_info.get("spec", {})
     t_run = float(spec.get("temperature") or 0.0)

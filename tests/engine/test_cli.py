@@ -164,3 +164,20 @@ def test_good_run_writes_results_and_is_lossless(capsys, tmp_path):
         outputs[method] = [(r["prompt_id"], r["turn"], r["output_ids"]) for r in records]
     capsys.readouterr()
     assert outputs["dflash"] == outputs["ar"] and outputs["ddtree"] == outputs["ar"]
+
+
+@pytest.mark.parametrize("argv,says", [(["run", "--temperature", "inf"], "--temperature must be a finite number >= 0"),
+                                       (["compare", "RUN", "--near-tie-gap", "inf"], "--near-tie-gap must be a finite number")])
+def test_infinite_numbers_are_bad_input(argv, says, tmp_path, capsys):
+    """run --temperature inf was stored as null and judged greedy; compare --near-tie-gap inf excused every divergence."""
+    from baseline_support import STOP, baseline_file, entry, record, run_dir
+    from ddtree_bench.cli import main
+
+    if argv[0] == "compare":
+        out_ids = [10, 11, STOP]
+        argv = ["compare", str(run_dir(tmp_path / "r", [record("a", out_ids)])), "--baseline",
+                str(baseline_file(tmp_path / "b.jsonl", [entry("a", out_ids)])), *argv[2:]]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, *(["--out", str(tmp_path / "o"), "-q"] if argv[0] == "run" else [])])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err and not (tmp_path / "o").exists()
