@@ -293,6 +293,26 @@ def model_mismatch(run_info: dict[str, Any], header: dict[str, Any]) -> str | No
     return None
 
 
+def acceptance_mismatch(run_info: dict[str, Any], header: dict[str, Any]) -> str | None:
+    """Why the baseline's acceptance lengths are no reference for the run's (another method or budget, or greedy
+    against sampled), else None: `compare` says so beside tau, `gate` skips its acceptance rules."""
+    if not header.get("accept_method"):
+        return None
+    spec = run_info.get("spec") or {}
+
+    def label(m: Any, b: Any) -> str:
+        return f"{m} B={b}" if m == "ddtree" else str(m)
+
+    method = run_fact(run_info, "method") or spec.get("method")
+    budget = run_fact(run_info, "budget") or spec.get("budget")
+    b_method, b_budget = header.get("accept_method"), header.get("budget")
+    if method != b_method or (method == "ddtree" and b_budget is not None and budget != b_budget):
+        return f"the baseline's acceptance lengths are from {label(b_method, b_budget)}, the run is {label(method, budget)}"
+    if (float(spec.get("temperature") or 0.0) < D.GREEDY_EPS) != (float(header.get("temperature") or 0.0) < D.GREEDY_EPS):
+        return "the run and the baseline decode at different temperatures (tau depends on it)"
+    return None
+
+
 def _warnings(run_info: dict[str, Any], b: Baseline) -> list[str]:
     """Differences in setup between the run and the baseline that change what a diff means."""
     spec, h = run_info.get("spec", {}), b.header
@@ -385,6 +405,7 @@ def compare_records(records: list[RequestRecord], baseline: Baseline, near_tie_g
         base_paired = comparable_acceptance.shorten_records(base_paired, n_max)
     acceptance = acceptance_block(run_paired, base_paired, max(block, 2))
     acceptance["definition"] = comparable_acceptance.DEFINITION if shorten else "rounds as recorded"
+    acceptance["not_comparable"] = acceptance_mismatch(run_info, baseline.header)
     h = baseline.header
     return Comparison(
         run=run_path, baseline=str(baseline.path or ""), near_tie_gap=near_tie_gap, token_comparable=token_comparable,

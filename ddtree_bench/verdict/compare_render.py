@@ -69,7 +69,8 @@ def render(c: Comparison) -> str:
     a = c.acceptance
     if a.get("tau_baseline") is not None:
         lines.append(f"tau {fmt(a['tau_run'])} vs baseline {fmt(a['tau_baseline'])} ({_pct(a['tau_ratio'] - 1 if a['tau_ratio'] else None, sign=True)}) "
-                     f"over {a['num_paired']} paired prompts; histogram TV distance {fmt(a['histogram_tv_distance'], 3)}")
+                     f"over {a['num_paired']} paired prompts; histogram TV distance {fmt(a['histogram_tv_distance'], 3)}"
+                     + (f" - NOT COMPARABLE: {a['not_comparable']}" if a.get("not_comparable") else ""))
         delta = a.get("rate_by_depth_delta") or []
         shown = [f"d{d + 1} {x:+.3f}" for d, x in enumerate(delta) if d < 8]
         if shown:

@@ -31,7 +31,7 @@ from typing import Any
 
 from ddtree_bench import defaults as D
 from ddtree_bench.errors import UsageError
-from ddtree_bench.verdict.compare import BENIGN_LENGTH_REASONS, Comparison, run_fact
+from ddtree_bench.verdict.compare import BENIGN_LENGTH_REASONS, Comparison, acceptance_mismatch
 from ddtree_bench.verdict.near_tie_recheck import Recheck, RecheckReport
 from ddtree_bench.verdict.rules import BASELINE_METRICS, MetricRule, Rules, check_number, load_rules
 
@@ -250,23 +250,14 @@ def judge(rule: MetricRule, value: float | None, ref: float | None, spread: floa
 
 
 def _baseline_rule(rule: MetricRule, c: Comparison, run_info: dict[str, Any], base_header: dict[str, Any]) -> Check:
-    run_spec = run_info.get("spec", {})
     a = c.acceptance
     ref = a.get("tau_baseline" if rule.metric == "acceptance_length_mean" else "tau_baseline_token_weighted")
     if ref is None:
         return Check(rule.label, "performance", "skip",
                      "the baseline has no acceptance lengths (record it with --accept-method, or import with --accept-from)")
-    method = run_fact(run_info, "method") or run_spec.get("method")
-    budget = run_fact(run_info, "budget") or run_spec.get("budget")
-    b_method, b_budget = base_header.get("accept_method"), base_header.get("budget")
-    if method != b_method or (method == "ddtree" and b_budget is not None and budget != b_budget):
-        def label(m: Any, b: Any) -> str:
-            return f"{m} B={b}" if m == "ddtree" else str(m)
-        return Check(rule.label, "performance", "skip", f"the baseline's acceptance lengths are from "
-                     f"{label(b_method, b_budget)}, the run is {label(method, budget)}")
-    run_greedy = float(run_spec.get("temperature") or 0.0) < D.GREEDY_EPS
-    if run_greedy != (float(c.baseline_info.get("temperature") or 0.0) < D.GREEDY_EPS):
-        return Check(rule.label, "performance", "skip", "the run and the baseline decode at different temperatures (tau depends on it)")
+    mismatch = acceptance_mismatch(run_info, base_header)
+    if mismatch:
+        return Check(rule.label, "performance", "skip", mismatch)
     spread = None
     taus = [p.tau_run for p in c.prompts if p.tau_run is not None]
     if rule.noise_k > 0 and len(taus) >= 2:  # tau is a mean over prompts: its standard error, relative

@@ -181,3 +181,18 @@ def test_gaps_rescored_on_another_model_are_a_model_mismatch(tmp_path, capsys):
     for cmd in ("compare", "gate"):
         code, _, err = cli([cmd, r, "--baseline", b], capsys)
         assert code == 2 and "logit gaps come from toy" in err and "--allow-model-mismatch" in err, (cmd, err)
+
+
+def test_tau_against_a_baseline_of_another_method_budget_or_temperature_is_marked_not_comparable():
+    from ddtree_bench.verdict.compare import acceptance_mismatch
+
+    header = {"accept_method": "ddtree", "budget": 64, "temperature": 0.0}
+    run = {"spec": {"backend": "inprocess", "method": "ddtree", "budget": 64, "temperature": 0.0}}
+    assert acceptance_mismatch(run, header) is None
+    run["spec"]["temperature"] = 1.0
+    assert "different temperatures" in acceptance_mismatch(run, header)
+    run["spec"].update(temperature=0.0, budget=16)
+    assert acceptance_mismatch(run, header) == "the baseline's acceptance lengths are from ddtree B=64, the run is ddtree B=16"
+    run["spec"]["method"] = "dflash"
+    assert acceptance_mismatch(run, header).endswith("the run is dflash")
+    assert acceptance_mismatch(run, {"accept_method": None}) is None
