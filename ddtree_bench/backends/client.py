@@ -601,11 +601,11 @@ def _check_served_model(spec, info: dict[str, Any]) -> None:
         target_dir, _ = model_dirs(spec.model, None)
     except UsageError:
         return
-    if target_dir is None or not (Path(target_dir) / "config.json").exists():
+    if target_dir is not None and not (Path(target_dir) / "config.json").exists():
         return
     from ddtree_bench.engine.loading import dir_hash
 
-    mine = dir_hash(target_dir)
+    mine = "random-seed-0" if target_dir is None else dir_hash(target_dir)   # `random`: pair.py's hash for it
     if mine != theirs:
         raise UsageError(f"--model {spec.model} ({mine}) is not the model the server at {normalize_url(spec.url)} runs "
                          f"({info.get('model') or '?'}, {theirs})", hint="pass the server's --model, or point --url at its server")
@@ -634,10 +634,13 @@ def adopt_server_labels(spec, flags_given: tuple[str, ...] | list[str] | set[str
     if method is None:
         if "method" not in flags_given:
             label = spec.method + (f" B={spec.budget}" if spec.method == "ddtree" else "")
-            why = ("" if spec.backend in ("openai", "standalone") else
+            alg = info.get("speculative_algorithm") if spec.backend == "sglang" else None
+            what = (f"the server runs speculative algorithm {alg}, which is none of ar / dflash / ddtree" if alg else
+                    "the server does not say what it runs")
+            why = ("" if spec.backend in ("openai", "standalone") or alg else
                    f" (a {spec.backend} server does not report it; neither vLLM nor SGLang ships DDTree: a DFlash "
                    "deployment is --method dflash)")
-            print(f"note: the server does not say what it runs; the run is labelled {label} (the --method default){why}; "
+            print(f"note: {what}; the run is labelled {label} (the --method default){why}; "
                   "pass --method to label it", file=sys.stderr)
             spec.extra = {**spec.extra, "labels_from": {"source": "--method default (the server does not say)",
                                                         "method": spec.method, "budget": spec.budget}}

@@ -479,6 +479,7 @@ def test_server_without_labels_keeps_the_flags(tmp_path, capsys):
     ("sglang", {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 16}, [], "dflash"),
     ("sglang", {"speculative_algorithm": None, "version": "0.5.23"}, [], "ar"),
     ("sglang", {"version": "0.5.23"}, [], None),            # no speculative_algorithm key: says nothing
+    ("sglang", {"speculative_algorithm": "EAGLE3"}, [], "other"),   # an algorithm that is none of ours
     ("vllm", {}, [], None),                                  # vLLM has no /server_info
     ("vllm", {}, ["method"], "given"),                       # --method given: no note
 ])
@@ -498,6 +499,8 @@ def test_sglang_and_vllm_runs_are_labelled_from_what_the_server_says(backend, in
     elif want is None:
         assert spec.method == "ddtree" and source.startswith("--method default")
         assert "labelled ddtree B=64 (the --method default)" in err and "a DFlash deployment is --method dflash" in err
+    elif want == "other":
+        assert "the server runs speculative algorithm EAGLE3, which is none of ar / dflash / ddtree" in err
     else:
         assert source is None and err == ""
     with ThreadedServer(info_app(info)) as s:
@@ -598,5 +601,7 @@ def test_a_model_the_server_does_not_run_is_refused_by_its_hash():
     with ThreadedServer(info_app(info)) as s:
         with pytest.raises(UsageError, match=r"--model toy \(.*\) is not the model the server at .* runs \(toy-hybrid"):
             adopt_server_labels(RunSpec(backend="standalone", url=s.url, model="toy"), [])
+        with pytest.raises(UsageError, match=r"--model random \(random-seed-0\) is not the model"):
+            adopt_server_labels(RunSpec(backend="standalone", url=s.url, model="random"), [])
         assert adopt_server_labels(RunSpec(backend="standalone", url=s.url, model="toy-hybrid"), []).budget == 16
         assert adopt_server_labels(RunSpec(backend="standalone", url=s.url, model="some/hub-id"), []).method == "ddtree"
