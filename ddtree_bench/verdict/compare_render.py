@@ -28,7 +28,7 @@ def render(c: Comparison) -> str:
     if load and ri.get("concurrency_honoured") is False:
         load += " (NOT honoured)"
     lines.append(f"  run: {ri.get('backend')} {ri.get('method')}{budget}, suite {ri.get('suite')}, T={ri.get('temperature')}{load}, "
-                 f"{ri.get('dtype')}  |  baseline: {bi.get('source')} {bi.get('method')}, {bi.get('model')}, {bi.get('dtype')}, "
+                 f"{ri.get('dtype') or 'dtype not reported'}  |  baseline: {bi.get('source')} {bi.get('method')}, {bi.get('model')}, {bi.get('dtype')}, "
                  f"logit gaps {'yes' if bi.get('has_logit_gaps') else 'no'}")
     for w in c.warnings:
         lines.append(f"  warning: {w}")
