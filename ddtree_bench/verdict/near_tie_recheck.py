@@ -12,8 +12,9 @@ that predicts it; 0 where the run took the top-1). From the flipped token on:
   * every deficit below the threshold      -> `confirmed`: a greedy decode of its own prefix up to
                                                near ties (the flips were the only differences);
   * the first deficit at or past it         -> `diverged`: a confident divergence after the near tie
-                                               (a bug; so is a stop token the run emitted, or went
-                                               past, where the reference was confident otherwise);
+                                               (a bug; so is a stop token the run emitted, left out
+                                               of its ids, or went past, where the reference was
+                                               confident otherwise, and an id outside the vocabulary);
   * more than MAX_FLIPS tokens off the top-1 -> `inconclusive` (counted against the gate's cap: a
                                                low-temperature sampler is not a greedy decode).
 The sweep's correctness step applies the same rule (`recheck_one`).
