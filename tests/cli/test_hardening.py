@@ -361,13 +361,16 @@ def test_a_near_tie_is_rechecked_from_the_runs_own_prefix_with_the_reference_eng
 def test_the_recheck_calls_a_near_greedy_sampler_inconclusive(monkeypatch):
     """More than MAX_FLIPS tokens off the reference's top-1, each within the threshold, is not a greedy decode;
     float noise of the teacher-forced forward (deficits ~1e-6) is no flip."""
+    from types import SimpleNamespace
+
     import ddtree_bench.baselines.record as R
     from ddtree_bench.verdict import near_tie_recheck as N
 
     cases = {"confirmed": [0.0, 0.3] + [1e-6] * 30, "inconclusive": [0.0, 0.3] + [0.0, 0.2] * (N.MAX_FLIPS + 1)}
     for want, deficits in cases.items():
         monkeypatch.setattr(R, "token_deficits", lambda e, p, o, d=deficits, **k: d)
-        assert N.recheck_one(None, [1], [0] * len(deficits), 1, 1.0).status == want
+        engine = SimpleNamespace(target=SimpleNamespace(cfg=SimpleNamespace(vocab_size=64)))
+        assert N.recheck_one(engine, [1], [0] * len(deficits), 1, 1.0).status == want
 
 
 def test_sweep_help_defaults_come_from_defaults(capsys):
