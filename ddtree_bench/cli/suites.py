@@ -50,6 +50,8 @@ def suites_list(
 
     entries = [{"name": "smoke", "source": "built-in", "data": "offline", "n": len(SMOKE), "subset": None,
                 "template": "3 fixed prompts (one two-turn)", "description": "Tiny built-in smoke test.", "file": None}]
+    for d in catalog.missing_env_dirs():   # a typo in the variable would otherwise list only the built-in suites
+        typer.echo(f"note: {catalog.ENV_DIRS} names {d}, which is not a directory", err=True)
     specs, errors = catalog.list_specs_and_errors()
     for spec in specs:
         try:

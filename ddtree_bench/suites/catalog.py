@@ -35,6 +35,12 @@ def suite_dirs() -> list[Path]:
     return out
 
 
+def missing_env_dirs() -> list[Path]:
+    """Directories DDTREE_BENCH_SUITES names that do not exist (searched as empty; `suites` says so)."""
+    return [Path(d).expanduser() for d in os.environ.get(ENV_DIRS, "").split(os.pathsep)
+            if d.strip() and not Path(d).expanduser().is_dir()]
+
+
 def spec_files() -> dict[str, Path]:
     """name -> YAML path, first directory wins. Cached until a directory's mtime changes."""
     dirs = suite_dirs()

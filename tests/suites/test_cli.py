@@ -136,3 +136,11 @@ def test_list_shows_the_good_suites_and_names_each_broken_file(capsys, tmp_path,
         assert [ln.startswith("error: ") for ln in lines].count(True) == 2 and "bad.yaml" in err and "mixed.yaml: unknown suite 'nowhere'" in err
         assert "Traceback" not in err
     assert _cli(capsys, "suites", "show", "gsm8k", "--limit", "1")[0] == 0
+
+
+def test_a_suites_directory_that_does_not_exist_is_said(capsys, tmp_path, monkeypatch):
+    from ddtree_bench.suites import catalog
+
+    monkeypatch.setenv(catalog.ENV_DIRS, str(tmp_path / "nope"))
+    code, out, err = _cli(capsys, "suites")
+    assert code == 0 and "gsm8k" in out and f"note: DDTREE_BENCH_SUITES names {tmp_path / 'nope'}, which is not a directory" in err
