@@ -98,6 +98,12 @@ class RunSpec:
         return d
 
 
+def method_label(method: Any, budget: Any = None) -> str:
+    """'ar', 'dflash', 'ddtree B=32': a configuration as every console line, table and message names it (a DDTree
+    budget unknown or empty: just 'ddtree')."""
+    return f"{method} B={budget}" if method == "ddtree" and budget not in (None, "") else str(method)
+
+
 def check_budget(b: Any, what: str = "--budget") -> int:
     """A tree budget: an integer in [0, defaults.MAX_BUDGET] (UsageError naming `what` otherwise)."""
     if not isinstance(b, int) or isinstance(b, bool) or b < 0:

@@ -61,6 +61,7 @@ from ddtree_bench.backends.parsers import ResponseError, StreamState, accept_len
 from ddtree_bench.errors import UsageError
 from ddtree_bench.pair import BUNDLED
 from ddtree_bench.records import GenerationRequest, RequestRecord
+from ddtree_bench.run_spec import method_label
 
 KINDS = ("standalone", "sglang", "vllm", "openai", "llamacpp")
 VENDOR_KINDS = ("standalone", "sglang", "vllm")  # servers we know: they get their extension fields
@@ -633,7 +634,7 @@ def adopt_server_labels(spec, flags_given: tuple[str, ...] | list[str] | set[str
     method, budget = server_method(spec.backend, info)
     if method is None:
         if "method" not in flags_given:
-            label = spec.method + (f" B={spec.budget}" if spec.method == "ddtree" else "")
+            label = method_label(spec.method, spec.budget)
             alg = info.get("speculative_algorithm") if spec.backend == "sglang" else None
             what = (f"the server runs speculative algorithm {alg}, which is none of ar / dflash / ddtree" if alg else
                     "the server does not say what it runs")
@@ -645,7 +646,7 @@ def adopt_server_labels(spec, flags_given: tuple[str, ...] | list[str] | set[str
             spec.extra = {**spec.extra, "labels_from": {"source": "--method default (the server does not say)",
                                                         "method": spec.method, "budget": spec.budget}}
         return spec
-    label = method + (f" B={budget}" if budget is not None else "")
+    label = method_label(method, budget)
     conflicts = []
     if "method" in flags_given and spec.method != method:
         conflicts.append(f"--method {spec.method}")

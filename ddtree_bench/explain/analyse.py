@@ -355,7 +355,9 @@ def explain(run_dir: str | Path, model: str | None = None, draft: str | None = N
     fatal = [f for f in findings if f.severity == "error" and not f.code.startswith("server_")]
     method, budget = spec["method"], int(spec.get("budget") or D.BUDGET)
     if str(((spec.get("extra") or {}).get("labels_from") or {}).get("source", "")).startswith("--method default"):
-        label = method + (f" B={budget}" if method == "ddtree" else "")
+        from ddtree_bench.run_spec import method_label
+
+        label = method_label(method, budget)
         findings.append(Finding("warning", "method_unlabelled", f"the run is labelled {label} by the --method default: "
                                 "its server did not say what it runs, and explain replays that method (a DFlash "
                                 "server's run replayed as DDTree looks 'unexplained'); re-run with the server's --method"))

@@ -549,9 +549,9 @@ def ar_index(points: list[Point]) -> dict[tuple, Point]:
 
 def config_label(row: dict[str, Any], with_k: bool = False) -> str:
     """'ar', 'dflash', 'ddtree B=32' (+ ' k=7' when the drafted-token count varies)."""
-    s = str(row.get("method"))
-    if row.get("method") == "ddtree" and row.get("budget") not in (None, ""):
-        s += f" B={row['budget']}"
+    from ddtree_bench.run_spec import method_label
+
+    s = method_label(row.get("method"), row.get("budget"))
     if with_k and row.get("spec_tokens") not in (None, "") and row.get("method") != "ar":
         s += f" k={row['spec_tokens']}"
     return s

@@ -298,11 +298,9 @@ def acceptance_mismatch(run_info: dict[str, Any], header: dict[str, Any]) -> str
     against sampled), else None: `compare` says so beside tau, `gate` skips its acceptance rules."""
     if not header.get("accept_method"):
         return None
+    from ddtree_bench.run_spec import method_label as label
+
     spec = run_info.get("spec") or {}
-
-    def label(m: Any, b: Any) -> str:
-        return f"{m} B={b}" if m == "ddtree" else str(m)
-
     method = run_fact(run_info, "method") or spec.get("method")
     budget = run_fact(run_info, "budget") or spec.get("budget")
     b_method, b_budget = header.get("accept_method"), header.get("budget")
